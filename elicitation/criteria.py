@@ -1,0 +1,547 @@
+"""Selection criteria: which question to ask next.
+
+A criterion scores candidate items for a respondent whose belief state is ``state``
+under a fitted :class:`models.base.BeliefModel`; a higher score is better. Criteria
+never know the model family: they only call the interface of ``models.base``
+(``predict``, ``lookahead``, the batched forms) and, where a criterion needs more, an
+optional capability that it names in a clear error when the model lacks it
+(``latent_posterior`` for ``posterior_entropy``; ``theta_posterior`` for ``irt``).
+
+Notation: ``h`` the answers so far, ``x`` a candidate, ``I*`` the target items,
+``H(p) = -sum_j p_j log p_j`` (nats, ``0 log 0 = 0``).
+
+The family (one abstract base, one class per criterion, a registry from names to
+classes) follows the layout of BoTorch's ``acquisition`` package.
+
+References:
+    Adaptive Querying with AI Persona Priors (arXiv 2605.00696), Algorithms 1 and 2;
+    see ``METHODS.md`` section 1.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from elicitation.errors import CriterionNotApplicableError, ElicitationError, UnknownCriterionError
+from models.base import DTYPE, MISSING, BeliefModel
+
+ItemList = Sequence[int] | Tensor
+
+
+def _as_items(items: ItemList) -> list[int]:
+    return [int(i) for i in torch.as_tensor(items, dtype=torch.long).reshape(-1).tolist()]
+
+
+def entropy(p: Tensor, dim: int = -1) -> Tensor:
+    """Shannon entropy in nats along ``dim``: ``H(p) = -sum_j p_j log p_j`` with ``0 log 0 = 0``.
+
+    Args:
+        p: probabilities ``[..., O, ...]`` (zeros allowed, e.g. padding beyond ``O_i``).
+        dim: the option dimension.
+
+    Returns:
+        ``p`` with ``dim`` removed.
+    """
+    return -torch.special.xlogy(p, p).sum(dim)
+
+
+def expected_target_entropy(p_x: Tensor, p_t: Tensor) -> Tensor:
+    """Expected mean target entropy after answering each candidate (METHODS.md section 1).
+
+    ``E(x) = sum_k p(Y_x = k | h) * (1/|I*|) sum_{t in I*} H(p(Y_t | h, Y_x = k))``.
+
+    Args:
+        p_x: ``[..., C, O]`` candidate predictives (zero beyond ``O_x``).
+        p_t: ``[..., C, O, T, O]`` target predictives after each candidate answer.
+
+    Returns:
+        ``[..., C]``.
+    """
+    h = entropy(p_t).mean(-1)  # [..., C, O]
+    return (p_x * h).sum(-1)
+
+
+def mean_target_entropy(p_targets: Tensor) -> Tensor:
+    """``(1/|I*|) sum_t H(p(Y_t | h))`` for predictives ``[..., T, O]``; returns ``[...]``."""
+    return entropy(p_targets).mean(-1)
+
+
+def _check_targets(name: str, targets: list[int]) -> None:
+    if not targets:
+        raise CriterionNotApplicableError(
+            f"criterion {name!r} needs at least one target item (none were given)"
+        )
+
+
+class SelectionCriterion(ABC):
+    """Scores candidate items; the selected item is the one with the highest score.
+
+    Subclasses set ``name`` (the registry key) and implement :meth:`score` (one
+    respondent) and :meth:`score_batch` (``B`` respondents sharing candidates and targets).
+
+    Attributes:
+        name: registry name.
+        scores_are_target_gains: true when a score is the expected information gain about
+            the targets (nats), so a stopping rule on the expected gain can use it directly.
+        adaptive: false for a criterion whose order ignores the respondent's answers.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    scores_are_target_gains: ClassVar[bool] = False
+    adaptive: ClassVar[bool] = True
+
+    def prepare(self, model: BeliefModel, pool: ItemList, targets: ItemList) -> None:
+        """Precompute what does not depend on the respondent (default: nothing).
+
+        Called with the full candidate pool of a study (or a benchmark run) before any
+        respondent is scored, so that a non-adaptive order is computed once, on the pool,
+        and not re-derived from whatever candidates remain later.
+        """
+        return None
+
+    @abstractmethod
+    def score(
+        self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        """Scores ``[C]`` (float64) for ``candidates`` of one respondent; higher is better."""
+
+    @abstractmethod
+    def score_batch(
+        self, model: BeliefModel, states: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        """Scores ``[B, C]`` for a batch state of ``B`` respondents."""
+
+    def params(self) -> dict[str, Any]:
+        """The constructor parameters (for :meth:`explain` and for storing a decision)."""
+        return {}
+
+    def explain(self) -> dict[str, Any]:
+        """A JSON-able description: name, what the score means, and parameters."""
+        return {"name": self.name, "description": self.description, "params": self.params()}
+
+
+_CRITERIA: dict[str, type[SelectionCriterion]] = {}
+
+
+def register_criterion(cls: type[SelectionCriterion]) -> type[SelectionCriterion]:
+    """Class decorator: make ``cls`` available to :func:`get_criterion` under ``cls.name``."""
+    if not cls.name:
+        raise ElicitationError(f"{cls.__name__} has no criterion name")
+    _CRITERIA[cls.name] = cls
+    return cls
+
+
+def criterion_names() -> list[str]:
+    """The registered criterion names, sorted."""
+    return sorted(_CRITERIA)
+
+
+def get_criterion(name: str, **kwargs: Any) -> SelectionCriterion:
+    """A new criterion of the registered class ``name`` built with ``kwargs``.
+
+    Raises:
+        UnknownCriterionError: ``name`` is not registered (the message lists the known ones).
+        ElicitationError: a keyword the criterion does not take.
+    """
+    try:
+        cls = _CRITERIA[name]
+    except KeyError:
+        raise UnknownCriterionError(
+            f"unknown selection criterion {name!r} (known: {', '.join(criterion_names())})"
+        ) from None
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ElicitationError(
+            f"criterion {name!r}: bad parameters {sorted(kwargs)}: {exc}"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------
+@register_criterion
+class ExpectedInformationGain(SelectionCriterion):
+    """Expected information gain about the targets (greedy one-step lookahead).
+
+    ``EIG(x) = (1/|I*|) sum_t H(p(Y_t | h)) - sum_k p(Y_x = k | h) (1/|I*|) sum_t H(p(Y_t | h, Y_x = k))``
+
+    i.e. the current mean target entropy minus the expected mean target entropy after
+    the answer to ``x`` (METHODS.md section 1, "Algorithm 2"; the subtraction of a
+    constant does not change the argmax but makes the score a gain in nats, >= 0 for a
+    coherent Bayesian model, usable by a stopping threshold). Computed from
+    ``model.lookahead`` / ``model.lookahead_batch`` only.
+    """
+
+    name = "eig"
+    description = "expected reduction of the mean target predictive entropy (nats)"
+    scores_are_target_gains = True
+
+    def score(
+        self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        cand, tgt = _as_items(candidates), _as_items(targets)
+        _check_targets(self.name, tgt)
+        if not cand:
+            return torch.zeros(0, dtype=DTYPE)
+        p_x, p_t = model.lookahead(state, cand, tgt)
+        now = mean_target_entropy(model.predict(state, tgt))
+        return (now - expected_target_entropy(p_x, p_t)).to(DTYPE)
+
+    def score_batch(
+        self, model: BeliefModel, states: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        cand, tgt = _as_items(candidates), _as_items(targets)
+        _check_targets(self.name, tgt)
+        p_x, p_t = model.lookahead_batch(states, cand, tgt)  # [B, C, O], [B, C, O, T, O]
+        now = mean_target_entropy(model.predict_batch(states, tgt))  # [B]
+        return (now.unsqueeze(-1) - expected_target_entropy(p_x, p_t)).to(DTYPE)
+
+
+# --------------------------------------------------------------------------------------
+def _require(model: BeliefModel, attr: str, criterion: str, what: str) -> Callable[..., Any]:
+    fn = getattr(model, attr, None)
+    if not callable(fn):
+        raise CriterionNotApplicableError(
+            f"criterion {criterion!r} needs {what} (method {attr!r}); "
+            f"{type(model).__name__} (family {model.family!r}) has none"
+        )
+    return fn
+
+
+@register_criterion
+class PosteriorEntropy(SelectionCriterion):
+    """Expected reduction of the entropy of the latent (persona) posterior.
+
+    ``score(x) = H(p(θ | h)) - sum_k p(Y_x = k | h) H(p(θ | h, Y_x = k))``
+    (METHODS.md section 1, an alternative of the paper). Ignores the targets: it learns
+    *who* the respondent is, not specifically what they answer to the targets. Needs
+    ``model.latent_posterior(state) -> [K]``; the batched form also needs
+    ``model.latent_posterior_batch(states) -> [B, K]``. The posterior after each
+    hypothetical answer comes from ``model.update`` / ``model.update_batch``.
+    """
+
+    name = "posterior_entropy"
+    description = "expected reduction of the latent-posterior entropy (nats)"
+
+    def score(
+        self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        latent = _require(model, "latent_posterior", self.name, "a latent posterior")
+        cand = _as_items(candidates)
+        if not cand:
+            return torch.zeros(0, dtype=DTYPE)
+        now = entropy(latent(state).to(DTYPE))
+        p_x = model.predict(state, cand)  # [C, O]
+        out = torch.empty(len(cand), dtype=DTYPE)
+        n_opt = model.item_bank.n_options
+        for ci, x in enumerate(cand):
+            after = torch.stack(
+                [entropy(latent(model.update(state, x, k)).to(DTYPE)) for k in range(n_opt[x])]
+            )
+            out[ci] = now - (p_x[ci, : n_opt[x]] * after).sum()
+        return out
+
+    def score_batch(
+        self, model: BeliefModel, states: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        latent = _require(model, "latent_posterior_batch", self.name, "a batched latent posterior")
+        cand = _as_items(candidates)
+        post = latent(states).to(DTYPE)  # [B, K]
+        b = post.shape[0]
+        now = entropy(post)  # [B]
+        p_x = model.predict_batch(states, cand)  # [B, C, O]
+        out = torch.empty(b, len(cand), dtype=DTYPE)
+        n_opt = model.item_bank.n_options
+        items = torch.empty(b, dtype=torch.long)
+        for ci, x in enumerate(cand):
+            items.fill_(x)
+            exp_h = torch.zeros(b, dtype=DTYPE)
+            for k in range(n_opt[x]):
+                opts = torch.full((b,), k, dtype=torch.long)
+                exp_h += p_x[:, ci, k] * entropy(latent(model.update_batch(states, items, opts)))
+            out[:, ci] = now - exp_h
+        return out
+
+
+# --------------------------------------------------------------------------------------
+@register_criterion
+class RandomOrder(SelectionCriterion):
+    """Uniformly random scores from a seeded generator (a fresh random order per call).
+
+    Reproducible: two instances with the same ``seed`` give the same scores for the same
+    sequence of calls. ``argmax`` of i.i.d. uniform scores is a uniformly random candidate.
+    """
+
+    name = "random"
+    description = "uniformly random order (seeded)"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = int(seed)
+        self._gen = torch.Generator().manual_seed(self.seed)
+
+    def params(self) -> dict[str, Any]:
+        return {"seed": self.seed}
+
+    def score(
+        self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        return torch.rand(len(_as_items(candidates)), generator=self._gen, dtype=DTYPE)
+
+    def score_batch(
+        self, model: BeliefModel, states: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        b = model.predict_batch(states, _as_items(targets)[:1] or [0]).shape[0]
+        return torch.rand(b, len(_as_items(candidates)), generator=self._gen, dtype=DTYPE)
+
+
+# --------------------------------------------------------------------------------------
+@register_criterion
+class FixedOrder(SelectionCriterion):
+    """A non-adaptive question order, chosen greedily under the population prior.
+
+    "Algorithm 1" of METHODS.md section 1: one list for everybody. With ``S`` the items
+    already in the list, the next item is
+
+    ``x* = argmin_x E_{Y_S, Y_x ~ p} [ (1/|I*|) sum_t H(p(Y_t | Y_S, Y_x)) ]``
+
+    where ``p`` is the model's prior predictive with no attribute observed (a respondent
+    drawn from the whole population). The expectation over ``Y_x`` is always exact (the
+    model's lookahead); the expectation over the answers ``Y_S`` to the earlier picks is
+
+    * exact while the number of answer sequences of ``S`` is at most ``max_enumeration``:
+      every sequence is enumerated with its prior probability
+      ``p(Y_S) = prod_j p(Y_{s_j} | Y_{s_<j})``;
+    * after that, a Monte Carlo average over ``n_simulated`` respondents simulated from
+      the model (ancestral sampling: when the switch happens, sequences are drawn from the
+      exact weighted enumeration; afterwards each simulated respondent draws its answer
+      to every new pick from its own predictive), seeded by ``seed``.
+
+    The order is computed in :meth:`prepare` (or at the first :meth:`score` call) on the
+    candidate pool and cached for that model, pool and targets; it ignores the
+    respondent's state. ``score`` is ``-position`` in the order (earlier = higher), so a
+    caller that drops unavailable items asks the next available one in the list.
+    ``length`` caps the greedy order (items after it keep the pool order).
+    """
+
+    name = "fixed"
+    description = "one non-adaptive order chosen greedily under the prior (score = -position)"
+    adaptive = False
+
+    def __init__(
+        self,
+        max_enumeration: int = 1024,
+        n_simulated: int = 1024,
+        seed: int = 0,
+        length: int | None = None,
+        chunk_size: int = 256,
+    ) -> None:
+        if max_enumeration < 1 or n_simulated < 1 or chunk_size < 1:
+            raise ElicitationError(
+                "criterion 'fixed': max_enumeration, n_simulated and chunk_size must be >= 1"
+            )
+        if length is not None and length < 0:
+            raise ElicitationError("criterion 'fixed': length must be >= 0")
+        self.max_enumeration = int(max_enumeration)
+        self.n_simulated = int(n_simulated)
+        self.seed = int(seed)
+        self.length = length
+        self.chunk_size = int(chunk_size)
+        self._model: BeliefModel | None = None
+        self._pool: tuple[int, ...] = ()
+        self._targets: tuple[int, ...] = ()
+        self._order: list[int] = []
+        self._modes: list[str] = []
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "max_enumeration": self.max_enumeration,
+            "n_simulated": self.n_simulated,
+            "seed": self.seed,
+            "length": self.length,
+        }
+
+    def explain(self) -> dict[str, Any]:
+        out = super().explain()
+        out["order"] = list(self._order)
+        out["expectation"] = list(self._modes)
+        return out
+
+    @property
+    def order(self) -> list[int]:
+        """The cached order (empty before :meth:`prepare`)."""
+        return list(self._order)
+
+    def prepare(self, model: BeliefModel, pool: ItemList, targets: ItemList) -> None:
+        pool_t, tgt = tuple(_as_items(pool)), tuple(_as_items(targets))
+        if self._model is model and self._pool == pool_t and self._targets == tgt:
+            return
+        _check_targets(self.name, list(tgt))
+        self._order, self._modes = self._greedy(model, list(pool_t), list(tgt))
+        self._model, self._pool, self._targets = model, pool_t, tgt
+
+    def _positions(self, model: BeliefModel, cand: list[int], tgt: list[int]) -> Tensor:
+        if not (
+            self._model is model and self._targets == tuple(tgt) and set(cand) <= set(self._pool)
+        ):
+            self.prepare(model, cand, tgt)
+        rank = {item: pos for pos, item in enumerate(self._order)}
+        return torch.tensor([-float(rank[c]) for c in cand], dtype=DTYPE)
+
+    def score(
+        self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        cand = _as_items(candidates)
+        if not cand:
+            return torch.zeros(0, dtype=DTYPE)
+        return self._positions(model, cand, _as_items(targets))
+
+    def score_batch(
+        self, model: BeliefModel, states: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        cand, tgt = _as_items(candidates), _as_items(targets)
+        b = model.predict_batch(states, tgt[:1] or [0]).shape[0]
+        if not cand:
+            return torch.zeros(b, 0, dtype=DTYPE)
+        return self._positions(model, cand, tgt).unsqueeze(0).expand(b, -1).clone()
+
+    # ---- the greedy construction -------------------------------------------------
+    def _expected(
+        self, model: BeliefModel, obs: Tensor, logw: Tensor, remaining: list[int], tgt: list[int]
+    ) -> tuple[Tensor, Tensor]:
+        """Weighted expected target entropy ``[C]`` and each sequence's ``p_x [M, C, O]``."""
+        w = torch.softmax(logw, 0)
+        total = torch.zeros(len(remaining), dtype=DTYPE)
+        p_xs = []
+        for lo in range(0, obs.shape[0], self.chunk_size):
+            states = model.initial_batch(obs[lo : lo + self.chunk_size])
+            p_x, p_t = model.lookahead_batch(states, remaining, tgt)
+            total += (w[lo : lo + self.chunk_size, None] * expected_target_entropy(p_x, p_t)).sum(0)
+            p_xs.append(p_x)
+        return total, torch.cat(p_xs)
+
+    def _greedy(
+        self, model: BeliefModel, pool: list[int], tgt: list[int]
+    ) -> tuple[list[int], list[str]]:
+        n_opt = model.item_bank.n_options
+        gen = torch.Generator().manual_seed(self.seed)
+        n_steps = len(pool) if self.length is None else min(self.length, len(pool))
+        obs = torch.full((1, model.item_bank.n_items), MISSING, dtype=torch.long)
+        logw = torch.zeros(1, dtype=DTYPE)
+        remaining = list(pool)
+        order: list[int] = []
+        modes: list[str] = []
+        exact = True
+        for step in range(n_steps):
+            modes.append("exact" if exact else f"simulated({obs.shape[0]})")
+            score, p_x = self._expected(model, obs, logw, remaining, tgt)
+            best = int(torch.argmin(score))
+            x = remaining.pop(best)
+            order.append(x)
+            if step == n_steps - 1:
+                break
+            px = p_x[:, best, : n_opt[x]].clamp_min(0)  # [M, O_x]
+            m = obs.shape[0]
+            if exact and m * n_opt[x] <= self.max_enumeration:
+                obs = obs.repeat_interleave(n_opt[x], 0)
+                obs[:, x] = torch.arange(n_opt[x]).repeat(m)
+                logw = (logw.unsqueeze(1) + px.clamp_min(1e-300).log()).reshape(-1)
+                keep = px.reshape(-1) > 0
+                obs, logw = obs[keep], logw[keep]
+            else:
+                if exact:  # switch: draw sequences from the exact weighted enumeration
+                    idx = torch.multinomial(
+                        torch.softmax(logw, 0), self.n_simulated, replacement=True, generator=gen
+                    )
+                    obs, px = obs[idx], px[idx]
+                    logw = torch.zeros(self.n_simulated, dtype=DTYPE)
+                    exact = False
+                obs = obs.clone()
+                obs[:, x] = torch.multinomial(px, 1, generator=gen).squeeze(1)
+        order.extend(remaining)
+        return order, modes
+
+
+# --------------------------------------------------------------------------------------
+@register_criterion
+class IRTPosteriorVariance(SelectionCriterion):
+    """Item response theory's adaptive-testing rule: expected posterior variance of θ.
+
+    ``score(x) = Var(θ | h) - sum_k p(Y_x = k | h) Var(θ | h, Y_x = k)``
+    (minimum expected posterior variance, as a non-negative reduction). Needs
+    ``model.theta_posterior(state) -> (grid [Q], weights [Q])`` (a posterior on a
+    quadrature grid, as in ``models.irt``); uses ``model.expected_posterior_variance``
+    when the model provides it, else updates the state for each answer. The batched form
+    uses ``model.theta_posterior_batch(states) -> (grid [Q], weights [B, Q])``.
+    Ignores the targets (IRT's goal is θ itself).
+    """
+
+    name = "irt"
+    description = "expected reduction of the posterior variance of the IRT ability θ"
+
+    @staticmethod
+    def _var(grid: Tensor, w: Tensor) -> Tensor:
+        w = w.to(DTYPE)
+        grid = grid.to(DTYPE)
+        mean = (w * grid).sum(-1, keepdim=True)
+        return (w * (grid - mean) ** 2).sum(-1)
+
+    def score(
+        self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        theta = _require(model, "theta_posterior", self.name, "a posterior over θ")
+        cand = _as_items(candidates)
+        if not cand:
+            return torch.zeros(0, dtype=DTYPE)
+        grid, w = theta(state)
+        now = self._var(grid, w)
+        epv = getattr(model, "expected_posterior_variance", None)
+        if callable(epv):
+            return (now - torch.as_tensor(epv(state, cand), dtype=DTYPE)).reshape(-1)
+        p_x = model.predict(state, cand)
+        n_opt = model.item_bank.n_options
+        out = torch.empty(len(cand), dtype=DTYPE)
+        for ci, x in enumerate(cand):
+            after = torch.stack(
+                [self._var(*theta(model.update(state, x, k))) for k in range(n_opt[x])]
+            )
+            out[ci] = now - (p_x[ci, : n_opt[x]] * after).sum()
+        return out
+
+    def score_batch(
+        self, model: BeliefModel, states: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        theta = _require(model, "theta_posterior_batch", self.name, "a batched posterior over θ")
+        cand = _as_items(candidates)
+        grid, w = theta(states)
+        b = w.shape[0]
+        now = self._var(grid, w)
+        epv = getattr(model, "expected_posterior_variance_batch", None)
+        if callable(epv):
+            return now.unsqueeze(-1) - torch.as_tensor(epv(states, cand), dtype=DTYPE)
+        p_x = model.predict_batch(states, cand)
+        n_opt = model.item_bank.n_options
+        out = torch.empty(b, len(cand), dtype=DTYPE)
+        items = torch.empty(b, dtype=torch.long)
+        for ci, x in enumerate(cand):
+            items.fill_(x)
+            exp_v = torch.zeros(b, dtype=DTYPE)
+            for k in range(n_opt[x]):
+                opts = torch.full((b,), k, dtype=torch.long)
+                g, wk = theta(model.update_batch(states, items, opts))
+                exp_v += p_x[:, ci, k] * self._var(g, wk)
+            out[:, ci] = now - exp_v
+        return out
+
+
+def best_index(scores: Tensor) -> int:
+    """Index of the highest score (the first one on ties); ``-1`` for an empty tensor."""
+    if scores.numel() == 0:
+        return -1
+    s = torch.nan_to_num(scores.to(DTYPE), nan=-math.inf)
+    return int(torch.argmax(s))
