@@ -1,1 +1,52 @@
+"""Belief models: pure numerics (torch / numpy / scipy / pyro), no web imports.
 
+Importing this package registers every model family with :func:`models.base.load_model`.
+"""
+
+from models.base import (
+    DTYPE,
+    MISSING,
+    BeliefModel,
+    InvalidDistributionError,
+    InvalidOptionError,
+    ItemBank,
+    ModelError,
+    ShapeError,
+    UnknownItemError,
+    load_model,
+    model_families,
+    register_model,
+    responses_hash,
+)
+from models.persona import (
+    PersonaBatchState,
+    PersonaMixture,
+    PersonaState,
+    compress,
+    fit_prior_em,
+    js_distance_matrix,
+    one_hot_responses,
+)
+
+__all__ = [
+    "DTYPE",
+    "MISSING",
+    "BeliefModel",
+    "InvalidDistributionError",
+    "InvalidOptionError",
+    "ItemBank",
+    "ModelError",
+    "PersonaBatchState",
+    "PersonaMixture",
+    "PersonaState",
+    "ShapeError",
+    "UnknownItemError",
+    "compress",
+    "fit_prior_em",
+    "js_distance_matrix",
+    "load_model",
+    "model_families",
+    "one_hot_responses",
+    "register_model",
+    "responses_hash",
+]

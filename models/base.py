@@ -56,6 +56,10 @@ class InvalidOptionError(ModelError, ValueError):
     """An option index outside ``0 .. O_i - 1`` for its item."""
 
 
+class InvalidDistributionError(ModelError, ValueError):
+    """A probability table that is negative, not finite, or does not sum to 1."""
+
+
 @dataclass(frozen=True)
 class ItemBank:
     """The items a model knows: their keys and option counts, in model order.

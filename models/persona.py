@@ -1,0 +1,810 @@
+"""Persona-mixture belief model: a finite dictionary of personas with closed-form posteriors.
+
+A respondent's hidden state is one persona ``θ`` out of ``K``. Persona ``θ`` answers item
+``i`` with the distribution ``μ[θ, i, :]`` (a ``[K, I, O]`` tensor, zeros beyond ``O_i``),
+independently across items given ``θ``:
+
+    p(θ, Y) = p(θ) · Π_i μ[θ, i, Y_i]
+
+so after the answers ``h = {(i, y)}`` the posterior and the predictive are closed form
+(METHODS.md section 1; "Adaptive Querying with AI Persona Priors", arXiv 2605.00696):
+
+    log p(θ | h) = log p(θ) + Σ_{(i, y) ∈ h} log max(μ[θ, i, y], floor) − log Z
+    p(Y_x = k | h) = Σ_θ μ[θ, x, k] · p(θ | h)
+
+The likelihood of an observed answer uses ``max(μ, floor)`` (floor ``1e-10``) so that an
+answer which every persona deems impossible never zeroes the whole posterior; predictives
+use ``μ`` itself. One answer is one vector add of length ``K``.
+
+This module also holds the offline parts that act on a fixed dictionary ``μ``:
+
+* :func:`fit_prior_em` — empirical-Bayes prior ``p(θ)`` by EM over historical respondents;
+* :func:`compress` — drop personas with negligible prior and merge the rest into
+  prototypes by prior-weighted k-means under the Jensen–Shannon distance.
+
+Pure numerics (torch, float64): no web framework, no settings.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from models.base import (
+    DTYPE,
+    MISSING,
+    BeliefModel,
+    InvalidDistributionError,
+    InvalidOptionError,
+    ItemBank,
+    ModelError,
+    ShapeError,
+    UnknownItemError,
+    register_model,
+)
+
+# The lookahead uses torch's CSR sparse-times-dense product, whose first use warns that
+# sparse CSR support is "beta"; the operation used here is stable and tested.
+warnings.filterwarnings(
+    "ignore", message="Sparse CSR tensor support is in beta", category=UserWarning
+)
+
+DEFAULT_FLOOR = 1e-10
+_ROW_TOL = 1e-6
+# Elements of the ``[chunk, K, C*O]`` temporary in the lookahead.
+_CHUNK_ELEMS = 1 << 22
+
+
+@dataclass(frozen=True, eq=False)
+class PersonaState:
+    """The posterior over personas of one respondent.
+
+    Attributes:
+        log_post: ``[K]`` normalised log posterior ``log p(θ | h)`` (logsumexp = 0).
+        observed: the answers ``((item, option), ...)`` in the order they were observed,
+            attributes first. Replaying them from :meth:`PersonaMixture.initial_state`
+            gives the same state.
+    """
+
+    log_post: Tensor
+    observed: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def observed_items(self) -> frozenset[int]:
+        return frozenset(i for i, _ in self.observed)
+
+
+@dataclass(frozen=True, eq=False)
+class PersonaBatchState:
+    """Posteriors of ``B`` respondents.
+
+    Attributes:
+        log_post: ``[B, K]`` normalised log posteriors.
+        responses: ``LongTensor [B, I]``: the observed option of each item, ``-1`` where
+            nothing was observed (a skipped question stays ``-1``).
+    """
+
+    log_post: Tensor
+    responses: Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.log_post.shape[0])
+
+
+class _Groups(NamedTuple):
+    """Personas grouped by equal target rows (see ``PersonaMixture._target_groups``).
+
+    ``group [K]``: group of each persona; ``order [K]``: personas sorted by group;
+    ``crow [G + 1]``: CSR row pointers into ``order``; ``table [G, T*O]``: the distinct
+    target rows (or ``[K, T*O]`` per persona when ``order`` is ``None``).
+    """
+
+    group: Tensor | None
+    order: Tensor | None
+    crow: Tensor | None
+    table: Tensor
+
+
+def _normalise_log(log_w: Tensor) -> Tensor:
+    """``log_w - logsumexp(log_w)`` over the last axis."""
+    return log_w - torch.logsumexp(log_w, dim=-1, keepdim=True)
+
+
+def _validate_mu(mu: Tensor, item_bank: ItemBank, what: str = "mu") -> Tensor:
+    """Check a ``[K, I, O]`` answer-distribution table against ``item_bank``; return float64."""
+    if not isinstance(mu, Tensor):
+        mu = torch.as_tensor(mu)
+    if not (mu.is_floating_point() or mu.dtype in (torch.int32, torch.int64)):
+        raise ShapeError(f"{what} must be a real tensor, got dtype {mu.dtype}")
+    mu = mu.to(DTYPE)
+    i_n, o_n = item_bank.n_items, item_bank.max_options
+    if mu.dim() != 3 or mu.shape[1] != i_n or mu.shape[2] != o_n or mu.shape[0] < 1:
+        raise ShapeError(
+            f"{what} must have shape [K, {i_n}, {o_n}] with K >= 1, got {list(mu.shape)}"
+        )
+    if not bool(torch.isfinite(mu).all()):
+        k, i, o = (int(v) for v in (~torch.isfinite(mu)).nonzero()[0])
+        raise InvalidDistributionError(
+            f"{what}[{k}, {i}, {o}] (item {item_bank.keys[i]!r}) is not finite"
+        )
+    if bool((mu < 0).any()):
+        k, i, o = (int(v) for v in (mu < 0).nonzero()[0])
+        raise InvalidDistributionError(
+            f"{what}[{k}, {i}, {o}] (item {item_bank.keys[i]!r}) is negative: {float(mu[k, i, o])}"
+        )
+    valid = item_bank.option_mask()  # [I, O]
+    beyond = (mu != 0) & ~valid.unsqueeze(0)
+    if bool(beyond.any()):
+        k, i, o = (int(v) for v in beyond.nonzero()[0])
+        raise InvalidDistributionError(
+            f"{what}[{k}, {i}, {o}] puts mass on option {o} of item {item_bank.keys[i]!r}, "
+            f"which has only {item_bank.n_options[i]} options"
+        )
+    sums = mu.sum(-1)
+    bad = (sums - 1).abs() > _ROW_TOL
+    if bool(bad.any()):
+        k, i = (int(v) for v in bad.nonzero()[0])
+        raise InvalidDistributionError(
+            f"{what}[{k}, {i}, :] (persona {k}, item {item_bank.keys[i]!r}) sums to "
+            f"{float(sums[k, i]):.6g}, not 1"
+        )
+    return mu
+
+
+def _validate_log_prior(log_prior: Tensor | None, k: int) -> Tensor:
+    """A normalised ``[K]`` log prior (uniform when ``None``)."""
+    if log_prior is None:
+        return torch.full((k,), -math.log(k), dtype=DTYPE)
+    log_prior = torch.as_tensor(log_prior).to(DTYPE)
+    if log_prior.shape != (k,):
+        raise ShapeError(f"log_prior must have shape [{k}], got {list(log_prior.shape)}")
+    if bool(torch.isnan(log_prior).any()) or bool((log_prior == math.inf).any()):
+        raise InvalidDistributionError("log_prior has NaN or +inf entries")
+    if bool((log_prior == -math.inf).all()):
+        raise InvalidDistributionError("log_prior gives zero probability to every persona")
+    return _normalise_log(log_prior)
+
+
+def one_hot_responses(responses: Tensor, item_bank: ItemBank) -> Tensor:
+    """Float one-hot encoding ``[N, I * O]`` of a response matrix (missing → all zeros).
+
+    Column ``i * O + k`` is 1 when respondent ``u`` answered option ``k`` to item ``i``, so
+    ``one_hot @ log_table.reshape(K, I * O).T`` sums log-probabilities over the observed
+    answers only.
+    """
+    y = item_bank.check_responses(responses)
+    n, i_n = y.shape
+    o_n = item_bank.max_options
+    out = torch.zeros(n, i_n, o_n, dtype=DTYPE)
+    obs = y >= 0
+    out[obs.nonzero(as_tuple=True) + (y[obs],)] = 1.0
+    return out.reshape(n, i_n * o_n)
+
+
+@register_model
+class PersonaMixture(BeliefModel):
+    """A finite mixture of personas with independent per-item answer distributions.
+
+    Args:
+        item_bank: the items (``I`` items, ``O = max O_i`` options).
+        mu: ``[K, I, O]`` answer distributions; each row sums to 1 over the item's own
+            options and is 0 beyond them.
+        log_prior: ``[K]`` log prior ``log p(θ)`` (normalised here); uniform when ``None``.
+        floor: probability floor applied to ``μ`` in the likelihood of observed answers.
+        labels: optional persona names (e.g. profile ids), length ``K``.
+
+    Raises:
+        ShapeError: ``mu`` or ``log_prior`` has the wrong shape.
+        InvalidDistributionError: a row of ``mu`` is negative, not finite, does not sum to 1,
+            or puts mass beyond its item's options; or the prior is degenerate.
+    """
+
+    family = "persona_mixture"
+
+    def __init__(
+        self,
+        item_bank: ItemBank,
+        mu: Tensor,
+        log_prior: Tensor | None = None,
+        *,
+        floor: float = DEFAULT_FLOOR,
+        labels: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(item_bank)
+        if not 0 < floor < 1:
+            raise ModelError(f"floor must be in (0, 1), got {floor}")
+        self.mu = _validate_mu(mu, item_bank)
+        k = self.mu.shape[0]
+        self.log_prior = _validate_log_prior(log_prior, k)
+        self.floor = float(floor)
+        if labels is not None and len(labels) != k:
+            raise ShapeError(f"labels must have length {k}, got {len(labels)}")
+        self.labels: tuple[str, ...] | None = (
+            tuple(str(x) for x in labels) if labels is not None else None
+        )
+        self._precompute()
+
+    # ----- derived tables ---------------------------------------------------
+    def _precompute(self) -> None:
+        """Tables in ``[I, O, K]`` layout so one item's column is a contiguous ``K`` vector.
+
+        ``lik`` is ``max(μ, floor)`` on valid options and 0 beyond them (the likelihood
+        used by updates); ``log_lik`` its log with 0 beyond the options (never selected,
+        and 0 keeps one-hot matmuls finite).
+        """
+        valid = self.item_bank.option_mask().unsqueeze(0)  # [1, I, O]
+        lik = torch.where(valid, self.mu.clamp_min(self.floor), torch.zeros((), dtype=DTYPE))
+        log_lik = torch.where(valid, lik.clamp_min(self.floor).log(), torch.zeros((), dtype=DTYPE))
+        self._mu_t = self.mu.permute(1, 2, 0).contiguous()  # [I, O, K]
+        self._log_lik_t = log_lik.permute(1, 2, 0).contiguous()  # [I, O, K]
+        self._log_lik_flat = log_lik.reshape(self.n_personas, -1)  # [K, I*O]
+        self.lik_k = lik.contiguous()  # [K, I, O]
+        self._lik_flat = self.lik_k.reshape(self.n_personas, -1)  # [K, I*O]
+        self._mu_flat = self.mu.reshape(self.n_personas, -1)  # [K, I*O]
+        self._group_cache: dict[tuple[int, ...], _Groups] = {}
+        # True when the floor changes some valid entry (then L != μ and p_x needs μ).
+        self._floor_active = bool((lik != self.mu).any())
+        self._n_opt = torch.tensor(self.item_bank.n_options, dtype=torch.long)
+
+    @property
+    def n_personas(self) -> int:
+        return int(self.mu.shape[0])
+
+    @property
+    def log_lik_table(self) -> Tensor:
+        """``[K, I, O]`` ``log max(μ, floor)`` on valid options, 0 beyond them."""
+        return self._log_lik_flat.reshape(self.mu.shape)
+
+    def with_prior(self, log_prior: Tensor) -> PersonaMixture:
+        """The same dictionary with another prior (e.g. the EM prior)."""
+        out = type(self).__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        out.log_prior = _validate_log_prior(log_prior, self.n_personas)
+        out.metrics = dict(self.metrics)
+        return out
+
+    # ----- constructors -----------------------------------------------------
+    @classmethod
+    def from_deterministic(
+        cls,
+        answers: Tensor,
+        item_bank: ItemBank,
+        epsilon: float,
+        log_prior: Tensor | None = None,
+        *,
+        floor: float = DEFAULT_FLOOR,
+        labels: Sequence[str] | None = None,
+    ) -> PersonaMixture:
+        """Personas from single answers: ``1 − ε`` on the answer, ``ε / (O_i − 1)`` elsewhere.
+
+        Args:
+            answers: ``LongTensor [K, I]``: persona ``θ``'s answer to item ``i`` (0-based);
+                ``-1`` (no answer) gives the uniform distribution over the item's options.
+            item_bank: the items.
+            epsilon: noise level in ``[0, 1)`` (METHODS.md: 0.05 synthetic, 0.5 real users).
+            log_prior: optional ``[K]`` log prior.
+
+        Returns:
+            The mixture with ``μ[θ, i, k] = 1 − ε`` if ``k = answers[θ, i]`` else
+            ``ε / (O_i − 1)`` (1 for single-option items).
+        """
+        if not 0 <= epsilon < 1:
+            raise ModelError(f"epsilon must be in [0, 1), got {epsilon}")
+        answers = torch.as_tensor(answers)
+        if answers.dim() != 2 or answers.shape[1] != item_bank.n_items:
+            raise ShapeError(
+                f"answers must have shape [K, {item_bank.n_items}], got {list(answers.shape)}"
+            )
+        if answers.is_floating_point():
+            if not bool((answers == answers.round()).all()):
+                raise ShapeError("answers must be integer option indices")
+        answers = item_bank.check_responses(answers.long())
+        k, i_n = answers.shape
+        o_n = item_bank.max_options
+        n_opt = torch.tensor(item_bank.n_options, dtype=DTYPE)  # [I]
+        valid = item_bank.option_mask()  # [I, O]
+        off = torch.where(n_opt > 1, epsilon / (n_opt - 1).clamp_min(1), torch.ones_like(n_opt))
+        on = torch.where(n_opt > 1, torch.full_like(n_opt, 1 - epsilon), torch.ones_like(n_opt))
+        mu = off.view(1, i_n, 1).expand(k, i_n, o_n).clone()
+        mu = mu * valid.unsqueeze(0)
+        ans = answers.clamp_min(0).unsqueeze(-1)  # [K, I, 1]
+        mu.scatter_(2, ans, on.view(1, i_n, 1).expand(k, i_n, 1).clone())
+        missing = (answers < 0).unsqueeze(-1)
+        uniform = (valid / n_opt.unsqueeze(1)).unsqueeze(0).expand(k, i_n, o_n)
+        mu = torch.where(missing, uniform, mu)
+        return cls(item_bank, mu, log_prior, floor=floor, labels=labels)
+
+    # ----- checks ------------------------------------------------------------
+    def _items(self, items: Sequence[int] | Tensor | None) -> Tensor:
+        """Validated ``LongTensor [n]`` of item indices (all items when ``None``)."""
+        if items is None:
+            return torch.arange(self.item_bank.n_items)
+        idx = torch.as_tensor(items)
+        if idx.is_floating_point():
+            raise ShapeError(f"item indices must be integers, got dtype {idx.dtype}")
+        idx = idx.long().reshape(-1)
+        if idx.numel():
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= self.item_bank.n_items:
+                bad = lo if lo < 0 else hi
+                raise UnknownItemError(
+                    f"unknown item index {bad} (the bank has {self.item_bank.n_items} items)"
+                )
+        return idx
+
+    def _check_state(self, state: PersonaState) -> None:
+        if not isinstance(state, PersonaState) or state.log_post.shape != (self.n_personas,):
+            raise ShapeError(
+                f"expected a PersonaState over {self.n_personas} personas, got {type(state).__name__}"
+            )
+
+    def _check_batch(self, state: PersonaBatchState) -> None:
+        if (
+            not isinstance(state, PersonaBatchState)
+            or state.log_post.dim() != 2
+            or state.log_post.shape[1] != self.n_personas
+        ):
+            raise ShapeError(
+                f"expected a PersonaBatchState over {self.n_personas} personas, "
+                f"got {type(state).__name__}"
+            )
+
+    # ----- one respondent ----------------------------------------------------
+    def initial_state(self, attributes: Mapping[int, int] | None = None) -> PersonaState:
+        """The prior conditioned on observed attributes ``{item: option}`` (observed items)."""
+        log_post = self.log_prior.clone()
+        observed: list[tuple[int, int]] = []
+        for item, option in (attributes or {}).items():
+            i, o = self.item_bank.check_answer(item, option)
+            log_post = log_post + self._log_lik_t[i, o]
+            observed.append((i, o))
+        return PersonaState(_normalise_log(log_post), tuple(observed))
+
+    def update(self, state: PersonaState, item: int, option: int) -> PersonaState:
+        """``log p(θ | h, y) = log p(θ | h) + log max(μ[θ, item, y], floor) − log Z``.
+
+        Raises:
+            UnknownItemError / InvalidOptionError: bad item or option.
+            ModelError: ``item`` was already observed in this state (answers are counted once).
+        """
+        self._check_state(state)
+        i, o = self.item_bank.check_answer(item, option)
+        if any(j == i for j, _ in state.observed):
+            raise ModelError(f"item {self.item_bank.keys[i]!r} was already observed in this state")
+        log_post = _normalise_log(state.log_post + self._log_lik_t[i, o])
+        return PersonaState(log_post, state.observed + ((i, o),))
+
+    def latent_posterior(self, state: PersonaState) -> Tensor:
+        """``[K]`` posterior probabilities ``p(θ | h)`` (sums to 1)."""
+        self._check_state(state)
+        return state.log_post.exp()
+
+    def predict(self, state: PersonaState, items: Sequence[int] | Tensor | None = None) -> Tensor:
+        """``[n, O]``: ``p(Y_x = k | h) = Σ_θ μ[θ, x, k] p(θ | h)``."""
+        self._check_state(state)
+        idx = self._items(items)
+        w = state.log_post.exp()
+        return self._mu_t[idx] @ w
+
+    def lookahead(
+        self,
+        state: PersonaState,
+        candidates: Sequence[int] | Tensor,
+        targets: Sequence[int] | Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """Closed-form lookahead for all candidates at once (no loop over candidates).
+
+        With ``w = p(θ | h)`` and ``L = max(μ, floor)`` (the update likelihood):
+
+            p_x[c, k]       = Σ_θ w_θ μ[θ, x_c, k]
+            p_t[c, k, t, j] = Σ_θ w_θ L[θ, x_c, k] μ[θ, t, j] / Σ_θ w_θ L[θ, x_c, k]
+
+        which equals ``predict(update(state, x_c, k), targets)``. Both sums are one matmul
+        ``[C·O, K] @ [K, T·O]``.
+
+        Returns:
+            ``p_x [C, O]`` and ``p_t [C, O, T, O]``; rows ``k >= O_{x_c}`` of ``p_t`` hold the
+            current target predictive (weight 0 in ``p_x``).
+        """
+        self._check_state(state)
+        cand = self._items(candidates)
+        tgt = self._items(targets)
+        w = state.log_post.exp().unsqueeze(0)  # [1, K]
+        p_x, p_t = self._lookahead_core(w, cand, tgt)
+        return p_x[0], p_t[0]
+
+    def _target_groups(self, tgt: Tensor) -> _Groups:
+        """Personas that share the same target distributions, for a cheaper lookahead.
+
+        Personas are merged only when their target rows ``μ[θ, targets, :]`` are
+        bit-for-bit equal, so results are exact. Grouping is used when it at least halves
+        ``K``; otherwise ``order`` is ``None`` and ``table`` holds one row per persona.
+        Cached per target tuple (the dictionary never changes after construction).
+        """
+        key = tuple(tgt.tolist())
+        hit = self._group_cache.get(key)
+        if hit is not None:
+            return hit
+        k = self.n_personas
+        rows = self.mu[:, tgt, :].reshape(k, -1)  # [K, T*O]
+        uniq, inverse = torch.unique(rows, dim=0, return_inverse=True)
+        g_n = int(uniq.shape[0])
+        if 2 * g_n <= k:
+            order = torch.argsort(inverse, stable=True)
+            counts = torch.bincount(inverse, minlength=g_n)
+            crow = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+            out = _Groups(inverse, order, crow, uniq.contiguous())
+        else:
+            out = _Groups(None, None, None, rows.contiguous())
+        if len(self._group_cache) >= 64:
+            self._group_cache.clear()
+        self._group_cache[key] = out
+        return out
+
+    def _lookahead_core(self, w: Tensor, cand: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
+        """Batched closed form for ``w [B, K]``: ``p_x [B, C, O]``, ``p_t [B, C, O, T, O]``.
+
+        ``joint[b, t·j, x·k] = Σ_g table[g, t·j] · agg[b, g, x·k]`` with
+        ``agg[b, g, x·k] = Σ_{θ ∈ g} w[b, θ] L[θ, x, k]`` (one sparse-times-dense product,
+        a single pass over the ``[K, I·O]`` table, which is what bounds the time);
+        ``den[b, x·k] = Σ_g agg[b, g, x·k]``. Without useful groups, one dense product
+        ``[T·O + 1, K] @ [K, I·O]`` gives ``joint`` and ``den`` together. When most items are
+        candidates, all items are computed from the stored tables (no gather) and the
+        candidate columns picked after.
+        """
+        b, k = w.shape
+        o_n, i_n = self.item_bank.max_options, self.item_bank.n_items
+        c_n, t_n = int(cand.numel()), int(tgt.numel())
+        to_n = t_n * o_n
+        grp = self._target_groups(tgt)
+        if 2 * c_n > i_n:
+            lik_src = self._lik_flat  # [K, I*O]
+            cols: Tensor | None = (cand.unsqueeze(1) * o_n + torch.arange(o_n)).reshape(-1)
+        else:
+            lik_src = self.lik_k[:, cand].reshape(k, c_n * o_n)  # [K, C*O]
+            cols = None
+        m = lik_src.shape[1]
+        joint = torch.empty(b, to_n, m, dtype=DTYPE)
+        den = torch.empty(b, m, dtype=DTYPE)
+        if grp.order is not None:
+            assert grp.crow is not None and grp.group is not None
+            g_n = grp.table.shape[0]
+            chunk = max(1, _CHUNK_ELEMS // max(1, g_n * m))
+            w_sorted = w[:, grp.order]  # [B, K], grouped personas adjacent
+            base_w = torch.zeros(b, g_n, dtype=DTYPE).index_add_(1, grp.group, w)
+            base = base_w @ grp.table  # [B, T*O]
+            for s in range(0, b, chunk):
+                bc = min(chunk, b - s)
+                crow = torch.cat(
+                    [
+                        (grp.crow[:-1].unsqueeze(0) + (torch.arange(bc) * k).unsqueeze(1)).reshape(
+                            -1
+                        ),
+                        torch.tensor([bc * k]),
+                    ]
+                )
+                sp = torch.sparse_csr_tensor(
+                    crow, grp.order.repeat(bc), w_sorted[s : s + bc].reshape(-1), (bc * g_n, k)
+                )
+                agg = (sp @ lik_src).reshape(bc, g_n, m)  # [b, G, M]
+                torch.matmul(grp.table.T, agg, out=joint[s : s + bc])
+                den[s : s + bc] = agg.sum(1)
+        else:
+            aug = torch.cat([grp.table, torch.ones(k, 1, dtype=DTYPE)], dim=1)  # [K, T*O+1]
+            base = w @ grp.table
+            chunk = max(1, _CHUNK_ELEMS // max(1, k * (to_n + 1)))
+            for s in range(0, b, chunk):
+                a = (w[s : s + chunk].unsqueeze(2) * aug.unsqueeze(0)).transpose(1, 2)
+                res = torch.matmul(a, lik_src)  # [b, T*O+1, M]
+                joint[s : s + chunk] = res[:, :to_n]
+                den[s : s + chunk] = res[:, to_n]
+        if self._floor_active:
+            mu_src = self._mu_flat if cols is not None else self.mu[:, cand].reshape(k, m)
+            p_x = w @ mu_src
+        else:
+            p_x = den
+        if cols is not None:
+            p_x, den, joint = p_x[:, cols], den[:, cols], joint[:, :, cols]
+        p_x = p_x.reshape(b, c_n, o_n)
+        pos = den > 0
+        safe = torch.where(pos, den, torch.ones((), dtype=DTYPE))
+        p_t = (joint.transpose(1, 2) / safe.unsqueeze(2)).reshape(b, c_n, o_n, t_n, o_n)
+        p_t = torch.where(pos.reshape(b, c_n, o_n, 1, 1), p_t, base.reshape(b, 1, 1, t_n, o_n))
+        return p_x, p_t
+
+    # ----- many respondents --------------------------------------------------
+    def initial_batch(self, observed: Tensor) -> PersonaBatchState:
+        """Batched priors conditioned on ``observed [B, I]`` (``-1`` = not observed)."""
+        y = self.item_bank.check_responses(observed)
+        onehot = one_hot_responses(y, self.item_bank)  # [B, I*O]
+        log_post = _normalise_log(self.log_prior.unsqueeze(0) + onehot @ self._log_lik_flat.T)
+        return PersonaBatchState(log_post, y.clone())
+
+    def update_batch(
+        self, state: PersonaBatchState, items: Tensor, options: Tensor
+    ) -> PersonaBatchState:
+        """Respondent ``b`` observes ``options[b]`` for ``items[b]``; ``-1`` skips (no change).
+
+        Raises:
+            ShapeError: ``items``/``options`` are not ``[B]``.
+            UnknownItemError / InvalidOptionError: bad item or option (naming the row).
+            ModelError: a respondent already has an answer to that item.
+        """
+        self._check_batch(state)
+        b = state.batch_size
+        items = torch.as_tensor(items).long().reshape(-1)
+        options = torch.as_tensor(options).long().reshape(-1)
+        if items.shape != (b,) or options.shape != (b,):
+            raise ShapeError(
+                f"items and options must have shape [{b}], got {list(items.shape)} and "
+                f"{list(options.shape)}"
+            )
+        bad_i = (items < 0) | (items >= self.item_bank.n_items)
+        if bool(bad_i.any()):
+            r = int(bad_i.nonzero()[0])
+            raise UnknownItemError(
+                f"items[{r}] = {int(items[r])}: unknown item index "
+                f"(the bank has {self.item_bank.n_items} items)"
+            )
+        limit = self._n_opt[items]
+        bad_o = (options < MISSING) | (options >= limit)
+        if bool(bad_o.any()):
+            r = int(bad_o.nonzero()[0])
+            raise InvalidOptionError(
+                f"options[{r}] = {int(options[r])} is out of range for item "
+                f"{self.item_bank.keys[int(items[r])]!r} ({int(limit[r])} options)"
+            )
+        take = options >= 0
+        rows = torch.arange(b)
+        again = take & (state.responses[rows, items] >= 0)
+        if bool(again.any()):
+            r = int(again.nonzero()[0])
+            raise ModelError(
+                f"respondent {r} already has an answer to item "
+                f"{self.item_bank.keys[int(items[r])]!r}"
+            )
+        add = self._log_lik_t[items, options.clamp_min(0)]  # [B, K]
+        log_post = torch.where(
+            take.unsqueeze(1), _normalise_log(state.log_post + add), state.log_post
+        )
+        responses = state.responses.clone()
+        responses[rows[take], items[take]] = options[take]
+        return PersonaBatchState(log_post, responses)
+
+    def latent_posterior_batch(self, state: PersonaBatchState) -> Tensor:
+        """``[B, K]`` posterior probabilities."""
+        self._check_batch(state)
+        return state.log_post.exp()
+
+    def predict_batch(self, state: PersonaBatchState, items: Tensor | Sequence[int]) -> Tensor:
+        """``[B, n, O]`` predictive distributions."""
+        self._check_batch(state)
+        idx = self._items(items)
+        w = state.log_post.exp()
+        n, o_n = int(idx.numel()), self.item_bank.max_options
+        return (w @ self._mu_t[idx].reshape(n * o_n, -1).T).reshape(-1, n, o_n)
+
+    def lookahead_batch(
+        self,
+        state: PersonaBatchState,
+        candidates: Tensor | Sequence[int],
+        targets: Tensor | Sequence[int],
+    ) -> tuple[Tensor, Tensor]:
+        """Batched :meth:`lookahead`: ``p_x [B, C, O]`` and ``p_t [B, C, O, T, O]``."""
+        self._check_batch(state)
+        cand = self._items(candidates)
+        tgt = self._items(targets)
+        return self._lookahead_core(state.log_post.exp(), cand, tgt)
+
+    # ----- likelihoods (offline) --------------------------------------------
+    def log_likelihood_matrix(self, responses: Tensor) -> Tensor:
+        """``[N, K]``: ``Σ_{i observed} log max(μ[θ, i, y_ui], floor)`` per respondent and persona."""
+        return one_hot_responses(responses, self.item_bank) @ self._log_lik_flat.T
+
+    def log_marginal(self, responses: Tensor) -> Tensor:
+        """``[N]``: ``log Σ_θ p(θ) Π_{i observed} μ[θ, i, y_ui]`` (floored)."""
+        return torch.logsumexp(self.log_likelihood_matrix(responses) + self.log_prior, dim=1)
+
+    # ----- serialisation ----------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "item_bank": self.item_bank.to_dict(),
+            "mu": self.mu.clone(),
+            "log_prior": self.log_prior.clone(),
+            "floor": self.floor,
+            "labels": list(self.labels) if self.labels is not None else None,
+        }
+
+    @classmethod
+    def from_state_dict(cls, d: dict[str, Any]) -> PersonaMixture:
+        return cls(
+            ItemBank.from_dict(d["item_bank"]),
+            d["mu"],
+            d["log_prior"],
+            floor=float(d.get("floor", DEFAULT_FLOOR)),
+            labels=d.get("labels"),
+        )
+
+
+# ---------------------------------------------------------------------------
+# Empirical-Bayes prior
+# ---------------------------------------------------------------------------
+
+
+def fit_prior_em(
+    mu: PersonaMixture | Tensor,
+    responses: Tensor,
+    *,
+    item_bank: ItemBank | None = None,
+    max_iter: int = 500,
+    tol: float = 1e-8,
+    floor: float = DEFAULT_FLOOR,
+) -> tuple[Tensor, list[float]]:
+    """Empirical-Bayes persona prior by EM (METHODS.md section 1).
+
+    With ``ℓ[u, θ] = Σ_{i observed} log max(μ[θ, i, y_ui], floor)``:
+
+        E-step  γ[u, θ] ∝ p(θ) · exp(ℓ[u, θ])
+        M-step  p(θ) = (1/N) Σ_u γ[u, θ]
+
+    starting from the uniform prior. Only non-missing entries count: callers mask the
+    target columns (and any other held-out answers) to ``-1``. Each iteration increases
+    the mean log marginal likelihood ``(1/N) Σ_u log Σ_θ p(θ) exp(ℓ[u, θ])``.
+
+    Args:
+        mu: a :class:`PersonaMixture` (its dictionary and floor are used, its prior ignored)
+            or a ``[K, I, O]`` table (then ``item_bank`` is required).
+        responses: ``LongTensor [N, I]``, ``-1`` = missing.
+        max_iter: maximum EM iterations.
+        tol: stop when the mean log-likelihood improves by less than ``tol``.
+
+    Returns:
+        ``(log_prior [K], trace)`` where ``trace[t]`` is the mean log-likelihood under the
+        prior after ``t`` M-steps (``trace[0]`` = uniform prior; the last entry is the
+        returned prior's).
+    """
+    if isinstance(mu, PersonaMixture):
+        model = mu
+    else:
+        if item_bank is None:
+            raise ModelError("fit_prior_em: item_bank is required when mu is a tensor")
+        model = PersonaMixture(item_bank, mu, floor=floor)
+    ll = model.log_likelihood_matrix(responses)  # [N, K]
+    n, k = ll.shape
+    if n == 0:
+        raise ShapeError("fit_prior_em: responses has no rows")
+    log_prior = torch.full((k,), -math.log(k), dtype=DTYPE)
+    trace: list[float] = []
+    for _ in range(max_iter + 1):
+        joint = ll + log_prior  # [N, K]
+        log_z = torch.logsumexp(joint, dim=1, keepdim=True)
+        trace.append(float(log_z.mean()))
+        if len(trace) > 1 and trace[-1] - trace[-2] < tol:
+            break
+        if len(trace) == max_iter + 1:
+            break
+        gamma = (joint - log_z).exp()  # [N, K]
+        prior = gamma.mean(0)
+        log_prior = torch.where(
+            prior > 0, prior.clamp_min(1e-300).log(), torch.full_like(prior, -math.inf)
+        )
+    return _normalise_log(log_prior), trace
+
+
+# ---------------------------------------------------------------------------
+# Compression
+# ---------------------------------------------------------------------------
+
+
+def _entropy_rows(p: Tensor) -> Tensor:
+    """Entropy over the last axis with ``0 log 0 = 0``."""
+    return -(p * p.clamp_min(1e-300).log()).sum(-1)
+
+
+def js_distance_matrix(a: Tensor, b: Tensor, *, chunk_elems: int = 1 << 24) -> Tensor:
+    """Jensen–Shannon distance between persona tables, averaged over items.
+
+    ``d(a_m, b_n) = sqrt( (1/I) Σ_i JS(a[m, i], b[n, i]) )`` with
+    ``JS(p, q) = H((p + q)/2) − (H(p) + H(q))/2`` (natural log, so ``0 <= JS <= log 2``).
+
+    Args:
+        a: ``[M, I, O]`` distributions. b: ``[N, I, O]`` distributions.
+
+    Returns:
+        ``[M, N]`` distances.
+    """
+    m, i_n, o_n = a.shape
+    n = b.shape[0]
+    ha = _entropy_rows(a).sum(1)  # [M]
+    hb = _entropy_rows(b).sum(1)  # [N]
+    out = torch.empty(m, n, dtype=DTYPE)
+    step = max(1, chunk_elems // max(1, n * i_n * o_n))
+    for s in range(0, m, step):
+        mix = 0.5 * (a[s : s + step].unsqueeze(1) + b.unsqueeze(0))  # [m, N, I, O]
+        hm = _entropy_rows(mix).sum(-1)  # [m, N]
+        js = hm - 0.5 * (ha[s : s + step].unsqueeze(1) + hb.unsqueeze(0))
+        out[s : s + step] = (js.clamp_min(0) / i_n).sqrt()
+    return out
+
+
+def compress(
+    mixture: PersonaMixture,
+    n_prototypes: int,
+    *,
+    min_prior: float = 1e-5,
+    seed: int = 0,
+    max_iter: int = 50,
+) -> PersonaMixture:
+    """Merge personas into prototypes (METHODS.md section 1, "compression").
+
+    1. Drop personas with prior ``< min_prior`` (the rest are renormalised).
+    2. If at most ``n_prototypes`` remain, return them unchanged (same predictive).
+    3. Otherwise prior-weighted k-means under :func:`js_distance_matrix`: seeds by
+       prior-weighted k-means++; assign each persona to its nearest prototype; each
+       prototype's table is the prior-weighted mean of its members' distributions and its
+       prior the sum of its members' priors. Stops when assignments no longer change.
+
+    Returns:
+        A new :class:`PersonaMixture` with at most ``n_prototypes`` personas and total prior
+        mass 1. ``metrics["compressed_from"]`` records the original ``K``.
+    """
+    if n_prototypes < 1:
+        raise ModelError(f"n_prototypes must be >= 1, got {n_prototypes}")
+    prior = mixture.log_prior.exp()
+    keep = prior >= min_prior
+    if not bool(keep.any()):
+        raise ModelError(f"no persona has prior >= min_prior={min_prior}")
+    mu = mixture.mu[keep]
+    w = prior[keep] / prior[keep].sum()
+    labels = (
+        [lab for lab, kp in zip(mixture.labels, keep.tolist(), strict=True) if kp]
+        if mixture.labels is not None
+        else None
+    )
+    k = int(mu.shape[0])
+    if k <= n_prototypes:
+        out = PersonaMixture(mixture.item_bank, mu, w.log(), floor=mixture.floor, labels=labels)
+        out.metrics = {"compressed_from": mixture.n_personas, "n_prototypes": k}
+        return out
+    gen = torch.Generator().manual_seed(seed)
+    # k-means++ seeding, weighted by the prior.
+    centres = [int(torch.multinomial(w, 1, generator=gen))]
+    d2 = js_distance_matrix(mu, mu[centres[-1]].unsqueeze(0))[:, 0] ** 2
+    for _ in range(1, n_prototypes):
+        p = w * d2
+        if float(p.sum()) <= 0:
+            rest = [j for j in range(k) if j not in set(centres)]
+            centres.append(rest[int(torch.randint(len(rest), (1,), generator=gen))])
+        else:
+            centres.append(int(torch.multinomial(p / p.sum(), 1, generator=gen)))
+        d2 = torch.minimum(d2, js_distance_matrix(mu, mu[centres[-1]].unsqueeze(0))[:, 0] ** 2)
+    cent = mu[centres].clone()  # [P, I, O]
+    assign = torch.full((k,), -1, dtype=torch.long)
+    for _ in range(max_iter):
+        dist = js_distance_matrix(mu, cent)  # [K, P]
+        new = dist.argmin(1)
+        # An empty prototype takes the persona farthest from its own prototype.
+        counts = torch.bincount(new, minlength=n_prototypes)
+        for p_idx in (counts == 0).nonzero().flatten().tolist():
+            far = int((dist[torch.arange(k), new] * (counts[new] > 1)).argmax())
+            counts[new[far]] -= 1
+            new[far] = p_idx
+            counts[p_idx] = 1
+        if bool((new == assign).all()):
+            break
+        assign = new
+        mass = torch.zeros(n_prototypes, dtype=DTYPE).index_add_(0, assign, w)
+        cent = torch.zeros_like(cent).index_add_(0, assign, w.view(-1, 1, 1) * mu)
+        cent = cent / mass.view(-1, 1, 1)
+    mass = torch.zeros(n_prototypes, dtype=DTYPE).index_add_(0, assign, w)
+    cent = torch.zeros_like(cent).index_add_(0, assign, w.view(-1, 1, 1) * mu) / mass.view(-1, 1, 1)
+    out = PersonaMixture(mixture.item_bank, cent, mass.log(), floor=mixture.floor)
+    out.metrics = {"compressed_from": mixture.n_personas, "n_prototypes": n_prototypes}
+    return out
