@@ -49,12 +49,6 @@ from models.base import (
     register_model,
 )
 
-# The lookahead uses torch's CSR sparse-times-dense product, whose first use warns that
-# sparse CSR support is "beta"; the operation used here is stable and tested.
-warnings.filterwarnings(
-    "ignore", message="Sparse CSR tensor support is in beta", category=UserWarning
-)
-
 DEFAULT_FLOOR = 1e-10
 _ROW_TOL = 1e-6
 # Elements of the ``[chunk, K, C*O]`` temporary in the lookahead.
@@ -490,9 +484,15 @@ class PersonaMixture(BeliefModel):
                         torch.tensor([bc * k]),
                     ]
                 )
-                sp = torch.sparse_csr_tensor(
-                    crow, grp.order.repeat(bc), w_sorted[s : s + bc].reshape(-1), (bc * g_n, k)
-                )
+                with warnings.catch_warnings():  # torch warns that sparse CSR is "beta"
+                    warnings.simplefilter("ignore", UserWarning)
+                    sp = torch.sparse_csr_tensor(
+                        crow,
+                        grp.order.repeat(bc),
+                        w_sorted[s : s + bc].reshape(-1),
+                        (bc * g_n, k),
+                        check_invariants=False,
+                    )
                 agg = (sp @ lik_src).reshape(bc, g_n, m)  # [b, G, M]
                 torch.matmul(grp.table.T, agg, out=joint[s : s + bc])
                 den[s : s + bc] = agg.sum(1)
