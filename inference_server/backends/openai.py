@@ -1,0 +1,303 @@
+"""The ``openai`` backend: any OpenAI-compatible server, first of all vLLM.
+
+Two request modes:
+
+* ``"completions"`` (default) — ``POST /v1/completions`` with the chat-templated prompt
+  text (rendered here with the model's tokenizer, so it is byte-identical to what the
+  ``local`` backend scores), ``max_tokens=1``, ``logprobs=k``, ``temperature=0``. Several
+  prompts go in one request (``prompt`` is a list), which vLLM batches; with prefix
+  caching on, each persona's shared prefix is computed once on the server.
+* ``"chat"`` — ``POST /v1/chat/completions`` with the messages, ``logprobs=true``,
+  ``top_logprobs=k``, one pair per request (for servers whose tokenizer this process
+  does not have).
+
+The letters' probabilities are read from the top-``k`` log-probabilities of the single
+generated position (:func:`~inference_server.prompts.letters_from_top_logprobs`); with
+``k = 20`` and a handful of option letters this is exact up to the mass of tokens outside
+the top ``k``.
+
+Requests run on an ``httpx.AsyncClient`` with a concurrency limit (a semaphore), a
+timeout, and retries with exponential backoff on connection errors, timeouts, HTTP 429
+and 5xx. Anything else — a 4xx, a body that is not JSON, JSON of the wrong shape, a
+choice missing or duplicated, log-probabilities that are not numbers — raises
+:class:`~inference_server.errors.BackendError` naming the URL and the problem. A wrong
+distribution is never returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from inference_server.backends.base import Backend, ScoreRequest, register_backend
+from inference_server.errors import BackendError
+from inference_server.prompts import (
+    DEFAULT_MASS_THRESHOLD,
+    DEFAULT_TEMPLATE,
+    LetterScore,
+    PromptTemplate,
+    letter_distribution,
+    letters_from_top_logprobs,
+)
+
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@register_backend("openai")
+class OpenAIBackend(Backend):
+    """Client of an OpenAI-compatible server.
+
+    Args:
+        base_url: the server root, e.g. ``http://127.0.0.1:8000`` (``/v1`` is appended
+            when missing).
+        model: the served model name (``model_id`` of stored distributions).
+        mode: ``"completions"`` or ``"chat"``.
+        tokenizer_path: a local model folder whose tokenizer renders the chat template
+            (``"completions"`` mode; default: the embedded model's converted folder when
+            ``model`` is the embedded model's name).
+        api_key: sent as a bearer token when given (default ``$OPENAI_API_KEY``, if set).
+        template: the prompt template.
+        threshold: valid-letter mass below which a pair is flagged.
+        batch_size: prompts per completions request.
+        concurrency: requests in flight at once.
+        timeout: seconds per request.
+        max_retries: retries after the first attempt (connection errors, timeouts, 429,
+            5xx), waiting ``backoff · 2^attempt`` seconds (± 10% jitter) in between.
+        backoff: the first wait in seconds.
+        top_logprobs: ``k`` (vLLM's default server limit is 20).
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        mode: str = "completions",
+        tokenizer_path: str | None = None,
+        api_key: str | None = None,
+        template: PromptTemplate = DEFAULT_TEMPLATE,
+        threshold: float = DEFAULT_MASS_THRESHOLD,
+        batch_size: int = 32,
+        concurrency: int = 4,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+        top_logprobs: int = 20,
+    ) -> None:
+        super().__init__(model_id=model, template=template, threshold=threshold)
+        if mode not in ("completions", "chat"):
+            raise BackendError(f"unknown mode {mode!r} (completions, chat)")
+        if batch_size < 1 or concurrency < 1 or max_retries < 0 or timeout <= 0:
+            raise BackendError("batch_size, concurrency >= 1, max_retries >= 0, timeout > 0")
+        url = base_url.rstrip("/")
+        self.base_url = url if url.endswith("/v1") else url + "/v1"
+        self.mode = mode
+        self.batch_size = batch_size
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.top_logprobs = top_logprobs
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._tokenizer: Any = None
+        if mode == "completions":
+            self._tokenizer = _load_tokenizer(model, tokenizer_path)
+
+    # ----- rendering -------------------------------------------------------------------
+    def render(self, persona: str, item: Any) -> str:
+        """The chat-templated prompt text (completions mode)."""
+        return str(
+            self._tokenizer.apply_chat_template(
+                self.template.messages(persona, item), tokenize=False, add_generation_prompt=True
+            )
+        )
+
+    # ----- HTTP --------------------------------------------------------------------------
+    async def _post(
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, path: str, body: dict[str, Any]
+    ) -> Any:
+        """POST with retries; the parsed JSON body, or :class:`BackendError`."""
+        url = f"{self.base_url}{path}"
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                wait = self.backoff * 2 ** (attempt - 1) * (0.9 + 0.2 * random.random())
+                await asyncio.sleep(wait)
+            try:
+                async with sem:
+                    resp = await client.post(url, json=body)
+            except httpx.TimeoutException:
+                last = f"timed out after {self.timeout:g} s"
+                continue
+            except httpx.TransportError as exc:
+                last = f"cannot connect ({type(exc).__name__}: {exc})"
+                continue
+            if resp.status_code in RETRY_STATUS:
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                continue
+            if resp.status_code != 200:
+                raise BackendError(f"{url}: HTTP {resp.status_code}: {resp.text[:500]}")
+            try:
+                return resp.json()
+            except ValueError:
+                raise BackendError(
+                    f"{url}: the response is not JSON: {resp.text[:200]!r}"
+                ) from None
+        raise BackendError(f"{url}: {last} (after {self.max_retries + 1} attempts)")
+
+    def _client(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=self.concurrency)
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(self.timeout), limits=limits, headers=self._headers
+        )
+
+    # ----- parsing ---------------------------------------------------------------------
+    def _top_from_completion(self, choice: Any, where: str) -> dict[str, float]:
+        try:
+            top_list = choice["logprobs"]["top_logprobs"]
+            top = top_list[0]
+        except (KeyError, IndexError, TypeError):
+            raise BackendError(f"{where}: no top_logprobs in the choice") from None
+        if not isinstance(top, dict) or not top:
+            raise BackendError(f"{where}: top_logprobs[0] is not a non-empty object")
+        return {str(t): _logprob(v, where) for t, v in top.items()}
+
+    def _top_from_chat(self, choice: Any, where: str) -> dict[str, float]:
+        try:
+            entry = choice["logprobs"]["content"][0]
+            top = entry["top_logprobs"]
+        except (KeyError, IndexError, TypeError):
+            raise BackendError(f"{where}: no logprobs.content[0].top_logprobs") from None
+        if not isinstance(top, list) or not top:
+            raise BackendError(f"{where}: top_logprobs is not a non-empty list")
+        out: dict[str, float] = {}
+        for e in top:
+            if not isinstance(e, dict) or "token" not in e or "logprob" not in e:
+                raise BackendError(f"{where}: a top_logprobs entry lacks token/logprob")
+            tok = str(e["token"])
+            out[tok] = max(out.get(tok, -math.inf), _logprob(e["logprob"], where))
+        return out
+
+    def _score_top(self, top: dict[str, float], req: ScoreRequest, where: str) -> LetterScore:
+        q = letters_from_top_logprobs(top, req.item.letters)
+        try:
+            return letter_distribution(q, self.threshold)
+        except Exception as exc:
+            raise BackendError(f"{where}: {exc}") from None
+
+    async def _completions(
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, reqs: Sequence[ScoreRequest]
+    ) -> list[LetterScore]:
+        body = {
+            "model": self.model_id,
+            "prompt": [self.render(r.persona, r.item) for r in reqs],
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": self.top_logprobs,
+        }
+        data = await self._post(client, sem, "/completions", body)
+        where = f"{self.base_url}/completions"
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or len(choices) != len(reqs):
+            got = len(choices) if isinstance(choices, list) else "no"
+            raise BackendError(f"{where}: expected {len(reqs)} choices, got {got}")
+        by_index: dict[int, Any] = {}
+        for c in choices:
+            idx = c.get("index") if isinstance(c, dict) else None
+            if not isinstance(idx, int) or not 0 <= idx < len(reqs) or idx in by_index:
+                raise BackendError(f"{where}: a choice has a missing, bad or repeated index")
+            by_index[idx] = c
+        return [
+            self._score_top(self._top_from_completion(by_index[i], where), r, where)
+            for i, r in enumerate(reqs)
+        ]
+
+    async def _chat(
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, req: ScoreRequest
+    ) -> LetterScore:
+        body = {
+            "model": self.model_id,
+            "messages": self.template.messages(req.persona, req.item),
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": self.top_logprobs,
+        }
+        data = await self._post(client, sem, "/chat/completions", body)
+        where = f"{self.base_url}/chat/completions"
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or len(choices) != 1:
+            raise BackendError(f"{where}: expected 1 choice")
+        return self._score_top(self._top_from_chat(choices[0], where), req, where)
+
+    async def ascore(self, requests: Sequence[ScoreRequest]) -> list[LetterScore]:
+        """Async :meth:`score`: all batches in flight, at most ``concurrency`` at once."""
+        sem = asyncio.Semaphore(self.concurrency)
+        async with self._client() as client:
+            if self.mode == "chat":
+                return list(await asyncio.gather(*(self._chat(client, sem, r) for r in requests)))
+            batches = [
+                requests[i : i + self.batch_size] for i in range(0, len(requests), self.batch_size)
+            ]
+            parts = await asyncio.gather(*(self._completions(client, sem, b) for b in batches))
+        return [s for part in parts for s in part]
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[LetterScore]:
+        """Score every request (runs :meth:`ascore` in a fresh event loop)."""
+        if not requests:
+            return []
+        return asyncio.run(self.ascore(requests))
+
+    def health(self) -> list[str]:
+        """The served model names (``GET /v1/models``); :class:`BackendError` if down."""
+
+        async def run() -> Any:
+            async with self._client() as client:
+                url = f"{self.base_url}/models"
+                try:
+                    resp = await client.get(url)
+                    resp.raise_for_status()
+                    return resp.json()
+                except (httpx.HTTPError, ValueError) as exc:
+                    raise BackendError(f"{url}: {type(exc).__name__}: {exc}") from None
+
+        data = asyncio.run(run())
+        try:
+            return [str(m["id"]) for m in data["data"]]
+        except (KeyError, TypeError):
+            raise BackendError(f"{self.base_url}/models: unexpected response") from None
+
+
+def _logprob(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or v > 1e-6:
+        raise BackendError(f"{where}: {v!r} is not a log-probability")
+    return float(min(v, 0.0))
+
+
+def _load_tokenizer(model: str, tokenizer_path: str | None) -> Any:
+    """The tokenizer that renders the chat template for completions mode."""
+    from inference_server.model_store import DEFAULT_MODEL, resolve_model
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    if tokenizer_path is None:
+        if model != DEFAULT_MODEL:
+            raise BackendError(
+                f"completions mode needs the tokenizer of {model!r}: pass tokenizer_path "
+                "(a local model folder) or use mode='chat'"
+            )
+        tokenizer_path = str(resolve_model(DEFAULT_MODEL)[1])
+    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    if tok.chat_template is None:
+        raise BackendError(f"the tokenizer at {tokenizer_path} has no chat template")
+    return tok

@@ -1,0 +1,470 @@
+"""Persona dictionaries: the ``θ`` of the persona mixture (METHODS.md section 1).
+
+Three sources:
+
+* **texts** a researcher enters (:func:`from_texts`, :func:`read_persona_file`);
+* **attribute profiles** of a dataset's respondents (:func:`from_attributes`): one sentence
+  per distinct attribute combination, or per sampled respondent, built generically from
+  each attribute item's topic (or question) and the chosen option's codebook label, e.g.
+  ``"Gender: Woman; Party Identification: Democrat; ..."``;
+* **imported answer matrices** (:func:`load_answer_matrix`): a persona × item table of
+  deterministic answers, turned into distributions with noise ``ε``.
+
+A persona's identity is the SHA-256 of its text (:func:`persona_hash`), so a stored
+distribution is found again whatever the persona's key or position in a dictionary. Texts
+are kept verbatim — HTML or template syntax is data, escaped only when a page is rendered.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from elicitation.datasets import MISSING_CODE, CodebookItem, Dataset
+from inference_server.errors import PersonaError
+
+MAX_PERSONA_CHARS = 4000
+"""Longest persona text accepted (a system message, not a document)."""
+
+
+def persona_hash(text: str) -> str:
+    """SHA-256 (hex) of a persona text, encoded as UTF-8: the persona's stable identity."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Persona:
+    """One persona of a dictionary.
+
+    Attributes:
+        key: a short human-readable name (``"profile-3"``, ``"respondent-123"``, a
+            researcher's label); not part of the identity.
+        text: the persona description given to the language model as the system message,
+            verbatim.
+        weight: a prior weight (e.g. how many respondents share this attribute profile);
+            normalise over the dictionary to get ``p(θ)``.
+        attributes: for attribute personas, ``{item id: option index}`` of the profile.
+    """
+
+    key: str
+    text: str
+    weight: float = 1.0
+    attributes: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def hash(self) -> str:
+        """:func:`persona_hash` of :attr:`text`."""
+        return persona_hash(self.text)
+
+
+def check_persona_text(text: object, where: str) -> str:
+    """Validate one persona text and return it unchanged.
+
+    Args:
+        text: the candidate text.
+        where: where it came from, for the error message (``"persona 3"``, ``"file.txt
+            line 7"``).
+
+    Raises:
+        PersonaError: if it is not a string, is blank, contains a NUL character or is longer
+            than :data:`MAX_PERSONA_CHARS`.
+    """
+    if not isinstance(text, str):
+        raise PersonaError(f"{where}: persona text must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise PersonaError(f"{where}: persona text is empty")
+    if "\x00" in text:
+        raise PersonaError(f"{where}: persona text contains a NUL character")
+    if len(text) > MAX_PERSONA_CHARS:
+        raise PersonaError(
+            f"{where}: persona text has {len(text)} characters (at most {MAX_PERSONA_CHARS})"
+        )
+    return text
+
+
+def from_texts(texts: Sequence[str], keys: Sequence[str] | None = None) -> list[Persona]:
+    """Personas from researcher-entered texts, kept verbatim.
+
+    Args:
+        texts: one description per persona.
+        keys: optional names (default ``"persona-1"``, ``"persona-2"``, ...).
+
+    Raises:
+        PersonaError: on an invalid text (see :func:`check_persona_text`), a key count that
+            does not match, or two identical texts (they would be one persona).
+    """
+    if keys is not None and len(keys) != len(texts):
+        raise PersonaError(f"{len(texts)} persona texts but {len(keys)} keys")
+    if not texts:
+        raise PersonaError("the persona dictionary is empty")
+    out: list[Persona] = []
+    seen: dict[str, int] = {}
+    for i, text in enumerate(texts):
+        check_persona_text(text, f"persona {i + 1}")
+        h = persona_hash(text)
+        if h in seen:
+            raise PersonaError(f"persona {i + 1} has the same text as persona {seen[h] + 1}")
+        seen[h] = i
+        out.append(Persona(key=keys[i] if keys is not None else f"persona-{i + 1}", text=text))
+    return out
+
+
+def read_persona_file(path: str | Path) -> list[Persona]:
+    """Read researcher personas from a file.
+
+    Formats (by extension):
+
+    * ``.txt``: one persona per line; blank lines are skipped;
+    * ``.jsonl``: one JSON object per line with ``text`` and optional ``key`` and
+      ``weight``;
+    * ``.json``: a list of strings or of such objects.
+
+    Raises:
+        PersonaError: naming the file and line (or list position) of the first problem.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PersonaError(f"persona file not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PersonaError(f"{p}: cannot read persona file: {exc}") from None
+    entries: list[tuple[str, object]] = []  # (where, entry)
+    suffix = p.suffix.lower()
+    if suffix == ".txt":
+        for n, line in enumerate(raw.splitlines(), start=1):
+            if line.strip():
+                entries.append((f"{p.name} line {n}", line))
+    elif suffix == ".jsonl":
+        for n, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                entries.append((f"{p.name} line {n}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise PersonaError(f"{p.name} line {n}: invalid JSON: {exc.msg}") from None
+    elif suffix == ".json":
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise PersonaError(f"{p.name} line {exc.lineno}: invalid JSON: {exc.msg}") from None
+        if not isinstance(data, list):
+            raise PersonaError(f"{p.name}: expected a JSON list of personas")
+        entries = [(f"{p.name} entry {i + 1}", e) for i, e in enumerate(data)]
+    else:
+        raise PersonaError(f"{p.name}: unknown persona file type {suffix!r} (.txt, .jsonl, .json)")
+    if not entries:
+        raise PersonaError(f"{p.name}: no personas in the file")
+    out: list[Persona] = []
+    seen: dict[str, str] = {}
+    for i, (where, entry) in enumerate(entries):
+        key, weight = f"persona-{i + 1}", 1.0
+        if isinstance(entry, dict):
+            unknown = sorted(set(entry) - {"text", "key", "weight"})
+            if unknown:
+                raise PersonaError(f"{where}: unknown fields {unknown} (text, key, weight)")
+            if "text" not in entry:
+                raise PersonaError(f"{where}: missing field 'text'")
+            text = entry["text"]
+            key = str(entry.get("key", key))
+            w = entry.get("weight", 1.0)
+            if isinstance(w, bool) or not isinstance(w, int | float) or not w > 0:
+                raise PersonaError(f"{where}: weight must be a positive number, got {w!r}")
+            weight = float(w)
+        else:
+            text = entry
+        check_persona_text(text, where)
+        assert isinstance(text, str)
+        h = persona_hash(text)
+        if h in seen:
+            raise PersonaError(f"{where}: the same text as {seen[h]}")
+        seen[h] = where
+        out.append(Persona(key=key, text=text, weight=weight))
+    return out
+
+
+# ----- attribute personas -------------------------------------------------------------
+
+
+def _item_label(item: CodebookItem) -> str:
+    """The name of an attribute in a persona sentence: its topic, else its question."""
+    label = (item.topic or "").strip() or item.question.strip()
+    return label.rstrip(" ?:.")
+
+
+def attribute_sentence(items: Sequence[CodebookItem], options: Sequence[int]) -> str:
+    """The persona sentence of one attribute profile.
+
+    ``"{label of item 1}: {option label}; {label of item 2}: {option label}."`` where an
+    item's label is its codebook topic (or its question when it has none) and missing
+    attributes (``-1``) are left out. Nothing here knows any particular dataset.
+
+    Raises:
+        PersonaError: if every attribute is missing or an option is out of range.
+    """
+    parts: list[str] = []
+    for item, k in zip(items, options, strict=True):
+        k = int(k)
+        if k == MISSING_CODE:
+            continue
+        if not 0 <= k < item.n_options:
+            raise PersonaError(f"option {k} out of range for attribute {item.id!r}")
+        parts.append(f"{_item_label(item)}: {item.options[k][1].strip()}")
+    if not parts:
+        raise PersonaError("an attribute profile with every attribute missing")
+    return "; ".join(parts) + "."
+
+
+def from_attributes(
+    dataset: Dataset,
+    *,
+    attributes: Sequence[str] | None = None,
+    rows: Sequence[int] | np.ndarray | None = None,
+    mode: str = "profiles",
+    n: int | None = None,
+    seed: int = 0,
+) -> list[Persona]:
+    """Personas built from the attribute combinations of a dataset's respondents.
+
+    Args:
+        dataset: a loaded dataset in the canonical format.
+        attributes: the attribute items (default: the manifest's ``demographics``).
+        rows: respondent rows to use (default: all), e.g. the training users.
+        mode: ``"profiles"`` — one persona per distinct attribute profile, weighted by how
+            many respondents have it, most frequent first (ties in profile order), the
+            first ``n`` when ``n`` is given; ``"sample"`` — ``n`` respondents drawn without
+            replacement with ``seed``, identical profiles merged (weights add up).
+        n: how many personas (required for ``"sample"``).
+        seed: the sampling seed.
+
+    Returns:
+        Personas whose text is :func:`attribute_sentence` of the profile, whose
+        ``attributes`` hold the profile and whose ``weight`` counts its respondents.
+
+    Raises:
+        PersonaError: on an unknown mode, a bad ``n``, no attribute items, or no
+            respondent with any attribute.
+    """
+    keys = list(dataset.demographics if attributes is None else attributes)
+    if not keys:
+        raise PersonaError(f"dataset {dataset.name!r} has no attribute (demographic) items")
+    try:
+        items = [dataset.item(k) for k in keys]
+    except Exception as exc:  # DatasetError: an unknown item id
+        raise PersonaError(f"attribute items: {exc}") from None
+    matrix = dataset.matrix(keys)
+    if rows is not None:
+        matrix = matrix[np.asarray(rows, dtype=np.int64)]
+    if n is not None and n < 1:
+        raise PersonaError(f"n must be at least 1, got {n}")
+    if mode == "sample":
+        if n is None:
+            raise PersonaError("mode 'sample' needs n (how many respondents to draw)")
+        rng = np.random.default_rng(seed)
+        pick = rng.choice(matrix.shape[0], size=min(n, matrix.shape[0]), replace=False)
+        matrix = matrix[np.sort(pick)]
+    elif mode != "profiles":
+        raise PersonaError(f"unknown persona mode {mode!r} (profiles, sample)")
+    keep = (matrix != MISSING_CODE).any(axis=1)
+    matrix = matrix[keep]
+    if matrix.shape[0] == 0:
+        raise PersonaError(f"no respondent of {dataset.name!r} has any of the attributes {keys}")
+    profiles, first, counts = np.unique(matrix, axis=0, return_index=True, return_counts=True)
+    if mode == "profiles":
+        order = np.lexsort((first, -counts))  # most frequent first, then first appearance
+        if n is not None:
+            order = order[:n]
+    else:
+        order = np.argsort(first, kind="stable")  # sampled order
+    out: list[Persona] = []
+    for j, idx in enumerate(order, start=1):
+        prof = profiles[idx]
+        out.append(
+            Persona(
+                key=f"profile-{j}",
+                text=attribute_sentence(items, prof.tolist()),
+                weight=float(counts[idx]),
+                attributes={k: int(v) for k, v in zip(keys, prof.tolist(), strict=True)},
+            )
+        )
+    return out
+
+
+# ----- imported answer matrices ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnswerMatrix:
+    """An imported persona dictionary of deterministic answers.
+
+    Attributes:
+        persona_ids: ``K`` persona ids (the first column of the answer file).
+        item_keys: ``I`` item ids (the other columns).
+        questions: each item's question text.
+        n_options: ``O_i`` per item.
+        answers: ``LongTensor [K, I]`` option indices (0-based), ``-1`` = no answer.
+    """
+
+    persona_ids: tuple[str, ...]
+    item_keys: tuple[str, ...]
+    questions: tuple[str, ...]
+    n_options: tuple[int, ...]
+    answers: Tensor
+
+    def distributions(self, epsilon: float) -> Tensor:
+        """``μ [K, I, O]`` from the answers with noise ``ε`` (see :func:`deterministic_mu`)."""
+        return deterministic_mu(self.answers, self.n_options, epsilon)
+
+
+def deterministic_mu(answers: Tensor, n_options: Sequence[int], epsilon: float) -> Tensor:
+    """Distributions from single answers: ``1 − ε`` on the answer, ``ε / (O_i − 1)`` elsewhere.
+
+    ``μ[θ, i, k] = 1 − ε`` if ``k = ŷ[θ, i]``, else ``ε / (O_i − 1)`` for ``k < O_i`` and
+    0 for ``k ≥ O_i``; a missing answer (``-1``) gives the uniform ``1 / O_i``; a
+    single-option item gets 1 (METHODS.md section 1: ε = 0.05 synthetic, 0.5 real users).
+
+    Args:
+        answers: ``LongTensor [K, I]``.
+        n_options: ``O_i`` for each of the ``I`` items.
+        epsilon: in ``[0, 1)``.
+
+    Returns:
+        ``float64 [K, I, max O_i]``; each row over ``k < O_i`` sums to 1.
+    """
+    if not 0 <= epsilon < 1:
+        raise PersonaError(f"epsilon must be in [0, 1), got {epsilon}")
+    answers = torch.as_tensor(answers, dtype=torch.long)
+    k_n, i_n = answers.shape
+    if i_n != len(n_options):
+        raise PersonaError(f"answers have {i_n} items but {len(n_options)} option counts")
+    o = torch.tensor(list(n_options), dtype=torch.float64)  # [I]
+    o_max = int(o.max()) if i_n else 0
+    if bool(((answers >= o.long().unsqueeze(0)) | (answers < MISSING_CODE)).any()):
+        raise PersonaError("an answer is outside its item's options")
+    valid = (torch.arange(o_max).unsqueeze(0) < o.unsqueeze(1)).to(torch.float64)  # [I, O]
+    off = torch.where(o > 1, epsilon / (o - 1).clamp_min(1), torch.zeros_like(o))
+    mu = (off.view(1, i_n, 1) * valid).expand(k_n, i_n, o_max).clone()
+    on = torch.where(o > 1, torch.full_like(o, 1 - epsilon), torch.ones_like(o))
+    on = on.view(1, i_n, 1).expand(k_n, i_n, 1)
+    mu.scatter_(2, answers.clamp_min(0).unsqueeze(-1), on.clone())
+    uniform = (valid / o.unsqueeze(1)).unsqueeze(0).expand(k_n, i_n, o_max)
+    return torch.where((answers == MISSING_CODE).unsqueeze(-1), uniform, mu)
+
+
+def load_answer_matrix(
+    folder: str | Path,
+    *,
+    answers_file: str = "persona_answers_deterministic.csv",
+    metadata_file: str = "question_metadata.json",
+) -> AnswerMatrix:
+    """Read a deterministic persona answer matrix and its question metadata.
+
+    The answer file is a CSV whose first column is the persona id and whose other columns
+    are item ids; a cell is an integer answer on the item's scale or empty. The metadata
+    is a JSON object ``{item id: {"question", "answer_scale_min", "answer_scale_max"}}``;
+    answer ``v`` becomes option ``v − answer_scale_min`` of
+    ``answer_scale_max − answer_scale_min + 1`` options.
+
+    Raises:
+        PersonaError: naming the file, row and column of the first problem (a missing
+            file, an item without a numeric scale, a non-integer or out-of-scale answer, a
+            duplicate persona id, a ragged row).
+    """
+    base = Path(folder)
+    ans_path, meta_path = base / answers_file, base / metadata_file
+    for p in (ans_path, meta_path):
+        if not p.is_file():
+            raise PersonaError(f"persona answer matrix: file not found: {p}")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PersonaError(f"{metadata_file}: invalid JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise PersonaError(f"{metadata_file}: expected a JSON object keyed by item id")
+    with ans_path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise PersonaError(f"{answers_file}: the file is empty") from None
+        item_keys = [h.strip() for h in header[1:]]
+        if not item_keys:
+            raise PersonaError(f"{answers_file}: no item columns")
+        lows, n_opts, questions = [], [], []
+        for key in item_keys:
+            m = meta.get(key)
+            if not isinstance(m, dict):
+                raise PersonaError(
+                    f"{answers_file}: column {key!r} has no entry in {metadata_file}"
+                )
+            lo, hi = m.get("answer_scale_min"), m.get("answer_scale_max")
+            if (
+                isinstance(lo, bool)
+                or isinstance(hi, bool)
+                or not (isinstance(lo, int) and isinstance(hi, int) and hi > lo)
+            ):
+                raise PersonaError(
+                    f"{metadata_file}: item {key!r} has no integer answer scale "
+                    f"(answer_scale_min={lo!r}, answer_scale_max={hi!r})"
+                )
+            lows.append(lo)
+            n_opts.append(hi - lo + 1)
+            questions.append(str(m.get("question", key)))
+        ids: list[str] = []
+        rows: list[list[int]] = []
+        seen: set[str] = set()
+        for r, row in enumerate(reader, start=1):
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise PersonaError(
+                    f"{answers_file} row {r}: {len(row)} cells, the header has {len(header)}"
+                )
+            pid = row[0].strip()
+            if not pid or pid in seen:
+                raise PersonaError(
+                    f"{answers_file} row {r}: missing or duplicate persona id {pid!r}"
+                )
+            seen.add(pid)
+            codes: list[int] = []
+            for j, cell in enumerate(row[1:]):
+                cell = cell.strip()
+                if not cell:
+                    codes.append(MISSING_CODE)
+                    continue
+                try:
+                    v = float(cell)
+                    ok = v.is_integer()
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise PersonaError(
+                        f"{answers_file} row {r}, column {item_keys[j]!r}: {cell!r} is not an "
+                        "integer answer"
+                    )
+                code = int(v) - lows[j]
+                if not 0 <= code < n_opts[j]:
+                    raise PersonaError(
+                        f"{answers_file} row {r}, column {item_keys[j]!r}: answer {cell} is "
+                        f"outside the scale {lows[j]}..{lows[j] + n_opts[j] - 1}"
+                    )
+                codes.append(code)
+            ids.append(pid)
+            rows.append(codes)
+    if not rows:
+        raise PersonaError(f"{answers_file}: no personas")
+    return AnswerMatrix(
+        persona_ids=tuple(ids),
+        item_keys=tuple(item_keys),
+        questions=tuple(questions),
+        n_options=tuple(n_opts),
+        answers=torch.tensor(rows, dtype=torch.long),
+    )
