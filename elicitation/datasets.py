@@ -30,11 +30,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from models.base import ItemBank
+if TYPE_CHECKING:  # imported where used: models.base pulls in torch (seconds to import)
+    from models.base import ItemBank
 
 MISSING_CODE = -1
 """Code of a missing answer in :attr:`Dataset.responses`."""
@@ -217,6 +218,8 @@ class Dataset:
 
     def item_bank(self, keys: Sequence[str] | None = None) -> ItemBank:
         """An :class:`ItemBank` of ``keys`` (default: demographics + questions) in that order."""
+        from models.base import ItemBank
+
         keys = self.default_keys() if keys is None else list(keys)
         return ItemBank(tuple(keys), tuple(self.item(k).n_options for k in keys))
 

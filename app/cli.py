@@ -1,0 +1,105 @@
+"""The ``priorly`` command line.
+
+Command groups live in ``app/commands/<name>.py``; each module exposes
+``register(subparsers)``, which adds its sub-command(s) and sets ``func`` (a callable
+``(args) -> int | None``) as the parser default. :data:`COMMAND_MODULES` lists them in
+``--help`` order; a listed module that does not exist (yet) is skipped, one that exists
+but fails to import is a bug and raises. ``register`` runs for every invocation (even
+``--help``), so it must stay cheap: import heavy modules (torch, ...) inside the handler.
+
+User errors (:class:`app.errors.PriorlyError`, an invalid dataset, a model error) are
+printed as one line, ``priorly: error: <message>``, with exit code 2 and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+from app.errors import PriorlyError
+
+PROG = "priorly"
+EXIT_USER_ERROR = 2
+
+COMMAND_MODULES: list[str] = [
+    "app.commands.serve",
+    "app.commands.db",
+    "app.commands.importing",
+    "app.commands.bench",
+    "app.commands.inference",
+    "app.commands.personas",
+]
+
+# Error classes of the pure packages that are user errors too. Checked by module name so
+# the CLI does not import them (and torch) when a command never touched them: an
+# exception of a class from a module that was never imported cannot occur.
+_FOREIGN_USER_ERRORS = (
+    ("elicitation.datasets", "DatasetError"),
+    ("models.base", "ModelError"),
+)
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every available command group registered."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="priorly: adaptive Bayesian surveys and preference elicitation.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        if _module_exists(name):
+            importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error the user can fix (printed without a traceback)."""
+    if isinstance(exc, PriorlyError):
+        return True
+    for module_name, class_name in _FOREIGN_USER_ERRORS:
+        module = sys.modules.get(module_name)
+        cls = getattr(module, class_name, None) if module is not None else None
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return True
+    return False
+
+
+def error_line(exc: BaseException) -> str:
+    """The one-line form of an error message."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 success, 2 user error, 130 interrupted)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if not is_user_error(exc):
+            raise
+        print(f"{PROG}: error: {error_line(exc)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return int(code or 0)
+
+
+def run() -> None:  # pragma: no cover - console-script shim
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""``priorly serve``: migrate, import the demo study if the database has none, run uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sqlmodel import Session
+
+from app import db
+from app.settings import load_settings
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the web server (migrates the database first)",
+        description=(
+            "Migrate the database, import the bundled CES demo study when there is no study "
+            "yet (unless --no-demo), then serve the app with uvicorn."
+        ),
+    )
+    parser.add_argument("--host", help="interface to bind (default: PRIORLY_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default: PRIORLY_PORT or 8000)")
+    parser.add_argument(
+        "--no-demo", action="store_true", help="do not import the demo study into an empty database"
+    )
+    parser.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+    from app.services.studies import count_studies
+
+    overrides: dict[str, Any] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port is not None:
+        overrides["port"] = args.port
+    settings = load_settings(**overrides)
+    db.upgrade(settings.database_url)
+    if not args.no_demo:
+        engine = db.make_engine(settings.database_url)
+        try:
+            with Session(engine) as session:
+                if count_studies(session=session) == 0:
+                    from app.services.importer import import_dataset
+
+                    result = import_dataset(settings.demo_dataset, session=session)
+                    print(
+                        f"imported the demo study {result.slug!r} "
+                        f"({result.n_respondents:,} respondents)"
+                    )
+        finally:
+            engine.dispose()
+    print(f"serving on http://{settings.host}:{settings.port}")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    return 0

@@ -1,0 +1,123 @@
+"""Database engines, sessions and migrations.
+
+The engine is created in the app's lifespan (never at import). SQLite connections use WAL
+journaling (readers do not block the writer), enforce foreign keys and wait for a busy
+lock instead of failing at once; PostgreSQL is reached through psycopg 3.
+
+The schema is owned by Alembic (``migrations/``): :func:`upgrade` / :func:`downgrade` run
+the migration chain; the app never calls ``create_all`` on a real database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import event, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session, create_engine
+
+from app.errors import DatabaseError
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for ``url`` with the project's connection settings.
+
+    SQLite: WAL, ``foreign_keys=ON``, a busy timeout, and connections usable from the
+    threads of the web server. PostgreSQL: ``pool_pre_ping`` so a restarted server does not
+    surface as an error on the first request.
+    """
+    sa_url = make_url(url)
+    if sa_url.get_backend_name() == "sqlite":
+        if sa_url.database and sa_url.database != ":memory:":
+            Path(sa_url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True, **kwargs)
+
+
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """Yield one session (the FastAPI dependency wraps this); closed afterwards."""
+    with Session(engine) as session:
+        yield session
+
+
+# ----- migrations ------------------------------------------------------------------------
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic config for ``url`` that does not depend on the working directory."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["database_url"] = url
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate the database at ``url`` up to ``revision``."""
+    try:
+        command.upgrade(alembic_config(url), revision)
+    except SQLAlchemyError as exc:
+        raise DatabaseError(f"cannot migrate the database: {_short(exc)}") from exc
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Migrate the database at ``url`` down to ``revision`` (``base`` drops everything)."""
+    try:
+        command.downgrade(alembic_config(url), revision)
+    except SQLAlchemyError as exc:
+        raise DatabaseError(f"cannot migrate the database: {_short(exc)}") from exc
+
+
+def head_revision() -> str | None:
+    """The newest revision of the migration chain."""
+    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (``None`` when it was never migrated)."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def check_database(engine: Engine, head: str | None) -> str:
+    """``"ok"`` when the database answers and is at ``head``, else a short reason."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+            rev = MigrationContext.configure(conn).get_current_revision()
+    except SQLAlchemyError as exc:
+        return f"unreachable: {_short(exc)}"
+    if rev != head:
+        return (
+            f"not migrated (at {rev or 'nothing'}, code expects {head}; run 'priorly db upgrade')"
+        )
+    return "ok"
+
+
+def _short(exc: BaseException) -> str:
+    """First line of a driver error, without SQLAlchemy's background link."""
+    orig = getattr(exc, "orig", None)
+    text_ = str(orig if orig is not None else exc).strip()
+    return text_.splitlines()[0] if text_ else type(exc).__name__

@@ -1,0 +1,39 @@
+"""FastAPI dependencies and their ``Annotated`` aliases (``SessionDep``, ``SettingsDep``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from jinja2_fragments.fastapi import Jinja2Blocks
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from app.settings import Settings
+
+
+def get_engine(request: Request) -> Engine:
+    """The engine created by the app's lifespan."""
+    return request.app.state.engine  # type: ignore[no-any-return]
+
+
+def get_app_settings(request: Request) -> Settings:
+    """The settings the app was created with (not necessarily the process-wide ones)."""
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def get_templates(request: Request) -> Jinja2Blocks:
+    return request.app.state.templates  # type: ignore[no-any-return]
+
+
+def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> Iterator[Session]:
+    """One database session per request, closed afterwards."""
+    with Session(engine) as session:
+        yield session
+
+
+EngineDep = Annotated[Engine, Depends(get_engine)]
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+TemplatesDep = Annotated[Jinja2Blocks, Depends(get_templates)]

@@ -1,0 +1,50 @@
+"""The FastAPI application factory.
+
+``create_app(settings)`` builds the app; the database engine is created in the lifespan
+(never at import) and disposed at shutdown. The schema is not created here: run
+``priorly db upgrade`` (``priorly serve`` does it first); ``/healthz`` reports a database
+that is not at the migration head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from app.db import head_revision, make_engine
+from app.errors import PriorlyError
+from app.routes import health, pages
+from app.settings import Settings, get_settings
+from app.templating import STATIC_DIR, make_templates
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the application for ``settings`` (default: :func:`get_settings`)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.database_url)
+        app.state.engine = engine
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(title="priorly", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
+    app.state.settings = settings
+    app.state.templates = make_templates()
+    app.state.schema_head = head_revision()
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.include_router(health.router)
+    app.include_router(pages.router)
+
+    @app.exception_handler(PriorlyError)
+    async def _priorly_error(request: Request, exc: PriorlyError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
+
+    return app

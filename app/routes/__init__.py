@@ -1,0 +1,1 @@
+"""HTTP routes: ``pages`` (full HTML), ``hx`` (htmx partials), ``api`` (JSON under /api/v1)."""

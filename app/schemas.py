@@ -1,0 +1,63 @@
+"""Pydantic schemas of JSON columns and API payloads shared across the app."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Budgets(BaseModel):
+    """How long one respondent's session may run.
+
+    Attributes:
+        max_questions: stop after this many answered (or skipped) questions.
+        min_questions: never stop (by a threshold) before this many.
+        stop_eig_threshold: stop when the best expected information gain (nats) is below.
+        stop_entropy_threshold: stop when the targets' predictive entropy (nats) is below.
+        allow_skip: whether respondents may skip a question.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_questions: int = Field(default=10, ge=1)
+    min_questions: int = Field(default=0, ge=0)
+    stop_eig_threshold: float | None = Field(default=None, ge=0)
+    stop_entropy_threshold: float | None = Field(default=None, ge=0)
+    allow_skip: bool = True
+
+    @model_validator(mode="after")
+    def _order(self) -> Budgets:
+        if self.min_questions > self.max_questions:
+            raise ValueError(
+                f"min_questions ({self.min_questions}) exceeds max_questions ({self.max_questions})"
+            )
+        return self
+
+
+class GroupSettings(BaseModel):
+    """The group (panel) protocol: rounds of questions to a share of the respondents.
+
+    Attributes:
+        rounds: number of rounds.
+        respondents_per_round: respondents asked per round (overrides the share when set).
+        respondents_share: share of the panel asked per round, in (0, 1].
+        total_answers: overall answer budget, or ``None`` for no cap.
+        max_questions_per_respondent: questions one respondent gets per round.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rounds: int = Field(default=4, ge=1)
+    respondents_per_round: int | None = Field(default=None, ge=1)
+    respondents_share: float = Field(default=0.1, gt=0, le=1)
+    total_answers: int | None = Field(default=None, ge=1)
+    max_questions_per_respondent: int = Field(default=1, ge=1)
+
+
+class StudySettings(BaseModel):
+    """``study.settings``: the selection criterion by name, budgets and group protocol."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    criterion: str = "eig"
+    budgets: Budgets = Field(default_factory=Budgets)
+    group: GroupSettings = Field(default_factory=GroupSettings)

@@ -1,0 +1,1 @@
+"""Use-case services: each takes keyword-only ``*, session`` and owns one piece of logic."""

@@ -1,0 +1,55 @@
+"""Reading studies: summaries for listings, lookups by slug."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import func
+from sqlmodel import Session, select
+
+from app.errors import NotFoundError
+from app.tables import Item, Respondent, Study
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """One row of a study listing."""
+
+    id: int
+    slug: str
+    name: str
+    status: str
+    n_items: int
+    n_respondents: int
+
+
+def list_study_summaries(*, session: Session) -> list[StudySummary]:
+    """All studies with their item and respondent counts, newest first (two grouped counts)."""
+    items = dict(session.exec(select(Item.study_id, func.count()).group_by(Item.study_id)).all())
+    people = dict(
+        session.exec(select(Respondent.study_id, func.count()).group_by(Respondent.study_id)).all()
+    )
+    studies = session.exec(select(Study).order_by(Study.created_at.desc(), Study.id.desc())).all()  # type: ignore[attr-defined,union-attr]
+    return [
+        StudySummary(
+            id=s.id or 0,
+            slug=s.slug,
+            name=s.name,
+            status=s.status,
+            n_items=int(items.get(s.id, 0)),
+            n_respondents=int(people.get(s.id, 0)),
+        )
+        for s in studies
+    ]
+
+
+def count_studies(*, session: Session) -> int:
+    return int(session.exec(select(func.count()).select_from(Study)).one())
+
+
+def get_study_by_slug(slug: str, *, session: Session) -> Study:
+    """The study with ``slug``; :class:`NotFoundError` if there is none."""
+    study = session.exec(select(Study).where(Study.slug == slug)).first()
+    if study is None:
+        raise NotFoundError(f"no study with slug {slug!r}")
+    return study

@@ -1,0 +1,101 @@
+"""Application settings, read once from the environment (prefix ``PRIORLY_``).
+
+``get_settings()`` is cached: every part of the app sees the same object. Tests and the CLI
+may build a :class:`Settings` directly and pass it to ``create_app``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.errors import ConfigurationError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The project folder (the app is installed editable from it)."""
+
+PLACEHOLDER_SECRET = "dev-insecure-change-me"
+_PLACEHOLDERS = {PLACEHOLDER_SECRET, "", "change-me", "changeme", "secret", "dev"}
+
+
+def normalise_database_url(url: str) -> str:
+    """Use the psycopg (v3) driver for PostgreSQL URLs written without a driver.
+
+    ``postgresql://`` and ``postgres://`` would select psycopg2, which the project does not
+    depend on; ``postgresql+psycopg://`` is the supported form.
+    """
+    url = url.strip()
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+class Settings(BaseSettings):
+    """Settings of one priorly deployment.
+
+    Attributes:
+        database_url: SQLAlchemy URL; a SQLite file in the working directory by default,
+            ``postgresql+psycopg://user@host:5432/db`` for PostgreSQL.
+        env: ``dev`` (default), ``test`` or ``prod``. Outside ``dev`` a real secret key
+            is required.
+        secret_key: signs session cookies and tokens.
+        host, port: where ``priorly serve`` listens.
+        demo_dataset: the dataset folder imported as the demo study by ``priorly serve``
+            when the database has no study.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="PRIORLY_", extra="ignore")
+
+    database_url: str = "sqlite:///./priorly.db"
+    env: Literal["dev", "test", "prod"] = "dev"
+    secret_key: SecretStr = SecretStr(PLACEHOLDER_SECRET)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    demo_dataset: Path = REPO_ROOT / "datasets" / "ces"
+
+    @field_validator("database_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        value = normalise_database_url(value)
+        if not value.startswith(("sqlite", "postgresql")):
+            raise ValueError(
+                f"unsupported database URL {value!r} (use sqlite:/// or postgresql+psycopg://)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _secret(self) -> Settings:
+        secret = self.secret_key.get_secret_value()
+        if self.env != "dev" and (secret in _PLACEHOLDERS or len(secret) < 32):
+            raise ValueError(
+                f"PRIORLY_SECRET_KEY must be set to a random string of at least 32 characters "
+                f"when PRIORLY_ENV={self.env}"
+            )
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build settings from the environment plus ``overrides``; one-line error if invalid."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        field = f"PRIORLY_{where.upper()}: " if where else ""
+        msg = str(first.get("msg", exc)).removeprefix("Value error, ")
+        raise ConfigurationError(f"invalid settings: {field}{msg}") from None
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings (cached; ``get_settings.cache_clear()`` in tests)."""
+    return load_settings()

@@ -1,0 +1,295 @@
+"""The database tables (SQLModel), owned by the Alembic migration chain in ``migrations/``.
+
+Change a table here only together with a migration (``alembic revision --autogenerate``,
+then read and fix it); CI runs ``alembic check``, which fails on any difference.
+
+Conventions:
+
+* Integer surrogate keys ``id``; every foreign key has an index and ``ON DELETE CASCADE``
+  (deleting a study deletes everything under it), except ``job.study_id`` which becomes
+  NULL (the job history stays).
+* Status-like columns are short strings checked against their enum by a CHECK constraint.
+* Timestamps are timezone-aware UTC.
+* Option answers are stored as the codebook's option *letters* (stable when a study's
+  items are re-ordered), never as indices.
+* Constraint names follow :data:`NAMING_CONVENTION`, so migrations can refer to them on
+  every backend (SQLite batch mode needs names).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    LargeBinary,
+    Text,
+    UniqueConstraint,
+)
+from sqlmodel import Field, SQLModel
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+SQLModel.metadata.naming_convention = NAMING_CONVENTION
+
+OPTION_MAX_LEN = 32
+"""Longest option letter stored (the importer refuses longer ones)."""
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def _ts(nullable: bool = False) -> Any:
+    """A timezone-aware timestamp column: ``now`` by default, or NULL when nullable."""
+    if nullable:
+        return Field(default=None, sa_type=DateTime(timezone=True), nullable=True)  # type: ignore[call-overload]
+    return Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False)  # type: ignore[call-overload]
+
+
+def _in(column: str, values: type[StrEnum], nullable: bool = False) -> CheckConstraint:
+    allowed = ", ".join(f"'{v.value}'" for v in values)
+    expr = f"{column} IN ({allowed})"
+    if nullable:
+        expr = f"{column} IS NULL OR {expr}"
+    return CheckConstraint(expr, name=f"{column}_valid")
+
+
+class StudyStatus(StrEnum):
+    draft = "draft"
+    published = "published"
+    closed = "closed"
+
+
+class ItemRole(StrEnum):
+    question = "question"  # askable
+    attribute = "attribute"  # known about the respondent (demographics, region)
+    target = "target"  # what the study wants to predict
+
+
+class RespondentSource(StrEnum):
+    import_ = "import"
+    live = "live"
+
+
+class Split(StrEnum):
+    train = "train"
+    val = "val"
+    test = "test"
+
+
+class SessionStatus(StrEnum):
+    active = "active"
+    completed = "completed"
+    declined = "declined"
+    abandoned = "abandoned"
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class Study(SQLModel, table=True):
+    """A survey / elicitation study.
+
+    ``settings`` holds the validated :class:`app.schemas.StudySettings` (criterion,
+    budgets, group protocol); ``benchmark_runs`` the dataset's runs
+    (``[{"seed", "cand_qids", "eval_qids"}, ...]``) when it was imported with any.
+    """
+
+    __tablename__ = "study"
+    __table_args__ = (_in("status", StudyStatus),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    slug: str = Field(max_length=100, unique=True)
+    name: str = Field(max_length=200)
+    status: str = Field(default=StudyStatus.draft.value, max_length=16)
+    description: str = Field(default="", sa_type=Text)
+    consent_text: str = Field(default="", sa_type=Text)
+    completion_code: str | None = Field(default=None, max_length=100)
+    redirect_url: str | None = Field(default=None, max_length=2000)
+    settings: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    benchmark_runs: list[dict[str, Any]] = Field(default_factory=list, sa_type=JSON)
+    source: str | None = Field(default=None, sa_type=Text)
+    license: str | None = Field(default=None, sa_type=Text)
+    created_at: datetime = _ts()
+
+
+class Item(SQLModel, table=True):
+    """One item of a study: ``options`` is ``[[letter, label], ...]`` in scale order."""
+
+    __tablename__ = "item"
+    __table_args__ = (UniqueConstraint("study_id", "key"), _in("role", ItemRole))
+
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(foreign_key="study.id", ondelete="CASCADE", index=True)
+    key: str = Field(max_length=200)
+    question: str = Field(sa_type=Text)
+    options: list[list[str]] = Field(sa_type=JSON)
+    role: str = Field(max_length=16)
+    topic: str | None = Field(default=None, max_length=200)
+    position: int = 0
+    is_preference_criterion: bool = False
+
+
+class Respondent(SQLModel, table=True):
+    """A respondent: imported (historical data) or live (created by a session).
+
+    ``attributes`` maps attribute-item keys to option letters (what is known about the
+    respondent before any question). ``answers`` holds an imported respondent's historical
+    answers to the other items, ``{item key: letter}`` (missing cells absent); a live
+    respondent's answers are the ``answer`` rows of their sessions, and ``answers`` stays
+    empty. Item keys are immutable within a study, so the keys stay valid.
+
+    Why JSON and not one row per answer: an import writes ~200k answers for a 5k-respondent
+    survey; as rows with two foreign keys that took 10-30 s on PostgreSQL (per-row FK
+    trigger checks), as one JSON document per respondent it takes well under a second, and
+    a model fit reads the whole matrix anyway.
+
+    ``panel_params`` holds per-respondent panel data (e.g. a recruitment panel's URL
+    parameters).
+    """
+
+    __tablename__ = "respondent"
+    __table_args__ = (
+        UniqueConstraint("study_id", "external_id"),
+        _in("source", RespondentSource),
+        _in("split", Split, nullable=True),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(foreign_key="study.id", ondelete="CASCADE", index=True)
+    external_id: str | None = Field(default=None, max_length=200)
+    attributes: dict[str, str] = Field(default_factory=dict, sa_type=JSON)
+    answers: dict[str, str] = Field(default_factory=dict, sa_type=JSON)
+    panel_params: dict[str, Any] | None = Field(default=None, sa_type=JSON(none_as_null=True))
+    source: str = Field(default=RespondentSource.live.value, max_length=16)
+    split: str | None = Field(default=None, max_length=8)
+    created_at: datetime = _ts()
+
+
+class ElicitationSession(SQLModel, table=True):
+    """One respondent's run through a study.
+
+    ``state`` caches the serialised belief state after ``state_version`` answers; it must
+    always equal the replay of the stored answers.
+    """
+
+    __tablename__ = "elicitation_session"
+    __table_args__ = (_in("status", SessionStatus),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(foreign_key="study.id", ondelete="CASCADE", index=True)
+    respondent_id: int = Field(foreign_key="respondent.id", ondelete="CASCADE", index=True)
+    token_hash: str = Field(max_length=128, unique=True)
+    status: str = Field(default=SessionStatus.active.value, max_length=16)
+    state: bytes | None = Field(default=None, sa_type=LargeBinary)
+    state_version: int = 0
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+    completed_at: datetime | None = _ts(nullable=True)
+
+
+class Answer(SQLModel, table=True):
+    """An answer given in a session; ``option`` is ``NULL`` for a skipped item."""
+
+    __tablename__ = "answer"
+    __table_args__ = (
+        UniqueConstraint("session_id", "item_id"),
+        UniqueConstraint("session_id", "idempotency_key"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: int = Field(foreign_key="elicitation_session.id", ondelete="CASCADE", index=True)
+    item_id: int = Field(foreign_key="item.id", ondelete="CASCADE", index=True)
+    option: str | None = Field(default=None, max_length=OPTION_MAX_LEN)
+    idempotency_key: str | None = Field(default=None, max_length=128)
+    created_at: datetime = _ts()
+
+
+class SelectionDecision(SQLModel, table=True):
+    """Why item ``position`` of a session was chosen (``item_id`` NULL when it stopped)."""
+
+    __tablename__ = "selection_decision"
+    __table_args__ = (UniqueConstraint("session_id", "position"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: int = Field(foreign_key="elicitation_session.id", ondelete="CASCADE", index=True)
+    position: int
+    item_id: int | None = Field(default=None, foreign_key="item.id", ondelete="CASCADE", index=True)
+    criterion: str = Field(max_length=64)
+    scores: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    stop_reason: str | None = Field(default=None, max_length=200)
+    created_at: datetime = _ts()
+
+
+class FittedModel(SQLModel, table=True):
+    """A fitted belief model (``models.base.BeliefModel.to_bytes``) of a study."""
+
+    __tablename__ = "fitted_model"
+
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(foreign_key="study.id", ondelete="CASCADE", index=True)
+    family: str = Field(max_length=64)
+    blob: bytes = Field(sa_type=LargeBinary)
+    training_hash: str = Field(max_length=128)
+    metrics: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    is_active: bool = False
+    created_at: datetime = _ts()
+
+
+class Job(SQLModel, table=True):
+    """A long-running task (fit, persona generation, GNN training, simulation, ...)."""
+
+    __tablename__ = "job"
+    __table_args__ = (_in("status", JobStatus),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    kind: str = Field(max_length=64)
+    study_id: int | None = Field(
+        default=None, foreign_key="study.id", ondelete="SET NULL", index=True
+    )
+    status: str = Field(default=JobStatus.queued.value, max_length=16, index=True)
+    progress: float = 0.0
+    message: str = Field(default="", sa_type=Text)
+    error: str | None = Field(default=None, sa_type=Text)
+    payload: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    result: dict[str, Any] | None = Field(default=None, sa_type=JSON(none_as_null=True))
+    attempts: int = 0
+    created_at: datetime = _ts()
+    started_at: datetime | None = _ts(nullable=True)
+    finished_at: datetime | None = _ts(nullable=True)
+
+
+__all__ = [
+    "Answer",
+    "ElicitationSession",
+    "FittedModel",
+    "Item",
+    "ItemRole",
+    "Job",
+    "JobStatus",
+    "NAMING_CONVENTION",
+    "Respondent",
+    "RespondentSource",
+    "SelectionDecision",
+    "SessionStatus",
+    "Split",
+    "Study",
+    "StudyStatus",
+    "utcnow",
+]
