@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from alembic import command
+from alembic.util.exc import CommandError
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -78,6 +79,8 @@ def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at ``url`` up to ``revision``."""
     try:
         command.upgrade(alembic_config(url), revision)
+    except CommandError as exc:
+        raise DatabaseError(f"cannot migrate the database: {exc}") from None
     except SQLAlchemyError as exc:
         raise DatabaseError(f"cannot migrate the database: {_short(exc)}") from exc
 
@@ -86,6 +89,8 @@ def downgrade(url: str, revision: str) -> None:
     """Migrate the database at ``url`` down to ``revision`` (``base`` drops everything)."""
     try:
         command.downgrade(alembic_config(url), revision)
+    except CommandError as exc:
+        raise DatabaseError(f"cannot migrate the database: {exc}") from None
     except SQLAlchemyError as exc:
         raise DatabaseError(f"cannot migrate the database: {_short(exc)}") from exc
 

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATASETS_DIR = REPO_ROOT / "datasets"
@@ -70,3 +76,85 @@ def small_dataset_factory(tmp_path: Path) -> Callable[..., Path]:
 def small_dataset(small_dataset_factory: Callable[..., Path]) -> Path:
     """A 30-respondent copy of the CES dataset in a temporary folder (safe to corrupt)."""
     return small_dataset_factory("ces", 30)
+
+
+# ---------------------------------------------------------------------------------------
+# databases: a fresh SQLite file always, a fresh PostgreSQL database when
+# PRIORLY_TEST_POSTGRES_URL is set (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test).
+# Every test gets its own database; nothing is shared between tests.
+
+POSTGRES_ENV = "PRIORLY_TEST_POSTGRES_URL"
+BACKENDS = ("sqlite", "postgresql")
+
+
+def _fresh_postgres_database() -> Iterator[str]:
+    """Create ``priorly_t_<random>`` on the server of $PRIORLY_TEST_POSTGRES_URL; drop it after."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    from app.settings import normalise_database_url
+
+    base = os.environ.get(POSTGRES_ENV)
+    if not base:
+        pytest.skip(f"{POSTGRES_ENV} is not set")
+    base_url = make_url(normalise_database_url(base))
+    name = f"priorly_t_{secrets.token_hex(6)}"
+    admin = create_engine(base_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        yield base_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """URL of a fresh (empty, not migrated) SQLite file."""
+    return f"sqlite:///{tmp_path / 'priorly-test.db'}"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """URL of a fresh, empty PostgreSQL database (skipped without PRIORLY_TEST_POSTGRES_URL)."""
+    yield from _fresh_postgres_database()
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database on each backend (the PostgreSQL case skips without a server)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'priorly-test.db'}"
+    else:
+        yield from _fresh_postgres_database()
+
+
+@pytest.fixture
+def migrated_db_url(db_url: str) -> str:
+    """``db_url`` migrated to the newest schema."""
+    from app.db import upgrade
+
+    upgrade(db_url)
+    return db_url
+
+
+@pytest.fixture
+def engine(migrated_db_url: str) -> Iterator[Engine]:
+    """An engine (project settings: WAL, foreign keys, ...) on a migrated fresh database."""
+    from app.db import make_engine
+
+    eng = make_engine(migrated_db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def migrated_sqlite_url(sqlite_url: str) -> str:
+    """A fresh SQLite file migrated to the newest schema (for tests that need one backend)."""
+    from app.db import upgrade
+
+    upgrade(sqlite_url)
+    return sqlite_url
