@@ -1,0 +1,286 @@
+"""Data-fitted personas: a latent class model fitted by EM, returned as a persona mixture.
+
+The latent class model (a finite mixture of independent categoricals; Lazarsfeld &
+Henry 1968; Goodman 1974) is exactly the persona mixture of :mod:`models.persona` with
+``μ`` and ``p(θ)`` fitted to a response matrix instead of elicited from a language model:
+
+    p(y_u) = Σ_θ π_θ Π_{i observed} μ[θ, i, y_ui]
+
+Missing answers (``-1``) are integrated out (they simply drop from the product), so
+respondents with partial answers are used as they are. Attributes (demographics) are
+just items of the mixture.
+
+Fitting is maximum a posteriori EM with a symmetric ``Dirichlet(α + 1)`` prior on every
+``μ[θ, i, :]`` (``α`` pseudo-counts per option, "Dirichlet smoothing"):
+
+    E-step  γ[u, θ] ∝ π_θ Π_{i observed} μ[θ, i, y_ui]
+    M-step  μ[θ, i, k] = (Σ_u γ[u, θ] 1[y_ui = k] + α) / (Σ_u γ[u, θ] 1[y_ui ≠ −1] + α O_i)
+            π_θ = (1/N) Σ_u γ[u, θ]
+
+Each iteration increases the penalised log-likelihood
+``F = Σ_u log p(y_u) + α Σ_{θ, i, k < O_i} log μ[θ, i, k]`` (Dempster, Laird & Rubin 1977),
+recorded per iteration (divided by ``N``). The number of classes is chosen from a
+candidate list by the validation users' mean log-likelihood; several random restarts per
+candidate keep the best penalised fit.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from models.base import DTYPE, ItemBank, ModelError, ShapeError, responses_hash
+from models.persona import PersonaMixture
+
+DEFAULT_N_CLASSES: tuple[int, ...] = (4, 8, 16, 32, 48, 64)
+
+
+@dataclass
+class LatentClassFit:
+    """One EM run.
+
+    Attributes:
+        mu: ``[K, I, O]`` answer distributions.
+        log_prior: ``[K]`` log class weights.
+        trace: penalised log-likelihood ``F / N`` before each M-step and after the last
+            one (non-decreasing).
+        converged: whether the tolerance was reached before ``max_iter``.
+    """
+
+    mu: Tensor
+    log_prior: Tensor
+    trace: list[float] = field(default_factory=list)
+    converged: bool = False
+
+    @property
+    def objective(self) -> float:
+        return self.trace[-1] if self.trace else -math.inf
+
+
+class _Encoded:
+    """A response matrix as sparse one-hot matrices (built once per data set).
+
+    ``y [N, I*O]`` (CSR, a 1 at column ``i*O + y_ui`` for every observed answer) and its
+    transpose ``yt [I*O, N]``: the E-step is ``y @ log μ^T`` and the M-step ``yt @ γ``,
+    both ``O(nnz · K)`` instead of ``O(N · I · O · K)``.
+    """
+
+    def __init__(self, responses: Tensor, item_bank: ItemBank) -> None:
+        y = item_bank.check_responses(responses)
+        n, i_n = y.shape
+        o_n = item_bank.max_options
+        obs = y >= 0
+        cols = (torch.arange(i_n) * o_n).unsqueeze(0) + y.clamp_min(0)
+        col = cols[obs]  # row-major order: CSR order
+        crow = torch.cat([torch.zeros(1, dtype=torch.long), obs.sum(1).cumsum(0)])
+        vals = torch.ones(col.numel(), dtype=DTYPE)
+        with warnings.catch_warnings():  # torch warns that sparse CSR is "beta"
+            warnings.simplefilter("ignore", UserWarning)
+            self.y = torch.sparse_csr_tensor(crow, col, vals, (n, i_n * o_n))
+            self.yt = self.y.to_sparse_coo().t().to_sparse_csr()
+        self.n = n
+        self.valid = item_bank.option_mask()
+
+
+def _m_step(gamma: Tensor, enc: _Encoded, alpha: float) -> tuple[Tensor, Tensor]:
+    """MAP M-step from responsibilities ``gamma [N, K]``; returns ``(mu [K, I, O], log_pi [K])``."""
+    i_n, o_n = enc.valid.shape
+    k = gamma.shape[1]
+    counts = (enc.yt @ gamma).T.reshape(k, i_n, o_n) + alpha * enc.valid  # [K, I, O]
+    counts = counts * enc.valid
+    n_obs = counts.sum(-1, keepdim=True)  # Σ_u γ[u, θ] 1[observed] + α O_i
+    mu = counts / n_obs.clamp_min(1e-300)
+    pi = gamma.mean(0)
+    log_pi = torch.where(pi > 0, pi.clamp_min(1e-300).log(), torch.full_like(pi, -math.inf))
+    return mu, log_pi
+
+
+def _penalised(enc: _Encoded, mu: Tensor, log_pi: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
+    """``(F / N, log joint [N, K])`` for the current parameters."""
+    k = mu.shape[0]
+    log_mu = torch.where(enc.valid, mu.clamp_min(1e-300).log(), torch.zeros((), dtype=DTYPE))
+    joint = enc.y @ log_mu.reshape(k, -1).T + log_pi  # [N, K]
+    ll = torch.logsumexp(joint, dim=1).sum()
+    penalty = alpha * log_mu.sum() if alpha > 0 else torch.zeros((), dtype=DTYPE)
+    return (ll + penalty) / enc.n, joint
+
+
+def fit_em(
+    responses: Tensor | _Encoded,
+    item_bank: ItemBank,
+    n_classes: int,
+    *,
+    alpha: float = 0.5,
+    max_iter: int = 300,
+    tol: float = 1e-6,
+    seed: int = 0,
+) -> LatentClassFit:
+    """One MAP-EM run from random responsibilities (``γ[u] ~ Dirichlet(1)``).
+
+    Args:
+        responses: ``LongTensor [N, I]`` (``-1`` = missing).
+        n_classes: ``K``.
+        alpha: Dirichlet pseudo-count per option (``> 0`` keeps every ``μ`` positive).
+        max_iter: maximum number of EM iterations.
+        tol: stop when ``F / N`` improves by less than ``tol``.
+        seed: seed of the random start.
+    """
+    if n_classes < 1:
+        raise ModelError(f"n_classes must be >= 1, got {n_classes}")
+    if alpha < 0:
+        raise ModelError(f"alpha must be >= 0, got {alpha}")
+    enc = responses if isinstance(responses, _Encoded) else _Encoded(responses, item_bank)
+    if enc.n == 0:
+        raise ShapeError("responses has no rows")
+    gen = torch.Generator().manual_seed(seed)
+    e = -torch.rand(enc.n, n_classes, generator=gen, dtype=DTYPE).clamp_min(1e-12).log()
+    gamma = e / e.sum(1, keepdim=True)
+    mu, log_pi = _m_step(gamma, enc, alpha)
+    fit = LatentClassFit(mu, log_pi)
+    for _ in range(max_iter):
+        obj, joint = _penalised(enc, mu, log_pi, alpha)
+        fit.trace.append(float(obj))
+        if len(fit.trace) > 1 and fit.trace[-1] - fit.trace[-2] < tol:
+            fit.converged = True
+            break
+        gamma = (joint - torch.logsumexp(joint, dim=1, keepdim=True)).exp()
+        mu, log_pi = _m_step(gamma, enc, alpha)
+    else:
+        fit.trace.append(float(_penalised(enc, mu, log_pi, alpha)[0]))
+    fit.mu, fit.log_prior = mu, log_pi
+    return fit
+
+
+def mean_log_likelihood(model: PersonaMixture, responses: Tensor) -> float:
+    """Mean over respondents of ``log p(y_u)`` (observed entries only)."""
+    return float(model.log_marginal(responses).mean())
+
+
+def fit_independent(
+    responses: Tensor, item_bank: ItemBank, *, alpha: float = 0.5
+) -> PersonaMixture:
+    """The independent-marginals model (one class): a baseline for the latent class fit."""
+    fit = fit_em(responses, item_bank, 1, alpha=alpha, max_iter=2)
+    return PersonaMixture(item_bank, fit.mu, fit.log_prior)
+
+
+def fit_latent_classes(
+    responses: Tensor,
+    item_bank: ItemBank,
+    *,
+    val_responses: Tensor | None = None,
+    n_classes: Sequence[int] = DEFAULT_N_CLASSES,
+    alpha: float = 0.5,
+    n_restarts: int = 3,
+    max_iter: int = 300,
+    tol: float = 1e-5,
+    refit_with_validation: bool = True,
+    patience: int | None = 2,
+    seed: int = 0,
+) -> PersonaMixture:
+    """Fit latent classes, choosing ``K`` on validation log-likelihood; a persona mixture.
+
+    For each ``K`` in ``n_classes`` (``K <= N``), ``n_restarts`` EM runs on ``responses``
+    keep the best penalised fit; the ``K`` with the highest mean validation
+    log-likelihood wins. With ``refit_with_validation`` the winner is then refitted on
+    training and validation users together (more data, same ``K``). Without validation
+    data the largest candidate ``K`` is not automatically right, so the smallest BIC on the
+    training data chooses instead.
+
+    Args:
+        responses: training ``LongTensor [N, I]`` (``-1`` = missing).
+        item_bank: the items (attributes are items too).
+        val_responses: validation ``[N_val, I]`` or ``None``.
+        n_classes: candidate numbers of classes.
+        alpha: Dirichlet pseudo-count per option.
+        n_restarts: random restarts per candidate.
+        max_iter, tol: EM stopping rule (see :func:`fit_em`).
+        refit_with_validation: refit the chosen ``K`` on train + validation users.
+        patience: stop trying larger ``K`` after this many candidates in a row without a
+            better score (``None``: try them all). Saves the most expensive fits once the
+            validation likelihood has turned down.
+        seed: base seed (restart ``r`` of candidate ``K`` uses ``seed + 1000 K + r``).
+
+    Returns:
+        A :class:`PersonaMixture` (family ``persona_mixture``) with ``metrics``:
+        ``n_classes``, ``val_log_lik`` (mean per validation user, from the train-only fit),
+        ``val_log_lik_by_k``, ``val_log_lik_independent``, ``train_trace`` (the per-iteration
+        penalised log-likelihood of the returned fit), ``fit_users``; and
+        ``training_hash`` of the data it was fitted on.
+    """
+    y = item_bank.check_responses(responses)
+    cands = sorted({int(k) for k in n_classes})
+    if not cands or cands[0] < 1:
+        raise ModelError(f"n_classes must be positive integers, got {list(n_classes)}")
+    if n_restarts < 1:
+        raise ModelError(f"n_restarts must be >= 1, got {n_restarts}")
+    cands = [k for k in cands if k <= y.shape[0]] or [1]
+    yv = item_bank.check_responses(val_responses) if val_responses is not None else None
+    if yv is not None and yv.shape[0] == 0:
+        yv = None
+
+    def best_fit(data: Tensor, k: int) -> LatentClassFit:
+        enc = _Encoded(data, item_bank)
+        runs = [
+            fit_em(
+                enc,
+                item_bank,
+                k,
+                alpha=alpha,
+                max_iter=max_iter,
+                tol=tol,
+                seed=seed + 1000 * k + r,
+            )
+            for r in range(n_restarts)
+        ]
+        return max(runs, key=lambda f: f.objective)
+
+    by_k: dict[int, float] = {}
+    fits: dict[int, LatentClassFit] = {}
+    since_best = 0
+    for k in cands:
+        if patience is not None and since_best >= patience:
+            break
+        fit = best_fit(y, k)
+        fits[k] = fit
+        model = PersonaMixture(item_bank, fit.mu, fit.log_prior)
+        if yv is not None:
+            by_k[k] = mean_log_likelihood(model, yv)
+        else:
+            n_params = (k - 1) + k * sum(o - 1 for o in item_bank.n_options)
+            ll = float(model.log_marginal(y).sum())
+            by_k[k] = -(-2 * ll + n_params * math.log(y.shape[0])) / y.shape[0]
+        since_best = 0 if by_k[k] >= max(by_k.values()) else since_best + 1
+    chosen = max(by_k, key=lambda k: by_k[k])
+    fit, data = fits[chosen], y
+    if refit_with_validation and yv is not None:
+        data = torch.cat([y, yv])
+        fit = best_fit(data, chosen)
+    out = PersonaMixture(item_bank, fit.mu, fit.log_prior)
+    out.training_hash = responses_hash(data, item_bank)
+    metrics: dict[str, object] = {
+        "model": "latent_class",
+        "n_classes": chosen,
+        "selection": "validation_log_lik" if yv is not None else "bic",
+        "alpha": alpha,
+        "n_restarts": n_restarts,
+        "train_trace": fit.trace,
+        "converged": fit.converged,
+        "fit_users": int(data.shape[0]),
+        "refit_with_validation": bool(refit_with_validation and yv is not None),
+    }
+    if yv is not None:
+        metrics["val_log_lik"] = by_k[chosen]
+        metrics["val_log_lik_by_k"] = {str(k): v for k, v in by_k.items()}
+        metrics["val_log_lik_independent"] = mean_log_likelihood(
+            fit_independent(y, item_bank, alpha=alpha), yv
+        )
+    else:
+        metrics["bic_score_by_k"] = {str(k): v for k, v in by_k.items()}
+    out.metrics = metrics
+    return out
