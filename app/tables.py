@@ -103,6 +103,46 @@ class JobStatus(StrEnum):
     cancelled = "cancelled"
 
 
+class Researcher(SQLModel, table=True):
+    """A researcher account (owner of studies and API keys); ``is_admin`` sees every study.
+
+    ``password_hash`` is NULL for an account that cannot log in to the admin UI yet (created
+    by ``priorly user create`` without a password); the admin UI sets it (argon2 / bcrypt).
+    ``email`` is stored lower-cased, so uniqueness is case-insensitive.
+    """
+
+    __tablename__ = "researcher"
+
+    id: int | None = Field(default=None, primary_key=True)
+    email: str = Field(max_length=320, unique=True)
+    password_hash: str | None = Field(default=None, max_length=255)
+    is_admin: bool = False
+    is_active: bool = True
+    created_at: datetime = _ts()
+
+
+class ApiKey(SQLModel, table=True):
+    """A researcher's API key for the JSON API.
+
+    Only ``key_hash`` (SHA-256 hex of the whole key) is stored: the key itself is shown
+    once at creation. ``prefix`` (the key's public first characters) identifies a key in
+    listings without revealing it. A key with ``revoked_at`` set is refused. The keys are
+    256-bit random strings, so a fast hash is enough (no brute force of the space is
+    possible; a slow password hash would only slow every API call).
+    """
+
+    __tablename__ = "api_key"
+
+    id: int | None = Field(default=None, primary_key=True)
+    researcher_id: int = Field(foreign_key="researcher.id", ondelete="CASCADE", index=True)
+    name: str = Field(default="", max_length=200)
+    prefix: str = Field(max_length=32)
+    key_hash: str = Field(max_length=128, unique=True)
+    created_at: datetime = _ts()
+    last_used_at: datetime | None = _ts(nullable=True)
+    revoked_at: datetime | None = _ts(nullable=True)
+
+
 class Study(SQLModel, table=True):
     """A survey / elicitation study.
 
@@ -126,6 +166,9 @@ class Study(SQLModel, table=True):
     benchmark_runs: list[dict[str, Any]] = Field(default_factory=list, sa_type=JSON)
     source: str | None = Field(default=None, sa_type=Text)
     license: str | None = Field(default=None, sa_type=Text)
+    owner_id: int | None = Field(
+        default=None, foreign_key="researcher.id", ondelete="SET NULL", index=True
+    )
     created_at: datetime = _ts()
 
 
@@ -237,6 +280,24 @@ class SelectionDecision(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+class ErasureRecord(SQLModel, table=True):
+    """What remains of an erased respondent: counts only, no answer, attribute or id.
+
+    Written by the erasure of a live respondent (``DELETE /api/v1/sessions/{id}``), so a
+    study's aggregate figures (respondents started / completed, answers collected) can
+    still account for people whose data was removed.
+    """
+
+    __tablename__ = "erasure_record"
+
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(foreign_key="study.id", ondelete="CASCADE", index=True)
+    n_sessions: int = 0
+    n_completed: int = 0
+    n_answers: int = 0
+    created_at: datetime = _ts()
+
+
 class FittedModel(SQLModel, table=True):
     """A fitted belief model (``models.base.BeliefModel.to_bytes``) of a study."""
 
@@ -277,7 +338,9 @@ class Job(SQLModel, table=True):
 
 __all__ = [
     "Answer",
+    "ApiKey",
     "ElicitationSession",
+    "ErasureRecord",
     "FittedModel",
     "Item",
     "ItemRole",
@@ -285,6 +348,7 @@ __all__ = [
     "JobStatus",
     "NAMING_CONVENTION",
     "Respondent",
+    "Researcher",
     "RespondentSource",
     "SelectionDecision",
     "SessionStatus",
