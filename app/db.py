@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from alembic import command
-from alembic.util.exc import CommandError
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import event, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
