@@ -31,6 +31,8 @@ COMMAND_MODULES: list[str] = [
     "app.commands.bench",
     "app.commands.inference",
     "app.commands.personas",
+    "app.commands.user",
+    "app.commands.apikey",
 ]
 
 # Error classes of the pure packages that are user errors too. Checked by module name so

@@ -1,0 +1,83 @@
+"""``priorly apikey create --email E``: create an API key (printed once), list, revoke."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "apikey",
+        help="manage API keys of researchers",
+        description="Create, list and revoke API keys for the JSON API (/api/v1).",
+    )
+    sub = parser.add_subparsers(dest="apikey_command", metavar="ACTION", required=True)
+    create = sub.add_parser("create", help="create a key (printed once, on stdout)")
+    create.add_argument("--email", required=True, help="the owning researcher's email")
+    create.add_argument("--name", default="", help="a label for the key")
+    create.set_defaults(func=_create)
+    listing = sub.add_parser("list", help="list a researcher's keys (prefixes only)")
+    listing.add_argument("--email", required=True)
+    listing.set_defaults(func=_list)
+    revoke = sub.add_parser("revoke", help="revoke a key by its prefix (pk_xxxxxxxx)")
+    revoke.add_argument("prefix")
+    revoke.set_defaults(func=_revoke)
+
+
+def _engine() -> Any:
+    from app import db
+    from app.settings import get_settings
+
+    return db.make_engine(get_settings().database_url)
+
+
+def _create(args: argparse.Namespace) -> int:
+    from sqlmodel import Session
+
+    from app.services.apikeys import create_api_key
+
+    engine = _engine()
+    try:
+        with Session(engine) as session:
+            new = create_api_key(args.email, session=session, name=args.name)
+    finally:
+        engine.dispose()
+    print(new.key)
+    print(
+        f"API key {new.prefix} for {new.researcher_email}: store it now, it is not shown again",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from sqlmodel import Session
+
+    from app.services.apikeys import list_api_keys
+
+    engine = _engine()
+    try:
+        with Session(engine) as session:
+            for key in list_api_keys(args.email, session=session):
+                state = "revoked" if key.revoked_at else "active"
+                print(f"{key.prefix}\t{state}\t{key.created_at:%Y-%m-%d %H:%M}\t{key.name}")
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    from sqlmodel import Session
+
+    from app.services.apikeys import revoke_api_key
+
+    engine = _engine()
+    try:
+        with Session(engine) as session:
+            key = revoke_api_key(args.prefix, session=session)
+            print(f"revoked {key.prefix}")
+    finally:
+        engine.dispose()
+    return 0
