@@ -18,6 +18,9 @@ from models.base import (
     register_model,
     responses_hash,
 )
+from models.cape_cooccurrence import CapeCooccurrence
+from models.cape_factor import CapeFactor
+from models.cape_linear import CapeLinear
 from models.persona import (
     PersonaBatchState,
     PersonaMixture,
@@ -32,6 +35,9 @@ __all__ = [
     "DTYPE",
     "MISSING",
     "BeliefModel",
+    "CapeCooccurrence",
+    "CapeFactor",
+    "CapeLinear",
     "InvalidDistributionError",
     "InvalidOptionError",
     "ItemBank",
