@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import func
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.errors import NotFoundError
 from app.tables import Item, Respondent, Study
@@ -25,19 +25,24 @@ class StudySummary:
 
 def list_study_summaries(*, session: Session) -> list[StudySummary]:
     """All studies with their item and respondent counts, newest first (two grouped counts)."""
-    items = dict(session.exec(select(Item.study_id, func.count()).group_by(Item.study_id)).all())
-    people = dict(
-        session.exec(select(Respondent.study_id, func.count()).group_by(Respondent.study_id)).all()
+    item_study = col(Item.study_id)
+    respondent_study = col(Respondent.study_id)
+    items: dict[int, int] = dict(
+        session.exec(select(item_study, func.count()).group_by(item_study)).all()
     )
-    studies = session.exec(select(Study).order_by(Study.created_at.desc(), Study.id.desc())).all()  # type: ignore[attr-defined,union-attr]
+    people: dict[int, int] = dict(
+        session.exec(select(respondent_study, func.count()).group_by(respondent_study)).all()
+    )
+    newest_first = (col(Study.created_at).desc(), col(Study.id).desc())
+    studies = session.exec(select(Study).order_by(*newest_first)).all()
     return [
         StudySummary(
             id=s.id or 0,
             slug=s.slug,
             name=s.name,
             status=s.status,
-            n_items=int(items.get(s.id, 0)),
-            n_respondents=int(people.get(s.id, 0)),
+            n_items=int(items.get(s.id or 0, 0)),
+            n_respondents=int(people.get(s.id or 0, 0)),
         )
         for s in studies
     ]
