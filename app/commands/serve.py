@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sqlmodel import Session
-
-from app import db
 from app.settings import load_settings
 
 
@@ -32,7 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.main import create_app
-    from app.services.studies import count_studies
+    from app.services.bootstrap import bootstrap_database
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -40,21 +37,12 @@ def _serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         overrides["port"] = args.port
     settings = load_settings(**overrides)
-    db.upgrade(settings.database_url)
-    if not args.no_demo:
-        engine = db.make_engine(settings.database_url)
-        try:
-            with Session(engine) as session:
-                if count_studies(session=session) == 0:
-                    from app.services.importer import import_dataset
-
-                    result = import_dataset(settings.demo_dataset, session=session)
-                    print(
-                        f"imported the demo study {result.slug!r} "
-                        f"({result.n_respondents:,} respondents)"
-                    )
-        finally:
-            engine.dispose()
+    result = bootstrap_database(settings, import_demo=not args.no_demo)
+    if result.demo is not None:
+        print(
+            f"imported the demo study {result.demo.slug!r} "
+            f"({result.demo.n_respondents:,} respondents) in {result.demo.seconds:.1f} s"
+        )
     print(f"serving on http://{settings.host}:{settings.port}")
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
     return 0
