@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from app.db import head_revision, make_engine
 from app.errors import PriorlyError
-from app.routes import health, pages
+from app.routes import api_v1, health, pages, respondent
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
 
@@ -42,6 +42,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(health.router)
     app.include_router(pages.router)
+    app.include_router(respondent.router)
+    app.include_router(api_v1.router)
 
     @app.exception_handler(PriorlyError)
     async def _priorly_error(request: Request, exc: PriorlyError) -> JSONResponse:

@@ -54,10 +54,15 @@ class GroupSettings(BaseModel):
 
 
 class StudySettings(BaseModel):
-    """``study.settings``: the selection criterion by name, budgets and group protocol."""
+    """``study.settings``: the selection criterion by name, budgets and group protocol.
+
+    ``ask_attributes``: the browser flow asks the study's attribute items (demographics)
+    before the first adaptive question (API clients pass known attributes instead).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     criterion: str = "eig"
+    ask_attributes: bool = True
     budgets: Budgets = Field(default_factory=Budgets)
     group: GroupSettings = Field(default_factory=GroupSettings)

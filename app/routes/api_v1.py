@@ -1,0 +1,470 @@
+"""The JSON API under ``/api/v1``: adaptive sessions for other products.
+
+Authentication (``Authorization: Bearer <credential>``):
+
+* a researcher's **API key** (``pk_...``) creates sessions in the researcher's own studies
+  (any study for an admin) and may read or erase any session of those studies;
+* a session's **token** (returned once when the session is created) lets the respondent's
+  client read its own session, answer, read predictions and explanations, and erase it.
+
+Another owner's study or session is answered with 404 (never 403 or 200), so a key cannot
+learn which studies exist. Every error is JSON ``{"code": "...", "message": "..."}`` with a
+stable ``code`` (see :data:`ERROR_CODES`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.deps import EngineDep, SessionDep
+from app.errors import (
+    ConfigurationError,
+    ConflictError,
+    DatabaseError,
+    InvalidInputError,
+    NotFoundError,
+    PriorlyError,
+)
+from app.services import sessions as svc
+from app.services.apikeys import (
+    KEY_PREFIX,
+    AuthenticationError,
+    authenticate_api_key,
+    can_access_study,
+)
+from app.services.studies import get_study_by_slug
+from app.tables import ElicitationSession, Researcher, Study
+
+# ----- errors ------------------------------------------------------------------------------
+
+ERROR_CODES: dict[str, str] = {
+    "unauthenticated": "401: missing, unknown or revoked API key or session token",
+    "study_not_found": "404: no such study, or not one of your studies",
+    "session_not_found": "404: no such session, or not yours",
+    "item_not_found": "404: the item is not an item of the study",
+    "not_found": "404: no such resource",
+    "invalid_input": "422: the request body or parameters are invalid",
+    "invalid_answer": "422: the option is not an option of the item, or skipping is not allowed",
+    "invalid_attributes": "422: an unknown attribute or option",
+    "answer_conflict": "409: the item was already answered differently, or the "
+    "idempotency key was used for another answer",
+    "not_current_question": "409: the item is not the question the session is waiting for",
+    "session_closed": "409: the session is completed",
+    "study_not_open": "409: the study is not open for responses",
+    "external_id_taken": "409: a respondent with this external id exists in the study",
+    "no_model": "409: the study has no fitted belief model (and no data to fit one)",
+    "study_misconfigured": "409: the study's settings cannot run a session",
+    "database_unavailable": "503: the database is unreachable or not migrated",
+}
+
+
+def _code_of(exc: PriorlyError) -> str:
+    code = getattr(exc, "code", None)
+    if isinstance(code, str):
+        return code
+    for cls, name in (
+        (NotFoundError, "not_found"),
+        (InvalidInputError, "invalid_input"),
+        (ConflictError, "conflict"),
+        (DatabaseError, "database_unavailable"),
+        (ConfigurationError, "configuration_error"),
+    ):
+        if isinstance(exc, cls):
+            return name
+    return "error"
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg")))
+    return "; ".join(parts) or "invalid request"
+
+
+class ApiRoute(APIRoute):
+    """A route whose errors are JSON ``{"code", "message"}`` (this router's contract)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except PriorlyError as exc:
+                return error_response(exc.http_status, _code_of(exc), exc.message)
+            except RequestValidationError as exc:
+                return error_response(422, "invalid_input", _validation_message(exc))
+            except StarletteHTTPException as exc:
+                code = "not_found" if exc.status_code == 404 else "http_error"
+                return error_response(exc.status_code, code, str(exc.detail))
+
+        return route
+
+
+class ErrorOut(BaseModel):
+    code: str = Field(examples=["answer_conflict"])
+    message: str = Field(examples=["item '330a' was already answered in this session (A)"])
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut, "description": "missing or invalid credentials"},
+    404: {"model": ErrorOut, "description": "not found, or not yours"},
+    409: {"model": ErrorOut, "description": "conflict"},
+    422: {"model": ErrorOut, "description": "invalid input"},
+}
+
+router = APIRouter(prefix="/api/v1", tags=["sessions"], route_class=ApiRoute, responses=_ERRORS)
+
+
+# ----- schemas ------------------------------------------------------------------------------
+
+
+class OptionOut(BaseModel):
+    letter: str = Field(examples=["A"])
+    label: str = Field(examples=["Support"])
+
+
+class QuestionOut(BaseModel):
+    item: str = Field(description="the item key", examples=["330a"])
+    text: str = Field(examples=["Do you support or oppose ...?"])
+    options: list[OptionOut]
+    number: int = Field(description="1-based number of this question in the session")
+    topic: str | None = None
+
+
+class SessionOut(BaseModel):
+    """Where a session stands: the question waiting for an answer, or completion."""
+
+    session_id: int
+    status: str = Field(examples=["active"], description="active or completed")
+    phase: str = Field(examples=["question"], description="question or done")
+    questions_answered: int = Field(description="questions answered or skipped so far")
+    max_questions: int = Field(description="the most questions (it may stop earlier)")
+    allow_skip: bool = Field(description="whether option null (prefer not to answer) is allowed")
+    question: QuestionOut | None = Field(description="the next question; null when done")
+    stop_reason: str | None = Field(default=None, examples=[None])
+
+
+class SessionCreated(SessionOut):
+    token: str = Field(
+        description="the session token (shown once): send it as 'Authorization: Bearer ...' "
+        "for this session's calls"
+    )
+    respondent_id: int
+    resume_url: str = Field(description="the browser link that resumes this session")
+
+
+class AnswerOut(BaseModel):
+    item: str
+    option: str | None
+    answered_at: str
+
+
+class SessionDetail(SessionOut):
+    study: str
+    answers: list[AnswerOut]
+
+
+class CreateSessionIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"external_id": "user-123", "attributes": {"gender": "A", "region": "C"}}]
+        },
+    )
+
+    external_id: str | None = Field(
+        default=None, min_length=1, max_length=200, description="your id for the respondent"
+    )
+    attributes: dict[str, str] = Field(
+        default_factory=dict,
+        description="known attributes: {attribute item key: option letter}",
+    )
+
+
+class AnswerIn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"item": "330a", "option": "A", "idempotency_key": "6f1c2a9e-answer-1"},
+                {"item": "330a", "option": None, "idempotency_key": "6f1c2a9e-skip-1"},
+            ]
+        },
+    )
+
+    item: str = Field(min_length=1, max_length=200, description="the current question's key")
+    option: str | None = Field(
+        max_length=32, description="the option letter, or null for 'prefer not to answer'"
+    )
+    idempotency_key: str = Field(
+        min_length=1,
+        max_length=128,
+        description="unique per answer; a retry with the same key returns the same result",
+    )
+
+
+class PredictionOut(BaseModel):
+    item: str
+    role: str = Field(examples=["target"])
+    question: str
+    distribution: dict[str, float] = Field(examples=[{"A": 0.72, "B": 0.28}])
+
+
+class PersonaOut(BaseModel):
+    persona: int
+    label: str
+    weight: float = Field(description="posterior weight")
+
+
+class PredictionsOut(BaseModel):
+    answers: int = Field(description="answers the predictions are conditioned on")
+    items: list[PredictionOut] = Field(description="every question not asked yet")
+    targets: list[PredictionOut] = Field(description="every target item")
+    personas: list[PersonaOut] = Field(description="top personas by posterior weight")
+
+
+class ExplanationOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    position: int = Field(description="questions posed before this choice")
+    item: str | None = Field(description="the chosen item, or null when the session stopped")
+    stop_reason: str | None
+    criterion: str = Field(examples=["eig"])
+    scores: dict[str, float] = Field(
+        description="each candidate's score (higher = better), best first",
+        examples=[{"331a": 0.041, "334c": 0.032}],
+    )
+    target_entropy: float | None = None
+    expected_target_entropy: float | None = None
+    best_gain: float | None = None
+
+
+class ErasedOut(BaseModel):
+    erased: bool = True
+    respondent_id: int
+    sessions: int
+    answers: int
+
+
+# ----- dependencies -------------------------------------------------------------------------
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization:
+        raise AuthenticationError("missing 'Authorization: Bearer <API key or session token>'")
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise AuthenticationError("the Authorization header must be 'Bearer <credential>'")
+    return value.strip()
+
+
+AuthHeader = Annotated[
+    str | None,
+    Header(description="Bearer <API key> or Bearer <session token>", alias="Authorization"),
+]
+
+
+def get_api_researcher(session: SessionDep, authorization: AuthHeader = None) -> Researcher:
+    """The researcher of a valid API key (401 otherwise)."""
+    credential = _bearer(authorization)
+    if not credential.startswith(KEY_PREFIX):
+        raise AuthenticationError("this call needs a researcher's API key")
+    return authenticate_api_key(credential, session=session)
+
+
+def get_owned_study(slug: str, researcher: ApiResearcher, session: SessionDep) -> Study:
+    """The study ``slug`` if the key's researcher may use it; 404 for anything else."""
+    try:
+        study = get_study_by_slug(slug, session=session)
+    except NotFoundError:
+        study = None
+    if study is None or not can_access_study(researcher, study):
+        raise svc.StudyNotFoundError(f"no study {slug!r} among your studies")
+    return study
+
+
+def get_authorized_session(
+    session_id: int, session: SessionDep, authorization: AuthHeader = None
+) -> tuple[ElicitationSession, Study]:
+    """The session ``session_id`` for its own token, or for an API key of its study's owner."""
+    credential = _bearer(authorization)
+    not_found = svc.SessionNotFoundError(f"no session {session_id}")
+    if credential.startswith(KEY_PREFIX):
+        researcher = authenticate_api_key(credential, session=session)
+        sess = session.get(ElicitationSession, session_id)
+        study = session.get(Study, sess.study_id) if sess is not None else None
+        if sess is None or study is None or not can_access_study(researcher, study):
+            raise not_found
+        return sess, study
+    try:
+        sess = svc.get_session_by_token(credential, session=session)
+    except svc.SessionNotFoundError:
+        raise AuthenticationError("unknown session token") from None
+    if sess.id != session_id:
+        raise not_found
+    study = session.get(Study, sess.study_id)
+    if study is None:
+        raise not_found
+    return sess, study
+
+
+ApiResearcher = Annotated[Researcher, Depends(get_api_researcher)]
+OwnedStudy = Annotated[Study, Depends(get_owned_study)]
+AuthorizedSession = Annotated[tuple[ElicitationSession, Study], Depends(get_authorized_session)]
+
+
+# ----- routes -------------------------------------------------------------------------------------
+
+
+def _session_out(view: svc.SessionView) -> dict[str, Any]:
+    q = view.question
+    return {
+        "session_id": view.session_id,
+        "status": view.status,
+        "phase": view.phase,
+        "questions_answered": view.n_posed,
+        "max_questions": view.max_questions,
+        "allow_skip": view.allow_skip,
+        "question": None
+        if q is None
+        else {
+            "item": q.key,
+            "text": q.text,
+            "options": [{"letter": a, "label": b} for a, b in q.options],
+            "number": q.number,
+            "topic": q.topic,
+        },
+        "stop_reason": view.stop_reason,
+    }
+
+
+@router.post(
+    "/studies/{slug}/sessions",
+    status_code=201,
+    response_model=SessionCreated,
+    summary="Create a session for a study",
+    description="Creates a live respondent (with an optional external id and known "
+    "attributes) and its adaptive session, and chooses the first question. Needs an API key "
+    "of the study's owner. The returned token is shown once.",
+)
+def create_session(
+    request: Request, body: CreateSessionIn, study: OwnedStudy, engine: EngineDep
+) -> dict[str, Any]:
+    started = svc.start_session(
+        study,
+        engine=engine,
+        attributes=body.attributes,
+        external_id=body.external_id,
+        allow_draft=True,
+    )
+    resume = request.url_for("respondent_resume", slug=study.slug, token=started.token)
+    return {
+        **_session_out(started.view),
+        "token": started.token,
+        "respondent_id": started.respondent_id,
+        "resume_url": str(resume),
+    }
+
+
+@router.get(
+    "/sessions/{session_id}",
+    response_model=SessionDetail,
+    summary="Get a session: status, answers and the next question",
+)
+def get_session(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
+    sess, study = auth
+    view = svc.session_view(study, sess, session=session)
+    answers = svc.session_answers(sess, session=session)
+    return {
+        **_session_out(view),
+        "study": study.slug,
+        "answers": [
+            {"item": a.item, "option": a.option, "answered_at": a.answered_at} for a in answers
+        ],
+    }
+
+
+@router.post(
+    "/sessions/{session_id}/answers",
+    response_model=SessionOut,
+    summary="Answer the current question",
+    description="Stores the answer (option null = prefer not to answer, when the study allows "
+    "it) and returns the next question or completion. Retrying with the same idempotency_key "
+    "returns the same result; answering an item again with another option is 409.",
+)
+def post_answer(body: AnswerIn, auth: AuthorizedSession, engine: EngineDep) -> dict[str, Any]:
+    sess, study = auth
+    view = svc.submit_answer(
+        study,
+        sess.id or 0,
+        item_key=body.item,
+        option=body.option,
+        idempotency_key=body.idempotency_key,
+        engine=engine,
+    )
+    return _session_out(view)
+
+
+@router.get(
+    "/sessions/{session_id}/predictions",
+    response_model=PredictionsOut,
+    summary="Predictions for every unasked item and every target, and the top personas",
+)
+def get_predictions(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
+    sess, study = auth
+    p = svc.predictions(study, sess, session=session)
+    as_dict = lambda x: {  # noqa: E731
+        "item": x.item,
+        "role": x.role,
+        "question": x.question,
+        "distribution": x.distribution,
+    }
+    return {
+        "answers": p.n_answers,
+        "items": [as_dict(x) for x in p.items],
+        "targets": [as_dict(x) for x in p.targets],
+        "personas": p.personas,
+    }
+
+
+@router.get(
+    "/sessions/{session_id}/explanation",
+    response_model=ExplanationOut,
+    summary="Why the last question was chosen: every candidate's score",
+)
+def get_explanation(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
+    sess, study = auth
+    return svc.explanation(study, sess, session=session)
+
+
+@router.delete(
+    "/sessions/{session_id}",
+    response_model=ErasedOut,
+    summary="Erase the respondent's data",
+    description="Deletes the respondent with every session, answer, attribute, decision and "
+    "state; the study keeps only counts. The token stops working.",
+)
+def erase(auth: AuthorizedSession, engine: EngineDep) -> dict[str, Any]:
+    sess, _study = auth
+    result = svc.erase_respondent(sess, engine=engine)
+    return {
+        "erased": True,
+        "respondent_id": result.respondent_id,
+        "sessions": result.n_sessions,
+        "answers": result.n_answers,
+    }

@@ -1,0 +1,523 @@
+"""The respondent's pages under ``/s/{slug}`` (full pages, and htmx partials of the same
+templates).
+
+Flow: consent (or decline) → the study's attribute questions (when it asks them) → one
+adaptive question per page → completion. Every form is a plain POST that answers with a
+303 redirect to the page of the new state (works with JavaScript off); with htmx the same
+POST (``HX-Request`` header) answers with the ``survey`` block of the next page, swapped in
+place, or an ``HX-Redirect`` to the completion page.
+
+The respondent is recognised by a signed, HttpOnly, SameSite=Lax cookie per study
+(``Secure`` when ``PRIORLY_ENV=prod``) holding the session id and token; the resume link
+``/s/{slug}/resume/{token}`` (shown on the first question page) sets it again in another
+browser or after the cookie was cleared. Link parameters of the start page (for example
+``PROLIFIC_PID``) are stored with the respondent.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from itsdangerous import BadSignature, URLSafeSerializer
+from sqlmodel import Session
+
+from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
+from app.errors import InvalidInputError, NotFoundError, PriorlyError
+from app.services import sessions as svc
+from app.services.studies import get_study_by_slug
+from app.settings import Settings
+from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus
+
+router = APIRouter(prefix="/s", include_in_schema=False)
+
+COOKIE_SALT = "priorly.respondent-session"
+COOKIE_MAX_AGE_S = 30 * 24 * 3600
+PANEL_FIELD_PREFIX = "p_"
+ATTRIBUTE_FIELD_PREFIX = "a_"
+
+
+# ----- helpers ----------------------------------------------------------------------------
+
+
+def _cookie_name(study: Study) -> str:
+    return f"priorly_s{study.id}"
+
+
+def _serializer(settings: Settings) -> URLSafeSerializer:
+    return URLSafeSerializer(settings.secret_key.get_secret_value(), salt=COOKIE_SALT)
+
+
+def _set_cookie(
+    response: Response, study: Study, session_id: int, token: str, settings: Settings
+) -> None:
+    response.set_cookie(
+        _cookie_name(study),
+        _serializer(settings).dumps({"s": session_id, "t": token}),
+        max_age=COOKIE_MAX_AGE_S,
+        path=f"/s/{study.slug}",
+        httponly=True,
+        samesite="lax",
+        secure=settings.env == "prod",
+    )
+
+
+def _session_from_cookie(
+    request: Request, study: Study, session: Session, settings: Settings
+) -> ElicitationSession | None:
+    """The session named by this study's cookie, if the cookie is genuine and current."""
+    raw = request.cookies.get(_cookie_name(study))
+    if not raw:
+        return None
+    try:
+        data = _serializer(settings).loads(raw)
+        token = str(data["t"])
+        sid = int(data["s"])
+    except (BadSignature, KeyError, TypeError, ValueError):
+        return None
+    try:
+        sess = svc.get_session_by_token(token, session=session)
+    except svc.SessionNotFoundError:
+        return None
+    if sess.id != sid or sess.study_id != study.id:
+        return None
+    return sess
+
+
+def _open_study(slug: str, session: Session) -> Study:
+    study = get_study_by_slug(slug, session=session)
+    if study.status != StudyStatus.published.value:
+        raise NotFoundError(f"survey {slug!r} is not open")
+    return study
+
+
+def _is_htmx(request: Request) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def _see(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303)
+
+
+def _message(
+    request: Request,
+    templates: Any,
+    title: str,
+    text: str,
+    status_code: int = 200,
+    study: Study | None = None,
+) -> HTMLResponse:
+    return templates.TemplateResponse(  # type: ignore[no-any-return]
+        request,
+        "pages/respondent_message.html",
+        {"title": title, "text": text, "study": study},
+        status_code=status_code,
+    )
+
+
+def _not_open(request: Request, templates: Any) -> HTMLResponse:
+    return _message(
+        request,
+        templates,
+        "Survey not available",
+        "This survey does not exist or is not open. Please check the link you were given.",
+        status_code=404,
+    )
+
+
+def _safe_redirect(url: str | None, code: str) -> str | None:
+    """The study's redirect URL with ``{code}`` filled in; only http(s) URLs are used."""
+    if not url:
+        return None
+    filled = url.replace("{code}", quote(code, safe=""))
+    return filled if urlsplit(filled).scheme in ("http", "https") else None
+
+
+def _progress(view: svc.SessionView) -> dict[str, Any]:
+    total = max(view.max_questions, 1)
+    return {"done": view.n_posed, "total": total, "percent": round(100 * view.n_posed / total)}
+
+
+def _question_context(
+    study: Study,
+    view: svc.SessionView,
+    *,
+    error: str | None = None,
+    notice: str | None = None,
+    resume_url: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "study": study,
+        "view": view,
+        "q": view.question,
+        "progress": _progress(view),
+        "idempotency_key": secrets.token_urlsafe(16),
+        "error": error,
+        "notice": notice,
+        "resume_url": resume_url,
+    }
+
+
+# ----- pages --------------------------------------------------------------------------------
+
+
+@router.get("/{slug}", response_class=HTMLResponse, name="respondent_start")
+def start_page(
+    slug: str,
+    request: Request,
+    session: SessionDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """The consent page (or straight to the current page when a session cookie exists)."""
+    try:
+        study = _open_study(slug, session)
+    except NotFoundError:
+        return _not_open(request, templates)
+    sess = _session_from_cookie(request, study, session, settings)
+    if sess is not None:
+        return _see(str(request.url_for("respondent_question", slug=slug)))
+    try:
+        panel = svc.clean_panel_params(dict(request.query_params)) or {}
+    except InvalidInputError as exc:
+        return _message(request, templates, "Invalid link", exc.message, 422, study)
+    return templates.TemplateResponse(
+        request, "pages/respondent_consent.html", {"study": study, "panel": panel}
+    )
+
+
+@router.post("/{slug}/consent", name="respondent_consent")
+async def consent(
+    slug: str,
+    request: Request,
+    session: SessionDep,
+    engine: EngineDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """Accept (create the respondent and session) or decline (nothing is stored)."""
+    try:
+        study = _open_study(slug, session)
+    except NotFoundError:
+        return _not_open(request, templates)
+    form = await request.form()
+    if form.get("choice") != "accept":
+        return _see(str(request.url_for("respondent_declined", slug=slug)))
+    panel = {
+        str(k)[len(PANEL_FIELD_PREFIX) :]: str(v)
+        for k, v in form.multi_items()
+        if str(k).startswith(PANEL_FIELD_PREFIX)
+    }
+    settings_ = svc.study_settings(study)
+    try:
+        started = svc.start_session(
+            study, engine=engine, panel_params=panel, ask_attributes=settings_.ask_attributes
+        )
+    except PriorlyError as exc:
+        return _message(request, templates, "Cannot start the survey", exc.message, 409, study)
+    response = _see(str(request.url_for("respondent_question", slug=slug)))
+    _set_cookie(response, study, started.session_id, started.token, settings)
+    return response
+
+
+@router.get("/{slug}/declined", response_class=HTMLResponse, name="respondent_declined")
+def declined(slug: str, request: Request, session: SessionDep, templates: TemplatesDep) -> Response:
+    try:
+        study = _open_study(slug, session)
+    except NotFoundError:
+        return _not_open(request, templates)
+    return _message(
+        request,
+        templates,
+        "No problem",
+        "You chose not to take part. Nothing was recorded. You can close this page.",
+        study=study,
+    )
+
+
+@router.get("/{slug}/resume/{token}", name="respondent_resume")
+def resume(
+    slug: str,
+    token: str,
+    request: Request,
+    session: SessionDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """Continue a session from its resume link (sets the cookie again)."""
+    try:
+        study = _open_study(slug, session)
+        sess = svc.get_session_by_token(token, session=session)
+        if sess.study_id != study.id:
+            raise svc.SessionNotFoundError("not this study")
+    except NotFoundError:
+        return _message(
+            request,
+            templates,
+            "Link not valid",
+            "This resume link is not valid (the survey may be closed, or your answers were "
+            "deleted).",
+            404,
+        )
+    response = _see(str(request.url_for("respondent_question", slug=slug)))
+    _set_cookie(response, study, sess.id or 0, token, settings)
+    return response
+
+
+@router.get("/{slug}/q", response_class=HTMLResponse, name="respondent_question")
+def question_page(
+    slug: str,
+    request: Request,
+    session: SessionDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """The page of the session's current state: attribute questions, a question, or done."""
+    try:
+        study = _open_study(slug, session)
+    except NotFoundError:
+        return _not_open(request, templates)
+    sess = _session_from_cookie(request, study, session, settings)
+    if sess is None:
+        return _see(str(request.url_for("respondent_start", slug=slug)))
+    view = svc.session_view(study, sess, session=session)
+    return _render_view(request, templates, study, sess, view, session=session, settings=settings)
+
+
+def _render_view(
+    request: Request,
+    templates: Any,
+    study: Study,
+    sess: ElicitationSession,
+    view: svc.SessionView,
+    *,
+    session: Session,
+    settings: Settings,
+    token: str | None = None,
+    error: str | None = None,
+    notice: str | None = None,
+    status_code: int = 200,
+    partial: bool = False,
+) -> Response:
+    if view.phase == "done":
+        url = str(request.url_for("respondent_done", slug=study.slug))
+        if partial:
+            return Response(status_code=200, headers={"HX-Redirect": url})
+        return _see(url)
+    if token is None:
+        token = _token_from_cookie(request, study, settings)
+    resume_url = (
+        str(request.url_for("respondent_resume", slug=study.slug, token=token)) if token else None
+    )
+    if view.phase == "attributes":
+        rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+        context = {
+            "study": study,
+            "attributes": rt.attributes,
+            "allow_skip": rt.allow_skip,
+            "error": error,
+            "resume_url": resume_url,
+        }
+        return templates.TemplateResponse(  # type: ignore[no-any-return]
+            request,
+            "pages/respondent_about.html",
+            context,
+            status_code=status_code,
+            block_name="survey" if partial else None,
+        )
+    context = _question_context(study, view, error=error, notice=notice, resume_url=resume_url)
+    return templates.TemplateResponse(  # type: ignore[no-any-return]
+        request,
+        "pages/respondent_question.html",
+        context,
+        status_code=status_code,
+        block_name="survey" if partial else None,
+    )
+
+
+def _token_from_cookie(request: Request, study: Study, settings: Settings) -> str | None:
+    raw = request.cookies.get(_cookie_name(study))
+    if not raw:
+        return None
+    try:
+        return str(_serializer(settings).loads(raw)["t"])
+    except (BadSignature, KeyError, TypeError, ValueError):
+        return None
+
+
+@router.post("/{slug}/about", name="respondent_about")
+async def about(
+    slug: str,
+    request: Request,
+    session: SessionDep,
+    engine: EngineDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """Store the attribute answers ("prefer not to answer" leaves one out)."""
+    try:
+        study = _open_study(slug, session)
+    except NotFoundError:
+        return _not_open(request, templates)
+    sess = _session_from_cookie(request, study, session, settings)
+    if sess is None:
+        return _see(str(request.url_for("respondent_start", slug=slug)))
+    form = await request.form()
+    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    attrs: dict[str, str] = {}
+    missing: list[str] = []
+    for item in rt.attributes:
+        value = str(form.get(ATTRIBUTE_FIELD_PREFIX + item.key, "") or "")
+        if value and value != "__skip__":
+            attrs[item.key] = value
+        elif not value and not rt.allow_skip:
+            missing.append(item.question)
+    htmx = _is_htmx(request)
+    if missing:
+        view = svc.session_view(study, sess, session=session)
+        return _render_view(
+            request,
+            templates,
+            study,
+            sess,
+            view,
+            session=session,
+            settings=settings,
+            error="Please answer every question.",
+            status_code=200 if htmx else 422,
+            partial=htmx,
+        )
+    try:
+        view = svc.submit_attributes(study, sess.id or 0, attrs, engine=engine)
+    except InvalidInputError as exc:
+        view = svc.session_view(study, sess, session=session)
+        return _render_view(
+            request,
+            templates,
+            study,
+            sess,
+            view,
+            session=session,
+            settings=settings,
+            error=exc.message,
+            status_code=200 if htmx else 422,
+            partial=htmx,
+        )
+    if not htmx:
+        return _see(str(request.url_for("respondent_question", slug=slug)))
+    return _render_view(
+        request, templates, study, sess, view, session=session, settings=settings, partial=True
+    )
+
+
+@router.post("/{slug}/answer", name="respondent_answer")
+async def answer(
+    slug: str,
+    request: Request,
+    session: SessionDep,
+    engine: EngineDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """Store the answer to the current question; show the next one (or completion)."""
+    try:
+        study = _open_study(slug, session)
+    except NotFoundError:
+        return _not_open(request, templates)
+    sess = _session_from_cookie(request, study, session, settings)
+    if sess is None:
+        return _see(str(request.url_for("respondent_start", slug=slug)))
+    form = await request.form()
+    htmx = _is_htmx(request)
+    item_key = str(form.get("item", ""))
+    skip = form.get("skip") is not None
+    option = None if skip else str(form.get("option", "") or "")
+    idem = str(form.get("idempotency_key", "") or "") or None
+    if not skip and not option:
+        view = svc.session_view(study, sess, session=session)
+        return _render_view(
+            request,
+            templates,
+            study,
+            sess,
+            view,
+            session=session,
+            settings=settings,
+            error="Please choose an answer"
+            + (" or press “Prefer not to answer”." if view.allow_skip else "."),
+            status_code=200 if htmx else 422,
+            partial=htmx,
+        )
+    try:
+        view = svc.submit_answer(
+            study,
+            sess.id or 0,
+            item_key=item_key,
+            option=option,
+            idempotency_key=idem,
+            engine=engine,
+        )
+    except (svc.AnswerConflictError, svc.NotCurrentQuestionError, svc.SessionClosedError):
+        view = svc.session_view(study, sess, session=session)
+        notice = "That question was already answered (perhaps in another tab). Here is where you are now."
+        if not htmx:
+            return _see(str(request.url_for("respondent_question", slug=slug)))
+        return _render_view(
+            request,
+            templates,
+            study,
+            sess,
+            view,
+            session=session,
+            settings=settings,
+            notice=notice,
+            partial=True,
+        )
+    except InvalidInputError as exc:
+        view = svc.session_view(study, sess, session=session)
+        return _render_view(
+            request,
+            templates,
+            study,
+            sess,
+            view,
+            session=session,
+            settings=settings,
+            error=exc.message,
+            status_code=200 if htmx else 422,
+            partial=htmx,
+        )
+    if not htmx:
+        return _see(str(request.url_for("respondent_question", slug=slug)))
+    return _render_view(
+        request, templates, study, sess, view, session=session, settings=settings, partial=True
+    )
+
+
+@router.get("/{slug}/done", response_class=HTMLResponse, name="respondent_done")
+def done(
+    slug: str,
+    request: Request,
+    session: SessionDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """The completion page: the completion code and, if configured, the redirect link."""
+    try:
+        study = _open_study(slug, session)
+    except NotFoundError:
+        return _not_open(request, templates)
+    sess = _session_from_cookie(request, study, session, settings)
+    if sess is None:
+        return _see(str(request.url_for("respondent_start", slug=slug)))
+    if sess.status != SessionStatus.completed.value:
+        return _see(str(request.url_for("respondent_question", slug=slug)))
+    code = svc.completion_code(study, sess.id or 0, settings.secret_key.get_secret_value())
+    return templates.TemplateResponse(
+        request,
+        "pages/respondent_done.html",
+        {"study": study, "code": code, "redirect_url": _safe_redirect(study.redirect_url, code)},
+    )
