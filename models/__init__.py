@@ -21,6 +21,8 @@ from models.base import (
 from models.cape_cooccurrence import CapeCooccurrence
 from models.cape_factor import CapeFactor
 from models.cape_linear import CapeLinear
+from models.irt import GradedResponseModel, fit_grm
+from models.latent_class import fit_independent, fit_latent_classes
 from models.persona import (
     PersonaBatchState,
     PersonaMixture,
@@ -33,6 +35,10 @@ from models.persona import (
 
 __all__ = [
     "DTYPE",
+    "GradedResponseModel",
+    "fit_grm",
+    "fit_independent",
+    "fit_latent_classes",
     "MISSING",
     "BeliefModel",
     "CapeCooccurrence",
