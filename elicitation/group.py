@@ -1,0 +1,726 @@
+"""Group elicitation rounds: whom to ask what (METHODS.md §3).
+
+A *group* of ``N`` members (each with attributes and a few answers) is elicited in
+rounds. Each round picks **one question** for the whole group and a **subset of
+members** to ask it, under budgets; answers arrive (some members do not answer), and
+the predictions of every member's answers to the group's **target** items are updated.
+
+Pieces (each a small family with a registry, like :mod:`elicitation.criteria`):
+
+* question selectors (:data:`QUESTION_SELECTORS`):
+  ``random``; ``eig`` — expected information gain about the group's targets summed over
+  all members (optionally a random subsample of them, the paper's 10%):
+  ``EIG(x) = sum_v [ H_v - E_{Y_vx} H_v(. | Y_vx) ]`` with ``H_v = sum_t H(p(Y_vt | h_v))``;
+  ``eig_budget`` — the same gain counted only for the members that would actually be
+  asked: the ``b`` largest ``r_v * EIG_v(x)`` (``b`` = the round's respondent budget,
+  ``r_v`` = the chance member ``v`` answers);
+* respondent selectors (:data:`RESPONDENT_SELECTORS`): ``random``; ``relational`` —
+  k-means (k = budget) over GNN member embeddings, the member nearest each centroid;
+  ``eig`` — greedy by expected gain ``r_v * EIG_v(x)`` about the group targets (the
+  belief models here treat members as independent given the fitted parameters, so the
+  gains add up and the greedy choice is the top ``b``);
+* imputation of members without an answer to the round's question
+  (:data:`IMPUTATIONS`): ``none``; ``self`` — the predictor's own most likely answer
+  joins the member's history; ``gnn`` — the GNN's most likely answer joins the history
+  (the paper); ``gnn_only`` — target predictions come from the GNN alone; ``pool`` —
+  the calibrated log-linear pool ``p ∝ p_belief^(1-w) * p_gnn^w`` of the belief model
+  and the GNN, ``w`` fitted on validation members (:func:`fit_pool_weight`).
+
+A round in which nobody answers changes nothing: no new information arrived, so no
+imputation is made and every prediction stays as it was.
+
+Any belief model of :mod:`models.base` with batched forms (``initial_batch``,
+``predict_batch``, ``lookahead_batch``) can be the predictor; states are recomputed from
+the observed (and imputed) answers, so a state always equals the replay of its answers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from elicitation.errors import BudgetError, ElicitationError
+from gnn.train import TrainedGNN
+from models.base import DTYPE, MISSING, BeliefModel
+
+
+class GroupError(ElicitationError, ValueError):
+    """Invalid group-elicitation input (unknown selector, bad member set, ...)."""
+
+
+# ----------------------------------------------------------------------------------------
+# budgets
+
+
+@dataclass(frozen=True)
+class GroupBudget:
+    """Budgets of a group elicitation.
+
+    Attributes:
+        respondents: respondents asked per round: an ``int >= 1`` is a count, a ``float``
+            in ``(0, 1]`` is a share of the group (rounded to the nearest count, >= 1).
+        rounds: number of rounds (one question each).
+        total_answers: cap on the number of members asked over all rounds (``None``: no cap).
+        max_questions_per_respondent: a member is asked at most this many questions
+            (``None``: no cap).
+    """
+
+    respondents: int | float
+    rounds: int
+    total_answers: int | None = None
+    max_questions_per_respondent: int | None = None
+
+    def __post_init__(self) -> None:
+        r = self.respondents
+        if isinstance(r, bool) or not isinstance(r, int | float):
+            raise BudgetError(f"respondents must be a count or a share, got {r!r}")
+        if isinstance(r, int) and r < 1:
+            raise BudgetError(f"respondents per round must be >= 1, got {r}")
+        if isinstance(r, float) and not 0.0 < r <= 1.0:
+            raise BudgetError(f"a respondent share must be in (0, 1], got {r}")
+        if self.rounds < 0:
+            raise BudgetError(f"rounds must be >= 0, got {self.rounds}")
+        if self.total_answers is not None and self.total_answers < 0:
+            raise BudgetError(f"total_answers must be >= 0, got {self.total_answers}")
+        if self.max_questions_per_respondent is not None and self.max_questions_per_respondent < 1:
+            raise BudgetError(
+                f"max_questions_per_respondent must be >= 1, got {self.max_questions_per_respondent}"
+            )
+
+    def per_round(self, n_members: int) -> int:
+        """Respondents per round for a group of ``n_members``."""
+        if isinstance(self.respondents, float):
+            return max(1, int(math.floor(self.respondents * n_members + 0.5)))
+        return int(self.respondents)
+
+
+# ----------------------------------------------------------------------------------------
+# information gain
+
+
+def _entropy(p: Tensor) -> Tensor:
+    return -torch.special.xlogy(p, p).sum(-1)
+
+
+def member_eig(
+    model: BeliefModel,
+    history: Tensor,
+    candidates: Sequence[int],
+    targets: Sequence[int],
+    *,
+    chunk: int = 2048,
+) -> Tensor:
+    """Expected information gain of each candidate about each member's targets.
+
+    ``EIG_v(x) = sum_t H(p(Y_vt | h_v)) - sum_k p(Y_vx = k | h_v) sum_t H(p(Y_vt | h_v, Y_vx = k))``
+    (nats; the sum of target entropies approximates ``H(U_v)`` as in the paper).
+
+    Args:
+        model: belief model with batched forms (``initial_batch``, ``predict_batch``,
+            ``lookahead_batch``).
+        history: ``[B, I]`` each member's answers so far (``-1`` none); states are
+            rebuilt from it in chunks (a state equals the replay of its answers).
+        candidates: ``C`` item indices.
+        targets: ``T`` target item indices.
+        chunk: members per ``lookahead_batch`` call (memory ``chunk * C * O * T * O``).
+
+    Returns:
+        ``[B, C]`` float64, >= 0 up to rounding.
+    """
+    cand = [int(c) for c in candidates]
+    tgt = [int(t) for t in targets]
+    parts = []
+    for s in range(0, int(history.shape[0]), chunk):
+        state = model.initial_batch(history[s : s + chunk])
+        now = _entropy(model.predict_batch(state, tgt)).sum(-1)  # [b]
+        p_x, p_t = model.lookahead_batch(state, cand, tgt)
+        after = (p_x * _entropy(p_t).sum(-1)).sum(-1)  # [b, C]
+        parts.append(now.unsqueeze(1) - after)
+    if not parts:
+        return torch.zeros(0, len(cand), dtype=DTYPE)
+    return torch.cat(parts)
+
+
+# ----------------------------------------------------------------------------------------
+# the round context
+
+
+@dataclass
+class GNNView:
+    """A trained GNN seen through a belief model's item bank.
+
+    Attributes:
+        gnn: the trained GNN.
+        attribute_items: bank index of each GNN attribute column (``A`` entries).
+        question_items: bank index of each GNN question (``Q`` entries).
+    """
+
+    gnn: TrainedGNN
+    attribute_items: list[int]
+    question_items: list[int]
+
+    def _split(self, observed: Tensor) -> tuple[Tensor, Tensor]:
+        return observed[:, self.attribute_items], observed[:, self.question_items]
+
+    def predict(self, observed: Tensor, n_items: int, max_options: int) -> Tensor:
+        """``[N, n_items, max_options]`` GNN predictives in bank space (zeros elsewhere)."""
+        a, r = self._split(observed)
+        p = self.gnn.predict(a, r)
+        out = torch.zeros(observed.shape[0], n_items, max_options, dtype=DTYPE)
+        out[:, self.question_items, : p.shape[-1]] = p
+        return out
+
+    def embeddings(self, observed: Tensor) -> Tensor:
+        a, r = self._split(observed)
+        return self.gnn.embeddings(a, r)
+
+
+@dataclass
+class RoundContext:
+    """What the selectors of one round may look at.
+
+    Attributes:
+        model: the belief model.
+        history: ``[N, I]`` answers the belief model conditions on (observed + imputed).
+        observed: ``[N, I]`` real observations (attributes and answers; ``-1`` none).
+        targets: target item indices.
+        response_prob: ``[N]`` chance each member answers when asked.
+        gen: random generator of this group elicitation.
+        gnn: the GNN view, or ``None``.
+        eig_cache: ``{item: [N] EIG_v(item)}`` filled on demand.
+    """
+
+    model: BeliefModel
+    history: Tensor
+    observed: Tensor
+    targets: list[int]
+    response_prob: Tensor
+    gen: torch.Generator
+    gnn: GNNView | None = None
+    eig_cache: dict[int, Tensor] = field(default_factory=dict)
+
+    @property
+    def n_members(self) -> int:
+        return int(self.observed.shape[0])
+
+    def eig(self, items: Sequence[int]) -> Tensor:
+        """``[N, len(items)]`` member EIG of each item (computed once per item)."""
+        todo = [int(i) for i in items if int(i) not in self.eig_cache]
+        if todo:
+            m = member_eig(self.model, self.history, todo, self.targets)
+            for j, i in enumerate(todo):
+                self.eig_cache[i] = m[:, j]
+        return torch.stack([self.eig_cache[int(i)] for i in items], 1)
+
+
+# ----------------------------------------------------------------------------------------
+# question selectors
+
+
+class QuestionSelector:
+    """Chooses the round's question among the unasked candidates."""
+
+    name: ClassVar[str] = ""
+
+    def scores(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> Tensor:
+        """``[C]`` scores (higher is better)."""
+        raise NotImplementedError
+
+    def select(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> tuple[int, Tensor]:
+        """The best candidate (lowest index on ties) and all scores."""
+        if not candidates:
+            raise GroupError("no candidate question is left to ask")
+        s = self.scores(ctx, candidates, n_ask)
+        return candidates[int(torch.argmax(s))], s
+
+
+class RandomQuestion(QuestionSelector):
+    """A uniformly random candidate (random scores)."""
+
+    name = "random"
+
+    def scores(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> Tensor:
+        return torch.rand(len(candidates), generator=ctx.gen, dtype=DTYPE)
+
+
+class GroupEIGQuestion(QuestionSelector):
+    """Sum over members of ``EIG_v(x)`` (the paper), on a random subsample of members.
+
+    Args:
+        subsample: share of members scored (``1.0`` = all); the paper uses 0.1.
+    """
+
+    name = "eig"
+
+    def __init__(self, subsample: float = 1.0) -> None:
+        if not 0.0 < subsample <= 1.0:
+            raise GroupError(f"subsample must be in (0, 1], got {subsample}")
+        self.subsample = subsample
+
+    def scores(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> Tensor:
+        if self.subsample >= 1.0:
+            return ctx.eig(candidates).sum(0)
+        n = ctx.n_members
+        m = max(1, int(round(self.subsample * n)))
+        rows = torch.randperm(n, generator=ctx.gen)[:m]
+        return member_eig(ctx.model, ctx.history[rows], candidates, ctx.targets).sum(0)
+
+
+class BudgetEIGQuestion(QuestionSelector):
+    """Gain of the members that would be asked: the top ``n_ask`` of ``r_v EIG_v(x)``.
+
+    Choosing the question and respondents jointly: a question that is very informative
+    for a few members beats one that is mildly informative for everyone when only a few
+    can be asked.
+    """
+
+    name = "eig_budget"
+
+    def scores(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> Tensor:
+        gain = ctx.eig(candidates) * ctx.response_prob.unsqueeze(1)  # [N, C]
+        not_yet = torch.stack([ctx.observed[:, c] < 0 for c in candidates], 1)
+        gain = torch.where(not_yet, gain, torch.zeros((), dtype=DTYPE))
+        k = max(1, min(n_ask, gain.shape[0]))
+        return torch.topk(gain, k, dim=0).values.sum(0)
+
+
+QUESTION_SELECTORS: dict[str, Callable[..., QuestionSelector]] = {
+    "random": RandomQuestion,
+    "eig": GroupEIGQuestion,
+    "eig_budget": BudgetEIGQuestion,
+}
+
+
+# ----------------------------------------------------------------------------------------
+# respondent selectors
+
+
+class RespondentSelector:
+    """Chooses which members to ask the round's question."""
+
+    name: ClassVar[str] = ""
+
+    def select(self, ctx: RoundContext, question: int, n: int, eligible: Tensor) -> Tensor:
+        """Up to ``n`` distinct eligible members (exactly ``n`` when enough are eligible).
+
+        Args:
+            ctx: round context.
+            question: the round's item.
+            n: respondent budget of the round.
+            eligible: ``[N]`` bool mask of members that may be asked.
+
+        Returns:
+            ``LongTensor [min(n, #eligible)]`` member indices, distinct.
+        """
+        pool = eligible.nonzero().reshape(-1)
+        n = min(int(n), len(pool))
+        if n <= 0:
+            return torch.zeros(0, dtype=torch.long)
+        return self._pick(ctx, question, n, pool)
+
+    def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class RandomRespondents(RespondentSelector):
+    """``n`` members uniformly at random, without replacement."""
+
+    name = "random"
+
+    def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
+        return pool[torch.randperm(len(pool), generator=ctx.gen)[:n]]
+
+
+def kmeans(x: Tensor, k: int, gen: torch.Generator, iters: int = 25) -> Tensor:
+    """Lloyd's k-means with k-means++ seeding; returns the ``[k, d]`` centroids.
+
+    Args:
+        x: ``[M, d]`` points (``M >= k``).
+        k: number of clusters.
+        gen: random generator (seeding).
+        iters: Lloyd iterations (stops early when assignments no longer change).
+    """
+    m = x.shape[0]
+    first = int(torch.randint(m, (1,), generator=gen))
+    cent = [x[first]]
+    d2 = ((x - x[first]) ** 2).sum(1)
+    for _ in range(1, k):
+        total = float(d2.sum())
+        if total <= 0:
+            nxt = int(torch.randint(m, (1,), generator=gen))
+        else:
+            nxt = int(torch.multinomial(d2 / total, 1, generator=gen))
+        cent.append(x[nxt])
+        d2 = torch.minimum(d2, ((x - x[nxt]) ** 2).sum(1))
+    c = torch.stack(cent)
+    assign = torch.full((m,), -1, dtype=torch.long)
+    for _ in range(iters):
+        new = torch.cdist(x, c).argmin(1)
+        if torch.equal(new, assign):
+            break
+        assign = new
+        sums = torch.zeros_like(c).index_add_(0, assign, x)
+        counts = torch.bincount(assign, minlength=k).unsqueeze(1)
+        c = torch.where(counts > 0, sums / counts.clamp(min=1), c)
+    return c
+
+
+class RelationalRespondents(RespondentSelector):
+    """The paper's relational selection: k-means over GNN member embeddings (k = ``n``),
+    then the eligible member nearest each centroid (each member at most once)."""
+
+    name = "relational"
+
+    def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
+        if ctx.gnn is None:
+            raise GroupError("relational respondent selection needs a trained GNN")
+        emb = ctx.gnn.embeddings(ctx.observed)[pool]
+        cent = kmeans(emb, n, ctx.gen)
+        dist = torch.cdist(cent, emb)  # [n, M]
+        chosen: list[int] = []
+        taken = torch.zeros(len(pool), dtype=torch.bool)
+        for j in range(n):
+            d = dist[j].masked_fill(taken, float("inf"))
+            i = int(d.argmin())
+            taken[i] = True
+            chosen.append(i)
+        return pool[torch.tensor(chosen, dtype=torch.long)]
+
+
+class EIGRespondents(RespondentSelector):
+    """Greedy by expected gain about the group targets, ``r_v * EIG_v(question)``.
+
+    The expected gain of asking member ``v`` is the gain if it answers times the chance
+    ``r_v`` that it does (a non-answer brings nothing). Under a belief model whose
+    members are independent given its parameters the gains of different members add up,
+    so the greedy choice is the ``n`` largest (ties: lowest member index).
+    """
+
+    name = "eig"
+
+    def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
+        gain = ctx.eig([question])[:, 0] * ctx.response_prob
+        g = gain[pool]
+        # stable: sort by -gain then by index
+        order = torch.argsort(-g, stable=True)
+        return pool[order[:n]]
+
+
+RESPONDENT_SELECTORS: dict[str, Callable[..., RespondentSelector]] = {
+    "random": RandomRespondents,
+    "relational": RelationalRespondents,
+    "eig": EIGRespondents,
+}
+
+IMPUTATIONS = ("none", "self", "gnn", "gnn_only", "pool")
+
+
+# ----------------------------------------------------------------------------------------
+# pooling
+
+
+def log_linear_pool(p_a: Tensor, p_b: Tensor, w: float) -> Tensor:
+    """``p ∝ p_a^(1-w) * p_b^w`` along the last axis (zeros stay zeros).
+
+    Args:
+        p_a, p_b: ``[..., O]`` distributions with the same support.
+        w: weight of ``p_b`` in ``[0, 1]``.
+    """
+    la = p_a.clamp_min(1e-12).log()
+    lb = p_b.clamp_min(1e-12).log()
+    lg = (1.0 - w) * la + w * lb
+    support = (p_a > 0) | (p_b > 0)
+    lg = lg.masked_fill(~support, float("-inf"))
+    return torch.softmax(lg, -1)
+
+
+def fit_pool_weight(
+    p_belief: Tensor, p_gnn: Tensor, truth: Tensor, grid: int = 21
+) -> tuple[float, dict[str, float]]:
+    """The pool weight ``w`` with the lowest log loss on held-out answers (grid search).
+
+    Args:
+        p_belief, p_gnn: ``[M, T, O]`` predictives of the same (member, target) pairs.
+        truth: ``[M, T]`` true options (``-1`` = not scored).
+        grid: number of equally spaced weights in ``[0, 1]``.
+
+    Returns:
+        ``(w, {str(w): mean log loss})``.
+    """
+    ok = truth >= 0
+    y = truth.clamp_min(0).unsqueeze(-1)
+    losses: dict[str, float] = {}
+    best_w, best = 0.0, float("inf")
+    for j in range(grid):
+        w = j / (grid - 1)
+        p = log_linear_pool(p_belief, p_gnn, w).gather(-1, y).squeeze(-1)
+        loss = float(-(p.clamp_min(1e-12).log()[ok]).mean())
+        losses[f"{w:.2f}"] = loss
+        if loss < best - 1e-12:
+            best, best_w = loss, w
+    return best_w, losses
+
+
+# ----------------------------------------------------------------------------------------
+# the group elicitation
+
+
+@dataclass
+class RoundRecord:
+    """What one round did (for audit and plots)."""
+
+    question: int
+    question_scores: list[float]
+    asked: list[int]
+    answered: list[int]
+    plan_seconds: float
+
+
+@dataclass
+class GroupMethod:
+    """A named combination of question selector, respondent selector and imputation."""
+
+    question: str
+    respondents: str
+    imputation: str = "none"
+    subsample: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.question not in QUESTION_SELECTORS:
+            raise GroupError(
+                f"unknown question selector {self.question!r} (known: {sorted(QUESTION_SELECTORS)})"
+            )
+        if self.respondents not in RESPONDENT_SELECTORS:
+            raise GroupError(
+                f"unknown respondent selector {self.respondents!r} "
+                f"(known: {sorted(RESPONDENT_SELECTORS)})"
+            )
+        if self.imputation not in IMPUTATIONS:
+            raise GroupError(f"unknown imputation {self.imputation!r} (known: {list(IMPUTATIONS)})")
+
+    def question_selector(self) -> QuestionSelector:
+        if self.question == "eig":
+            return GroupEIGQuestion(self.subsample)
+        return QUESTION_SELECTORS[self.question]()
+
+    def respondent_selector(self) -> RespondentSelector:
+        return RESPONDENT_SELECTORS[self.respondents]()
+
+
+class GroupElicitation:
+    """The state of one group elicitation and its rounds.
+
+    Args:
+        model: the belief model (predictor) over the item bank.
+        observed: ``[N, I]`` what is known of each member at the start (attributes and
+            any answers; ``-1`` unknown).
+        candidates: askable item indices.
+        targets: target item indices (never asked).
+        method: the selectors and imputation.
+        budget: the budgets.
+        gnn: GNN view (needed by ``relational``, ``gnn``, ``gnn_only``, ``pool``).
+        pool_weight: ``w`` of the ``pool`` imputation.
+        response_prob: ``[N]`` chance each member answers (default: 1).
+        seed: seed of the random choices.
+    """
+
+    def __init__(
+        self,
+        model: BeliefModel,
+        observed: Tensor,
+        candidates: Sequence[int],
+        targets: Sequence[int],
+        method: GroupMethod,
+        budget: GroupBudget,
+        *,
+        gnn: GNNView | None = None,
+        pool_weight: float = 0.5,
+        response_prob: Tensor | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.observed = model.item_bank.check_responses(observed).clone()
+        n = self.observed.shape[0]
+        if n == 0:
+            raise GroupError("the group has no members")
+        self.candidates = [model.item_bank.check_item(c) for c in candidates]
+        self.targets = [model.item_bank.check_item(t) for t in targets]
+        overlap = set(self.candidates) & set(self.targets)
+        if overlap:
+            keys = sorted(model.item_bank.keys[i] for i in overlap)
+            raise GroupError(f"items are both candidates and targets: {keys}")
+        if not self.targets:
+            raise GroupError("the group needs at least one target item")
+        needs_gnn = method.respondents == "relational" or method.imputation in (
+            "gnn",
+            "gnn_only",
+            "pool",
+        )
+        if needs_gnn and gnn is None:
+            raise GroupError(f"method {method} needs a trained GNN")
+        if not 0.0 <= pool_weight <= 1.0:
+            raise GroupError(f"pool_weight must be in [0, 1], got {pool_weight}")
+        self.method = method
+        self.budget = budget
+        self.gnn = gnn
+        self.pool_weight = float(pool_weight)
+        if response_prob is None:
+            response_prob = torch.ones(n, dtype=DTYPE)
+        response_prob = torch.as_tensor(response_prob, dtype=DTYPE).reshape(-1)
+        if response_prob.shape != (n,) or bool(((response_prob < 0) | (response_prob > 1)).any()):
+            raise GroupError(f"response_prob must be [{n}] probabilities")
+        self.response_prob = response_prob
+        self.imputed = torch.full_like(self.observed, MISSING)
+        self.n_asked = torch.zeros(n, dtype=torch.long)
+        self.answers_used = 0
+        self.asked_items: list[int] = []
+        self.records: list[RoundRecord] = []
+        self.gen = torch.Generator().manual_seed(int(seed))
+        self._qsel = method.question_selector()
+        self._rsel = method.respondent_selector()
+        self._state = model.initial_batch(self._history())
+
+    # ----- state ------------------------------------------------------------
+    def _history(self) -> Tensor:
+        return torch.where(self.observed >= 0, self.observed, self.imputed)
+
+    @property
+    def state(self) -> Any:
+        """Batched belief state of all members (observed + imputed answers)."""
+        return self._state
+
+    def context(self) -> RoundContext:
+        return RoundContext(
+            self.model,
+            self._history(),
+            self.observed,
+            self.targets,
+            self.response_prob,
+            self.gen,
+            self.gnn,
+        )
+
+    def rounds_left(self) -> int:
+        return self.budget.rounds - len(self.records)
+
+    def eligible(self, question: int) -> Tensor:
+        """``[N]``: members that may be asked ``question`` now."""
+        ok = self.observed[:, question] < 0
+        cap = self.budget.max_questions_per_respondent
+        if cap is not None:
+            ok &= self.n_asked < cap
+        return ok
+
+    def round_budget(self) -> int:
+        """Respondents this round: the per-round budget, capped by the total left."""
+        n = self.budget.per_round(self.observed.shape[0])
+        if self.budget.total_answers is not None:
+            n = min(n, self.budget.total_answers - self.answers_used)
+        return max(0, n)
+
+    # ----- planning ---------------------------------------------------------
+    def plan(self) -> tuple[int, Tensor, Tensor]:
+        """Choose the round's question and respondents (does not change the state).
+
+        Returns:
+            ``(question, respondents [n], question_scores [C])``.
+
+        Raises:
+            BudgetError: no rounds or answers are left.
+            GroupError: no candidate question is left.
+        """
+        if self.rounds_left() <= 0:
+            raise BudgetError("no rounds are left in the budget")
+        n = self.round_budget()
+        if n <= 0:
+            raise BudgetError("no answers are left in the total budget")
+        left = [c for c in self.candidates if c not in self.asked_items]
+        ctx = self.context()
+        question, scores = self._qsel.select(ctx, left, n)
+        who = self._rsel.select(ctx, question, n, self.eligible(question))
+        return question, who, scores
+
+    # ----- applying answers -------------------------------------------------
+    def apply(
+        self,
+        question: int,
+        asked: Tensor,
+        answers: Tensor,
+        *,
+        scores: Tensor | None = None,
+        plan_seconds: float = 0.0,
+    ) -> RoundRecord:
+        """Record a round: ``answers[j]`` of member ``asked[j]`` (``-1`` = no answer).
+
+        Then imputes members without an answer to ``question`` (per the method), unless
+        nobody answered (then nothing changes but the round count).
+        """
+        question = self.model.item_bank.check_item(question)
+        asked = torch.as_tensor(asked, dtype=torch.long).reshape(-1)
+        answers = torch.as_tensor(answers, dtype=torch.long).reshape(-1)
+        if asked.shape != answers.shape:
+            raise GroupError("asked and answers must have the same length")
+        if len(set(asked.tolist())) != len(asked):
+            raise GroupError("a member was asked twice in one round")
+        if question in self.asked_items:
+            raise GroupError(f"item {self.model.item_bank.keys[question]!r} was already asked")
+        for m, a in zip(asked.tolist(), answers.tolist(), strict=True):
+            if a >= 0:
+                self.model.item_bank.check_answer(question, a)
+            if self.observed[m, question] >= 0:
+                raise GroupError(
+                    f"member {m} already answered {self.model.item_bank.keys[question]!r}"
+                )
+        got = answers >= 0
+        self.observed[asked[got], question] = answers[got]
+        self.n_asked[asked] += 1
+        self.answers_used += len(asked)
+        self.asked_items.append(question)
+        if bool(got.any()):
+            self._impute(question)
+            self._state = self.model.initial_batch(self._history())
+        rec = RoundRecord(
+            question,
+            [] if scores is None else [float(s) for s in scores],
+            asked.tolist(),
+            asked[got].tolist(),
+            plan_seconds,
+        )
+        self.records.append(rec)
+        return rec
+
+    def _impute(self, question: int) -> None:
+        mode = self.method.imputation
+        if mode not in ("self", "gnn"):
+            return
+        missing = self.observed[:, question] < 0
+        if not bool(missing.any()):
+            return
+        if mode == "self":
+            p = self.model.predict_batch(self._state, [question])[:, 0]
+        else:
+            assert self.gnn is not None
+            bank = self.model.item_bank
+            p = self.gnn.predict(self.observed, bank.n_items, bank.max_options)[:, question]
+        guess = p.argmax(-1)
+        self.imputed[missing, question] = guess[missing]
+
+    # ----- predictions ------------------------------------------------------
+    def predict_targets(self) -> Tensor:
+        """``[N, T, O]`` predictions of every member's target answers."""
+        mode = self.method.imputation
+        p_b = self.model.predict_batch(self._state, self.targets)
+        if mode in ("none", "self", "gnn"):
+            return p_b
+        assert self.gnn is not None
+        bank = self.model.item_bank
+        p_g = self.gnn.predict(self.observed, bank.n_items, bank.max_options)[:, self.targets]
+        p_g = p_g[..., : p_b.shape[-1]]
+        if mode == "gnn_only":
+            return p_g
+        return log_linear_pool(p_b, p_g, self.pool_weight)

@@ -1,0 +1,320 @@
+"""Group rounds: budgets, respondent selectors, information gain, imputation, pooling."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from elicitation.errors import BudgetError
+from elicitation.group import (
+    GNNView,
+    GroupBudget,
+    GroupElicitation,
+    GroupError,
+    GroupMethod,
+    fit_pool_weight,
+    log_linear_pool,
+    member_eig,
+)
+from gnn.graph import GraphSchema
+from gnn.train import GNNConfig, train_gnn
+from models.base import ItemBank
+from models.persona import PersonaMixture
+
+# ---- a small real setting: 2 attributes + 4 questions, two latent camps ------------------
+BANK = ItemBank(("a0", "a1", "q0", "q1", "q2", "q3"), (2, 3, 2, 2, 2, 3))
+
+
+def _toy_data(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    camp = torch.randint(0, 2, (n,), generator=g)
+    y = torch.empty(n, 6, dtype=torch.long)
+    y[:, 0] = torch.where(torch.rand(n, generator=g) < 0.8, camp, 1 - camp)
+    y[:, 1] = torch.randint(0, 3, (n,), generator=g)
+    for j in range(2, 5):
+        y[:, j] = torch.where(torch.rand(n, generator=g) < 0.85, camp, 1 - camp)
+    y[:, 5] = camp + (torch.rand(n, generator=g) < 0.5).long()
+    return y
+
+
+def _toy_model() -> PersonaMixture:
+    """Two personas matching the camps of :func:`_toy_data` (exact generating model)."""
+    mu = torch.zeros(2, 6, 3, dtype=torch.float64)
+    for c in range(2):
+        mu[c, 0, c], mu[c, 0, 1 - c] = 0.8, 0.2
+        mu[c, 1, :3] = 1 / 3
+        for j in range(2, 5):
+            mu[c, j, c], mu[c, j, 1 - c] = 0.85, 0.15
+        mu[c, 5, c], mu[c, 5, c + 1] = 0.5, 0.5
+    return PersonaMixture(BANK, mu)
+
+
+@pytest.fixture(scope="module")
+def gnn_view() -> GNNView:
+    y = _toy_data(90, seed=1)
+    schema = GraphSchema((2, 3), (2, 2, 2, 3))
+    model = train_gnn(
+        schema,
+        y[:, :2],
+        y[:, 2:],
+        range(60),
+        range(60, 90),
+        GNNConfig(dim=16, lr=1e-2, max_epochs=80, patience=80, seed=0, num_threads=1),
+    )
+    return GNNView(model, [0, 1], [2, 3, 4, 5])
+
+
+def _group(n: int = 40, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    truth = _toy_data(n, seed)
+    observed = torch.full_like(truth, -1)
+    observed[:, :2] = truth[:, :2]
+    return truth, observed
+
+
+# ---- budgets and selectors ---------------------------------------------------------------
+@pytest.mark.parametrize("respondents", ["random", "relational", "eig"])
+@pytest.mark.parametrize(("budget", "expected"), [(7, 7), (0.25, 10), (1.0, 40)])
+def test_selector_respects_budget_exactly_without_repeats(
+    gnn_view: GNNView, respondents: str, budget: int | float, expected: int
+) -> None:
+    _, observed = _group()
+    method = GroupMethod("eig", respondents, "none")
+    ge = GroupElicitation(
+        _toy_model(), observed, [2, 3, 4], [5], method, GroupBudget(budget, 3), gnn=gnn_view
+    )
+    q, who, _ = ge.plan()
+    assert q in (2, 3, 4)
+    assert len(who) == expected
+    assert len(set(who.tolist())) == expected
+    assert bool(ge.eligible(q)[who].all())
+
+
+@pytest.mark.parametrize("respondents", ["random", "relational", "eig"])
+def test_per_member_and_total_caps(gnn_view: GNNView, respondents: str) -> None:
+    truth, observed = _group()
+    budget = GroupBudget(15, 4, total_answers=35, max_questions_per_respondent=1)
+    ge = GroupElicitation(
+        _toy_model(),
+        observed,
+        [2, 3, 4],
+        [5],
+        GroupMethod("eig", respondents),
+        budget,
+        gnn=gnn_view,
+    )
+    seen: set[int] = set()
+    sizes = []
+    for _ in range(3):
+        q, who, _ = ge.plan()
+        assert not (set(who.tolist()) & seen)  # at most one question per member
+        seen |= set(who.tolist())
+        ge.apply(q, who, truth[who, q])
+        sizes.append(len(who))
+    assert sizes == [15, 15, 5]  # the total of 35 caps the last round
+    with pytest.raises(BudgetError, match="no answers are left"):
+        ge.plan()
+
+
+def test_budget_validation() -> None:
+    with pytest.raises(BudgetError, match="share must be in"):
+        GroupBudget(1.5, 4)
+    with pytest.raises(BudgetError, match=">= 1"):
+        GroupBudget(0, 4)
+    with pytest.raises(BudgetError, match="rounds"):
+        GroupBudget(3, -1)
+    assert GroupBudget(0.1, 4).per_round(1072) == 107
+    assert GroupBudget(0.5, 4).per_round(897) == 449  # 448.5 rounds half up
+
+
+def test_unknown_selector_and_missing_gnn_are_refused() -> None:
+    with pytest.raises(GroupError, match="unknown respondent selector"):
+        GroupMethod("eig", "nearest")
+    _, observed = _group()
+    with pytest.raises(GroupError, match="needs a trained GNN"):
+        GroupElicitation(
+            _toy_model(), observed, [2], [5], GroupMethod("eig", "relational"), GroupBudget(3, 1)
+        )
+    with pytest.raises(GroupError, match="both candidates and targets"):
+        GroupElicitation(
+            _toy_model(), observed, [2, 5], [5], GroupMethod("eig", "random"), GroupBudget(3, 1)
+        )
+
+
+# ---- information gain ---------------------------------------------------------------------
+def _brute_force_eig(
+    model: PersonaMixture, answers: dict[int, int], x: int, targets: list[int]
+) -> float:
+    """EIG by enumerating personas and answers from the definition."""
+    prior = model.log_prior.exp()
+    like = torch.ones(2, dtype=torch.float64)
+    for i, k in answers.items():
+        like = like * model.mu[:, i, k]
+    post = prior * like / (prior * like).sum()
+
+    def h_targets(w: torch.Tensor) -> float:
+        total = 0.0
+        for t in targets:
+            p = (w.unsqueeze(1) * model.mu[:, t, :]).sum(0)
+            total -= sum(float(v) * math.log(float(v)) for v in p if v > 0)
+        return total
+
+    now = h_targets(post)
+    after = 0.0
+    for k in range(BANK.n_options[x]):
+        pk = float((post * model.mu[:, x, k]).sum())
+        if pk > 0:
+            after += pk * h_targets(post * model.mu[:, x, k] / pk)
+    return now - after
+
+
+def test_member_eig_equals_brute_force() -> None:
+    model = _toy_model()
+    history = torch.full((4, 6), -1)
+    history[1, 0] = 1
+    history[2, 2] = 0
+    history[3, [0, 3]] = torch.tensor([0, 1])
+    eig = member_eig(model, history, [2, 3, 4], [5, 4], chunk=3)  # 2 chunks
+    for v, x in itertools.product(range(4), range(3)):
+        answers = {i: int(history[v, i]) for i in range(6) if history[v, i] >= 0}
+        cand = [2, 3, 4][x]
+        if cand in answers:
+            continue
+        assert float(eig[v, x]) == pytest.approx(
+            _brute_force_eig(model, answers, cand, [5, 4]), abs=1e-9
+        )
+
+
+def test_eig_respondents_pick_the_member_whose_answer_is_informative() -> None:
+    # persona 0 answers q0..q2 with 0, persona 1 with 1 (no noise); target q2
+    mu = torch.zeros(2, 6, 3, dtype=torch.float64)
+    mu[:, 0, :2] = 0.5
+    mu[:, 1, :3] = 1 / 3
+    mu[:, 5, :3] = 1 / 3
+    for c in range(2):
+        mu[c, 2:5, c] = 1.0
+    model = PersonaMixture(BANK, mu)
+    observed = torch.full((5, 6), -1)
+    observed[:, 0] = 0
+    observed[[0, 1, 3, 4], 3] = torch.tensor([0, 1, 1, 0])  # everyone but member 2 is known
+    ge = GroupElicitation(model, observed, [2], [4], GroupMethod("eig", "eig"), GroupBudget(1, 1))
+    q, who, _ = ge.plan()
+    assert q == 2 and who.tolist() == [2]
+    eig = member_eig(model, observed, [2], [4])[:, 0]
+    assert float(eig[2]) == pytest.approx(math.log(2))
+    assert float(eig[[0, 1, 3, 4]].abs().max()) < 1e-6  # 0 up to the 1e-10 likelihood floor
+    # with a member unlikely to answer, the expected gain moves to another uncertain one
+    observed[4, 3] = -1
+    prob = torch.tensor([1.0, 1.0, 0.3, 1.0, 0.9], dtype=torch.float64)
+    ge = GroupElicitation(
+        model, observed, [2], [4], GroupMethod("eig", "eig"), GroupBudget(1, 1), response_prob=prob
+    )
+    assert ge.plan()[1].tolist() == [4]
+
+
+def test_group_eig_question_picks_the_informative_question() -> None:
+    # q0 is informative about the target q2; q1 is noise
+    mu = torch.zeros(2, 6, 3, dtype=torch.float64)
+    mu[:, 0, :2] = 0.5
+    mu[:, 1, :3] = 1 / 3
+    mu[:, 3, :2] = 0.5
+    mu[:, 5, :3] = 1 / 3
+    for c in range(2):
+        mu[c, 2, c], mu[c, 2, 1 - c] = 0.9, 0.1
+        mu[c, 4, c], mu[c, 4, 1 - c] = 0.9, 0.1
+    model = PersonaMixture(BANK, mu)
+    observed = torch.full((6, 6), -1)
+    for q_sel in ("eig", "eig_budget"):
+        ge = GroupElicitation(
+            model, observed, [3, 2, 5], [4], GroupMethod(q_sel, "eig"), GroupBudget(2, 1)
+        )
+        q, _, scores = ge.plan()
+        assert q == 2, (q_sel, scores)
+        assert float(scores[1]) > float(scores[0]) + 0.1
+
+
+# ---- rounds, non-response, imputation -----------------------------------------------------
+@pytest.mark.parametrize("imputation", ["none", "self", "gnn", "gnn_only", "pool"])
+def test_round_without_answers_leaves_predictions_unchanged(
+    gnn_view: GNNView, imputation: str
+) -> None:
+    truth, observed = _group()
+    ge = GroupElicitation(
+        _toy_model(),
+        observed,
+        [2, 3, 4],
+        [5],
+        GroupMethod("eig", "random", imputation),
+        GroupBudget(10, 3),
+        gnn=gnn_view,
+        pool_weight=0.5,
+    )
+    q, who, _ = ge.plan()
+    ge.apply(q, who, truth[who, q])  # a first real round
+    before = ge.predict_targets()
+    q2, who2, _ = ge.plan()
+    ge.apply(q2, who2, torch.full_like(who2, -1))  # nobody answers
+    assert torch.equal(ge.predict_targets(), before)
+    assert ge.answers_used == 20 and len(ge.records) == 2
+    # and a round with answers does change them
+    q3, who3, _ = ge.plan()
+    ge.apply(q3, who3, truth[who3, q3])
+    assert not torch.equal(ge.predict_targets(), before)
+
+
+def test_imputation_fills_members_not_asked(gnn_view: GNNView) -> None:
+    truth, observed = _group()
+    for mode in ("self", "gnn"):
+        ge = GroupElicitation(
+            _toy_model(),
+            observed,
+            [2, 3, 4],
+            [5],
+            GroupMethod("random", "random", mode),
+            GroupBudget(10, 1),
+            gnn=gnn_view,
+        )
+        q, who, _ = ge.plan()
+        ge.apply(q, who, truth[who, q])
+        filled = ge.imputed[:, q] >= 0
+        assert int(filled.sum()) == 30 and not bool(filled[who].any())
+        # with the toy's strong camp signal both imputers mostly follow attribute a0
+        agree = (ge.imputed[filled, q] == observed[filled, 0]).double().mean()
+        assert float(agree) > 0.7, mode
+
+
+def test_answers_are_validated() -> None:
+    truth, observed = _group()
+    ge = GroupElicitation(
+        _toy_model(), observed, [2, 3], [5], GroupMethod("random", "random"), GroupBudget(5, 2)
+    )
+    q, who, _ = ge.plan()
+    with pytest.raises(GroupError, match="asked twice"):
+        ge.apply(q, torch.tensor([1, 1]), torch.tensor([0, 1]))
+    with pytest.raises(Exception, match="out of range"):
+        ge.apply(q, torch.tensor([1]), torch.tensor([5]))
+    assert ge.answers_used == 0 and not ge.records
+
+
+# ---- pooling ---------------------------------------------------------------------------------
+def test_log_linear_pool_exact() -> None:
+    a = torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64)
+    b = torch.tensor([[0.9, 0.1, 0.0]], dtype=torch.float64)
+    p = log_linear_pool(a, b, 0.5)
+    expected = torch.tensor([0.9**0.5 * 0.5**0.5, 0.1**0.5 * 0.5**0.5, 0.0])
+    torch.testing.assert_close(p[0], (expected / expected.sum()).double())
+    torch.testing.assert_close(log_linear_pool(a, b, 0.0), a)
+    torch.testing.assert_close(log_linear_pool(a, b, 1.0), b)
+
+
+def test_fit_pool_weight_prefers_the_better_predictor() -> None:
+    g = torch.Generator().manual_seed(0)
+    truth = torch.randint(0, 2, (200, 3), generator=g)
+    sharp = torch.nn.functional.one_hot(truth, 2).double() * 0.8 + 0.1
+    flat = torch.full((200, 3, 2), 0.5, dtype=torch.float64)
+    assert fit_pool_weight(flat, sharp, truth)[0] == 1.0
+    assert fit_pool_weight(sharp, flat, truth)[0] == 0.0
+    w, losses = fit_pool_weight(flat, sharp, truth)
+    assert losses["1.00"] == pytest.approx(-math.log(0.9))
