@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import json
+from pathlib import Path
+
 import torch
 
 from models.base import DTYPE, ItemBank
@@ -39,3 +43,71 @@ def informative_mixture(eps: float = 0.01) -> PersonaMixture:
     mu[:, 2, :2] = torch.tensor([0.5, 0.5], dtype=DTYPE)
     mu[:, 3, :3] = torch.tensor([0.2, 0.5, 0.3], dtype=DTYPE)
     return PersonaMixture(bank, mu)
+
+
+TINY_DEMOGRAPHICS = {"d1": 3, "d2": 2}
+TINY_QUESTIONS = {"q1": 2, "q2": 2, "q3": 3, "q4": 2, "q5": 2, "q6": 3, "q7": 2, "q8": 2}
+TINY_RUNS = [
+    (0, ["q1", "q2", "q3", "q4", "q5"], ["q6", "q7"]),
+    (1, ["q2", "q4", "q6", "q7", "q8"], ["q1", "q3"]),
+]
+
+
+def write_tiny_dataset(
+    dest: Path, *, n_users: int = 240, missing: float = 0.1, seed: int = 0
+) -> Path:
+    """A small dataset in the canonical format, drawn from a 3-class latent class model.
+
+    Two demographics and eight questions (2 or 3 options); ``missing`` of the question
+    cells are empty; users split 50% train / 17% validation / 33% test; two benchmark
+    runs of 5 candidates and 2 targets. Returns ``dest``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    items = {**TINY_DEMOGRAPHICS, **TINY_QUESTIONS}
+    n_classes = 3
+    z = torch.randint(n_classes, (n_users,), generator=gen)
+    dest.mkdir(parents=True, exist_ok=True)
+    columns: dict[str, list[str]] = {}
+    for key, o in items.items():
+        g = torch._standard_gamma(torch.full((n_classes, o), 0.4, dtype=DTYPE), generator=gen)
+        table = g / g.sum(-1, keepdim=True)
+        ans = torch.multinomial(table[z], 1, generator=gen).squeeze(1)
+        cells = ["ABC"[int(a)] for a in ans]
+        if key in TINY_QUESTIONS:
+            drop = torch.rand(n_users, generator=gen) < missing
+            cells = ["" if d else c for c, d in zip(cells, drop.tolist(), strict=True)]
+        columns[key] = cells
+    ids = [f"u{n}" for n in range(n_users)]
+    with (dest / "responses.csv").open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(["rid", *items])
+        for n, rid in enumerate(ids):
+            w.writerow([rid, *(columns[k][n] for k in items)])
+    with (dest / "codebook.jsonl").open("w", encoding="utf-8") as fh:
+        for key, o in items.items():
+            opts = {"ABC"[j]: f"option {j}" for j in range(o)}
+            fh.write(
+                json.dumps({"id": key, "question": f"Question {key}?", "options": opts}) + "\n"
+            )
+    manifest = {
+        "name": "tiny",
+        "id_column": "rid",
+        "demographics": list(TINY_DEMOGRAPHICS),
+        "questions": list(TINY_QUESTIONS),
+        "split": "user_split.json",
+        "runs": "runs.csv",
+    }
+    (dest / "dataset.json").write_text(json.dumps(manifest), encoding="utf-8")
+    n_tr, n_val = n_users // 2, n_users // 6
+    split = {
+        "train_users": ids[:n_tr],
+        "val_users": ids[n_tr : n_tr + n_val],
+        "test_users": ids[n_tr + n_val :],
+    }
+    (dest / "user_split.json").write_text(json.dumps(split), encoding="utf-8")
+    with (dest / "runs.csv").open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(["seed", "cand_qids", "eval_qids"])
+        for s, cand, ev in TINY_RUNS:
+            w.writerow([s, repr(cand), repr(ev)])
+    return dest

@@ -1,0 +1,298 @@
+"""``priorly bench``: the benchmarks of the elicitation engine.
+
+Subcommands are listed in :data:`SUBCOMMANDS` (name → help, argument builder, handler);
+adding one (e.g. ``group``) is one entry. Handlers turn the elicitation package's user
+errors (:class:`elicitation.errors.ElicitationError`, the dataset loader's
+:class:`elicitation.datasets.DatasetError`) into :class:`app.errors.InvalidInputError`,
+which the CLI prints as one line with exit code 2. Output files are written whole or not
+at all (a temporary file renamed into place).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.errors import InvalidInputError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PERSONAS = REPO_ROOT / "datasets" / "wvs_personas"
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from elicitation.datasets import DatasetError
+    from elicitation.errors import ElicitationError
+    from models.base import ModelError
+
+    return (ElicitationError, DatasetError, ModelError)
+
+
+def _methods_arg(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of method names")
+    return names
+
+
+# ---- individual -------------------------------------------------------------------------
+def _add_individual(p: argparse.ArgumentParser) -> None:
+    from elicitation.bench.defaults import DEFAULT_METHODS
+
+    p.add_argument(
+        "--dataset",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="dataset folder (canonical format)",
+    )
+    p.add_argument(
+        "--budget", type=int, default=10, metavar="T", help="questions per test user (default 10)"
+    )
+    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="result.json to write")
+    p.add_argument(
+        "--plot", type=Path, metavar="PNG", help="also plot accuracy and log loss to this PNG"
+    )
+    p.add_argument(
+        "--methods",
+        type=_methods_arg,
+        default=list(DEFAULT_METHODS),
+        metavar="M1,M2",
+        help=f"methods to run (default {','.join(DEFAULT_METHODS)})",
+    )
+    p.add_argument("--runs", type=int, metavar="N", help="use only the first N runs of runs.csv")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model fits (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _individual(args: argparse.Namespace) -> int:
+    from elicitation.bench.individual import run_individual
+    from elicitation.bench.plot import plot_curves
+
+    try:
+        result = run_individual(
+            args.dataset,
+            args.budget,
+            args.methods,
+            n_runs=args.runs,
+            seed=args.seed,
+            progress=not args.no_progress,
+        )
+    except _user_errors() as exc:
+        raise InvalidInputError(str(exc)) from None
+    _write_json(args.out, result)
+    if args.plot is not None:
+        plot_curves(result, args.plot)
+    budget = result["budget"]
+    shown = [n for n in (0, 1, 3, 5, budget) if n <= budget]
+    shown = sorted(set(shown))
+    head = "method".ljust(10) + "".join(f"  acc@{n:<3d} ll@{n:<3d}" for n in shown)
+    print(head)
+    for name, res in result["methods"].items():
+        cells = "".join(f"  {res['accuracy'][n]:.4f} {res['log_loss'][n]:.4f}" for n in shown)
+        print(name.ljust(10) + cells)
+    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
+
+
+# ---- speed ------------------------------------------------------------------------------
+def _add_speed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="speed.json to write")
+    p.add_argument(
+        "--steps", type=int, default=1000, help="timed single-respondent steps (default 1000)"
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=1000,
+        help="respondents in the batched measurement (default 1000)",
+    )
+    p.add_argument(
+        "--personas",
+        type=Path,
+        default=DEFAULT_PERSONAS,
+        metavar="DIR",
+        help="persona dictionary folder (default: the bundled datasets/wvs_personas)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _speed(args: argparse.Namespace) -> int:
+    from elicitation.bench.speed import run_speed
+
+    try:
+        result = run_speed(
+            args.personas, steps=args.steps, batch=args.batch, threads=args.threads, seed=args.seed
+        )
+    except _user_errors() as exc:
+        raise InvalidInputError(str(exc)) from None
+    _write_json(args.out, result)
+    print(
+        f"live step p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms over "
+        f"{result['steps']} steps; batch of {result['batch_size']}: "
+        f"{result['batch_steps_per_second']:.0f} respondent-steps/s"
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+# ---- group (logic in elicitation/group_bench.py) -----------------------------------------
+def _add_group(p: argparse.ArgumentParser) -> None:
+    from elicitation.group_bench import DEFAULT_GROUP_METHODS
+
+    p.add_argument("--dataset", required=True, type=Path, metavar="DIR", help="dataset folder")
+    p.add_argument(
+        "--respondent-budget",
+        type=float,
+        default=0.1,
+        metavar="B",
+        help="respondents per round: a share <= 1 or a count > 1 (default 0.1)",
+    )
+    p.add_argument("--rounds", type=int, default=4, help="rounds per run (default 4)")
+    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="result.json to write")
+    p.add_argument("--plot", type=Path, metavar="PNG", help="also plot the curves to this PNG")
+    p.add_argument("--nonresponse", type=float, default=0.0, help="non-response rate (default 0)")
+    p.add_argument(
+        "--methods",
+        type=_methods_arg,
+        default=list(DEFAULT_GROUP_METHODS),
+        help=f"comma-separated (default {','.join(DEFAULT_GROUP_METHODS)})",
+    )
+    p.add_argument("--runs", type=int, default=None, help="use only the first N runs")
+    p.add_argument("--cache", type=Path, metavar="DIR", help="store / reuse the fitted models")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _group(args: argparse.Namespace) -> int:
+    import torch
+
+    from elicitation.group_bench import plot_group, run_group
+
+    torch.set_num_threads(args.threads)
+    budget: float | int = args.respondent_budget
+    if budget > 1:
+        budget = int(budget)
+    try:
+        result = run_group(
+            args.dataset,
+            budget,
+            args.rounds,
+            args.methods,
+            nonresponse=args.nonresponse,
+            n_runs=args.runs,
+            seed=args.seed,
+            cache=args.cache,
+        )
+    except _user_errors() as exc:
+        raise InvalidInputError(str(exc)) from None
+    _write_json(args.out, result)
+    if args.plot is not None:
+        plot_group(result, args.plot)
+    print("method".ljust(26) + "".join(f"  acc@{r}  " for r in range(args.rounds + 1)))
+    for name, res in result["methods"].items():
+        print(name.ljust(26) + "".join(f"  {v:.4f}" for v in res["accuracy"]))
+    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
+
+
+def _add_group_speed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", required=True, type=Path, metavar="DIR", help="dataset folder")
+    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="speed.json to write")
+    p.add_argument(
+        "--members",
+        type=_methods_arg,
+        default=["0", "10000", "100000"],
+        help="group sizes, 0 = the real test users (default 0,10000,100000)",
+    )
+    p.add_argument("--respondent-budget", type=float, default=0.1)
+    p.add_argument("--no-train", action="store_true", help="do not time GNN training")
+    p.add_argument("--cache", type=Path, metavar="DIR", help="store / reuse the fitted models")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _group_speed(args: argparse.Namespace) -> int:
+    from elicitation.group_bench import run_group_speed
+
+    try:
+        result = run_group_speed(
+            args.dataset,
+            sizes=[int(m) for m in args.members],
+            respondent_budget=args.respondent_budget,
+            train=not args.no_train,
+            threads=args.threads,
+            seed=args.seed,
+            cache=args.cache,
+        )
+    except (*_user_errors(), ValueError) as exc:
+        raise InvalidInputError(str(exc)) from None
+    _write_json(args.out, result)
+    print(f"wrote {args.out}")
+    return 0
+
+
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handler]] = {
+    "individual": (
+        "replay real respondents: target accuracy/log loss after 0..T questions per method",
+        _add_individual,
+        _individual,
+    ),
+    "speed": (
+        "latency of one live step (update + choose the next item) with the WVS personas",
+        _add_speed,
+        _speed,
+    ),
+    "group": (
+        "group rounds on the published protocol: target accuracy after rounds 0..R per method",
+        _add_group,
+        _group,
+    ),
+    "group-speed": (
+        "GNN training time and round planning time for 1k / 10k / 100k members",
+        _add_group_speed,
+        _group_speed,
+    ),
+}
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench`` and its subcommands (each sets ``func`` to its handler)."""
+    bench = subparsers.add_parser(
+        "bench", help="benchmarks of the elicitation engine", description=__doc__.splitlines()[0]
+    )
+    sub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND", required=True)
+    for name, (help_text, add_args, handler) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_args(p)
+        p.set_defaults(func=handler)
+    return bench
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience for running without the CLI
+    parser = argparse.ArgumentParser(prog="priorly")
+    register(parser.add_subparsers(dest="command", required=True))
+    ns = parser.parse_args()
+    sys.exit(ns.func(ns))

@@ -1,0 +1,6 @@
+"""Constants of the benchmark harness that the CLI needs without importing torch."""
+
+from __future__ import annotations
+
+DEFAULT_METHODS: tuple[str, ...] = ("default", "random", "fixed", "irt", "full")
+"""The methods ``priorly bench individual`` runs when ``--methods`` is not given."""

@@ -1,0 +1,222 @@
+"""Latency of one live elicitation step with a large persona dictionary.
+
+A live step is what the web app does after an answer: ``model.update`` with the answer,
+then :func:`elicitation.session.decide` with the ``eig`` criterion over the remaining
+candidates (scores of every candidate, the stopping rule, the expected target entropy).
+
+Set-up: the persona dictionary of a folder like ``datasets/wvs_personas`` (a
+``persona_answers_deterministic.csv`` of ``K`` personas x ``I`` items with answers on each
+item's scale, and ``question_metadata.json`` giving each item's scale min and max),
+turned into distributions with ``ε`` (METHODS.md section 1); ``n_targets`` targets chosen
+by a seeded permutation of the items; all other items are candidates. Simulated
+respondents: a persona drawn from the prior, answers drawn from its distributions.
+
+Two figures: the p50/p99 latency (ms) of single-respondent steps over ``steps`` steps
+(after a warm-up), with ``torch.set_num_threads(threads)``; and respondent-steps per
+second for a batch of ``batch`` respondents (``update_batch`` + ``eig.score_batch``
+over all candidates + masked argmax).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from elicitation.budget import Budget
+from elicitation.criteria import ExpectedInformationGain
+from elicitation.errors import BenchmarkError
+from elicitation.session import decide
+from models.base import ItemBank
+from models.persona import PersonaMixture
+
+ANSWERS_FILE = "persona_answers_deterministic.csv"
+METADATA_FILE = "question_metadata.json"
+
+
+def load_persona_dictionary(folder: str | Path, epsilon: float) -> PersonaMixture:
+    """A :class:`PersonaMixture` from deterministic persona answers (uniform prior).
+
+    Raises:
+        BenchmarkError: a missing file, an item without a scale, or an answer off its scale
+            (naming the file, row and column).
+    """
+    folder = Path(folder)
+    ans_path, meta_path = folder / ANSWERS_FILE, folder / METADATA_FILE
+    for p in (ans_path, meta_path):
+        if not p.is_file():
+            raise BenchmarkError(f"persona dictionary: {p} does not exist")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise BenchmarkError(f"{meta_path.name}: invalid JSON: {exc}") from None
+    with ans_path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if not header or len(header) < 2:
+            raise BenchmarkError(f"{ans_path.name}: no header with item columns")
+        items = header[1:]
+        lo: list[int] = []
+        n_opt: list[int] = []
+        for q in items:
+            m = meta.get(q) if isinstance(meta, dict) else None
+            try:
+                a, b = int(m["answer_scale_min"]), int(m["answer_scale_max"])  # type: ignore[index]
+            except (TypeError, KeyError, ValueError):
+                raise BenchmarkError(
+                    f"{meta_path.name}: item {q!r} has no integer answer scale"
+                ) from None
+            if b <= a:
+                raise BenchmarkError(f"{meta_path.name}: item {q!r} has scale {a}..{b}")
+            lo.append(a)
+            n_opt.append(b - a + 1)
+        rows: list[list[int]] = []
+        labels: list[str] = []
+        for r, row in enumerate(reader, start=1):
+            if len(row) != len(header):
+                raise BenchmarkError(
+                    f"{ans_path.name}, row {r}: {len(row)} cells, expected {len(header)}"
+                )
+            vals = []
+            for j, cell in enumerate(row[1:]):
+                try:
+                    v = int(cell) - lo[j]
+                except ValueError:
+                    raise BenchmarkError(
+                        f"{ans_path.name}, row {r}, column {items[j]!r}: {cell!r} is not an integer"
+                    ) from None
+                if not 0 <= v < n_opt[j]:
+                    raise BenchmarkError(
+                        f"{ans_path.name}, row {r}, column {items[j]!r}: {cell} is off the scale"
+                    )
+                vals.append(v)
+            rows.append(vals)
+            labels.append(row[0])
+    if not rows:
+        raise BenchmarkError(f"{ans_path.name}: no personas")
+    bank = ItemBank(tuple(items), tuple(n_opt))
+    return PersonaMixture.from_deterministic(torch.tensor(rows), bank, epsilon, labels=labels)
+
+
+def run_speed(
+    personas: str | Path,
+    *,
+    steps: int = 1000,
+    batch: int = 1000,
+    batch_steps: int = 10,
+    n_targets: int = 5,
+    epsilon: float = 0.05,
+    questions_per_respondent: int = 20,
+    warmup: int = 50,
+    threads: int = 1,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Measure a live step; returns the ``speed.json`` object (see the module docstring)."""
+    for name, v, least in (
+        ("steps", steps, 1),
+        ("batch", batch, 1),
+        ("batch_steps", batch_steps, 1),
+        ("n_targets", n_targets, 1),
+        ("questions_per_respondent", questions_per_respondent, 1),
+        ("threads", threads, 1),
+        ("warmup", warmup, 0),
+    ):
+        if v < least:
+            raise BenchmarkError(f"speed: {name} must be >= {least}, got {v}")
+    torch.set_num_threads(threads)
+    model = load_persona_dictionary(personas, epsilon)
+    bank = model.item_bank
+    if n_targets >= bank.n_items:
+        raise BenchmarkError(
+            f"speed: n_targets ({n_targets}) must be below the {bank.n_items} items"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(bank.n_items, generator=gen)
+    targets = sorted(perm[:n_targets].tolist())
+    cand = [i for i in range(bank.n_items) if i not in set(targets)]
+    prior = model.log_prior.exp()
+    mu = model.mu  # [K, I, O]
+
+    def respondent_answers(n: int) -> torch.Tensor:
+        theta = torch.multinomial(prior, n, replacement=True, generator=gen)
+        p = mu[theta].reshape(-1, mu.shape[-1])
+        return torch.multinomial(p, 1, generator=gen).reshape(n, bank.n_items)
+
+    eig = ExpectedInformationGain()
+    budget = Budget(max_questions=questions_per_respondent)
+    times: list[float] = []
+    stop_reasons: dict[str, int] = {}
+    while len(times) < steps + warmup:
+        y = respondent_answers(1)[0]
+        state = model.initial_state()
+        asked: list[int] = []
+        d = decide(
+            model,
+            state,
+            asked=asked,
+            candidates=cand,
+            targets=targets,
+            criterion=eig,
+            budget=budget,
+        )
+        while d.item is not None and len(times) < steps + warmup:
+            item = d.item
+            t0 = time.perf_counter()
+            state = model.update(state, item, int(y[item]))
+            asked.append(item)
+            d = decide(
+                model,
+                state,
+                asked=asked,
+                candidates=cand,
+                targets=targets,
+                criterion=eig,
+                budget=budget,
+            )
+            times.append(time.perf_counter() - t0)
+        if d.stop_reason is not None:
+            stop_reasons[str(d.stop_reason)] = stop_reasons.get(str(d.stop_reason), 0) + 1
+    ms = np.asarray(times[warmup:]) * 1e3
+
+    # batch: B respondents, each step scores all candidates and asks the best unasked one
+    y = respondent_answers(batch)
+    states = model.initial_batch(torch.full((batch, bank.n_items), -1, dtype=torch.long))
+    cand_t = torch.tensor(cand)
+    avail = torch.ones(batch, len(cand), dtype=torch.bool)
+    rows = torch.arange(batch)
+    n_b = min(batch_steps, len(cand))
+    t0 = time.perf_counter()
+    for _ in range(n_b):
+        scores = eig.score_batch(model, states, cand, targets).masked_fill(~avail, -torch.inf)
+        pick = scores.argmax(1)
+        items = cand_t[pick]
+        states = model.update_batch(states, items, y[rows, items])
+        avail[rows, pick] = False
+    elapsed = time.perf_counter() - t0
+    return {
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+        "max_ms": float(ms.max()),
+        "steps": int(ms.size),
+        "warmup_steps": warmup,
+        "batch_size": batch,
+        "batch_steps": n_b,
+        "batch_steps_per_second": batch * n_b / elapsed,
+        "batch_step_ms": elapsed / n_b * 1e3,
+        "threads": threads,
+        "personas": model.n_personas,
+        "items": bank.n_items,
+        "options": bank.max_options,
+        "targets": [bank.keys[t] for t in targets],
+        "candidates": len(cand),
+        "epsilon": epsilon,
+        "questions_per_respondent": questions_per_respondent,
+        "step": "model.update + elicitation.session.decide(criterion=eig) over the remaining candidates",
+        "torch": torch.__version__,
+    }
