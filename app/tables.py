@@ -334,6 +334,46 @@ class Job(SQLModel, table=True):
     created_at: datetime = _ts()
     started_at: datetime | None = _ts(nullable=True)
     finished_at: datetime | None = _ts(nullable=True)
+    # The queue worker holding a running job (``host:pid``) and its last sign of life: a job
+    # whose worker died is found by a dead pid (same host) or a stale heartbeat and retried.
+    worker: str | None = Field(default=None, max_length=200)
+    heartbeat_at: datetime | None = _ts(nullable=True)
+    cancel_requested: bool = False
+    created_by_id: int | None = Field(
+        default=None, foreign_key="researcher.id", ondelete="SET NULL", index=True
+    )
+
+
+class StudyShare(SQLModel, table=True):
+    """A study shared by its owner with another researcher (who may see and edit it)."""
+
+    __tablename__ = "study_share"
+    __table_args__ = (UniqueConstraint("study_id", "researcher_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(foreign_key="study.id", ondelete="CASCADE", index=True)
+    researcher_id: int = Field(foreign_key="researcher.id", ondelete="CASCADE", index=True)
+    created_at: datetime = _ts()
+
+
+class Invitation(SQLModel, table=True):
+    """An invitation to create a researcher account (the link's token is stored hashed).
+
+    Used once (``used_at``); refused after ``expires_at``.
+    """
+
+    __tablename__ = "invitation"
+
+    id: int | None = Field(default=None, primary_key=True)
+    email: str = Field(max_length=320)
+    token_hash: str = Field(max_length=128, unique=True)
+    is_admin: bool = False
+    invited_by_id: int | None = Field(
+        default=None, foreign_key="researcher.id", ondelete="SET NULL", index=True
+    )
+    created_at: datetime = _ts()
+    expires_at: datetime = Field(sa_type=DateTime(timezone=True), nullable=False)  # type: ignore[call-overload]
+    used_at: datetime | None = _ts(nullable=True)
 
 
 __all__ = [
@@ -342,6 +382,7 @@ __all__ = [
     "ElicitationSession",
     "ErasureRecord",
     "FittedModel",
+    "Invitation",
     "Item",
     "ItemRole",
     "Job",
@@ -354,6 +395,7 @@ __all__ = [
     "SessionStatus",
     "Split",
     "Study",
+    "StudyShare",
     "StudyStatus",
     "utcnow",
 ]
