@@ -1,0 +1,128 @@
+"""A live, published study on a fresh database, for the API, respondent and e2e tests.
+
+Real parts only: a real SQLite file or PostgreSQL database migrated by Alembic, the real
+CES data (its first ``n_respondents`` respondents), a latent class model fitted on them
+(few classes, so the fit takes well under a second), the app served by TestClient (or by
+uvicorn in the browser test).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from app.db import make_engine, upgrade
+from app.services.apikeys import create_api_key, create_researcher
+from app.services.belief import fit_study_model
+from app.services.demo import prepare_study_for_fielding
+from app.services.importer import import_dataset
+from app.tables import Study
+
+
+@dataclass
+class LiveStudy:
+    """Handles of a prepared study.
+
+    Attributes:
+        url: the database URL; engine: an engine on it.
+        slug, study_id: the published study.
+        owner_key: API key of the study's owner; other_key: a key of another researcher;
+        admin_key: a key of an admin.
+    """
+
+    url: str
+    engine: Engine
+    slug: str
+    study_id: int
+    owner_key: str
+    other_key: str
+    admin_key: str
+
+    def session(self) -> Session:
+        return Session(self.engine)
+
+
+def make_live_study(
+    db_url: str,
+    dataset_dir: Path,
+    *,
+    n_classes: tuple[int, ...] = (4,),
+    settings: dict[str, Any] | None = None,
+) -> LiveStudy:
+    """Migrate ``db_url``, import ``dataset_dir``, fit a small model, publish; make keys."""
+    upgrade(db_url)
+    engine = make_engine(db_url)
+    with Session(engine) as db:
+        result = import_dataset(dataset_dir, session=db)
+        owner = create_researcher("owner@example.org", session=db)
+        create_researcher("other@example.org", session=db)
+        create_researcher("admin@example.org", session=db, is_admin=True)
+        study = db.exec(select(Study).where(Study.id == result.study_id)).one()
+        study.owner_id = owner.id
+        if settings:
+            study.settings = {**study.settings, **settings}
+        db.add(study)
+        db.commit()
+        fit_study_model(study, session=db, n_classes=n_classes, n_restarts=1)
+        prepare_study_for_fielding(study, session=db)
+        owner_key = create_api_key("owner@example.org", session=db).key
+        other_key = create_api_key("other@example.org", session=db).key
+        admin_key = create_api_key("admin@example.org", session=db).key
+    return LiveStudy(
+        url=db_url,
+        engine=engine,
+        slug=result.slug,
+        study_id=result.study_id,
+        owner_key=owner_key,
+        other_key=other_key,
+        admin_key=admin_key,
+    )
+
+
+POSTGRES_ENV = "PRIORLY_TEST_POSTGRES_URL"
+
+
+def fresh_database_url(backend: str, folder: Path) -> Iterator[str]:
+    """A fresh empty database: a SQLite file in ``folder``, or a new PostgreSQL database on
+    the server of ``$PRIORLY_TEST_POSTGRES_URL`` (skipped without it), dropped afterwards."""
+    if backend == "sqlite":
+        yield f"sqlite:///{folder / 'priorly-live.db'}"
+        return
+    import pytest
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    from app.settings import normalise_database_url
+
+    base = os.environ.get(POSTGRES_ENV)
+    if not base:
+        pytest.skip(f"{POSTGRES_ENV} is not set")
+    base_url = make_url(normalise_database_url(base))
+    name = f"priorly_l_{secrets.token_hex(6)}"
+    admin = create_engine(base_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        yield base_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def app_client(db_url: str) -> Any:
+    """A TestClient on the app for ``db_url`` (use as a context manager)."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+
+    return TestClient(create_app(load_settings(database_url=db_url, env="dev")))
