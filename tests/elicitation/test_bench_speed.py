@@ -1,0 +1,56 @@
+"""The speed benchmark on a small persona dictionary (schema and input validation only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from elicitation.bench.speed import load_persona_dictionary, run_speed
+from elicitation.errors import BenchmarkError
+
+
+def _write_personas(folder: Path, k: int = 12, items: int = 8, seed: int = 0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    ids = [f"Q{i}" for i in range(items)]
+    ans = torch.randint(1, 5, (k, items), generator=gen)
+    lines = ["," + ",".join(ids)] + [
+        f"p{r}," + ",".join(str(int(v)) for v in ans[r]) for r in range(k)
+    ]
+    (folder / "persona_answers_deterministic.csv").write_text("\n".join(lines) + "\n")
+    meta = {q: {"question": q, "answer_scale_min": 1, "answer_scale_max": 4} for q in ids}
+    (folder / "question_metadata.json").write_text(json.dumps(meta))
+    return folder
+
+
+def test_dictionary_is_epsilon_smoothed(tmp_path: Path) -> None:
+    folder = _write_personas(tmp_path / "p")
+    model = load_persona_dictionary(folder, 0.05)
+    assert model.n_personas == 12 and model.item_bank.n_options == (4,) * 8
+    assert float(model.mu.max()) == pytest.approx(0.95)
+    assert float(model.mu.min()) == pytest.approx(0.05 / 3)
+
+
+def test_speed_result_schema(tmp_path: Path) -> None:
+    folder = _write_personas(tmp_path / "p")
+    res = run_speed(folder, steps=30, batch=16, batch_steps=3, warmup=2, questions_per_respondent=4)
+    assert res["steps"] == 30 and res["batch_size"] == 16
+    assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]
+    assert res["batch_steps_per_second"] > 0
+    assert len(res["targets"]) == 5 and res["candidates"] == 3
+    json.dumps(res)
+
+
+def test_bad_dictionary(tmp_path: Path) -> None:
+    folder = _write_personas(tmp_path / "p")
+    path = folder / "persona_answers_deterministic.csv"
+    lines = path.read_text().splitlines()
+    lines[3] = lines[3].rsplit(",", 1)[0] + ",7"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(BenchmarkError, match=r"row 3, column 'Q7': 7 is off the scale"):
+        load_persona_dictionary(folder, 0.05)
+    with pytest.raises(BenchmarkError, match="steps must be >= 1"):
+        run_speed(folder, steps=0)
