@@ -20,6 +20,7 @@ the prefix's share of the compute (``docs/inference.md`` has the measured effect
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -50,7 +51,8 @@ class LocalBackend(Backend):
         threshold: valid-letter mass below which a pair is flagged.
         batch_size: rows per forward pass (``B``).
         prefix_reuse: run each persona's shared prefix once and reuse its KV cache.
-        num_threads: ``torch.set_num_threads`` for this process (``None``: leave as is).
+        num_threads: torch threads while scoring (set for the call and restored after;
+            ``None``: leave as is). One thread avoids spin-waiting on a busy machine.
     """
 
     name = "local"
@@ -72,8 +74,7 @@ class LocalBackend(Backend):
         self.batch_size = batch_size
         self.prefix_reuse = prefix_reuse
         self.folder = folder
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+        self.num_threads = num_threads
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,6 +86,9 @@ class LocalBackend(Backend):
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
         self._letter_ids: dict[str, Tensor] | None = None
+        # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; support both.
+        params = inspect.signature(self.model.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     # ----- prompts -------------------------------------------------------------------
     def render(self, persona: str, item: Any) -> str:
@@ -162,8 +166,8 @@ class LocalBackend(Backend):
             input_ids=ids,
             attention_mask=full_mask,
             position_ids=pos,
-            past_key_values=kv,
             use_cache=kv is not None,
+            **{self._cache_kw: kv},
         )
         h = out.last_hidden_state[torch.arange(b), last]  # [B, H]
         logits = self.model.lm_head(h).float()  # [B, V]
@@ -178,9 +182,19 @@ class LocalBackend(Backend):
             out.append(letter_distribution(q, self.threshold))
         return out
 
-    @torch.no_grad()
     def score(self, requests: Sequence[ScoreRequest]) -> list[LetterScore]:
         """Score every request; batches of :attr:`batch_size`, grouped by shared prefix."""
+        if self.num_threads is None:
+            return self._score(requests)
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.num_threads)
+        try:
+            return self._score(requests)
+        finally:
+            torch.set_num_threads(before)
+
+    @torch.no_grad()
+    def _score(self, requests: Sequence[ScoreRequest]) -> list[LetterScore]:
         results: list[LetterScore | None] = [None] * len(requests)
         groups: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
         for i, req in enumerate(requests):
@@ -189,9 +203,10 @@ class LocalBackend(Backend):
         for prefix, members in groups.items():
             cache = None
             if prefix:
-                cache = self.model.model(
-                    input_ids=torch.tensor([prefix]), use_cache=True
-                ).past_key_values
+                out = self.model.model(input_ids=torch.tensor([prefix]), use_cache=True)
+                cache = getattr(out, "cache", None)
+                if cache is None:
+                    cache = out.past_key_values
             for start in range(0, len(members), self.batch_size):
                 chunk = members[start : start + self.batch_size]
                 logp = self._last_logprobs([s for _, s in chunk], cache, len(prefix))
