@@ -1,0 +1,410 @@
+"""CAPE in the benchmark: the ``cape_*`` methods, automatic model choice (``auto``), CAPE measures.
+
+* Benchmark methods ``cape_cooccurrence``, ``cape_linear``, ``cape_factor``: each CAPE
+  world model (:mod:`models.cape_cooccurrence` ...) fitted on the training users with its
+  hyper-parameters chosen on the validation users, asking by expected information gain
+  about the run's targets (the ``eig`` criterion, as ``default``).
+* ``auto`` (:func:`choose_model`): fit the candidate belief models (data-fitted latent
+  classes, i.e. the persona mixture of a study with history, and the three CAPE models),
+  replay the validation users through a simulated elicitation (the harness's
+  :func:`~elicitation.bench.individual.simulate`, ``eig`` criterion, demographics observed,
+  only the run's candidates asked) and keep the model with the lowest target log loss
+  averaged over budgets ``0..T``. The comparison table is stored in the chosen model's
+  ``metrics["model_choice"]``.
+* CAPE measures (METHODS.md section 2, issue 6): ``questions_to_90pct`` — the questions a
+  method needs to reach 90% of the log-loss gain of answering every candidate (its own
+  model with all answered candidates observed), and ``adaptivity`` — among pairs of users
+  asked the same first question who answered it differently, the share whose second
+  question differed (CAPE reports 39-62%; a non-adaptive order scores 0).
+
+Pure: no web framework, database or settings imports.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from elicitation.bench.individual import simulate
+from elicitation.bench.methods import (
+    FitContext,
+    Method,
+    fit_latent_class_model,
+    get_method,
+    register_method,
+)
+from elicitation.bench.metrics import score_predictions
+from elicitation.criteria import get_criterion
+from elicitation.datasets import Dataset, load_dataset
+from elicitation.errors import BenchmarkError, ElicitationError
+from models.base import MISSING, BeliefModel, load_model
+from models.cape_cooccurrence import CapeCooccurrence
+from models.cape_factor import CapeFactor
+from models.cape_linear import CapeLinear
+
+AUTO_BUDGET = 10
+"""Questions per validation user in ``auto``'s simulated elicitation."""
+
+CAPE_FAMILIES = ("cape_cooccurrence", "cape_linear", "cape_factor")
+AUTO_CANDIDATES = ("latent_classes", *CAPE_FAMILIES)
+
+
+def _val_or_none(ctx: FitContext) -> Tensor | None:
+    return ctx.val if ctx.val.shape[0] else None
+
+
+def fit_cape_cooccurrence(ctx: FitContext) -> BeliefModel:
+    """CAPE co-occurrence statistics on train users; (beta, eta, lam) chosen on validation."""
+    return ctx.cached(
+        "cape_cooccurrence",
+        lambda: CapeCooccurrence.fit(
+            ctx.train, ctx.item_bank, validation=_val_or_none(ctx), seed=ctx.base_seed
+        ),
+    )
+
+
+def fit_cape_linear(ctx: FitContext) -> BeliefModel:
+    """Factor analysis on train users; d and the calibration chosen on validation."""
+    return ctx.cached(
+        "cape_linear",
+        lambda: CapeLinear.fit(
+            ctx.train, ctx.item_bank, validation=_val_or_none(ctx), seed=ctx.base_seed
+        ),
+    )
+
+
+def fit_cape_factor(ctx: FitContext) -> BeliefModel:
+    """Pyro latent factor model on train users; d chosen on validation."""
+    return ctx.cached(
+        "cape_factor",
+        lambda: CapeFactor.fit(
+            ctx.train,
+            ctx.item_bank,
+            validation=_val_or_none(ctx),
+            seed=ctx.base_seed,
+            progress=False,
+        ),
+    )
+
+
+FITTERS: dict[str, Callable[[FitContext], BeliefModel]] = {
+    "latent_classes": fit_latent_class_model,
+    "cape_cooccurrence": fit_cape_cooccurrence,
+    "cape_linear": fit_cape_linear,
+    "cape_factor": fit_cape_factor,
+}
+"""Candidate belief models of ``auto``: name -> fit function (cached per benchmark)."""
+
+
+@dataclass
+class ModelChoice:
+    """The outcome of :func:`choose_model`.
+
+    Attributes:
+        chosen: name of the kept model.
+        model: the kept model.
+        table: one row per candidate: ``name``, ``family``, ``log_loss`` (target log loss
+            on validation users after ``0..T`` questions), ``mean_log_loss``,
+            ``accuracy`` (same indexing), ``seconds`` (simulation time).
+    """
+
+    chosen: str
+    model: BeliefModel
+    table: list[dict[str, Any]]
+
+
+def choose_model(
+    models: Mapping[str, BeliefModel],
+    responses: Tensor,
+    *,
+    observed_items: Sequence[int],
+    candidates: Sequence[int],
+    targets: Sequence[int],
+    budget: int = AUTO_BUDGET,
+    criterion: str = "eig",
+) -> ModelChoice:
+    """Keep the model with the lowest mean target log loss in a simulated elicitation.
+
+    Each respondent of ``responses`` starts with ``observed_items`` observed, is asked up
+    to ``budget`` of the ``candidates`` it answered (chosen by ``criterion``), and its
+    known ``targets`` answers are scored after ``0..budget`` questions. The score of a
+    model is ``mean_n log_loss[n]``; ties go to the first model in ``models``.
+
+    Args:
+        models: candidate name -> fitted model (same item bank).
+        responses: ``LongTensor [N, I]`` answers of validation respondents.
+        observed_items: items known for free (demographics).
+        candidates: askable items; targets: scored items.
+        budget: questions per respondent.
+        criterion: selection-criterion name (registry of :mod:`elicitation.criteria`).
+
+    Raises:
+        ElicitationError: no models, or no respondent with a target answer.
+    """
+    if not models:
+        raise ElicitationError("choose_model: no candidate models")
+    tgt = [int(t) for t in targets]
+    cand = [int(c) for c in candidates]
+    truth = responses[:, tgt]
+    users = (truth >= 0).any(1)
+    if not bool(users.any()):
+        raise ElicitationError("choose_model: no validation respondent answered a target item")
+    rows = responses[users]
+    observed = torch.full_like(rows, MISSING)
+    obs_items = [int(i) for i in observed_items]
+    observed[:, obs_items] = rows[:, obs_items]
+    answers = rows[:, cand]
+    n_opt = torch.tensor([next(iter(models.values())).item_bank.n_options[t] for t in tgt])
+    steps = min(budget, len(cand))
+    table: list[dict[str, Any]] = []
+    for name, model in models.items():
+        t0 = time.perf_counter()
+        preds, _ = simulate(model, get_criterion(criterion), observed, cand, answers, tgt, steps)
+        loss, acc = [], []
+        for p in preds:
+            means = score_predictions(p, truth[users], n_opt).means()
+            loss.append(means["log_loss"])
+            acc.append(means["accuracy"])
+        table.append(
+            {
+                "name": name,
+                "family": model.family,
+                "mean_log_loss": sum(loss) / len(loss),
+                "log_loss": loss,
+                "accuracy": acc,
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
+        )
+    best = min(range(len(table)), key=lambda k: table[k]["mean_log_loss"])
+    for k, row in enumerate(table):
+        row["chosen"] = k == best
+    chosen = table[best]["name"]
+    return ModelChoice(chosen, models[chosen], table)
+
+
+def fit_auto(ctx: FitContext) -> BeliefModel:
+    """``auto``: the candidate with the best validation target log loss for this run.
+
+    The returned model is a copy of the chosen one (the cached candidates are shared by
+    other methods) whose ``metrics`` add ``model_choice`` (the comparison table) and
+    ``auto_chosen``.
+    """
+    if ctx.val.shape[0] == 0:
+        raise BenchmarkError("auto needs validation users to choose a model")
+    models = {name: FITTERS[name](ctx) for name in AUTO_CANDIDATES}
+    choice = choose_model(
+        models,
+        ctx.val,
+        observed_items=ctx.demographics,
+        candidates=ctx.candidates,
+        targets=ctx.targets,
+    )
+    model = load_model(choice.model.to_bytes())
+    model.metrics = {
+        **choice.model.metrics,
+        "auto_chosen": choice.chosen,
+        "model_choice": [
+            {k: v for k, v in row.items() if k in ("name", "mean_log_loss", "chosen", "seconds")}
+            for row in choice.table
+        ],
+    }
+    ctx.cache.setdefault("auto_choices", []).append(
+        {"seed": ctx.seed, "chosen": choice.chosen, "table": choice.table}
+    )
+    return model
+
+
+def _eig(ctx: FitContext) -> Any:
+    return get_criterion("eig")
+
+
+for _name, _fit, _desc in (
+    (
+        "cape_cooccurrence",
+        fit_cape_cooccurrence,
+        "CAPE co-occurrence world model (naive Bayes / item CF hybrid) + EIG on the targets",
+    ),
+    (
+        "cape_linear",
+        fit_cape_linear,
+        "CAPE linear-Gaussian factor model (exact conditioning, calibrated) + EIG",
+    ),
+    (
+        "cape_factor",
+        fit_cape_factor,
+        "CAPE Pyro latent factor model (importance-sampled posterior) + EIG",
+    ),
+    (
+        "auto",
+        fit_auto,
+        "best of latent classes and the CAPE models on validation target log loss + EIG",
+    ),
+):
+    register_method(Method(_name, _fit, _eig, _desc))
+
+
+# ----- CAPE measures --------------------------------------------------------------------
+
+
+def questions_to_fraction(
+    curve: Sequence[float], reference: float, fraction: float = 0.9
+) -> int | None:
+    """Fewest questions ``n`` with ``curve[0] - curve[n] >= fraction * (curve[0] - reference)``.
+
+    Args:
+        curve: log loss after ``0..T`` questions.
+        reference: log loss with every candidate answered (the full gain).
+        fraction: share of the full gain to reach.
+
+    Returns:
+        ``n``; ``0`` when answering everything gains nothing; ``None`` when the budget
+        ``T`` is not enough.
+    """
+    if not curve:
+        raise ValueError("questions_to_fraction: empty curve")
+    gain = curve[0] - reference
+    if not math.isfinite(gain) or gain <= 0:
+        return 0
+    for n, value in enumerate(curve):
+        if curve[0] - value >= fraction * gain - 1e-12:
+            return n
+    return None
+
+
+def adaptivity_counts(asked: Tensor, answers: Tensor, candidates: Sequence[int]) -> tuple[int, int]:
+    """Pairs of users with the same first question and different answers to it.
+
+    Args:
+        asked: ``LongTensor [B, T]`` item asked at each step (``-1`` = none), ``T >= 2``.
+        answers: ``LongTensor [B, C]`` each user's answer to each candidate.
+        candidates: the ``C`` candidate items (column order of ``answers``).
+
+    Returns:
+        ``(differ, pairs)``: ``pairs`` = pairs asked the same first item with different
+        answers to it (both asked a second question); ``differ`` = those whose second
+        items differ. ``adaptivity = differ / pairs``.
+    """
+    if asked.shape[1] < 2:
+        return 0, 0
+    pos = {int(c): k for k, c in enumerate(candidates)}
+    ok = (asked[:, 0] >= 0) & (asked[:, 1] >= 0)
+    first, second = asked[ok, 0], asked[ok, 1]
+    col = torch.tensor([pos[int(i)] for i in first.tolist()], dtype=torch.long)
+    ans = answers[ok].gather(1, col.unsqueeze(1)).squeeze(1) if col.numel() else col
+    pairs = same_second = 0
+    for item in torch.unique(first).tolist():
+        m = first == item
+        a, s = ans[m], second[m]
+        n = int(m.sum())
+        n_same_answer = sum(int(c) ** 2 for c in torch.unique(a, return_counts=True)[1])
+        pairs += (n * n - n_same_answer) // 2
+        for sec in torch.unique(s).tolist():
+            ms = s == sec
+            k = int(ms.sum())
+            k_same = sum(int(c) ** 2 for c in torch.unique(a[ms], return_counts=True)[1])
+            same_second += (k * k - k_same) // 2
+    return pairs - same_second, pairs
+
+
+def all_candidates_log_loss(
+    model: BeliefModel,
+    observed: Tensor,
+    candidates: Sequence[int],
+    answers: Tensor,
+    targets: Sequence[int],
+    truth: Tensor,
+    n_options: Tensor,
+) -> float:
+    """Target log loss of ``model`` with every answered candidate observed."""
+    obs = observed.clone()
+    obs[:, list(candidates)] = answers
+    pred = model.predict_batch(model.initial_batch(obs), list(targets))
+    return score_predictions(pred, truth, n_options).means()["log_loss"]
+
+
+def cape_measures(
+    dataset: Dataset | str | Path,
+    result: dict[str, Any],
+    *,
+    n_runs: int | None = None,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """``questions_to_90pct`` and ``adaptivity`` for each method of a ``result.json``.
+
+    Recomputes, per run, each method's model with every candidate observed (the
+    reference of ``questions_to_90pct``) and a 2-question replay (for ``adaptivity``) —
+    the same protocol and fits as :func:`~elicitation.bench.individual.run_individual`
+    (fits are rebuilt; CAPE and latent-class fits are deterministic given the seed).
+
+    Returns:
+        ``{method: {"questions_to_90pct": int | None, "log_loss_all_candidates": float,
+        "adaptivity": float | None, "adaptivity_pairs": int}}`` (``full`` is skipped).
+    """
+    ds = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
+    if ds.split is None or not ds.runs:
+        raise BenchmarkError(f"dataset {ds.name!r} needs a user split and runs")
+    bank = ds.item_bank()
+    train = torch.as_tensor(ds.matrix(users=ds.split["train_users"]), dtype=torch.long)
+    val = torch.as_tensor(ds.matrix(users=ds.split.get("val_users", [])), dtype=torch.long)
+    val = val.reshape(-1, bank.n_items)
+    test = torch.as_tensor(ds.matrix(users=ds.split["test_users"]), dtype=torch.long)
+    demo = bank.indices(ds.demographics)
+    n_opt = torch.tensor(bank.n_options, dtype=torch.long)
+    cache: dict[str, Any] = {}
+    acc: dict[str, dict[str, Any]] = {}
+    runs = ds.runs[: n_runs or len(ds.runs)]
+    for run in runs:
+        cand, tgt = bank.indices(run.cand_qids), bank.indices(run.eval_qids)
+        truth = test[:, tgt]
+        users = (truth >= 0).any(1)
+        observed = torch.full((int(users.sum()), bank.n_items), MISSING, dtype=torch.long)
+        observed[:, demo] = test[users][:, demo]
+        answers = test[users][:, cand]
+        ctx = FitContext(
+            bank, train, val, demo, cand, tgt, seed=run.seed, base_seed=seed, cache=cache
+        )
+        for name in result["methods"]:
+            method = get_method(name)
+            if method.observe_all or method.criterion is None:
+                continue
+            model = method.fit(ctx)
+            a = acc.setdefault(name, {"ref": [], "differ": 0, "pairs": 0})
+            a["ref"].append(
+                all_candidates_log_loss(
+                    model, observed, cand, answers, tgt, truth[users], n_opt[tgt]
+                )
+            )
+            _, asked = simulate(model, method.criterion(ctx), observed, cand, answers, tgt, 2)
+            differ, pairs = adaptivity_counts(asked, answers, cand)
+            a["differ"] += differ
+            a["pairs"] += pairs
+    out: dict[str, dict[str, Any]] = {}
+    for name, a in acc.items():
+        ref = sum(a["ref"]) / len(a["ref"])
+        out[name] = {
+            "questions_to_90pct": questions_to_fraction(result["methods"][name]["log_loss"], ref),
+            "log_loss_all_candidates": ref,
+            "adaptivity": a["differ"] / a["pairs"] if a["pairs"] else None,
+            "adaptivity_pairs": a["pairs"],
+        }
+    return out
+
+
+__all__ = [
+    "AUTO_CANDIDATES",
+    "FITTERS",
+    "ModelChoice",
+    "adaptivity_counts",
+    "all_candidates_log_loss",
+    "cape_measures",
+    "choose_model",
+    "fit_auto",
+    "questions_to_fraction",
+]

@@ -1,0 +1,128 @@
+"""``auto`` model choice and the CAPE measures (questions_to_90pct, adaptivity)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from elicitation.bench.methods import get_method
+from elicitation.errors import ElicitationError
+from elicitation.model_choice import (
+    adaptivity_counts,
+    choose_model,
+    questions_to_fraction,
+)
+from models.base import DTYPE, MISSING, ItemBank
+from models.cape_factor import CapeFactor, sobol_normal
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():  # type: ignore[no-untyped-def]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_cape_methods_are_registered() -> None:
+    for name in ("cape_cooccurrence", "cape_linear", "cape_factor", "auto"):
+        method = get_method(name)
+        assert method.name == name and method.criterion is not None
+
+
+@pytest.mark.parametrize(
+    ("curve", "reference", "expected"),
+    [
+        ([1.0, 0.8, 0.6, 0.55, 0.5], 0.5, 3),  # gain 0.5: need a drop of 0.45
+        ([1.0, 0.5, 0.4], 0.5, 1),  # reached the reference after one question
+        ([1.0, 0.9, 0.8], 0.0, None),  # the budget is not enough
+        ([0.7, 0.7], 0.8, 0),  # answering everything does not help
+        ([1.0, 0.95, 0.91, 0.9], 0.9, 2),  # exactly 90% of the gain (0.09 of 0.1) at n = 2
+    ],
+)
+def test_questions_to_fraction(curve: list[float], reference: float, expected: int | None) -> None:
+    assert questions_to_fraction(curve, reference) == expected
+
+
+def test_adaptivity_counts_equal_pair_enumeration() -> None:
+    gen = torch.Generator().manual_seed(4)
+    cand = [3, 5, 8, 9]
+    b = 40
+    answers = torch.randint(0, 3, (b, 4), generator=gen)
+    first = torch.tensor(cand)[torch.randint(0, 2, (b,), generator=gen)]
+    second = torch.tensor(cand)[torch.randint(2, 4, (b,), generator=gen)]
+    asked = torch.stack([first, second], 1)
+    asked[0, 1] = MISSING  # a user with no second question is left out
+    differ, pairs = adaptivity_counts(asked, answers, cand)
+    col = {c: k for k, c in enumerate(cand)}
+    want_pairs = want_differ = 0
+    for u, v in itertools.combinations(range(b), 2):
+        if MISSING in (int(asked[u, 1]), int(asked[v, 1])):
+            continue
+        if asked[u, 0] != asked[v, 0]:
+            continue
+        k = col[int(asked[u, 0])]
+        if answers[u, k] == answers[v, k]:
+            continue
+        want_pairs += 1
+        want_differ += int(asked[u, 1] != asked[v, 1])
+    assert (differ, pairs) == (want_differ, want_pairs)
+    assert 0 < differ < pairs
+
+
+def test_adaptivity_of_a_fixed_order_is_zero() -> None:
+    answers = torch.tensor([[0, 1], [1, 0], [1, 1]])
+    asked = torch.tensor([[4, 7], [4, 7], [4, 7]])
+    assert adaptivity_counts(asked, answers, [4, 7]) == (0, 2)
+
+
+def _factor_case() -> tuple[CapeFactor, CapeFactor, torch.Tensor]:
+    """A true latent-factor model, an independent-items model with its marginals, data."""
+    gen = torch.Generator().manual_seed(2)
+    bank = ItemBank(tuple(f"q{i}" for i in range(6)), (2, 2, 3, 2, 2, 3))
+    w = 2.0 * torch.randn(6, 3, 1, generator=gen, dtype=DTYPE)
+    b = 0.3 * torch.randn(6, 3, generator=gen, dtype=DTYPE)
+    true = CapeFactor(bank, w, b, sobol_normal(512, 1, seed=0))
+    z = torch.randn(300, 1, generator=gen, dtype=DTYPE)
+    logits = (b + torch.einsum("iod,nd->nio", w, z)).masked_fill(~bank.option_mask(), -math.inf)
+    y = torch.distributions.Categorical(logits=logits).sample()
+    marg = true.predict(true.initial_state())  # the same marginals, no correlations
+    flat = CapeFactor(
+        bank,
+        torch.zeros(6, 3, 1, dtype=DTYPE),
+        marg.clamp_min(1e-12).log(),
+        sobol_normal(512, 1, seed=0),
+    )
+    return true, flat, y
+
+
+def test_choose_model_keeps_the_model_that_predicts_targets() -> None:
+    true, flat, y = _factor_case()
+    choice = choose_model(
+        {"independent": flat, "factor": true},
+        y,
+        observed_items=[0],
+        candidates=[1, 2, 3],
+        targets=[4, 5],
+        budget=3,
+    )
+    assert choice.chosen == "factor" and choice.model is true
+    rows = {r["name"]: r for r in choice.table}
+    assert rows["factor"]["chosen"] and not rows["independent"]["chosen"]
+    assert len(rows["factor"]["log_loss"]) == 4
+    # the independent model cannot learn from answers: a flat curve; the factor model improves
+    assert max(rows["independent"]["log_loss"]) - min(rows["independent"]["log_loss"]) < 1e-9
+    assert rows["factor"]["log_loss"][3] < rows["factor"]["log_loss"][0] - 0.05
+    assert rows["factor"]["mean_log_loss"] < rows["independent"]["mean_log_loss"]
+
+
+def test_choose_model_refuses_empty_input() -> None:
+    true, _, y = _factor_case()
+    with pytest.raises(ElicitationError, match="no candidate models"):
+        choose_model({}, y, observed_items=[], candidates=[1], targets=[2])
+    none = torch.full_like(y, MISSING)
+    with pytest.raises(ElicitationError, match="answered a target"):
+        choose_model({"m": true}, none, observed_items=[], candidates=[1], targets=[2])
