@@ -36,9 +36,10 @@ ensure_venv() {
         torch_src=(--index-url "${PRIORLY_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
                    --extra-index-url https://pypi.org/simple)
     fi
-    echo "installing torch==2.13.0 and priorly$extras into $venv" >&2
-    python -m pip install --quiet --upgrade pip
+    echo "[$(date -u +%H:%M:%S)] installing torch==2.13.0 into $venv" >&2
     python -m pip install --quiet "${torch_src[@]}" "torch==2.13.0"
+    echo "[$(date -u +%H:%M:%S)] installing priorly$extras" >&2
     python -m pip install --quiet -e "$root$extras"
+    echo "[$(date -u +%H:%M:%S)] installed" >&2
     echo "$want" > "$stamp"
 }
