@@ -19,8 +19,11 @@ from elicitation.datasets import DatasetError, load_dataset
 from elicitation.errors import BenchmarkError
 
 BUDGET = 5  # = the number of candidates of each tiny run
-METHODS = ["default", "random", "fixed", "full"]
-FIT_OPTIONS = {"latent_classes": {"n_classes": (2, 3, 4), "n_restarts": 1}}
+METHODS = ["default", "random", "fixed", "irt", "full"]
+FIT_OPTIONS = {
+    "latent_classes": {"n_classes": (2, 3, 4), "n_restarts": 1},
+    "irt": {"max_iter": 40, "n_points": 21},
+}
 _FITS: dict = {}  # fitted models shared by the tests of this module (deterministic fits)
 
 
@@ -92,7 +95,7 @@ def test_all_methods_start_equal_and_end_at_full(result: dict) -> None:
             )
     # asking questions helps the greedy method on this data
     assert meth["default"]["log_loss"][1] < meth["default"]["log_loss"][0]
-    # assert meth["irt"]["log_loss"][0] != pytest.approx(meth["default"]["log_loss"][0])
+    assert meth["irt"]["log_loss"][0] != pytest.approx(meth["default"]["log_loss"][0])
 
 
 def test_full_equals_a_direct_computation(tiny: Path, result: dict) -> None:

@@ -18,6 +18,7 @@ from elicitation.criteria import (
 )
 from elicitation.errors import CriterionNotApplicableError, ElicitationError, UnknownCriterionError
 from models.base import DTYPE, ItemBank
+from models.irt import GradedResponseModel
 from models.persona import PersonaMixture
 
 
@@ -263,3 +264,40 @@ def test_registry_and_errors() -> None:
         get_criterion("irt").score(model, model.initial_state(), [0], [4])
     explained = get_criterion("random", seed=4).explain()
     assert explained["name"] == "random" and explained["params"] == {"seed": 4}
+
+
+def _grm(slopes: list[float]) -> GradedResponseModel:
+    n = len(slopes)
+    bank = ItemBank(tuple(f"i{j}" for j in range(n)), (3,) * n)
+    intercepts = torch.tensor([[-0.5, 0.7]] * n, dtype=DTYPE)
+    return GradedResponseModel(bank, torch.tensor(slopes, dtype=DTYPE), intercepts, n_points=31)
+
+
+def test_irt_picks_the_most_discriminating_item() -> None:
+    model = _grm([0.0, 0.05, 3.0, 0.0, 0.3])
+    cands = [3, 1, 2, 0, 4]
+    crit = get_criterion("irt")
+    s = crit.score(model, model.initial_state(), cands, [])
+    assert cands[best_index(s)] == 2
+    batch = model.initial_batch(torch.full((4, 5), -1, dtype=torch.long))
+    assert (crit.score_batch(model, batch, cands, []).argmax(1) == 2).all()
+
+
+def test_irt_score_equals_enumeration() -> None:
+    model = _grm([0.4, 1.2, 2.0, 0.8])
+    state = model.replay([(0, 2)])
+    cands = [1, 2, 3]
+    got = get_criterion("irt").score(model, state, cands, [])
+    grid, w = model.theta_posterior(state)
+
+    def var(weights: torch.Tensor) -> float:
+        m = float(weights @ grid)
+        return float(weights @ (grid - m) ** 2)
+
+    for ci, x in enumerate(cands):
+        p_x = model.predict(state, [x])[0]
+        after = sum(
+            float(p_x[k]) * var(model.theta_posterior(model.update(state, x, k))[1])
+            for k in range(3)
+        )
+        assert float(got[ci]) == pytest.approx(var(w) - after, rel=1e-8)
