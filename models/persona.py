@@ -28,11 +28,12 @@ Pure numerics (torch, float64): no web framework, no settings.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
+import scipy.sparse
 import torch
 from torch import Tensor
 
@@ -96,14 +97,24 @@ class _Groups(NamedTuple):
     """Personas grouped by equal target rows (see ``PersonaMixture._target_groups``).
 
     ``group [K]``: group of each persona; ``order [K]``: personas sorted by group;
-    ``crow [G + 1]``: CSR row pointers into ``order``; ``table [G, T*O]``: the distinct
-    target rows (or ``[K, T*O]`` per persona when ``order`` is ``None``).
+    ``crow [G + 1]``: row pointers of the groups into ``order`` (numpy, for scipy);
+    ``lik_sorted``: ``max(μ, floor)`` as ``[K, I*O]`` with rows in ``order`` (numpy,
+    contiguous); ``table [G, T*O]``: the distinct target rows (or ``[K, T*O]`` per persona
+    when ``order`` is ``None``).
     """
 
     group: Tensor | None
     order: Tensor | None
-    crow: Tensor | None
+    crow: np.ndarray | None
+    lik_sorted: np.ndarray | None
     table: Tensor
+    table_t: Tensor  # table.T, contiguous ([T*O, G])
+    cols_k: np.ndarray | None  # arange(K): column indices of one respondent's rows
+
+
+def cols_of(items: Tensor, n_options: int) -> Tensor:
+    """Flat column indices ``item * O + k`` (``k < O``) of ``items`` in an ``[., I*O]`` table."""
+    return (items.unsqueeze(1) * n_options + torch.arange(n_options)).reshape(-1)
 
 
 def _normalise_log(log_w: Tensor) -> Tensor:
@@ -434,10 +445,19 @@ class PersonaMixture(BeliefModel):
             order = torch.argsort(inverse, stable=True)
             counts = torch.bincount(inverse, minlength=g_n)
             crow = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-            out = _Groups(inverse, order, crow, uniq.contiguous())
+            lik_sorted = np.ascontiguousarray(self._lik_flat[order].numpy())
+            out = _Groups(
+                inverse,
+                order,
+                crow.numpy(),
+                lik_sorted,
+                uniq.contiguous(),
+                uniq.T.contiguous(),
+                np.arange(k),
+            )
         else:
-            out = _Groups(None, None, None, rows.contiguous())
-        if len(self._group_cache) >= 64:
+            out = _Groups(None, None, None, None, rows.contiguous(), rows.T.contiguous(), None)
+        if len(self._group_cache) >= 8:  # each entry holds a [K, I*O] table
             self._group_cache.clear()
         self._group_cache[key] = out
         return out
@@ -458,45 +478,46 @@ class PersonaMixture(BeliefModel):
         c_n, t_n = int(cand.numel()), int(tgt.numel())
         to_n = t_n * o_n
         grp = self._target_groups(tgt)
-        if 2 * c_n > i_n:
-            lik_src = self._lik_flat  # [K, I*O]
-            cols: Tensor | None = (cand.unsqueeze(1) * o_n + torch.arange(o_n)).reshape(-1)
-        else:
-            lik_src = self.lik_k[:, cand].reshape(k, c_n * o_n)  # [K, C*O]
-            cols = None
-        m = lik_src.shape[1]
-        joint = torch.empty(b, to_n, m, dtype=DTYPE)
-        den = torch.empty(b, m, dtype=DTYPE)
+        full = 2 * c_n > i_n
+        cols: Tensor | None = None
+        if full:
+            cols = cols_of(cand, o_n)
         if grp.order is not None:
-            assert grp.crow is not None and grp.group is not None
+            assert grp.crow is not None and grp.group is not None and grp.lik_sorted is not None
             g_n = grp.table.shape[0]
-            chunk = max(1, _CHUNK_ELEMS // max(1, g_n * m))
-            w_sorted = w[:, grp.order]  # [B, K], grouped personas adjacent
+            # [K, M] in group order; all items, or only the candidates' columns.
+            lik_np = grp.lik_sorted if full else grp.lik_sorted[:, cols_of(cand, o_n).numpy()]
+            m = lik_np.shape[1]
+            joint = torch.empty(b, to_n, m, dtype=DTYPE)
+            den = torch.empty(b, m, dtype=DTYPE)
+            w_sorted = w[:, grp.order].numpy()  # [B, K]
             base_w = torch.zeros(b, g_n, dtype=DTYPE).index_add_(1, grp.group, w)
             base = base_w @ grp.table  # [B, T*O]
+            chunk = max(1, _CHUNK_ELEMS // max(1, g_n * m))
             for s in range(0, b, chunk):
                 bc = min(chunk, b - s)
-                crow = torch.cat(
-                    [
-                        (grp.crow[:-1].unsqueeze(0) + (torch.arange(bc) * k).unsqueeze(1)).reshape(
-                            -1
-                        ),
-                        torch.tensor([bc * k]),
-                    ]
-                )
-                with warnings.catch_warnings():  # torch warns that sparse CSR is "beta"
-                    warnings.simplefilter("ignore", UserWarning)
-                    sp = torch.sparse_csr_tensor(
-                        crow,
-                        grp.order.repeat(bc),
-                        w_sorted[s : s + bc].reshape(-1),
-                        (bc * g_n, k),
-                        check_invariants=False,
+                # Block-diagonal in respondents: row (r, g) sums w[r, θ] over θ in group g.
+                if bc == 1:
+                    crow, cols_k = grp.crow, grp.cols_k
+                else:
+                    crow = np.concatenate(
+                        [
+                            (grp.crow[:-1][None, :] + k * np.arange(bc)[:, None]).reshape(-1),
+                            [bc * k],
+                        ]
                     )
-                agg = (sp @ lik_src).reshape(bc, g_n, m)  # [b, G, M]
-                torch.matmul(grp.table.T, agg, out=joint[s : s + bc])
+                    cols_k = np.tile(grp.cols_k, bc)
+                sel = scipy.sparse.csr_matrix(
+                    (w_sorted[s : s + bc].reshape(-1), cols_k, crow), shape=(bc * g_n, k)
+                )
+                agg = torch.from_numpy(np.asarray(sel @ lik_np)).reshape(bc, g_n, m)  # [b, G, M]
+                torch.matmul(grp.table_t, agg, out=joint[s : s + bc])
                 den[s : s + bc] = agg.sum(1)
         else:
+            lik_src = self._lik_flat if full else self.lik_k[:, cand].reshape(k, c_n * o_n)
+            m = lik_src.shape[1]
+            joint = torch.empty(b, to_n, m, dtype=DTYPE)
+            den = torch.empty(b, m, dtype=DTYPE)
             aug = torch.cat([grp.table, torch.ones(k, 1, dtype=DTYPE)], dim=1)  # [K, T*O+1]
             base = w @ grp.table
             chunk = max(1, _CHUNK_ELEMS // max(1, k * (to_n + 1)))
@@ -506,7 +527,7 @@ class PersonaMixture(BeliefModel):
                 joint[s : s + chunk] = res[:, :to_n]
                 den[s : s + chunk] = res[:, to_n]
         if self._floor_active:
-            mu_src = self._mu_flat if cols is not None else self.mu[:, cand].reshape(k, m)
+            mu_src = self._mu_flat if full else self.mu[:, cand].reshape(k, c_n * o_n)
             p_x = w @ mu_src
         else:
             p_x = den
