@@ -376,6 +376,56 @@ class Invitation(SQLModel, table=True):
     used_at: datetime | None = _ts(nullable=True)
 
 
+class PersonaDistribution(SQLModel, table=True):
+    """A language model's answer distribution for one persona × item pair (issue 4).
+
+    Content-addressed and shared by every study: the key is the model, the prompt
+    template's ``version_id`` and the SHA-256 hashes of the persona text and of the item's
+    wording (question + option labels), so a generation run never recomputes a stored
+    pair. ``probs`` has one probability per option (letters A, B, ... in order);
+    ``valid_mass`` is the next-token mass on valid letters and ``flagged`` marks a pair
+    whose mass was below the run's threshold.
+    """
+
+    __tablename__ = "persona_distribution"
+    __table_args__ = (
+        # Explicit name: the convention's would exceed PostgreSQL's 63-character limit.
+        UniqueConstraint(
+            "model_id",
+            "template_version",
+            "persona_hash",
+            "item_hash",
+            name="uq_persona_distribution_key",
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    model_id: str = Field(max_length=200)
+    template_version: str = Field(max_length=64)
+    persona_hash: str = Field(max_length=64, index=True)
+    item_hash: str = Field(max_length=64)
+    probs: list[float] = Field(sa_type=JSON)
+    valid_mass: float
+    flagged: bool = False
+    created_at: datetime = _ts()
+
+
+class StudyPersona(SQLModel, table=True):
+    """A persona of a study's dictionary; ``text`` is stored verbatim (escape when shown)."""
+
+    __tablename__ = "study_persona"
+    __table_args__ = (UniqueConstraint("study_id", "text_hash"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(foreign_key="study.id", ondelete="CASCADE", index=True)
+    key: str = Field(max_length=200)
+    text: str = Field(sa_type=Text)
+    text_hash: str = Field(max_length=64)
+    weight: float = 1.0
+    source: str = Field(max_length=32)
+    created_at: datetime = _ts()
+
+
 __all__ = [
     "Answer",
     "ApiKey",
@@ -388,6 +438,7 @@ __all__ = [
     "Job",
     "JobStatus",
     "NAMING_CONVENTION",
+    "PersonaDistribution",
     "Respondent",
     "Researcher",
     "RespondentSource",
@@ -395,6 +446,7 @@ __all__ = [
     "SessionStatus",
     "Split",
     "Study",
+    "StudyPersona",
     "StudyShare",
     "StudyStatus",
     "utcnow",
