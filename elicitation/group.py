@@ -467,6 +467,53 @@ def fit_pool_weight(
 
 
 # ----------------------------------------------------------------------------------------
+# group-level prior
+
+
+def adapt_mixture_prior(
+    model: BeliefModel, history: Tensor, strength: float = 100.0, iters: int = 50
+) -> BeliefModel:
+    """The mixture with its class weights re-fitted to the group (MAP EM).
+
+    The group's members are a sample of one population (e.g. one region) whose class
+    mix may differ from the training users'. With ``l[v, k] = log p(h_v | class k)``
+    (observed answers and attributes of member ``v``):
+
+        E-step  g[v, k] ∝ pi_k exp(l[v, k])
+        M-step  pi_k = (sum_v g[v, k] + strength * pi0_k) / (N + strength)
+
+    i.e. a Dirichlet prior centred on the training weights ``pi0`` worth ``strength``
+    pseudo-members, so a small group moves the weights little and a large one a lot.
+
+    Args:
+        model: a mixture (``log_prior [K]``, ``log_likelihood_matrix``, ``with_prior``).
+        history: ``[N, I]`` the group's observations (``-1`` none).
+        strength: pseudo-members of the training weights.
+        iters: EM iterations.
+
+    Returns:
+        A model with the same components and the group's weights.
+
+    Raises:
+        GroupError: the model is not a mixture.
+    """
+    log_pi0 = getattr(model, "log_prior", None)
+    llm = getattr(model, "log_likelihood_matrix", None)
+    with_prior = getattr(model, "with_prior", None)
+    if not isinstance(log_pi0, Tensor) or llm is None or with_prior is None:
+        raise GroupError(f"{type(model).__name__} is not a mixture: cannot adapt its prior")
+    ll = llm(history)  # [N, K]
+    pi0 = log_pi0.exp()
+    log_pi = log_pi0
+    n = ll.shape[0]
+    for _ in range(iters):
+        g = torch.softmax(ll + log_pi, -1)
+        pi = (g.sum(0) + strength * pi0) / (n + strength)
+        log_pi = pi.clamp_min(1e-300).log()
+    return with_prior(log_pi)  # type: ignore[no-any-return]
+
+
+# ----------------------------------------------------------------------------------------
 # the group elicitation
 
 
@@ -483,12 +530,18 @@ class RoundRecord:
 
 @dataclass
 class GroupMethod:
-    """A named combination of question selector, respondent selector and imputation."""
+    """A named combination of question selector, respondent selector and imputation.
+
+    ``adapt_prior``: re-fit the mixture weights of the belief model to the group itself
+    (:func:`adapt_mixture_prior`) at the start and after every round with answers; only
+    for mixture models (with ``log_prior``, ``log_likelihood_matrix`` and ``with_prior``).
+    """
 
     question: str
     respondents: str
     imputation: str = "none"
     subsample: float = 1.0
+    adapt_prior: bool = False
 
     def __post_init__(self) -> None:
         if self.question not in QUESTION_SELECTORS:
@@ -543,6 +596,7 @@ class GroupElicitation:
         response_prob: Tensor | None = None,
         seed: int = 0,
     ) -> None:
+        self.base_model = model
         self.model = model
         self.observed = model.item_bank.check_responses(observed).clone()
         n = self.observed.shape[0]
@@ -583,7 +637,9 @@ class GroupElicitation:
         self.gen = torch.Generator().manual_seed(int(seed))
         self._qsel = method.question_selector()
         self._rsel = method.respondent_selector()
-        self._state = model.initial_batch(self._history())
+        if method.adapt_prior:
+            self.model = adapt_mixture_prior(model, self.observed)
+        self._state = self.model.initial_batch(self._history())
 
     # ----- state ------------------------------------------------------------
     def _history(self) -> Tensor:
@@ -682,6 +738,8 @@ class GroupElicitation:
         self.answers_used += len(asked)
         self.asked_items.append(question)
         if bool(got.any()):
+            if self.method.adapt_prior:
+                self.model = adapt_mixture_prior(self.base_model, self.observed)
             self._impute(question)
             self._state = self.model.initial_batch(self._history())
         rec = RoundRecord(

@@ -318,3 +318,34 @@ def test_fit_pool_weight_prefers_the_better_predictor() -> None:
     assert fit_pool_weight(sharp, flat, truth)[0] == 0.0
     w, losses = fit_pool_weight(flat, sharp, truth)
     assert losses["1.00"] == pytest.approx(-math.log(0.9))
+
+
+# ---- group-level prior ------------------------------------------------------------------------
+def test_adapted_prior_is_the_map_fixed_point_and_moves_toward_the_group() -> None:
+    from elicitation.group import adapt_mixture_prior
+
+    model = _toy_model()  # uniform training weights
+    history = torch.full((30, 6), -1)
+    history[:, 2] = 1  # everyone answers q0 like camp 1 (p = 0.85 vs 0.15)
+    history[:5, 2] = 0
+    adapted = adapt_mixture_prior(model, history, strength=10.0, iters=500)
+    pi = adapted.log_prior.exp()
+    assert float(pi[1]) > 0.7
+    # fixed point of the MAP EM update, computed by hand
+    like = torch.stack([model.mu[:, 2, int(a)] for a in history[:, 2]])  # [N, K]
+    g = pi * like / (pi * like).sum(1, keepdim=True)
+    torch.testing.assert_close((g.sum(0) + 10.0 * 0.5) / (30 + 10.0), pi)
+    # a strong prior keeps the training weights; components are unchanged
+    stiff = adapt_mixture_prior(model, history, strength=1e9).log_prior.exp()
+    torch.testing.assert_close(stiff, torch.full((2,), 0.5, dtype=torch.float64), atol=1e-6, rtol=0)
+    assert torch.equal(adapted.mu, model.mu)
+
+
+def test_adapted_group_round_without_answers_changes_nothing() -> None:
+    truth, observed = _group()
+    method = GroupMethod("eig_budget", "eig", "none", adapt_prior=True)
+    ge = GroupElicitation(_toy_model(), observed, [2, 3, 4], [5], method, GroupBudget(10, 2))
+    before = ge.predict_targets()
+    q, who, _ = ge.plan()
+    ge.apply(q, who, torch.full_like(who, -1))
+    assert torch.equal(ge.predict_targets(), before)

@@ -1,0 +1,509 @@
+"""``priorly bench group``: the published group-elicitation protocol (METHODS.md §3).
+
+Protocol (arXiv 2602.14279, on a canonical dataset with a user split and runs):
+
+* the belief model (a latent class model, :func:`models.latent_class.fit_latent_classes`,
+  the number of classes chosen on validation users) and the GNN are fitted on the
+  training users (validation users for model selection / early stopping);
+* the group is the test users; each member starts with its demographics observed;
+* for each of the runs in ``runs.csv`` (20 candidate questions, 5 target questions):
+  ``rounds`` rounds, each asking one candidate question to the chosen respondents
+  (``respondent_budget`` of the group per round); a member whose answer is missing in
+  the data, or who does not respond (probability ``nonresponse``), gives no answer;
+* after every round (and before the first) every test member's 5 targets are scored:
+  accuracy, Brier summed over options, perplexity ``exp(mean log loss)``; the result is
+  the mean over the runs.
+
+Methods (:data:`GROUP_METHODS`): the paper's baselines and method with our predictor,
+the product's ``default``, and imputation variants of the default for comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from elicitation.bench.metrics import MetricSums, score_predictions
+from elicitation.datasets import Dataset, load_dataset
+from elicitation.errors import BenchmarkError
+from elicitation.group import (
+    GNNView,
+    GroupBudget,
+    GroupElicitation,
+    GroupMethod,
+    fit_pool_weight,
+)
+from gnn.graph import GraphSchema
+from gnn.train import GNNConfig, TrainedGNN, train_gnn
+from models.base import DTYPE, BeliefModel, load_model
+from models.latent_class import fit_latent_classes
+
+GROUP_METHODS: dict[str, GroupMethod] = {
+    # the paper's baselines, with our predictor
+    "random_random": GroupMethod("random", "random", "none"),
+    "greedy_random": GroupMethod("eig", "random", "none"),
+    "greedy_random_selfimpute": GroupMethod("eig", "random", "self"),
+    # the paper's method: greedy question, relational respondents, GNN imputation
+    "greedy_relational_gnn": GroupMethod("eig", "relational", "gnn"),
+    # the product's choice: budget-aware question, EIG respondents, calibrated pool
+    "default": GroupMethod("eig_budget", "eig", "pool"),
+    # imputation variants of the default (for the comparison none / GNN / pool)
+    "eig_eig_none": GroupMethod("eig_budget", "eig", "none"),
+    "eig_eig_gnn": GroupMethod("eig_budget", "eig", "gnn"),
+    "eig_eig_gnn_only": GroupMethod("eig_budget", "eig", "gnn_only"),
+    # the default with the mixture weights re-fitted to the group (see group.py)
+    "default_adapt": GroupMethod("eig_budget", "eig", "pool", adapt_prior=True),
+    "eig_eig_none_adapt": GroupMethod("eig_budget", "eig", "none", adapt_prior=True),
+    # the paper's question rule on a 10% member subsample (speed variant)
+    "greedy10_random": GroupMethod("eig", "random", "none", subsample=0.1),
+}
+DEFAULT_GROUP_METHODS = (
+    "random_random",
+    "greedy_random",
+    "greedy_random_selfimpute",
+    "greedy_relational_gnn",
+    "default",
+)
+REPORTED = ("accuracy", "brier_sum", "perplexity", "log_loss")
+
+
+class Fitted:
+    """The fitted predictor, GNN and pool weight of one dataset."""
+
+    def __init__(
+        self,
+        model: BeliefModel,
+        gnn: TrainedGNN,
+        view: GNNView,
+        pool_weight: float,
+        info: dict[str, Any],
+    ) -> None:
+        self.model = model
+        self.gnn = gnn
+        self.view = view
+        self.pool_weight = pool_weight
+        self.info = info
+
+
+def gnn_schema(ds: Dataset) -> GraphSchema:
+    """Attributes = the dataset's demographics; questions = its askable questions."""
+    return GraphSchema(
+        tuple(ds.item(k).n_options for k in ds.demographics),
+        tuple(ds.item(k).n_options for k in ds.questions),
+        tuple(ds.demographics),
+        tuple(ds.questions),
+    )
+
+
+def _dataset_key(ds: Dataset, settings: dict[str, Any]) -> str:
+    h = hashlib.sha256()
+    h.update(ds.responses.tobytes())
+    h.update(repr(sorted((ds.split or {}).items())).encode())
+    h.update(repr(sorted(settings.items())).encode())
+    return h.hexdigest()[:16]
+
+
+def _calibration_sample(
+    ds: Dataset, y: Tensor, rows: Tensor, gen: torch.Generator, n_targets: int = 5
+) -> tuple[Tensor, Tensor]:
+    """Validation members as they look in group rounds, for fitting the pool weight.
+
+    Each member keeps its demographics and ``k ~ U{0..4}`` random answered questions;
+    ``n_targets`` other random questions are its targets (truth kept, the rest -1).
+
+    Returns:
+        ``(observed [M, I], truth [M, I])``.
+    """
+    n_demo = len(ds.demographics)
+    q_cols = torch.arange(n_demo, y.shape[1])
+    obs = torch.full((len(rows), y.shape[1]), -1, dtype=torch.long)
+    truth = torch.full_like(obs, -1)
+    obs[:, :n_demo] = y[rows, :n_demo]
+    for j, r in enumerate(rows.tolist()):
+        perm = q_cols[torch.randperm(len(q_cols), generator=gen)]
+        k = int(torch.randint(0, 5, (1,), generator=gen))
+        shown, tgt = perm[:k], perm[k : k + n_targets]
+        obs[j, shown] = y[r, shown]
+        truth[j, tgt] = y[r, tgt]
+    return obs, truth
+
+
+def prepare(
+    ds: Dataset,
+    *,
+    n_classes: Sequence[int] = (8, 16, 32),
+    gnn_config: GNNConfig | None = None,
+    seed: int = 0,
+    cache: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> Fitted:
+    """Fit (or load from ``cache``) the latent class model, the GNN and the pool weight."""
+    if ds.split is None:
+        raise BenchmarkError(f"dataset {ds.name!r} has no user split (user_split.json)")
+    gnn_config = gnn_config or GNNConfig(partial_mask="uniform", seed=seed)
+    bank = ds.item_bank()
+    y = torch.as_tensor(ds.matrix().astype("int64"))
+    tr = torch.as_tensor(ds.user_indices("train_users"))
+    va = torch.as_tensor(ds.user_indices("val_users"))
+    if len(tr) < 3 or len(va) < 3:
+        raise BenchmarkError("the group benchmark needs >= 3 training and validation users")
+    settings = {"n_classes": tuple(n_classes), "gnn": repr(gnn_config), "seed": seed}
+    key = _dataset_key(ds, settings)
+    model: BeliefModel | None = None
+    gnn: TrainedGNN | None = None
+    if cache is not None:
+        lc_path, gnn_path = cache / f"{key}.lc", cache / f"{key}.gnn"
+        if lc_path.is_file() and gnn_path.is_file():
+            model = load_model(lc_path.read_bytes())
+            gnn = TrainedGNN.from_bytes(gnn_path.read_bytes())
+            log(f"loaded the fitted models from {cache} ({key})")
+    info: dict[str, Any] = {}
+    if model is None or gnn is None:
+        t0 = time.perf_counter()
+        model = fit_latent_classes(
+            y[tr], bank, val_responses=y[va], n_classes=n_classes, n_restarts=2, seed=seed
+        )
+        info["latent_class_fit_seconds"] = time.perf_counter() - t0
+        log(
+            f"latent classes: K = {model.metrics.get('n_classes')} "
+            f"({info['latent_class_fit_seconds']:.0f} s)"
+        )
+        n_demo = len(ds.demographics)
+        rows = torch.cat([tr, va])
+        gnn = train_gnn(
+            gnn_schema(ds),
+            y[rows, :n_demo],
+            y[rows, n_demo:],
+            range(len(tr)),
+            range(len(tr), len(rows)),
+            gnn_config,
+        )
+        log(
+            f"GNN: best epoch {gnn.history.best_epoch}, validation CE "
+            f"{gnn.history.best_val_ce:.4f} ({gnn.history.seconds:.0f} s)"
+        )
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+            (cache / f"{key}.lc").write_bytes(model.to_bytes())
+            (cache / f"{key}.gnn").write_bytes(gnn.to_bytes())
+    n_demo = len(ds.demographics)
+    view = GNNView(gnn, list(range(n_demo)), list(range(n_demo, bank.n_items)))
+    # pool weight on validation members seen as in group rounds
+    gen = torch.Generator().manual_seed(seed + 17)
+    obs, truth = _calibration_sample(ds, y, va, gen)
+    p_b = model.predict_batch(model.initial_batch(obs), list(range(bank.n_items)))
+    p_g = view.predict(obs, bank.n_items, bank.max_options)
+    scored = truth[:, n_demo:]
+    w, losses = fit_pool_weight(p_b[:, n_demo:], p_g[:, n_demo:], scored)
+    log(f"pool weight of the GNN: {w:.2f} (validation log loss {losses[f'{w:.2f}']:.4f})")
+    info.update(
+        {
+            "n_classes": model.metrics.get("n_classes"),
+            "gnn_best_epoch": gnn.history.best_epoch,
+            "gnn_best_val_ce": gnn.history.best_val_ce,
+            "gnn_train_seconds": gnn.history.seconds,
+            "gnn_partial_mask": gnn.config.partial_mask,
+            "pool_weight": w,
+            "pool_val_log_loss": losses,
+        }
+    )
+    return Fitted(model, gnn, view, w, info)
+
+
+def _score(
+    ge: GroupElicitation, truth: Tensor, n_options: Tensor, curves: dict[str, list[float]]
+) -> None:
+    """Append the current target metrics of all members to ``curves``."""
+    s: MetricSums = score_predictions(ge.predict_targets(), truth, n_options)
+    means = s.means()
+    curves["accuracy"].append(means["accuracy"])
+    curves["brier_sum"].append(means["brier_sum"])
+    curves["log_loss"].append(means["log_loss"])
+    curves["perplexity"].append(math.exp(means["log_loss"]))
+
+
+def run_group(
+    dataset: str | Path | Dataset,
+    respondent_budget: float | int,
+    rounds: int,
+    methods: Sequence[str] = DEFAULT_GROUP_METHODS,
+    *,
+    nonresponse: float = 0.0,
+    n_runs: int | None = None,
+    seed: int = 0,
+    fitted: Fitted | None = None,
+    cache: Path | None = None,
+    n_classes: Sequence[int] = (8, 16, 32),
+    gnn_config: GNNConfig | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the group protocol; returns the ``result.json`` object.
+
+    Args:
+        dataset: folder (or loaded dataset) in the canonical format, with split and runs.
+        respondent_budget: respondents per round: a share in ``(0, 1]`` or a count ``>= 1``
+            (a float ``<= 1`` is a share).
+        rounds: rounds per run (one question each).
+        methods: names from :data:`GROUP_METHODS`.
+        nonresponse: probability that an asked member does not answer.
+        n_runs: use only the first runs (default: all of ``runs.csv``).
+        seed: seed of fits and random choices.
+        fitted: reuse fitted models (else :func:`prepare`).
+        cache: folder to store / reuse fitted models.
+        n_classes: candidate numbers of latent classes (chosen on validation users).
+        gnn_config: GNN training settings (default: the paper's, uniform partial masks).
+        log: progress messages.
+
+    Returns:
+        ``{"methods": {name: {"accuracy": [rounds + 1], "brier_sum": [...],
+        "perplexity": [...], "log_loss": [...], "plan_seconds": [...]}}, ...}`` with
+        metrics averaged over runs (each run's metric is the mean over all scored
+        (member, target) pairs).
+    """
+    unknown = [m for m in methods if m not in GROUP_METHODS]
+    if unknown:
+        raise BenchmarkError(f"unknown group methods {unknown} (known: {sorted(GROUP_METHODS)})")
+    if not methods:
+        raise BenchmarkError("no method to run")
+    if not 0.0 <= nonresponse < 1.0:
+        raise BenchmarkError(f"nonresponse must be in [0, 1), got {nonresponse}")
+    if rounds < 0:
+        raise BenchmarkError(f"rounds must be >= 0, got {rounds}")
+    share: float | int
+    if isinstance(respondent_budget, float) and respondent_budget <= 1.0:
+        share = float(respondent_budget)
+    else:
+        share = int(respondent_budget)
+    budget = GroupBudget(share, rounds)
+    ds = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
+    if not ds.runs:
+        raise BenchmarkError(f"dataset {ds.name!r} has no benchmark runs (runs.csv)")
+    fitted = fitted or prepare(
+        ds, n_classes=n_classes, gnn_config=gnn_config, seed=seed, cache=cache, log=log
+    )
+    model, bank = fitted.model, fitted.model.item_bank
+    y = torch.as_tensor(ds.matrix().astype("int64"))
+    te = torch.as_tensor(ds.user_indices("test_users"))
+    truth = y[te]
+    n_demo = len(ds.demographics)
+    start = torch.full_like(truth, -1)
+    start[:, :n_demo] = truth[:, :n_demo]
+    runs = ds.runs[:n_runs] if n_runs else ds.runs
+    n_opt = torch.tensor(bank.n_options)
+    per: dict[str, dict[str, list[list[float]]]] = {
+        m: {k: [] for k in (*REPORTED, "plan_seconds")} for m in methods
+    }
+    for run in runs:
+        cand = bank.indices(run.cand_qids)
+        tgt = bank.indices(run.eval_qids)
+        tgt_truth = truth[:, tgt]
+        for name in methods:
+            rgen = torch.Generator().manual_seed(seed * 1000 + run.seed)
+            ge = GroupElicitation(
+                model,
+                start,
+                cand,
+                tgt,
+                GROUP_METHODS[name],
+                budget,
+                gnn=fitted.view,
+                pool_weight=fitted.pool_weight,
+                seed=seed * 1000 + run.seed,
+                response_prob=torch.full((len(te),), 1.0 - nonresponse, dtype=DTYPE),
+            )
+            curves: dict[str, list[float]] = {k: [] for k in (*REPORTED, "plan_seconds")}
+            _score(ge, tgt_truth, n_opt[tgt], curves)
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                q, who, scores = ge.plan()
+                dt = time.perf_counter() - t0
+                ans = truth[who, q].clone()
+                if nonresponse > 0:
+                    ans[torch.rand(len(who), generator=rgen) < nonresponse] = -1
+                ge.apply(q, who, ans, scores=scores, plan_seconds=dt)
+                curves["plan_seconds"].append(dt)
+                _score(ge, tgt_truth, n_opt[tgt], curves)
+            for k, v in curves.items():
+                per[name][k].append(v)
+        log(
+            f"run {run.seed}: "
+            + ", ".join(f"{m} {per[m]['accuracy'][-1][-1]:.4f}" for m in methods)
+        )
+    out: dict[str, Any] = {
+        "dataset": ds.name,
+        "respondent_budget": respondent_budget,
+        "respondents_per_round": budget.per_round(len(te)),
+        "rounds": rounds,
+        "nonresponse": nonresponse,
+        "n_runs": len(runs),
+        "n_test_members": len(te),
+        "setup": fitted.info,
+        "methods": {},
+    }
+    for name in methods:
+        res: dict[str, Any] = {}
+        for k, runs_v in per[name].items():
+            t = torch.tensor(runs_v, dtype=DTYPE)
+            res[k] = t.mean(0).tolist() if t.numel() else []
+            if k == "accuracy":
+                res["accuracy_sd"] = t.std(0).tolist() if len(runs_v) > 1 else []
+        out["methods"][name] = res
+    return out
+
+
+def plot_group(result: dict[str, Any], path: str | Path) -> Path:
+    """A PNG with accuracy and perplexity against rounds, one line per method."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2), dpi=120)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    x = list(range(int(result["rounds"]) + 1))
+    for ax, (metric, label) in zip(
+        axes, (("accuracy", "target accuracy"), ("perplexity", "target perplexity")), strict=True
+    ):
+        for name, res in result["methods"].items():
+            ax.plot(
+                x,
+                res[metric],
+                marker="o",
+                markersize=3,
+                label=name,
+                linewidth=2.5 if name == "default" else 1.2,
+            )
+        ax.set_xlabel("round")
+        ax.set_ylabel(label)
+        ax.set_xticks(x)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(
+        f"{result['dataset']}: respondent budget {result['respondent_budget']} "
+        f"({result['respondents_per_round']} of {result['n_test_members']} per round), "
+        f"non-response {result['nonresponse']}, mean of {result['n_runs']} runs",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def sample_members(model: BeliefModel, n: int, gen: torch.Generator) -> Tensor:
+    """``[n, I]`` synthetic members drawn from a fitted mixture (class, then answers).
+
+    Needs a mixture with ``mu [K, I, O]`` and ``log_prior [K]`` (a latent class /
+    persona mixture): ``theta ~ p(theta)``, ``y_i ~ mu[theta, i, :]``.
+    """
+    mu = getattr(model, "mu", None)
+    log_prior = getattr(model, "log_prior", None)
+    if not isinstance(mu, Tensor) or not isinstance(log_prior, Tensor):
+        raise BenchmarkError("synthetic members need a mixture model (mu and log_prior)")
+    theta = torch.multinomial(log_prior.exp(), n, replacement=True, generator=gen)
+    probs = mu[theta].reshape(-1, mu.shape[-1])  # [n * I, O]
+    return torch.multinomial(probs, 1, generator=gen).reshape(n, mu.shape[1])
+
+
+def run_group_speed(
+    dataset: str | Path | Dataset,
+    *,
+    sizes: Sequence[int] = (0, 10_000, 100_000),
+    respondent_budget: float = 0.1,
+    relational_max: int = 10_000,
+    train: bool = True,
+    threads: int = 1,
+    seed: int = 0,
+    cache: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Time GNN training and the planning of one round (question + respondents).
+
+    ``sizes``: group sizes; ``0`` means the dataset's real test users, other sizes are
+    synthetic members sampled from the fitted latent class model (demographics
+    observed, one candidate question answered, as in round 2). Planning is timed for
+    ``default`` (budget-aware EIG question, EIG respondents) and, up to
+    ``relational_max`` members, the paper's ``greedy_relational_gnn`` (group EIG
+    question, k-means over GNN embeddings with k = the budget). ``update_seconds`` is
+    the time to apply the round's answers and predict every member's targets (the pool
+    needs one GNN pass over the whole graph).
+    """
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ds = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
+        out: dict[str, Any] = {"dataset": ds.name, "threads": threads, "rounds": []}
+        if train:
+            y = torch.as_tensor(ds.matrix().astype("int64"))
+            tr = torch.as_tensor(ds.user_indices("train_users"))
+            va = torch.as_tensor(ds.user_indices("val_users"))
+            rows = torch.cat([tr, va])
+            n_demo = len(ds.demographics)
+            t0 = time.perf_counter()
+            g = train_gnn(
+                gnn_schema(ds),
+                y[rows, :n_demo],
+                y[rows, n_demo:],
+                range(len(tr)),
+                range(len(tr), len(rows)),
+                GNNConfig(partial_mask="uniform", seed=seed, num_threads=threads),
+            )
+            out["gnn_train_seconds"] = time.perf_counter() - t0
+            out["gnn_epochs"] = len(g.history.val_ce)
+            out["gnn_best_epoch"] = g.history.best_epoch
+            log(f"GNN training: {out['gnn_train_seconds']:.1f} s, {out['gnn_epochs']} epochs")
+        fitted = prepare(ds, seed=seed, cache=cache, log=log)
+        model, bank = fitted.model, fitted.model.item_bank
+        run = ds.runs[0]
+        cand, tgt = bank.indices(run.cand_qids), bank.indices(run.eval_qids)
+        n_demo = len(ds.demographics)
+        gen = torch.Generator().manual_seed(seed)
+        for size in sizes:
+            if size == 0:
+                y = torch.as_tensor(ds.matrix().astype("int64"))
+                full = y[torch.as_tensor(ds.user_indices("test_users"))]
+            else:
+                full = sample_members(model, int(size), gen)
+            start = torch.full_like(full, -1)
+            start[:, :n_demo] = full[:, :n_demo]
+            start[:, cand[0]] = full[:, cand[0]]
+            entry: dict[str, Any] = {"members": int(full.shape[0])}
+            for name in ("default", "greedy_relational_gnn"):
+                if name != "default" and full.shape[0] > relational_max:
+                    continue
+                ge = GroupElicitation(
+                    model,
+                    start,
+                    cand[1:],
+                    tgt,
+                    GROUP_METHODS[name],
+                    GroupBudget(respondent_budget, 1),
+                    gnn=fitted.view,
+                    pool_weight=fitted.pool_weight,
+                    seed=seed,
+                )
+                t0 = time.perf_counter()
+                q, who, _ = ge.plan()
+                plan_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                ge.apply(q, who, full[who, q])
+                ge.predict_targets()
+                upd_s = time.perf_counter() - t0
+                entry[name] = {"plan_seconds": plan_s, "update_seconds": upd_s}
+                log(
+                    f"{entry['members']} members, {name}: plan {plan_s:.2f} s, update {upd_s:.2f} s"
+                )
+            out["rounds"].append(entry)
+        return out
+    finally:
+        torch.set_num_threads(old)
