@@ -94,6 +94,14 @@ class IndicatorCoding:
         """Column index of ``(items, options)`` (same shapes; options must be valid)."""
         return self.offsets[items] + options
 
+    def padded_index(self, items: Tensor) -> Tensor:
+        """``LongTensor [n, O]``: column of ``(items[j], k)``; ``0`` where ``k >= O_i``
+        (callers mask those entries)."""
+        k = torch.arange(self.max_options)
+        n_opt = torch.tensor(self.n_options, dtype=torch.long)[items]
+        idx = self.offsets[items].unsqueeze(1) + k.unsqueeze(0)
+        return torch.where(k.unsqueeze(0) < n_opt.unsqueeze(1), idx, torch.zeros_like(idx))
+
     def to_padded(self, values: Tensor, fill: float = 0.0) -> Tensor:
         """``[..., C]`` column values as ``[..., I, O]`` (``fill`` beyond ``O_i``)."""
         shape = (*values.shape[:-1], len(self.n_options), self.max_options)

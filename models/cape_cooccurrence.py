@@ -330,14 +330,13 @@ class CapeCooccurrence(CapeModel):
     ) -> Tensor:
         """Predictive ``[..., n, O]`` from accumulated ``nb``/``cf`` ``[..., C]`` and ``count [...]``."""
         mask = self._mask[items]
-        prior = self.coding.to_padded(self.stats.marginal)[items]
-        logit = self._prior_logit + beta * nb
-        q_nb = torch.sigmoid(logit.clamp(-LOGIT_CLIP, LOGIT_CLIP))
-        q_nb = normalise_rows(self.coding.to_padded(q_nb)[..., items, :], mask)
+        idx = self.coding.padded_index(items)  # [n, O]
+        logit = self._prior_logit[idx] + beta * nb[..., idx]
+        q_nb = normalise_rows(torch.sigmoid(logit.clamp(-LOGIT_CLIP, LOGIT_CLIP)), mask)
         if lam == 0.0:
             return q_nb
-        shift = self.coding.to_padded(cf)[..., items, :] / count.clamp_min(1.0)[..., None, None]
-        q_cf = normalise_rows((prior + eta * shift).clamp_min(CF_FLOOR), mask)
+        shift = cf[..., idx] / count.clamp_min(1.0)[..., None, None]
+        q_cf = normalise_rows((self.stats.marginal[idx] + eta * shift).clamp_min(CF_FLOOR), mask)
         return (1.0 - lam) * q_nb + lam * q_cf
 
     def _predict(

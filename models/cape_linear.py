@@ -226,6 +226,13 @@ class CapeLinear(CapeModel):
         self.temperature, self.offset = temperature.to(DTYPE), offset.to(DTYPE)
         self.d = int(loadings.shape[1])
         self._mask = item_bank.option_mask()
+        # coded column of (item, option >= 1); option 0 and invalid options -> column K,
+        # an appended zero column (zero loading, zero mean)
+        pad = torch.full((item_bank.n_items, item_bank.max_options), k, dtype=torch.long)
+        pad[self.coding.col_item, self.coding.col_option] = torch.arange(k)
+        self._pad_index = pad
+        self._w_ext = torch.cat([self.loadings, torch.zeros(1, self.d, dtype=DTYPE)])
+        self._mu_ext = torch.cat([self.mu, torch.zeros(1, dtype=DTYPE)])
         self._tables()
 
     def _tables(self) -> None:
@@ -381,12 +388,11 @@ class CapeLinear(CapeModel):
 
     def _features_from_z(self, z_mean: Tensor, items: Tensor) -> Tensor:
         """``f [..., n, O]`` from posterior means ``z_mean [..., d]``."""
-        x_mean = self.mu + z_mean @ self.loadings.T  # [..., K]
-        bank = self.item_bank
-        full = torch.zeros(*x_mean.shape[:-1], bank.n_items, bank.max_options, dtype=DTYPE)
-        full[..., self.coding.col_item, self.coding.col_option] = x_mean
-        full[..., 0] = 1.0 - full[..., 1:].sum(-1)
-        return full[..., items, :]
+        idx = self._pad_index[items]  # [n, O], K = the zero column
+        w = self._w_ext[idx]  # [n, O, d]
+        f = self._mu_ext[idx] + torch.einsum("...d,nod->...no", z_mean, w)
+        f[..., 0] = 1.0 - f[..., 1:].sum(-1)
+        return f
 
     def _calibrate(self, feats: Tensor, items: Tensor) -> Tensor:
         """``softmax_k(a_i f_ik + c_ik)`` over valid options: ``[..., n, O]``."""
