@@ -41,6 +41,7 @@ COMMAND_MODULES: list[str] = [
 _FOREIGN_USER_ERRORS = (
     ("elicitation.datasets", "DatasetError"),
     ("models.base", "ModelError"),
+    ("inference_server.errors", "InferenceError"),
 )
 
 
