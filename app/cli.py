@@ -33,6 +33,7 @@ COMMAND_MODULES: list[str] = [
     "app.commands.personas",
     "app.commands.user",
     "app.commands.apikey",
+    "app.commands.worker",
 ]
 
 # Error classes of the pure packages that are user errors too. Checked by module name so

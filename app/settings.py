@@ -47,6 +47,11 @@ class Settings(BaseSettings):
         host, port: where ``priorly serve`` listens.
         demo_dataset: the dataset folder imported as the demo study by ``priorly serve``
             when the database has no study.
+        redis_url: the job queue's Redis (``PRIORLY_REDIS_URL``) when workers run on
+            several machines; unset: a SQLite queue file (``queue_path``, default
+            ``priorly-queue.db`` next to a SQLite database, else in the working directory).
+        job_stale_after_s: a running job whose worker sent no heartbeat for this long is
+            retried by another worker.
     """
 
     model_config = SettingsConfigDict(env_prefix="PRIORLY_", extra="ignore")
@@ -57,6 +62,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     demo_dataset: Path = REPO_ROOT / "datasets" / "ces"
+    # Job queue (app/jobs): Redis when set (several machines), else a SQLite file.
+    redis_url: str | None = None
+    queue_path: Path | None = None
+    job_stale_after_s: float = Field(default=60.0, gt=0)
 
     @field_validator("database_url")
     @classmethod

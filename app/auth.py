@@ -1,0 +1,407 @@
+"""Researcher accounts in the admin UI: passwords, session cookies, CSRF, roles, access.
+
+* **Passwords** are hashed with argon2id (``argon2-cffi``'s defaults); a hash made with
+  older parameters is upgraded at the next login.
+* **Session cookie** ``priorly_session``: an itsdangerous-signed, timestamped payload
+  ``{"rid": researcher id, "pw": fingerprint of the password hash}`` (no secret inside),
+  HttpOnly, SameSite=Lax, Secure unless the request is for localhost, valid for
+  :data:`SESSION_MAX_AGE_S`. Changing the password (a new hash) invalidates every cookie
+  issued before.
+* **CSRF** (double submit): the cookie ``priorly_csrf`` holds a random token; every
+  state-changing admin request must carry the same token in the form field
+  ``csrf_token`` or the header ``X-CSRF-Token`` (htmx sends it from ``hx-headers`` on
+  ``<body>``). A cross-site page can neither read the cookie nor set the field.
+  :class:`CsrfCookieMiddleware` issues the cookie on the first admin request.
+* **Roles**: ``researcher.is_admin`` (admin) or not (researcher). Admins create accounts,
+  send invitations and see every study; a researcher sees the studies they own and those
+  shared with them (:func:`can_see_study`). Anything else is answered 404, never 403.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from datetime import timedelta
+from typing import Annotated, Any
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from fastapi import Depends, Request
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from sqlmodel import Session, select
+
+from app.deps import SessionDep
+from app.errors import ConflictError, InvalidInputError, NotFoundError, PriorlyError
+from app.services.apikeys import normalise_email
+from app.tables import Invitation, Researcher, Study, StudyShare, utcnow
+
+SESSION_COOKIE = "priorly_session"
+CSRF_COOKIE = "priorly_csrf"
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "x-csrf-token"
+SESSION_MAX_AGE_S = 12 * 3600
+INVITATION_TTL = timedelta(days=7)
+MIN_PASSWORD_LEN = 10
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+_hasher = PasswordHasher()
+
+
+class LoginRequired(PriorlyError):
+    """No valid admin session; pages redirect to the login page (HTTP 401 for htmx)."""
+
+    http_status = 401
+
+
+class CsrfError(PriorlyError):
+    """A state-changing request without the CSRF token of its cookie (HTTP 403)."""
+
+    http_status = 403
+
+
+class AdminRequired(NotFoundError):
+    """An admin-only page asked for by a researcher: reported as not found."""
+
+
+# ----- passwords --------------------------------------------------------------------------
+
+
+def hash_password(password: str) -> str:
+    """An argon2id hash of ``password``; :class:`InvalidInputError` if it is too short."""
+    if len(password) < MIN_PASSWORD_LEN:
+        raise InvalidInputError(f"the password must have at least {MIN_PASSWORD_LEN} characters")
+    if len(password) > 1024:
+        raise InvalidInputError("the password is longer than 1024 characters")
+    return _hasher.hash(password)
+
+
+def verify_password(password_hash: str | None, password: str) -> bool:
+    """Whether ``password`` matches ``password_hash`` (``False`` for no hash)."""
+    if not password_hash:
+        # Spend the same time as a real check so the login does not reveal accounts.
+        _hasher.hash("not-a-password-0000")
+        return False
+    try:
+        return _hasher.verify(password_hash, password)
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+def authenticate(email: str, password: str, *, session: Session) -> Researcher:
+    """The active researcher with ``email`` and ``password``; :class:`LoginRequired` if not.
+
+    The message is the same for an unknown email and a wrong password.
+    """
+    try:
+        value = normalise_email(email)
+    except InvalidInputError:
+        value = ""
+    researcher = (
+        session.exec(select(Researcher).where(Researcher.email == value)).first() if value else None
+    )
+    ok = verify_password(researcher.password_hash if researcher else None, password)
+    if researcher is None or not ok or not researcher.is_active:
+        raise LoginRequired("wrong email or password")
+    assert researcher.password_hash is not None
+    if _hasher.check_needs_rehash(researcher.password_hash):
+        researcher.password_hash = _hasher.hash(password)
+        session.add(researcher)
+        session.commit()
+        session.refresh(researcher)
+    return researcher
+
+
+def set_password(researcher: Researcher, password: str, *, session: Session) -> None:
+    """Set (or change) a researcher's password; old session cookies stop working."""
+    researcher.password_hash = hash_password(password)
+    session.add(researcher)
+    session.commit()
+    session.refresh(researcher)
+
+
+def create_account(
+    email: str, password: str, *, session: Session, is_admin: bool = False
+) -> Researcher:
+    """Create a researcher who can log in; :class:`ConflictError` if the email is taken.
+
+    The password is checked before anything is written.
+    """
+    value = normalise_email(email)
+    password_hash = hash_password(password)
+    if session.exec(select(Researcher).where(Researcher.email == value)).first() is not None:
+        raise ConflictError(f"a researcher with email {value!r} already exists")
+    researcher = Researcher(email=value, is_admin=is_admin, password_hash=password_hash)
+    session.add(researcher)
+    session.commit()
+    session.refresh(researcher)
+    return researcher
+
+
+# ----- invitations -----------------------------------------------------------------------
+
+
+def _token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def create_invitation(
+    email: str, *, inviter: Researcher, session: Session, is_admin: bool = False
+) -> str:
+    """Create an invitation for ``email``; returns the token of the link (shown once)."""
+    value = normalise_email(email)
+    if session.exec(select(Researcher).where(Researcher.email == value)).first() is not None:
+        raise ConflictError(f"a researcher with email {value!r} already exists")
+    token = secrets.token_urlsafe(32)
+    session.add(
+        Invitation(
+            email=value,
+            token_hash=_token_hash(token),
+            is_admin=is_admin,
+            invited_by_id=inviter.id,
+            expires_at=utcnow() + INVITATION_TTL,
+        )
+    )
+    session.commit()
+    return token
+
+
+def get_invitation(token: str, *, session: Session) -> Invitation:
+    """The open invitation of ``token``; :class:`NotFoundError` if unknown, used or expired."""
+    row = session.exec(
+        select(Invitation).where(Invitation.token_hash == _token_hash(token))
+    ).first()
+    if row is None or row.used_at is not None:
+        raise NotFoundError("this invitation link is unknown or was already used")
+    expires = row.expires_at
+    if expires.tzinfo is None:  # SQLite returns naive UTC datetimes
+        expires = expires.replace(tzinfo=utcnow().tzinfo)
+    if expires < utcnow():
+        raise NotFoundError("this invitation link has expired")
+    return row
+
+
+def accept_invitation(token: str, password: str, *, session: Session) -> Researcher:
+    """Create the invited account with ``password`` and mark the invitation used."""
+    invitation = get_invitation(token, session=session)
+    researcher = create_account(
+        invitation.email, password, session=session, is_admin=invitation.is_admin
+    )
+    invitation.used_at = utcnow()
+    session.add(invitation)
+    session.commit()
+    return researcher
+
+
+# ----- session cookies -------------------------------------------------------------------
+
+
+def _serializer(request: Request) -> URLSafeTimedSerializer:
+    secret = request.app.state.settings.secret_key.get_secret_value()
+    return URLSafeTimedSerializer(secret, salt="priorly-admin-session")
+
+
+def _pw_fingerprint(researcher: Researcher) -> str:
+    return hashlib.sha256((researcher.password_hash or "").encode()).hexdigest()[:16]
+
+
+def cookie_secure(request: Request) -> bool:
+    """Cookies are ``Secure`` except for a server reached as localhost."""
+    return (request.url.hostname or "") not in LOCAL_HOSTS
+
+
+def session_cookie_value(request: Request, researcher: Researcher) -> str:
+    """The signed session cookie for ``researcher``."""
+    return _serializer(request).dumps({"rid": researcher.id, "pw": _pw_fingerprint(researcher)})
+
+
+def set_login_cookies(request: Request, response: Any, researcher: Researcher) -> None:
+    """Set the session cookie and a fresh CSRF token (rotated at login)."""
+    secure = cookie_secure(request)
+    response.set_cookie(
+        SESSION_COOKIE,
+        session_cookie_value(request, researcher),
+        max_age=SESSION_MAX_AGE_S,
+        httponly=True,
+        samesite="lax",
+        secure=secure,
+        path="/",
+    )
+    response.set_cookie(
+        CSRF_COOKIE,
+        secrets.token_urlsafe(32),
+        httponly=True,
+        samesite="lax",
+        secure=secure,
+        path="/",
+    )
+
+
+def clear_login_cookies(request: Request, response: Any) -> None:
+    secure = cookie_secure(request)
+    for name in (SESSION_COOKIE, CSRF_COOKIE):
+        response.delete_cookie(name, path="/", httponly=True, samesite="lax", secure=secure)
+
+
+def current_researcher_or_none(request: Request, session: Session) -> Researcher | None:
+    """The researcher of a valid session cookie, or ``None``."""
+    raw = request.cookies.get(SESSION_COOKIE)
+    if not raw:
+        return None
+    try:
+        data = _serializer(request).loads(raw, max_age=SESSION_MAX_AGE_S)
+    except BadSignature:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("rid"), int):
+        return None
+    researcher = session.get(Researcher, data["rid"])
+    if researcher is None or not researcher.is_active or not researcher.password_hash:
+        return None
+    if not hmac.compare_digest(str(data.get("pw", "")), _pw_fingerprint(researcher)):
+        return None
+    return researcher
+
+
+def get_current_researcher(request: Request, session: SessionDep) -> Researcher:
+    """Dependency: the logged-in researcher; :class:`LoginRequired` otherwise."""
+    researcher = current_researcher_or_none(request, session)
+    if researcher is None:
+        raise LoginRequired("please log in")
+    request.state.researcher = researcher
+    return researcher
+
+
+CurrentResearcher = Annotated[Researcher, Depends(get_current_researcher)]
+
+
+def get_admin(researcher: CurrentResearcher) -> Researcher:
+    """Dependency: the logged-in researcher if an admin (404 for anyone else)."""
+    if not researcher.is_admin:
+        raise AdminRequired("not found")
+    return researcher
+
+
+AdminUser = Annotated[Researcher, Depends(get_admin)]
+
+
+# ----- CSRF ------------------------------------------------------------------------------
+
+
+def csrf_token(request: Request) -> str:
+    """The CSRF token of this request (from its cookie, or the one being issued)."""
+    token = getattr(request.state, "csrf_token", None)
+    return str(token or request.cookies.get(CSRF_COOKIE, ""))
+
+
+async def verify_csrf(request: Request) -> None:
+    """Dependency: refuse an unsafe request whose token does not match its CSRF cookie."""
+    if request.method not in UNSAFE_METHODS:
+        return
+    expected = request.cookies.get(CSRF_COOKIE, "")
+    sent = request.headers.get(CSRF_HEADER, "")
+    if not sent:
+        content_type = request.headers.get("content-type", "")
+        if content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
+            form = await request.form()
+            value = form.get(CSRF_FIELD)
+            sent = value if isinstance(value, str) else ""
+    if not expected or not sent or not hmac.compare_digest(expected, sent):
+        raise CsrfError("the form is missing its security token or it expired: reload the page")
+
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class CsrfCookieMiddleware:
+    """Issue the ``priorly_csrf`` cookie on an admin request that has none (pure ASGI).
+
+    The token is put on ``request.state.csrf_token`` so the page rendered by this same
+    request can embed it in its forms.
+    """
+
+    def __init__(self, app: Callable[..., Awaitable[None]], prefix: str = "/admin") -> None:
+        self.app = app
+        self.prefix = prefix
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not str(scope.get("path", "")).startswith(self.prefix):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        if request.cookies.get(CSRF_COOKIE):
+            await self.app(scope, receive, send)
+            return
+        token = secrets.token_urlsafe(32)
+        scope.setdefault("state", {})["csrf_token"] = token
+        secure = (request.url.hostname or "") not in LOCAL_HOSTS
+        cookie = f"{CSRF_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax" + (
+            "; Secure" if secure else ""
+        )
+
+        async def send_with_cookie(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"set-cookie", cookie.encode("latin-1")))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_cookie)
+
+
+# ----- study access ----------------------------------------------------------------------
+
+
+def can_see_study(researcher: Researcher, study: Study, *, session: Session) -> bool:
+    """Owner, a researcher the study is shared with, or an admin."""
+    if researcher.is_admin or (study.owner_id is not None and study.owner_id == researcher.id):
+        return True
+    share = session.exec(
+        select(StudyShare).where(
+            StudyShare.study_id == study.id, StudyShare.researcher_id == researcher.id
+        )
+    ).first()
+    return share is not None
+
+
+def visible_study_ids(researcher: Researcher, *, session: Session) -> set[int] | None:
+    """Ids of the studies ``researcher`` may see; ``None`` means every study (admin)."""
+    if researcher.is_admin:
+        return None
+    owned = session.exec(select(Study.id).where(Study.owner_id == researcher.id)).all()
+    shared = session.exec(
+        select(StudyShare.study_id).where(StudyShare.researcher_id == researcher.id)
+    ).all()
+    return {int(i) for i in owned if i is not None} | {int(i) for i in shared}
+
+
+def get_visible_study(slug: str, researcher: CurrentResearcher, session: SessionDep) -> Study:
+    """Dependency: the study ``slug`` if the researcher may see it; 404 otherwise."""
+    study = session.exec(select(Study).where(Study.slug == slug)).first()
+    if study is None or not can_see_study(researcher, study, session=session):
+        raise NotFoundError(f"no study {slug!r} among your studies")
+    return study
+
+
+VisibleStudy = Annotated[Study, Depends(get_visible_study)]
+
+
+def share_study(study: Study, email: str, *, session: Session) -> Researcher:
+    """Share ``study`` with the researcher ``email`` (idempotent)."""
+    value = normalise_email(email)
+    researcher = session.exec(select(Researcher).where(Researcher.email == value)).first()
+    if researcher is None:
+        raise NotFoundError(f"no researcher with email {value!r}")
+    if researcher.id == study.owner_id:
+        raise InvalidInputError(f"{value} owns this study already")
+    exists = session.exec(
+        select(StudyShare).where(
+            StudyShare.study_id == study.id, StudyShare.researcher_id == researcher.id
+        )
+    ).first()
+    if exists is None:
+        session.add(StudyShare(study_id=study.id, researcher_id=researcher.id))  # type: ignore[arg-type]
+        session.commit()
+    return researcher

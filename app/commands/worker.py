@@ -1,0 +1,60 @@
+"""``priorly worker``: run a job-queue worker in the foreground (any number, any machine)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from app.settings import load_settings
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "worker",
+        help="run a job worker (fits, simulations, GNN training) in the foreground",
+        description=(
+            "Run a worker of the job queue: a SQLite queue file next to a SQLite database "
+            "(or PRIORLY_QUEUE_PATH), or Redis when PRIORLY_REDIS_URL is set (workers on "
+            "several machines). Jobs whose worker died are queued again. Stop with Ctrl-C."
+        ),
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="jobs run at the same time (default 1)"
+    )
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="run each job slot in its own process instead of a thread",
+    )
+    parser.set_defaults(func=_worker)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from sqlmodel import Session
+
+    from app.db import check_database, head_revision, make_engine
+    from app.errors import DatabaseError, InvalidInputError
+    from app.jobs.queue import queue_location, run_worker
+    from app.services.jobs import requeue_orphans
+
+    if args.workers < 1:
+        raise InvalidInputError(f"--workers must be >= 1, got {args.workers}")
+    settings = load_settings()
+    engine = make_engine(settings.database_url)
+    try:
+        status = check_database(engine, head_revision())
+        if status != "ok":
+            raise DatabaseError(f"database {status}")
+        with Session(engine) as session:
+            requeue_orphans(settings, session=session)
+    finally:
+        engine.dispose()
+    print(
+        f"priorly worker: {args.workers} {'process' if args.processes else 'thread'}(s), "
+        f"queue {queue_location(settings)}",
+        flush=True,
+    )
+    run_worker(
+        settings, workers=args.workers, worker_type="process" if args.processes else "thread"
+    )
+    return 0

@@ -1,0 +1,158 @@
+"""The kinds of job: a registry from ``job.kind`` to the function that does the work.
+
+A job function takes a :class:`app.jobs.runner.JobContext` and returns a JSON-able dict
+(stored in ``job.result``). It must be deterministic given the job's payload (seeded),
+so that a job retried after its worker died ends with the same result, and it reports
+progress through ``ctx.progress`` (which also raises when the job was cancelled).
+
+Kinds:
+
+* ``fit_model``: fit the study's default belief model on its history and activate it
+  (:func:`app.services.belief.fit_study_model`).
+* ``simulation``: "how many questions do I need?"
+  (:func:`app.services.simulation.run_study_simulation`).
+* ``train_gnn``: train the relational GNN (:func:`gnn.train.train_gnn`) on the study's
+  history; stored as an inactive ``fitted_model`` row of family ``gnn``.
+
+Generating persona distributions with a language model and planning group rounds are not
+job kinds yet (see docs/admin.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from sqlmodel import Session, select
+
+from app.errors import InvalidInputError, NotFoundError
+from app.jobs.runner import JobContext
+from app.tables import FittedModel, Item, ItemRole, Study
+
+JobFn = Callable[[JobContext], dict[str, Any]]
+
+_KINDS: dict[str, JobFn] = {}
+LABELS: dict[str, str] = {}
+
+
+def register_kind(name: str, label: str) -> Callable[[JobFn], JobFn]:
+    """Decorator: register a job function under ``name`` (``label`` is shown in the UI)."""
+
+    def deco(fn: JobFn) -> JobFn:
+        _KINDS[name] = fn
+        LABELS[name] = label
+        return fn
+
+    return deco
+
+
+def kind_names() -> list[str]:
+    return list(_KINDS)
+
+
+def get_kind(name: str) -> JobFn:
+    try:
+        return _KINDS[name]
+    except KeyError:
+        raise InvalidInputError(
+            f"unknown job kind {name!r} (known: {', '.join(kind_names())})"
+        ) from None
+
+
+def _study(ctx: JobContext, db: Session) -> Study:
+    study = db.get(Study, ctx.study_id) if ctx.study_id is not None else None
+    if study is None:
+        raise NotFoundError("the study of this job no longer exists")
+    return study
+
+
+@register_kind("fit_model", "Fit the belief model")
+def fit_model(ctx: JobContext) -> dict[str, Any]:
+    """Fit and activate the study's belief model (latent classes on its history)."""
+    from app.services.belief import fit_study_model
+
+    ctx.progress(0.05, "fitting latent classes")
+    with Session(ctx.engine) as db:
+        study = _study(ctx, db)
+        row = fit_study_model(study, session=db, seed=int(ctx.payload.get("seed", 0)))
+        return {
+            "fitted_model_id": row.id,
+            "family": row.family,
+            "training_hash": row.training_hash,
+            "metrics": row.metrics,
+        }
+
+
+@register_kind("simulation", "Simulate before fielding")
+def simulation(ctx: JobContext) -> dict[str, Any]:
+    """Replay the study's history through its design (see app.services.simulation)."""
+    from app.services.simulation import SimulationOptions, run_study_simulation
+
+    opts = SimulationOptions.from_payload(ctx.payload)
+    with Session(ctx.engine) as db:
+        study = _study(ctx, db)
+        return run_study_simulation(study, session=db, options=opts, progress=ctx.progress)
+
+
+@register_kind("train_gnn", "Train the group GNN")
+def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
+    """Train the relational GNN on the study's history; store it (inactive, family gnn)."""
+    import torch
+
+    from app.services.belief import historical_matrix
+    from gnn.graph import schema_from_data
+    from gnn.train import GNNConfig, train_gnn
+
+    seed = int(ctx.payload.get("seed", 0))
+    max_epochs = int(ctx.payload.get("max_epochs", 200))
+    with Session(ctx.engine) as db:
+        study = _study(ctx, db)
+        items = list(
+            db.exec(
+                select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
+            ).all()
+        )
+        train, val = historical_matrix(study.id or 0, items, session=db)
+        attr = [j for j, it in enumerate(items) if it.role == ItemRole.attribute.value]
+        ques = [j for j, it in enumerate(items) if it.role != ItemRole.attribute.value]
+        data = torch.cat([train, val])
+        if data.shape[0] < 6 or not ques:
+            raise InvalidInputError("the study has too little history to train the GNN")
+        n_val = val.shape[0] if val.shape[0] >= 3 else max(3, data.shape[0] // 10)
+        n = data.shape[0]
+        tr, va = list(range(n - n_val)), list(range(n - n_val, n))
+        attributes = data[:, attr].clamp(min=0) if attr else torch.zeros(n, 0, dtype=torch.long)
+        schema = schema_from_data(
+            attributes,
+            data[:, ques],
+            [len(items[j].options) for j in attr],
+            [len(items[j].options) for j in ques],
+            [items[j].key for j in attr],
+            [items[j].key for j in ques],
+        )
+        config = GNNConfig(seed=seed, max_epochs=max_epochs, num_threads=1)
+
+        def progress(epoch: int, train_loss: float, val_ce: float) -> None:
+            ctx.progress(
+                min(0.95, epoch / max_epochs), f"epoch {epoch}: validation CE {val_ce:.3f}"
+            )
+
+        trained = train_gnn(schema, attributes, data[:, ques], tr, va, config, progress=progress)
+        blob = trained.to_bytes()
+        row = FittedModel(
+            study_id=study.id or 0,
+            family="gnn",
+            blob=blob,
+            training_hash=hashlib.sha256(blob).hexdigest(),
+            metrics={
+                "best_epoch": trained.history.best_epoch,
+                "best_val_ce": trained.history.best_val_ce,
+                "seconds": trained.history.seconds,
+            },
+            is_active=False,
+        )
+        db.add(row)
+        db.commit()
+        db.refresh(row)
+        return {"fitted_model_id": row.id, **row.metrics}

@@ -1,0 +1,114 @@
+"""Jobs seen from the web app: start one (row first, then the queue), list, cancel.
+
+The job row is committed before its id is put on the queue, so a worker never sees an id
+without a row; a crash between the two leaves a ``queued`` row that
+:func:`requeue_orphans` (run at ``priorly serve`` / ``priorly worker`` start) queues again.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from app.errors import ConflictError, NotFoundError
+from app.jobs.kinds import get_kind
+from app.jobs.queue import get_queue
+from app.settings import Settings
+from app.tables import Job, JobStatus, Researcher, Study, utcnow
+
+ACTIVE = (JobStatus.queued.value, JobStatus.running.value)
+
+
+def start_job(
+    kind: str,
+    study: Study,
+    *,
+    payload: dict[str, object] | None = None,
+    researcher: Researcher | None,
+    settings: Settings,
+    session: Session,
+) -> Job:
+    """Create a queued job of ``kind`` for ``study`` and put it on the queue."""
+    get_kind(kind)  # unknown kind: InvalidInputError before anything is written
+    job = Job(
+        kind=kind,
+        study_id=study.id,
+        payload=dict(payload or {}),
+        created_by_id=researcher.id if researcher else None,
+        message="queued",
+    )
+    session.add(job)
+    session.commit()
+    session.refresh(job)
+    get_queue(settings).enqueue(job.id or 0)
+    return job
+
+
+def study_jobs(study: Study, *, session: Session, limit: int = 50) -> list[Job]:
+    """The study's jobs, newest first."""
+    return list(
+        session.exec(
+            select(Job).where(Job.study_id == study.id).order_by(col(Job.id).desc()).limit(limit)
+        ).all()
+    )
+
+
+def get_study_job(study: Study, job_id: int, *, session: Session) -> Job:
+    """Job ``job_id`` of ``study``; :class:`NotFoundError` for another study's job."""
+    job = session.get(Job, job_id)
+    if job is None or job.study_id != study.id:
+        raise NotFoundError(f"no job {job_id} in this study")
+    return job
+
+
+def latest_result(study: Study, kind: str, *, session: Session) -> Job | None:
+    """The newest succeeded job of ``kind`` for ``study``."""
+    return session.exec(
+        select(Job)
+        .where(Job.study_id == study.id, Job.kind == kind, Job.status == JobStatus.succeeded.value)
+        .order_by(col(Job.id).desc())
+    ).first()
+
+
+def cancel_job(job: Job, *, session: Session) -> Job:
+    """Cancel a queued job at once; ask a running one to stop at its next progress report."""
+    if job.status not in ACTIVE:
+        raise ConflictError(
+            f"job {job.id} is {job.status}; only queued or running jobs can be cancelled"
+        )
+    session.execute(
+        update(Job)
+        .where(col(Job.id) == job.id, col(Job.status) == JobStatus.queued.value)
+        .values(status=JobStatus.cancelled.value, finished_at=utcnow(), message="cancelled")
+    )
+    session.execute(
+        update(Job)
+        .where(col(Job.id) == job.id, col(Job.status) == JobStatus.running.value)
+        .values(cancel_requested=True, message="cancelling")
+    )
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def requeue_orphans(
+    settings: Settings, *, session: Session, older_than_s: float = 5.0
+) -> list[int]:
+    """Queue again ``queued`` jobs older than ``older_than_s`` (a message may have been lost).
+
+    A job delivered twice runs once (the claim is atomic), so this is safe to repeat.
+    """
+    limit = utcnow() - timedelta(seconds=older_than_s)
+    ids = [
+        int(i)
+        for i in session.exec(
+            select(Job.id).where(Job.status == JobStatus.queued.value, Job.created_at < limit)
+        ).all()
+        if i is not None
+    ]
+    queue = get_queue(settings)
+    for job_id in ids:
+        queue.enqueue(job_id)
+    return ids

@@ -1,0 +1,304 @@
+"""Simulation before fielding: "how many questions do I need?".
+
+Replays the study's historical (imported) respondents through the adaptive loop with the
+benchmark harness (:func:`elicitation.bench.individual.simulate`, the methods of
+:mod:`elicitation.bench.methods`, the metrics of :mod:`elicitation.bench.metrics`), for the
+study's own design rather than a dataset's benchmark runs:
+
+* **items**: attribute items are observed for free; the study's ``question`` items are the
+  candidates; its ``target`` items are predicted and scored (they are never asked);
+* **users**: the imported respondents' split (``train`` fits the models, ``val`` chooses
+  the number of latent classes, ``test`` is replayed and scored). A study imported
+  without a split gets a seeded 70/10/20 split of its respondents;
+* **methods**: the study's selection criterion and the baselines ``random`` (a random
+  order), ``fixed`` (one non-adaptive order) and ``full`` (every candidate answered: the
+  ceiling);
+* **curves**: accuracy and log loss on the targets after ``n = 0 .. budget`` questions,
+  averaged over all (test respondent, target) pairs with a known answer.
+
+The answer to "how many questions do I need" is :func:`questions_needed`: the first ``n``
+at which the study's criterion closes ``share`` (default 90 %) of the accuracy gap between
+asking nothing (``n = 0``) and asking everything (``full``).
+
+Deterministic: every fit and criterion is seeded from ``seed``; test users are replayed in
+fixed chunks (progress is reported per chunk), so a retried job gives the same result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlmodel import Session, select
+
+from app.errors import InvalidInputError
+from app.schemas import StudySettings
+from app.tables import Item, ItemRole, Respondent, RespondentSource, Study
+
+BASELINES: tuple[str, ...] = ("random", "fixed", "full")
+DEFAULT_N_CLASSES: tuple[int, ...] = (8, 16)
+CHUNK = 256
+ProgressFn = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class SimulationOptions:
+    """Options of one simulation (the job's payload).
+
+    Attributes:
+        budget: most questions per respondent (default: the study's ``max_questions``,
+            at most the number of candidates).
+        max_test_users: replay at most this many test respondents (the first by id).
+        n_classes: latent-class numbers tried (chosen on validation users).
+        seed: seed of the fits, criteria and the split of a study without one.
+        baselines: the baseline methods compared with the study's criterion (a subset of
+            :data:`BASELINES`).
+    """
+
+    budget: int | None = None
+    max_test_users: int = 1000
+    n_classes: tuple[int, ...] = DEFAULT_N_CLASSES
+    seed: int = 0
+    baselines: tuple[str, ...] = BASELINES
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.baselines) - set(BASELINES))
+        if unknown:
+            raise InvalidInputError(f"unknown baselines {unknown} (known: {', '.join(BASELINES)})")
+        if "full" not in self.baselines:
+            raise InvalidInputError("the 'full' baseline (the ceiling) is always needed")
+        if self.max_test_users < 1:
+            raise InvalidInputError("max_test_users must be >= 1")
+        if not self.n_classes or min(self.n_classes) < 1:
+            raise InvalidInputError("n_classes must be positive integers")
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> SimulationOptions:
+        try:
+            budget = payload.get("budget")
+            return cls(
+                budget=None if budget in (None, "") else int(budget),
+                max_test_users=int(payload.get("max_test_users", 1000)),
+                n_classes=tuple(int(k) for k in payload.get("n_classes", DEFAULT_N_CLASSES)),
+                seed=int(payload.get("seed", 0)),
+                baselines=tuple(str(b) for b in payload.get("baselines", BASELINES)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"invalid simulation options: {exc}") from None
+
+
+def _split_of(rid: int, seed: int) -> str:
+    h = int(hashlib.sha256(f"{seed}:{rid}".encode()).hexdigest()[:8], 16) % 10
+    return "train" if h < 7 else ("val" if h < 8 else "test")
+
+
+def _study_method(criterion: str) -> tuple[str, Any]:
+    """The benchmark method name and factory for the study's criterion."""
+    from elicitation.bench.methods import (
+        Method,
+        fit_irt_model,
+        fit_latent_class_model,
+        get_method,
+        method_names,
+    )
+    from elicitation.criteria import get_criterion
+
+    if criterion == "eig":
+        return "eig (study)", get_method("default")
+    if criterion in method_names() and criterion not in BASELINES:
+        return f"{criterion} (study)", get_method(criterion)
+    fit = fit_irt_model if criterion == "irt" else fit_latent_class_model
+
+    def make(ctx: Any) -> Any:
+        return get_criterion(criterion)
+
+    return f"{criterion} (study)", Method(
+        criterion, fit, make, f"the study's criterion {criterion}"
+    )
+
+
+def questions_needed(
+    curve: Sequence[float], start: float, ceiling: float, share: float
+) -> int | None:
+    """First ``n`` with ``curve[n] - start >= share * (ceiling - start)``; ``None`` if never.
+
+    When asking cannot help (``ceiling <= start``), ``0``.
+    """
+    gap = ceiling - start
+    if gap <= 0:
+        return 0
+    for n, value in enumerate(curve):
+        if value is not None and value - start >= share * gap - 1e-12:
+            return n
+    return None
+
+
+def run_study_simulation(
+    study: Study,
+    *,
+    session: Session,
+    options: SimulationOptions | None = None,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Simulate the study's design on its historical respondents (see the module doc).
+
+    Returns:
+        ``{"budget", "criterion", "targets", "candidates", "n_train", "n_val", "n_test",
+        "methods": {name: {"accuracy": [budget+1], "log_loss": [...], "description"}},
+        "study_method", "questions_needed": {"90%": n or None, "95%": ...}, "seconds"}``.
+
+    Raises:
+        InvalidInputError: no target or candidate items, too few historical respondents,
+            or a bad budget.
+    """
+    import torch
+
+    from elicitation.bench.individual import simulate
+    from elicitation.bench.methods import FitContext, get_method
+    from elicitation.bench.metrics import score_predictions
+    from models.base import MISSING, ItemBank
+
+    opts = options or SimulationOptions()
+    report = progress or (lambda f, m: None)
+    started = time.perf_counter()
+    assert study.id is not None
+    items = list(
+        session.exec(
+            select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
+        ).all()
+    )
+    attrs = [j for j, it in enumerate(items) if it.role == ItemRole.attribute.value]
+    cand = [j for j, it in enumerate(items) if it.role == ItemRole.question.value]
+    tgt = [j for j, it in enumerate(items) if it.role == ItemRole.target.value]
+    if not tgt:
+        raise InvalidInputError("choose at least one target item before simulating")
+    if not cand:
+        raise InvalidInputError("the study has no question items to ask")
+    settings = StudySettings.model_validate(study.settings or {})
+    budget = settings.budgets.max_questions if opts.budget is None else opts.budget
+    if budget < 0:
+        raise InvalidInputError(f"budget must be >= 0, got {budget}")
+    budget = min(budget, len(cand))
+
+    col = {it.key: j for j, it in enumerate(items)}
+    letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
+    rows = session.exec(
+        select(Respondent.id, Respondent.attributes, Respondent.answers, Respondent.split)
+        .where(
+            Respondent.study_id == study.id,
+            Respondent.source == RespondentSource.import_.value,
+        )
+        .order_by(Respondent.id)  # type: ignore[arg-type]
+    ).all()
+    parts: dict[str, list[list[int]]] = {"train": [], "val": [], "test": []}
+    any_split = any(split for _, _, _, split in rows)
+    for rid, attributes, answers, split in rows:
+        row = [MISSING] * len(items)
+        for mapping in (attributes or {}, answers or {}):
+            for key, letter in mapping.items():
+                j = col.get(key)
+                if j is not None:
+                    row[j] = letter_index[j].get(letter, MISSING)
+        part = split if any_split else _split_of(int(rid or 0), opts.seed)
+        parts[part or "train"].append(row)
+    n = len(items)
+
+    def as_t(r: list[list[int]]) -> torch.Tensor:
+        return torch.tensor(r, dtype=torch.long).reshape(-1, n)
+
+    train, val, test = as_t(parts["train"]), as_t(parts["val"]), as_t(parts["test"])
+    if train.shape[0] < 10 or test.shape[0] < 1:
+        raise InvalidInputError(
+            f"the study has too few historical respondents to simulate "
+            f"({train.shape[0]} training, {test.shape[0]} test; need >= 10 and >= 1)"
+        )
+    test = test[(test[:, tgt] >= 0).any(1)][: opts.max_test_users]
+    if test.shape[0] == 0:
+        raise InvalidInputError("no test respondent has an answer to any target item")
+
+    bank = ItemBank(tuple(it.key for it in items), tuple(len(it.options) for it in items))
+    n_opt = torch.tensor(bank.n_options, dtype=torch.long)
+    ctx = FitContext(
+        bank,
+        train,
+        val,
+        attrs,
+        cand,
+        tgt,
+        seed=opts.seed,
+        base_seed=opts.seed,
+        cache={},
+        options={"latent_classes": {"n_classes": tuple(opts.n_classes)}},
+    )
+    study_name, study_method = _study_method(settings.criterion)
+    methods = [(study_name, study_method)] + [(b, get_method(b)) for b in opts.baselines]
+    observed = torch.full((test.shape[0], n), MISSING, dtype=torch.long)
+    observed[:, attrs] = test[:, attrs]
+    answers = test[:, cand]
+    truth = test[:, tgt]
+    chunks = [slice(i, min(i + CHUNK, test.shape[0])) for i in range(0, test.shape[0], CHUNK)]
+    steps = len(methods) * (len(chunks) + 1)
+    done = 0
+    out: dict[str, Any] = {}
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # deterministic sums; the machine is shared
+    try:
+        for name, method in methods:
+            report(done / steps, f"fitting the model for {name}")
+            model = method.fit(ctx)
+            done += 1
+            sums: list[Any] = [None] * (budget + 1)
+            for part in chunks:
+                report(done / steps, f"{name}: respondents {part.start + 1}-{part.stop}")
+                if method.observe_all:
+                    obs = observed[part].clone()
+                    obs[:, cand] = answers[part]
+                    p = model.predict_batch(model.initial_batch(obs), tgt)
+                    preds = [p] * (budget + 1)
+                else:
+                    assert method.criterion is not None
+                    crit = method.criterion(ctx)
+                    preds, _ = simulate(
+                        model, crit, observed[part], cand, answers[part], tgt, budget
+                    )
+                for k, p in enumerate(preds):
+                    s = score_predictions(p, truth[part], n_opt[tgt])
+                    sums[k] = s if sums[k] is None else sums[k].add(s)
+                done += 1
+            means = [s.means() for s in sums]
+            out[name] = {
+                "accuracy": [_finite(m["accuracy"]) for m in means],
+                "log_loss": [_finite(m["log_loss"]) for m in means],
+                "description": method.description,
+            }
+    finally:
+        torch.set_num_threads(old_threads)
+    acc = out[study_name]["accuracy"]
+    ceiling = out["full"]["accuracy"][0]
+    needed = {
+        f"{int(share * 100)}%": questions_needed(acc, acc[0], ceiling, share)
+        for share in (0.8, 0.9, 0.95)
+    }
+    report(1.0, "done")
+    return {
+        "budget": budget,
+        "criterion": settings.criterion,
+        "study_method": study_name,
+        "targets": [items[j].key for j in tgt],
+        "candidates": [items[j].key for j in cand],
+        "n_train": int(train.shape[0]),
+        "n_val": int(val.shape[0]),
+        "n_test": int(test.shape[0]),
+        "split": "study" if any_split else f"seeded 70/10/20 (seed {opts.seed})",
+        "methods": out,
+        "questions_needed": needed,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None

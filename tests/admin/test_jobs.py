@@ -1,0 +1,207 @@
+"""Jobs through the real queue (Huey, SQLite storage) and real worker processes.
+
+The central test kills a worker process (SIGKILL) in the middle of a simulation job and
+checks that another worker retries the job and that it finishes with the same result as
+an uninterrupted run. Waiting is done by polling the job row for a condition (with a
+deadline), never by sleeping for a fixed time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from app.jobs.runner import MAX_ATTEMPTS, claim, execute_job, reap_dead_jobs
+from app.services.jobs import cancel_job, start_job
+from app.settings import Settings
+from app.tables import Job, JobStatus, Researcher, Study
+
+REPO = Path(__file__).resolve().parents[2]
+# Small enough to run in seconds, long enough (several progress steps) to be killed mid-way.
+PAYLOAD: dict[str, Any] = {
+    "budget": 3,
+    "max_test_users": 60,
+    "n_classes": [3],
+    "baselines": ["random", "full"],
+    "seed": 1,
+}
+
+
+def _job(engine: Engine, job_id: int) -> Job:
+    with Session(engine) as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        s.expunge(job)
+        return job
+
+
+def _wait_for(
+    engine: Engine, job_id: int, cond: Callable[[Job], bool], timeout: float, what: str
+) -> Job:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = _job(engine, job_id)
+        if cond(job):
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; job is {job.status} {job.message}")
+        time.sleep(0.02)  # polling interval of a condition, not a synchronisation sleep
+
+
+def _worker(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.update(
+        PRIORLY_DATABASE_URL=settings.database_url,
+        PRIORLY_QUEUE_PATH=str(settings.queue_path),
+        PRIORLY_ENV="test",
+        PRIORLY_SECRET_KEY="t" * 40,
+        PRIORLY_JOB_STALE_AFTER_S="30",
+        OMP_NUM_THREADS="1",
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker"],
+        cwd=REPO,
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _comparable(result: dict[str, Any] | None) -> dict[str, Any]:
+    assert result is not None
+    return {k: v for k, v in result.items() if k != "seconds"}
+
+
+def test_killed_worker_job_is_retried_with_same_result(
+    settings: Settings,
+    engine: Engine,
+    db: Session,
+    ces_study: Study,
+    alice: Researcher,
+    tmp_path: Path,
+) -> None:
+    # Reference: the same job run uninterrupted, in this process.
+    ref = Job(kind="simulation", study_id=ces_study.id, payload=PAYLOAD)
+    db.add(ref)
+    db.commit()
+    assert execute_job(engine, ref.id or 0) == JobStatus.succeeded.value
+    expected = _comparable(_job(engine, ref.id or 0).result)
+    assert expected["methods"]["full"]["accuracy"][0] > 0.5
+
+    job = start_job(
+        "simulation", ces_study, payload=PAYLOAD, researcher=alice, settings=settings, session=db
+    )
+    log = tmp_path / "worker.log"
+    first = _worker(settings, log)
+    try:
+        _wait_for(
+            engine,
+            job.id or 0,
+            lambda j: j.status == "running" and j.progress > 0,
+            120,
+            "the first worker to make progress",
+        )
+        first.kill()
+        first.wait(10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    mid = _job(engine, job.id or 0)
+    assert mid.status == JobStatus.running.value, "the job ended before the worker was killed"
+    assert mid.progress < 1.0 and mid.attempts == 1 and mid.result is None
+
+    second = _worker(settings, log)
+    try:
+        done = _wait_for(
+            engine,
+            job.id or 0,
+            lambda j: j.status in ("succeeded", "failed", "cancelled"),
+            180,
+            "the retried job to finish",
+        )
+    finally:
+        second.terminate()
+        second.wait(10)
+    assert done.status == JobStatus.succeeded.value, (done.error, log.read_text()[-2000:])
+    assert done.attempts == 2
+    assert _comparable(done.result) == expected
+
+
+def test_claim_is_exclusive_and_reaper_requeues_dead_worker(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    job = Job(kind="simulation", study_id=ces_study.id, payload=PAYLOAD)
+    db.add(job)
+    db.commit()
+    jid = job.id or 0
+    # A worker on this host whose process does not exist (pid far above pid_max).
+    import socket
+
+    dead = f"{socket.gethostname()}:999999999:1"
+    assert claim(engine, jid, dead) is not None
+    assert claim(engine, jid, "other:1:1") is None  # already running: nobody else takes it
+    # Heartbeat fresh, but the process is gone: requeued at once.
+    assert reap_dead_jobs(engine, stale_after_s=3600) == [jid]
+    again = _job(engine, jid)
+    assert again.status == JobStatus.queued.value and again.worker is None
+    # A live worker on another host with a fresh heartbeat is left alone.
+    assert claim(engine, jid, "elsewhere:1:1") is not None
+    assert reap_dead_jobs(engine, stale_after_s=3600) == []
+    # ... until its heartbeat is stale.
+    assert reap_dead_jobs(engine, stale_after_s=1e-9) == [jid]
+    # After MAX_ATTEMPTS dead workers the job fails instead of looping.
+    for _ in range(MAX_ATTEMPTS - 3):  # two attempts were used above
+        assert claim(engine, jid, dead) is not None
+        assert reap_dead_jobs(engine, stale_after_s=3600) == [jid]
+    assert claim(engine, jid, dead) is not None
+    assert reap_dead_jobs(engine, stale_after_s=3600) == []
+    final = _job(engine, jid)
+    assert final.status == JobStatus.failed.value and "died" in (final.error or "")
+
+
+def test_cancel_queued_and_running(
+    settings: Settings, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    queued = start_job(
+        "simulation", ces_study, payload=PAYLOAD, researcher=alice, settings=settings, session=db
+    )
+    cancel_job(queued, session=db)
+    assert _job(engine, queued.id or 0).status == JobStatus.cancelled.value
+    assert execute_job(engine, queued.id or 0) is None  # a cancelled job is never claimed
+
+    running = Job(kind="simulation", study_id=ces_study.id, payload=PAYLOAD)
+    db.add(running)
+    db.commit()
+    db.refresh(running)
+    running.cancel_requested = True  # as if cancelled while running: stops at first progress
+    db.add(running)
+    db.commit()
+    assert execute_job(engine, running.id or 0) == JobStatus.cancelled.value
+
+
+def test_failed_job_stores_the_error(engine: Engine, db: Session, ces_study: Study) -> None:
+    job = Job(kind="simulation", study_id=ces_study.id, payload={"baselines": ["random"]})
+    db.add(job)
+    db.commit()
+    assert execute_job(engine, job.id or 0) == JobStatus.failed.value
+    assert "full" in (_job(engine, job.id or 0).error or "")
+
+
+@pytest.mark.parametrize("kind", ["nonsense"])
+def test_unknown_kind_is_refused_before_writing(
+    settings: Settings, db: Session, ces_study: Study, alice: Researcher, kind: str
+) -> None:
+    from app.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="unknown job kind"):
+        start_job(kind, ces_study, researcher=alice, settings=settings, session=db)
+    assert db.exec(__import__("sqlmodel").select(Job)).all() == []
