@@ -43,6 +43,10 @@ def _serve(args: argparse.Namespace) -> int:
             f"imported the demo study {result.demo.slug!r} "
             f"({result.demo.n_respondents:,} respondents) in {result.demo.seconds:.1f} s"
         )
+    if not args.no_demo:
+        from app.services.demo import prepare_demo_database
+
+        prepare_demo_database(settings, log=print)
     print(f"serving on http://{settings.host}:{settings.port}")
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
     return 0

@@ -36,7 +36,7 @@ from app.errors import ConflictError
 from app.tables import FittedModel, Item, Respondent, RespondentSource, Study
 
 DEFAULT_N_CLASSES: tuple[int, ...] = (8, 16, 32)
-DEFAULT_RESTARTS = 2
+DEFAULT_RESTARTS = 1
 DEFAULT_FAMILY = "persona_mixture"
 
 

@@ -10,7 +10,10 @@ without runs keeps no targets (sessions then use the target-free criterion, see
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from sqlmodel import Session, select
 
@@ -61,3 +64,45 @@ def prepare_study_for_fielding(study: Study, *, session: Session) -> PreparedStu
         session.commit()
         published = True
     return PreparedStudy(study.slug, sorted(targets), row.id or 0, published)
+
+
+def prepare_demo(
+    dataset_dir: Path, *, session: Session, log: Callable[[str], object] = lambda _m: None
+) -> PreparedStudy | None:
+    """Make the demo study (imported from ``dataset_dir``) answerable, once.
+
+    Called by ``priorly serve`` on every start: it does nothing when the demo study does
+    not exist (``--no-demo``, another study list) or already has an active model; else it
+    chooses targets, fits the model (about a minute on the CES demo), and publishes.
+    """
+    import json
+
+    from app.services.belief import active_model_ref
+    from app.services.importer import slugify
+
+    try:
+        name = json.loads((Path(dataset_dir) / "dataset.json").read_text(encoding="utf-8"))["name"]
+    except (OSError, ValueError, KeyError):
+        return None
+    study = session.exec(select(Study).where(Study.slug == slugify(str(name)))).first()
+    if study is None or study.id is None or active_model_ref(study.id, session=session):
+        return None
+    log(f"fitting the belief model of the demo study {study.slug!r} (once; about a minute)")
+    prepared = prepare_study_for_fielding(study, session=session)
+    log(
+        f"demo study ready at /s/{prepared.slug} (targets: {', '.join(prepared.targets) or 'none'})"
+    )
+    return prepared
+
+
+def prepare_demo_database(settings: Any, *, log: Callable[[str], object] = print) -> None:
+    """:func:`prepare_demo` on ``settings.database_url`` (``priorly serve`` calls it after
+    the bootstrap import, so the first start fits the demo's model and publishes it)."""
+    from app import db
+
+    engine = db.make_engine(settings.database_url)
+    try:
+        with Session(engine) as session:
+            prepare_demo(settings.demo_dataset, session=session, log=log)
+    finally:
+        engine.dispose()
