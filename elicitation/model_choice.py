@@ -44,7 +44,7 @@ from elicitation.bench.metrics import score_predictions
 from elicitation.criteria import get_criterion
 from elicitation.datasets import Dataset, load_dataset
 from elicitation.errors import BenchmarkError, ElicitationError
-from models.base import MISSING, BeliefModel, load_model
+from models.base import MISSING, BeliefModel, load_model, responses_hash
 from models.cape_cooccurrence import CapeCooccurrence
 from models.cape_factor import CapeFactor
 from models.cape_linear import CapeLinear
@@ -60,9 +60,33 @@ def _val_or_none(ctx: FitContext) -> Tensor | None:
     return ctx.val if ctx.val.shape[0] else None
 
 
+_MEMO: dict[tuple[Any, ...], BeliefModel] = {}
+
+
+def _memo(ctx: FitContext, name: str, build: Callable[[], BeliefModel], *extra: Any) -> BeliefModel:
+    """``ctx.cached`` plus a process-wide memo keyed by the training data, so that
+    :func:`cape_measures` reuses the fits of the benchmark run before it (fits are
+    deterministic functions of the data and the seed)."""
+    key = (
+        name,
+        responses_hash(ctx.train, ctx.item_bank),
+        responses_hash(ctx.val, ctx.item_bank),
+        ctx.base_seed,
+        *extra,
+    )
+
+    def build_once() -> BeliefModel:
+        if key not in _MEMO:
+            _MEMO[key] = build()
+        return _MEMO[key]
+
+    return ctx.cached(name if not extra else f"{name}:{extra}", build_once)
+
+
 def fit_cape_cooccurrence(ctx: FitContext) -> BeliefModel:
     """CAPE co-occurrence statistics on train users; (beta, eta, lam) chosen on validation."""
-    return ctx.cached(
+    return _memo(
+        ctx,
         "cape_cooccurrence",
         lambda: CapeCooccurrence.fit(
             ctx.train, ctx.item_bank, validation=_val_or_none(ctx), seed=ctx.base_seed
@@ -72,7 +96,8 @@ def fit_cape_cooccurrence(ctx: FitContext) -> BeliefModel:
 
 def fit_cape_linear(ctx: FitContext) -> BeliefModel:
     """Factor analysis on train users; d and the calibration chosen on validation."""
-    return ctx.cached(
+    return _memo(
+        ctx,
         "cape_linear",
         lambda: CapeLinear.fit(
             ctx.train, ctx.item_bank, validation=_val_or_none(ctx), seed=ctx.base_seed
@@ -82,7 +107,8 @@ def fit_cape_linear(ctx: FitContext) -> BeliefModel:
 
 def fit_cape_factor(ctx: FitContext) -> BeliefModel:
     """Pyro latent factor model on train users; d chosen on validation."""
-    return ctx.cached(
+    return _memo(
+        ctx,
         "cape_factor",
         lambda: CapeFactor.fit(
             ctx.train,
@@ -198,6 +224,10 @@ def fit_auto(ctx: FitContext) -> BeliefModel:
     """
     if ctx.val.shape[0] == 0:
         raise BenchmarkError("auto needs validation users to choose a model")
+    return _memo(ctx, "auto", lambda: _fit_auto(ctx), tuple(ctx.candidates), tuple(ctx.targets))
+
+
+def _fit_auto(ctx: FitContext) -> BeliefModel:
     models = {name: FITTERS[name](ctx) for name in AUTO_CANDIDATES}
     choice = choose_model(
         models,
@@ -209,15 +239,13 @@ def fit_auto(ctx: FitContext) -> BeliefModel:
     model = load_model(choice.model.to_bytes())
     model.metrics = {
         **choice.model.metrics,
+        "auto_table": {"seed": ctx.seed, "chosen": choice.chosen, "table": choice.table},
         "auto_chosen": choice.chosen,
         "model_choice": [
             {k: v for k, v in row.items() if k in ("name", "mean_log_loss", "chosen", "seconds")}
             for row in choice.table
         ],
     }
-    ctx.cache.setdefault("auto_choices", []).append(
-        {"seed": ctx.seed, "chosen": choice.chosen, "table": choice.table}
-    )
     return model
 
 
@@ -408,3 +436,59 @@ __all__ = [
     "fit_auto",
     "questions_to_fraction",
 ]
+
+
+def run_with_cape_measures(
+    dataset: str | Path,
+    budget: int,
+    methods: Sequence[str],
+    *,
+    n_runs: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """``run_individual`` plus :func:`cape_measures` merged into each method's entry."""
+    from elicitation.bench.individual import run_individual
+
+    ds = load_dataset(dataset)
+    result = run_individual(ds, budget, list(methods), n_runs=n_runs, seed=seed, progress=progress)
+    for name, extra in cape_measures(ds, result, n_runs=n_runs, seed=seed).items():
+        result["methods"][name].update(extra)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m elicitation.model_choice --dataset DIR --budget T --out FILE [--methods a,b]``."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--dataset", required=True, type=Path)
+    p.add_argument("--budget", type=int, default=10)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument(
+        "--methods", default="default,random,fixed,irt,full," + ",".join((*CAPE_FAMILIES, "auto"))
+    )
+    p.add_argument("--runs", type=int, default=None)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    result = run_with_cape_measures(args.dataset, args.budget, methods, n_runs=args.runs)
+    result["auto_choices"] = [
+        {
+            "seed": c["seed"],
+            "chosen": c["chosen"],
+            "mean_log_loss": {r["name"]: r["mean_log_loss"] for r in c["table"]},
+        }
+        for key, m in _MEMO.items()
+        if key[0] == "auto"
+        for c in [m.metrics.get("auto_table", {})]
+        if c
+    ]
+    args.out.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

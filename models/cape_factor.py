@@ -58,10 +58,10 @@ from models.cape_common import (
     split_rows,
 )
 
-DIMS = (1, 2, 3, 5)
+DIMS = (1, 2, 4)
 N_SAMPLES = 1024
 TRAIN_SAMPLES = 128
-STEPS = 1500
+STEPS = 1000
 BATCH = 256
 W_SCALE = 1.0
 B_SCALE = 5.0
