@@ -1,0 +1,172 @@
+"""``priorly personas generate`` on a real database (SQLite file and PostgreSQL).
+
+The backend is the real ``openai`` client against a tiny real HTTP server on 127.0.0.1
+whose answer for a prompt is a known function of the prompt text, so every stored
+distribution can be checked exactly. The server can be switched to answering garbage:
+the run must fail with a clear error, leave a ``failed`` job, keep what was stored before
+and store nothing wrong; a rerun resumes without recomputing any stored pair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlmodel import Session, select
+
+from app import db
+from app.cli import main
+from app.settings import get_settings
+
+NASTY = '<script>alert("hi")</script> {{ persona }} {% if x %}{persona}{% endif %} & "q"'
+PERSONAS = [NASTY, "A retired teacher from Ohio.", "A young nurse in Nevada."]
+
+
+def p_first(prompt: str) -> float:
+    """The server's probability of letter A for a prompt (a known function of its text)."""
+    return 0.05 + 0.9 * (int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF)
+
+
+class FakeVLLM:
+    """A real HTTP server speaking the completions subset of the OpenAI API."""
+
+    def __init__(self) -> None:
+        self.garbage_after: int | None = None
+        self.prompts: list[str] = []
+        self.requests = 0
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests += 1
+                if outer.garbage_after is not None and outer.requests > outer.garbage_after:
+                    payload = b'{"choices": [{"index": 0, "logprobs": {"top_logprobs": [{"A"'
+                else:
+                    choices = []
+                    for i, prompt in enumerate(body["prompt"]):
+                        outer.prompts.append(prompt)
+                        a = p_first(prompt)
+                        top = {"A": math.log(a * 0.9), " B": math.log((1 - a) * 0.9)}
+                        top["Sure"] = math.log(0.1)
+                        choices.append(
+                            {"index": i, "text": "A", "logprobs": {"top_logprobs": [top]}}
+                        )
+                    payload = json.dumps({"choices": choices}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeVLLM]:
+    s = FakeVLLM()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def study_db(db_url: str, small_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("PRIORLY_DATABASE_URL", db_url)
+    get_settings.cache_clear()
+    db.upgrade(db_url)
+    from app.services.importer import import_dataset
+
+    engine = db.make_engine(db_url)
+    with Session(engine) as session:
+        import_dataset(small_dataset, session=session, study_name="gen test")
+    engine.dispose()
+    yield db_url
+    get_settings.cache_clear()
+
+
+def test_generate_resumes_and_never_stores_wrong(
+    study_db: str, fake: FakeVLLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.tables import Job, PersonaDistribution, StudyPersona
+    from inference_server.backends import OpenAIBackend
+    from inference_server.generate import PairKey, pair_key
+    from inference_server.model_store import DEFAULT_MODEL
+
+    pfile = tmp_path / "personas.jsonl"
+    pfile.write_text("\n".join(json.dumps({"text": t}) for t in PERSONAS) + "\n")
+    args = ["personas", "generate", "--study", "gen-test", "--backend", "openai"]
+    args += ["--base-url", fake.url, "--personas", str(pfile), "--chunk", "8", "--batch-size", "4"]
+
+    assert main([*args, "--limit", "10"]) == 0
+    engine = db.make_engine(study_db)
+    with Session(engine) as s:
+        assert len(s.exec(select(PersonaDistribution)).all()) == 10
+        texts = s.exec(select(StudyPersona.text).order_by(StudyPersona.id)).all()  # type: ignore[arg-type]
+        assert list(texts) == PERSONAS  # verbatim, markup and all
+        from app.commands.personas import study_items
+
+        study_id = s.exec(select(StudyPersona.study_id)).first()
+        _, questions = study_items(study_id, session=s)
+    n_total = len(PERSONAS) * len(questions)
+    assert n_total == 90
+
+    fake.garbage_after = fake.requests + 3  # three good requests (= 12 pairs), then garbage
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "persona generation failed" in err and "not JSON" in err and "rerun to resume" in err
+    with Session(engine) as s:
+        n_after_fail = len(s.exec(select(PersonaDistribution)).all())
+        jobs = s.exec(select(Job).order_by(Job.id)).all()  # type: ignore[arg-type]
+    assert 10 < n_after_fail < n_total
+    assert [j.status for j in jobs] == ["succeeded", "failed"]
+    assert jobs[1].error and "BackendError" in jobs[1].error
+
+    fake.garbage_after = None
+    sent_before = len(fake.prompts)
+    assert main(args) == 0
+    assert len(fake.prompts) - sent_before == n_total - n_after_fail  # no stored pair redone
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["computed"] == n_total - n_after_fail and out["already_stored"] == n_after_fail
+
+    # every stored row is exactly what the server said for that pair's prompt
+    client = OpenAIBackend(fake.url, DEFAULT_MODEL)
+    expected = {}
+    for text in PERSONAS:
+        for item in questions:
+            prompt = client.render(text, item)
+            a = p_first(prompt)
+            expected[pair_key(client, text, item)] = [a, 1 - a] + [0.0] * (item.n_options - 2)
+    with Session(engine) as s:
+        rows = s.exec(select(PersonaDistribution)).all()
+        jobs = s.exec(select(Job).order_by(Job.id)).all()  # type: ignore[arg-type]
+    engine.dispose()
+    assert len(rows) == n_total
+    for r in rows:
+        key = PairKey(r.model_id, r.template_version, r.persona_hash, r.item_hash)
+        assert r.probs == pytest.approx(expected[key], abs=1e-9)
+        assert r.valid_mass == pytest.approx(0.9, abs=1e-9)
+        assert not r.flagged
+    assert [j.status for j in jobs] == ["succeeded", "failed", "succeeded"]
+
+
+def test_generate_unknown_study_is_a_clear_error(
+    study_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["personas", "generate", "--study", "nope", "--backend", "openai"]) == 2
+    assert "no study with slug 'nope'" in capsys.readouterr().err
