@@ -476,69 +476,66 @@ class PersonaMixture(BeliefModel):
         b, k = w.shape
         o_n, i_n = self.item_bank.max_options, self.item_bank.n_items
         c_n, t_n = int(cand.numel()), int(tgt.numel())
-        to_n = t_n * o_n
+        to_n, co_n = t_n * o_n, c_n * o_n
         grp = self._target_groups(tgt)
         full = 2 * c_n > i_n
-        cols: Tensor | None = None
-        if full:
-            cols = cols_of(cand, o_n)
-        if grp.order is not None:
+        cols = cols_of(cand, o_n)
+        grouped = grp.order is not None
+        if grouped:
             assert grp.crow is not None and grp.group is not None and grp.lik_sorted is not None
+            assert grp.cols_k is not None and grp.order is not None
+            g_crow, g_cols = grp.crow, grp.cols_k
             g_n = grp.table.shape[0]
             # [K, M] in group order; all items, or only the candidates' columns.
-            lik_np = grp.lik_sorted if full else grp.lik_sorted[:, cols_of(cand, o_n).numpy()]
+            lik_np = grp.lik_sorted if full else grp.lik_sorted[:, cols.numpy()]
             m = lik_np.shape[1]
-            joint = torch.empty(b, to_n, m, dtype=DTYPE)
-            den = torch.empty(b, m, dtype=DTYPE)
             w_sorted = w[:, grp.order].numpy()  # [B, K]
             base_w = torch.zeros(b, g_n, dtype=DTYPE).index_add_(1, grp.group, w)
             base = base_w @ grp.table  # [B, T*O]
-            chunk = max(1, _CHUNK_ELEMS // max(1, g_n * m))
-            for s in range(0, b, chunk):
-                bc = min(chunk, b - s)
+            per_row = max(g_n * m, to_n * m)
+        else:
+            lik_src = self._lik_flat if full else self.lik_k[:, cand].reshape(k, co_n)
+            m = lik_src.shape[1]
+            aug = torch.cat([grp.table, torch.ones(k, 1, dtype=DTYPE)], dim=1)  # [K, T*O+1]
+            base = w @ grp.table
+            per_row = max(k * (to_n + 1), (to_n + 1) * m)
+        p_x = torch.empty(b, co_n, dtype=DTYPE)
+        p_t = torch.empty(b, co_n, to_n, dtype=DTYPE)
+        chunk = max(1, _CHUNK_ELEMS // per_row)
+        for s in range(0, b, chunk):
+            bc = min(chunk, b - s)
+            if grouped:
                 # Block-diagonal in respondents: row (r, g) sums w[r, θ] over θ in group g.
                 if bc == 1:
-                    crow, cols_k = grp.crow, grp.cols_k
+                    crow, cols_k = g_crow, g_cols
                 else:
                     crow = np.concatenate(
-                        [
-                            (grp.crow[:-1][None, :] + k * np.arange(bc)[:, None]).reshape(-1),
-                            [bc * k],
-                        ]
+                        [(g_crow[:-1][None, :] + k * np.arange(bc)[:, None]).reshape(-1), [bc * k]]
                     )
-                    cols_k = np.tile(grp.cols_k, bc)
+                    cols_k = np.tile(g_cols, bc)
                 sel = scipy.sparse.csr_matrix(
                     (w_sorted[s : s + bc].reshape(-1), cols_k, crow), shape=(bc * g_n, k)
                 )
                 agg = torch.from_numpy(np.asarray(sel @ lik_np)).reshape(bc, g_n, m)  # [b, G, M]
-                torch.matmul(grp.table_t, agg, out=joint[s : s + bc])
-                den[s : s + bc] = agg.sum(1)
-        else:
-            lik_src = self._lik_flat if full else self.lik_k[:, cand].reshape(k, c_n * o_n)
-            m = lik_src.shape[1]
-            joint = torch.empty(b, to_n, m, dtype=DTYPE)
-            den = torch.empty(b, m, dtype=DTYPE)
-            aug = torch.cat([grp.table, torch.ones(k, 1, dtype=DTYPE)], dim=1)  # [K, T*O+1]
-            base = w @ grp.table
-            chunk = max(1, _CHUNK_ELEMS // max(1, k * (to_n + 1)))
-            for s in range(0, b, chunk):
-                a = (w[s : s + chunk].unsqueeze(2) * aug.unsqueeze(0)).transpose(1, 2)
+                joint = torch.matmul(grp.table_t, agg)  # [b, T*O, M]
+                den = agg.sum(1)  # [b, M]
+            else:
+                a = (w[s : s + bc].unsqueeze(2) * aug.unsqueeze(0)).transpose(1, 2)
                 res = torch.matmul(a, lik_src)  # [b, T*O+1, M]
-                joint[s : s + chunk] = res[:, :to_n]
-                den[s : s + chunk] = res[:, to_n]
-        if self._floor_active:
-            mu_src = self._mu_flat if full else self.mu[:, cand].reshape(k, c_n * o_n)
-            p_x = w @ mu_src
-        else:
-            p_x = den
-        if cols is not None:
-            p_x, den, joint = p_x[:, cols], den[:, cols], joint[:, :, cols]
-        p_x = p_x.reshape(b, c_n, o_n)
-        pos = den > 0
-        safe = torch.where(pos, den, torch.ones((), dtype=DTYPE))
-        p_t = (joint.transpose(1, 2) / safe.unsqueeze(2)).reshape(b, c_n, o_n, t_n, o_n)
-        p_t = torch.where(pos.reshape(b, c_n, o_n, 1, 1), p_t, base.reshape(b, 1, 1, t_n, o_n))
-        return p_x, p_t
+                joint, den = res[:, :to_n], res[:, to_n]
+            if full:
+                joint, den = joint[:, :, cols], den[:, cols]
+            pos = den > 0
+            safe = torch.where(pos, den, torch.ones((), dtype=DTYPE))
+            p_t[s : s + bc] = torch.where(
+                pos.unsqueeze(2),
+                joint.transpose(1, 2) / safe.unsqueeze(2),
+                base[s : s + bc].unsqueeze(1),
+            )
+            p_x[s : s + bc] = den
+        if self._floor_active:  # the predictive uses μ itself, the conditionals max(μ, floor)
+            p_x = w @ self._mu_flat[:, cols]
+        return p_x.reshape(b, c_n, o_n), p_t.reshape(b, c_n, o_n, t_n, o_n)
 
     # ----- many respondents --------------------------------------------------
     def initial_batch(self, observed: Tensor) -> PersonaBatchState:
@@ -779,7 +776,7 @@ def compress(
     if n_prototypes < 1:
         raise ModelError(f"n_prototypes must be >= 1, got {n_prototypes}")
     prior = mixture.log_prior.exp()
-    keep = prior >= min_prior
+    keep = (prior >= min_prior) & (prior > 0)
     if not bool(keep.any()):
         raise ModelError(f"no persona has prior >= min_prior={min_prior}")
     mu = mixture.mu[keep]

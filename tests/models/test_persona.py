@@ -290,3 +290,28 @@ def test_serialisation_round_trip() -> None:
     torch.testing.assert_close(m2.log_prior, m.log_prior)
     with pytest.raises(ModelError, match="cannot read"):
         load_model(b"not a model")
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_batched_lookahead_in_several_chunks(
+    monkeypatch: pytest.MonkeyPatch, grouped: bool
+) -> None:
+    """Chunking over respondents (to bound memory) does not change the result."""
+    import models.persona as persona
+
+    m = deterministic_mixture(k=30, seed=5) if grouped else random_mixture((2, 3, 4, 3, 2, 2), 9, 6)
+    gen = torch.Generator().manual_seed(11)
+    observed = torch.full((9, 6), -1, dtype=torch.long)
+    observed[:, 0] = torch.randint(2, (9,), generator=gen)
+    st = m.initial_batch(observed)
+    cands, targets = [1, 2, 3], [4, 5]
+    whole = m.lookahead_batch(st, cands, targets)
+    monkeypatch.setattr(persona, "_CHUNK_ELEMS", 1)  # one respondent per chunk
+    parts = m.lookahead_batch(st, cands, targets)
+    torch.testing.assert_close(parts[0], whole[0], rtol=0, atol=1e-15)
+    torch.testing.assert_close(parts[1], whole[1], rtol=1e-13, atol=1e-15)
+    for b in (0, 8):
+        s = m.initial_state({0: int(observed[b, 0])})
+        p_x, p_t = m.lookahead(s, cands, targets)
+        torch.testing.assert_close(parts[0][b], p_x)
+        torch.testing.assert_close(parts[1][b], p_t)
