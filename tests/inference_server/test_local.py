@@ -47,14 +47,10 @@ def brute_force(backend: LocalBackend, req: ScoreRequest) -> tuple[list[float], 
     with torch.no_grad():
         logits = backend.model(input_ids=torch.tensor([ids["input_ids"]])).logits[0, -1]
     p = torch.softmax(logits.double(), -1)
-    vocab = backend.tokenizer.convert_ids_to_tokens(list(range(len(backend.tokenizer))))
+    decoded = backend.tokenizer.batch_decode([[t] for t in range(len(backend.tokenizer))])
     q = []
     for letter in req.item.letters:
-        toks = [
-            t
-            for t in range(len(vocab))
-            if backend.tokenizer.decode([t]).strip() == letter and vocab[t] is not None
-        ]
+        toks = [t for t, text in enumerate(decoded) if text.strip() == letter]
         q.append(float(p[toks].sum()))
     m = sum(q)
     return [x / m for x in q], m
