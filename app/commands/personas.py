@@ -70,6 +70,24 @@ def register(subparsers: Any) -> None:
     gen.add_argument("--threads", type=int, default=None, help="torch threads (local)")
     gen.set_defaults(func=_generate)
 
+    table = sub.add_parser(
+        "table",
+        help="generate and cache a dataset's LLM persona table (for bench llm_personas/mixed)",
+        description=(
+            "Score the N most frequent attribute profiles of the dataset's training users on "
+            "every question and cache the table under $PRIORLY_CACHE_DIR/persona_tables."
+        ),
+    )
+    table.add_argument("--dataset", type=Path, required=True)
+    table.add_argument("--n-personas", type=int, default=16)
+    table.add_argument("--backend", choices=["local", "openai"], default="local")
+    table.add_argument("--base-url", help="OpenAI-compatible server (backend openai)")
+    table.add_argument("--model", default=None)
+    table.add_argument("--batch-size", type=int, default=8)
+    table.add_argument("--threshold", type=float, default=0.5)
+    table.add_argument("--threads", type=int, default=None)
+    table.set_defaults(func=_table)
+
     bench = sub.add_parser(
         "bench",
         help="throughput of the backends (persona-item distributions per second)",
@@ -340,6 +358,44 @@ def _generate(args: argparse.Namespace) -> int:
             print(json.dumps(result))
     finally:
         engine.dispose()
+    return 0
+
+
+def _table(args: argparse.Namespace) -> int:
+    import time
+
+    from tqdm import tqdm
+
+    from elicitation.datasets import load_dataset
+    from inference_server.persona_table import build_table, table_path
+
+    ds = load_dataset(args.dataset)
+    backend = _make_backend(args)
+    bar = tqdm(total=0, unit="pair", desc="persona table", file=sys.stderr)
+
+    def progress(done: int, todo: int) -> None:
+        bar.total = todo
+        bar.n = done
+        bar.refresh()
+
+    t0 = time.perf_counter()
+    table = build_table(ds, backend, n_personas=args.n_personas, on_progress=progress)
+    bar.close()
+    path = table.save(
+        table_path(ds, backend.model_id, backend.template.version_id, len(table.texts))
+    )
+    flagged = int((table.valid_mass < args.threshold).sum())
+    print(
+        json.dumps(
+            {
+                "path": str(path),
+                "personas": len(table.texts),
+                "items": len(table.item_keys),
+                "flagged_pairs": flagged,
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+        )
+    )
     return 0
 
 
