@@ -113,34 +113,53 @@ def member_eig(
     candidates: Sequence[int],
     targets: Sequence[int],
     *,
-    chunk: int = 2048,
+    chunk: int = 8192,
 ) -> Tensor:
     """Expected information gain of each candidate about each member's targets.
 
     ``EIG_v(x) = sum_t H(p(Y_vt | h_v)) - sum_k p(Y_vx = k | h_v) sum_t H(p(Y_vt | h_v, Y_vx = k))``
     (nats; the sum of target entropies approximates ``H(U_v)`` as in the paper).
+    Computed with the batched interface every belief model has: one ``update_batch``
+    and one ``predict_batch`` per (candidate, option) for all members at once, so the
+    cost is ``sum_x O_x`` batched updates, whatever the model family. A member who has
+    already answered ``x`` gains nothing from it (``EIG_v(x) = 0``).
 
     Args:
-        model: belief model with batched forms (``initial_batch``, ``predict_batch``,
-            ``lookahead_batch``).
+        model: belief model (``initial_batch``, ``update_batch``, ``predict_batch``).
         history: ``[B, I]`` each member's answers so far (``-1`` none); states are
             rebuilt from it in chunks (a state equals the replay of its answers).
         candidates: ``C`` item indices.
         targets: ``T`` target item indices.
-        chunk: members per ``lookahead_batch`` call (memory ``chunk * C * O * T * O``).
+        chunk: members per batch.
 
     Returns:
         ``[B, C]`` float64, >= 0 up to rounding.
     """
     cand = [int(c) for c in candidates]
     tgt = [int(t) for t in targets]
+    n_opt = model.item_bank.n_options
+    o_t = max((n_opt[t] for t in tgt), default=1)
     parts = []
     for s in range(0, int(history.shape[0]), chunk):
-        state = model.initial_batch(history[s : s + chunk])
-        now = _entropy(model.predict_batch(state, tgt)).sum(-1)  # [b]
-        p_x, p_t = model.lookahead_batch(state, cand, tgt)
-        after = (p_x * _entropy(p_t).sum(-1)).sum(-1)  # [b, C]
-        parts.append(now.unsqueeze(1) - after)
+        hist = history[s : s + chunk]
+        b = int(hist.shape[0])
+        state = model.initial_batch(hist)
+        now = _entropy(model.predict_batch(state, tgt)[..., :o_t]).sum(-1)  # [b]
+        out = torch.zeros(b, len(cand), dtype=DTYPE)
+        for j, x in enumerate(cand):
+            free = hist[:, x] < 0
+            if not bool(free.any()):
+                continue
+            p_x = model.predict_batch(state, [x])[:, 0, : n_opt[x]]  # [b, O_x]
+            after = torch.zeros(b, dtype=DTYPE)
+            items = torch.full((b,), x, dtype=torch.long)
+            for k in range(n_opt[x]):
+                opts = torch.where(free, torch.full((b,), k), torch.full((b,), MISSING))
+                nxt = model.update_batch(state, items, opts)
+                h = _entropy(model.predict_batch(nxt, tgt)[..., :o_t]).sum(-1)
+                after += p_x[:, k] * h
+            out[:, j] = torch.where(free, now - after, torch.zeros((), dtype=DTYPE))
+        parts.append(out)
     if not parts:
         return torch.zeros(0, len(cand), dtype=DTYPE)
     return torch.cat(parts)
