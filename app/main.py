@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from app.db import head_revision, make_engine
 from app.errors import PriorlyError
-from app.routes import api_v1, health, pages, respondent
+from app.routes import admin, api_v1, health, pages, respondent
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
 
@@ -49,4 +49,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _priorly_error(request: Request, exc: PriorlyError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
 
+    admin.install(app)  # the admin UI (after the handlers: its error pages wrap them)
     return app

@@ -1,0 +1,867 @@
+"""The admin UI under ``/admin``: pages (full HTML) and htmx partials.
+
+Routes are thin: parse the form, call one service, render. Authentication and study
+access are dependencies (:data:`app.auth.CurrentResearcher`, :data:`app.auth.VisibleStudy`:
+404 for a study the researcher may not see); every state-changing request passes
+:func:`app.auth.verify_csrf` (a router-level dependency). A user error in a form is shown
+inline in the re-rendered form (status 422), never as a bare error page.
+
+:func:`install` adds the router, the CSRF-cookie middleware and the error handlers that
+turn a missing login into a redirect to the login page.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from sqlmodel import col, select
+from starlette.background import BackgroundTask
+
+from app import auth
+from app.auth import AdminUser, CurrentResearcher, VisibleStudy
+from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
+from app.errors import InvalidInputError, NotFoundError, PriorlyError
+from app.jobs.kinds import LABELS, kind_names
+from app.schemas import StudySettings
+from app.services import apikeys, designer, export, jobs
+from app.services.studies import list_study_summaries
+from app.tables import ApiKey, Job, JobStatus, Researcher, StudyShare
+from elicitation.datasets import DatasetError
+
+router = APIRouter(prefix="/admin", dependencies=[Depends(auth.verify_csrf)])
+
+FORM_ERRORS = (PriorlyError, DatasetError)
+
+
+def _render(
+    request: Request,
+    templates: Any,
+    name: str,
+    context: dict[str, Any],
+    *,
+    block: str | None = None,
+    status: int = 200,
+) -> Response:
+    ctx = {
+        "researcher": getattr(request.state, "researcher", None),
+        "csrf_token": auth.csrf_token(request),
+        **context,
+    }
+    if block is not None:
+        return templates.TemplateResponse(request, name, ctx, block_name=block, status_code=status)
+    return templates.TemplateResponse(request, name, ctx, status_code=status)
+
+
+def _see_other(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303)
+
+
+def _form_str(form: Any, name: str, default: str = "") -> str:
+    value = form.get(name, default)
+    return value if isinstance(value, str) else default
+
+
+# ----- login / logout / invitations ------------------------------------------------------
+
+
+@router.get("/login", response_class=HTMLResponse, name="admin_login")
+def login_page(request: Request, templates: TemplatesDep) -> Response:
+    return _render(request, templates, "admin/login.html", {"error": None})
+
+
+@router.post("/login")
+async def login(request: Request, session: SessionDep, templates: TemplatesDep) -> Response:
+    form = await request.form()
+    try:
+        researcher = auth.authenticate(
+            _form_str(form, "email"), _form_str(form, "password"), session=session
+        )
+    except auth.LoginRequired as exc:
+        return _render(request, templates, "admin/login.html", {"error": str(exc)}, status=401)
+    response = _see_other(str(request.url_for("admin_home")))
+    auth.set_login_cookies(request, response, researcher)
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request) -> Response:
+    response = _see_other(str(request.url_for("admin_login")))
+    auth.clear_login_cookies(request, response)
+    return response
+
+
+@router.get("/invite/{token}", response_class=HTMLResponse)
+def invitation_page(
+    token: str, request: Request, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    invitation = auth.get_invitation(token, session=session)
+    return _render(
+        request, templates, "admin/invite.html", {"invitation": invitation, "error": None}
+    )
+
+
+@router.post("/invite/{token}")
+async def accept_invitation(
+    token: str, request: Request, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    form = await request.form()
+    invitation = auth.get_invitation(token, session=session)
+    password = _form_str(form, "password")
+    try:
+        if password != _form_str(form, "password2"):
+            raise InvalidInputError("the two passwords differ")
+        researcher = auth.accept_invitation(token, password, session=session)
+    except FORM_ERRORS as exc:
+        return _render(
+            request,
+            templates,
+            "admin/invite.html",
+            {"invitation": invitation, "error": str(exc)},
+            status=422,
+        )
+    response = _see_other(str(request.url_for("admin_home")))
+    auth.set_login_cookies(request, response, researcher)
+    return response
+
+
+# ----- home: studies -----------------------------------------------------------------------
+
+
+def _home_context(researcher: Researcher, session: Any, settings: Any) -> dict[str, Any]:
+    visible = auth.visible_study_ids(researcher, session=session)
+    studies = [
+        s for s in list_study_summaries(session=session) if visible is None or s.id in visible
+    ]
+    return {
+        "studies": studies,
+        "datasets": designer.shipped_datasets(Path(settings.demo_dataset).parent),
+    }
+
+
+@router.get("", response_class=HTMLResponse, name="admin_home")
+def home(
+    request: Request,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    settings: SettingsDep,
+    templates: TemplatesDep,
+) -> Response:
+    ctx = _home_context(researcher, session, settings)
+    return _render(request, templates, "admin/home.html", {**ctx, "error": None})
+
+
+@router.post("/studies")
+async def create_study(
+    request: Request,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    settings: SettingsDep,
+    templates: TemplatesDep,
+) -> Response:
+    form = await request.form()
+    try:
+        study = designer.create_study(_form_str(form, "name"), owner=researcher, session=session)
+    except FORM_ERRORS as exc:
+        ctx = _home_context(researcher, session, settings)
+        return _render(
+            request, templates, "admin/home.html", {**ctx, "error": str(exc)}, status=422
+        )
+    return _see_other(str(request.url_for("admin_study", slug=study.slug)))
+
+
+# ----- imports -----------------------------------------------------------------------------
+
+
+@router.get("/import", response_class=HTMLResponse, name="admin_import")
+def import_page(
+    request: Request,
+    researcher: CurrentResearcher,
+    settings: SettingsDep,
+    templates: TemplatesDep,
+) -> Response:
+    return _render(
+        request,
+        templates,
+        "admin/import.html",
+        {
+            "datasets": designer.shipped_datasets(Path(settings.demo_dataset).parent),
+            "error": None,
+            "preview": None,
+        },
+    )
+
+
+@router.post("/import/shipped")
+async def import_shipped(
+    request: Request,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    settings: SettingsDep,
+    templates: TemplatesDep,
+) -> Response:
+    form = await request.form()
+    datasets_dir = Path(settings.demo_dataset).parent
+    try:
+        result = designer.import_shipped(
+            _form_str(form, "dataset"),
+            datasets_dir=datasets_dir,
+            owner=researcher,
+            session=session,
+            study_name=_form_str(form, "name"),
+        )
+    except FORM_ERRORS as exc:
+        return _render(
+            request,
+            templates,
+            "admin/import.html",
+            {
+                "datasets": designer.shipped_datasets(datasets_dir),
+                "error": str(exc),
+                "preview": None,
+            },
+            status=422,
+        )
+    return _see_other(str(request.url_for("admin_study", slug=result.slug)))
+
+
+UPLOAD_FIELDS = ("responses.csv", "codebook.jsonl", "dataset.json", "user_split.json", "runs.csv")
+
+
+@router.post("/import/upload")
+async def import_upload(
+    request: Request,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    settings: SettingsDep,
+    templates: TemplatesDep,
+) -> Response:
+    """``action=preview`` validates and shows the preview; ``action=import`` imports."""
+    form = await request.form()
+    files: dict[str, bytes] = {}
+    for name in UPLOAD_FIELDS:
+        upload = form.get(name)
+        if upload is not None and not isinstance(upload, str):
+            if upload.size is not None and upload.size > designer.MAX_UPLOAD_BYTES:
+                raise InvalidInputError(f"{name} is larger than the upload limit")
+            files[name] = await upload.read()
+    fields = {k: _form_str(form, k) for k in ("name", "id_column", "attributes")}
+    datasets = designer.shipped_datasets(Path(settings.demo_dataset).parent)
+    try:
+        if _form_str(form, "action") == "import":
+            result = designer.import_upload(files, fields, owner=researcher, session=session)
+            return _see_other(str(request.url_for("admin_study", slug=result.slug)))
+        preview = designer.preview_upload(files, fields)
+    except FORM_ERRORS as exc:
+        return _render(
+            request,
+            templates,
+            "admin/import.html",
+            {"datasets": datasets, "error": str(exc), "preview": None, "fields": fields},
+            status=422,
+        )
+    return _render(
+        request,
+        templates,
+        "admin/import.html",
+        {"datasets": datasets, "error": None, "preview": preview, "fields": fields},
+    )
+
+
+# ----- the study designer ------------------------------------------------------------------
+
+
+def _study_context(study: Any, session: Any) -> dict[str, Any]:
+    from elicitation.criteria import criterion_names
+
+    shares = session.exec(
+        select(Researcher)
+        .join(StudyShare, col(StudyShare.researcher_id) == col(Researcher.id))
+        .where(StudyShare.study_id == study.id)
+    ).all()
+    owner = session.get(Researcher, study.owner_id) if study.owner_id else None
+    return {
+        "study": study,
+        "items": designer.study_items(study, session=session),
+        "settings": StudySettings.model_validate(study.settings or {}),
+        "criteria": criterion_names(),
+        "shares": shares,
+        "owner": owner,
+        "roles": ("question", "attribute", "target"),
+    }
+
+
+def _study_page(
+    request: Request,
+    templates: Any,
+    study: Any,
+    session: Any,
+    *,
+    error: str | None = None,
+    notice: str | None = None,
+    status: int = 200,
+) -> Response:
+    ctx = _study_context(study, session)
+    return _render(
+        request,
+        templates,
+        "admin/study.html",
+        {**ctx, "error": error, "notice": notice},
+        status=status,
+    )
+
+
+@router.get("/studies/{slug}", response_class=HTMLResponse, name="admin_study")
+def study_page(
+    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    return _study_page(request, templates, study, session)
+
+
+@router.post("/studies/{slug}/texts")
+async def study_texts(
+    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    form = await request.form()
+    try:
+        designer.update_texts(
+            study,
+            session=session,
+            name=_form_str(form, "name"),
+            description=_form_str(form, "description"),
+            consent_text=_form_str(form, "consent_text"),
+            completion_code=_form_str(form, "completion_code"),
+            redirect_url=_form_str(form, "redirect_url"),
+        )
+    except FORM_ERRORS as exc:
+        return _study_page(request, templates, study, session, error=str(exc), status=422)
+    return _study_page(request, templates, study, session, notice="texts saved")
+
+
+def _opt_int(value: str) -> int | None:
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidInputError(f"not a whole number: {value!r}") from None
+
+
+def _opt_float(value: str) -> float | None:
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidInputError(f"not a number: {value!r}") from None
+
+
+@router.post("/studies/{slug}/settings")
+async def study_settings(
+    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    form = await request.form()
+    f = lambda name: _form_str(form, name)  # noqa: E731
+    try:
+        values = {
+            "criterion": f("criterion"),
+            "ask_attributes": f("ask_attributes") == "on",
+            "budgets": {
+                "max_questions": _opt_int(f("max_questions")) or 0,
+                "min_questions": _opt_int(f("min_questions")) or 0,
+                "stop_eig_threshold": _opt_float(f("stop_eig_threshold")),
+                "stop_entropy_threshold": _opt_float(f("stop_entropy_threshold")),
+                "allow_skip": f("allow_skip") == "on",
+            },
+            "group": {
+                "rounds": _opt_int(f("rounds")) or 0,
+                "respondents_per_round": _opt_int(f("respondents_per_round")),
+                "respondents_share": _opt_float(f("respondents_share")) or 0.0,
+                "total_answers": _opt_int(f("total_answers")),
+                "max_questions_per_respondent": _opt_int(f("max_questions_per_respondent")) or 0,
+            },
+        }
+        designer.update_settings(study, values, session=session)
+    except FORM_ERRORS as exc:
+        return _study_page(request, templates, study, session, error=str(exc), status=422)
+    return _study_page(request, templates, study, session, notice="budgets saved")
+
+
+@router.post("/studies/{slug}/items")
+async def add_item(
+    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    form = await request.form()
+    try:
+        designer.add_item(
+            study,
+            session=session,
+            key=_form_str(form, "key"),
+            question=_form_str(form, "question"),
+            options_text=_form_str(form, "options"),
+            role=_form_str(form, "role", "question"),
+            topic=_form_str(form, "topic"),
+            is_preference_criterion=_form_str(form, "is_preference_criterion") == "on",
+        )
+    except FORM_ERRORS as exc:
+        return _study_page(request, templates, study, session, error=str(exc), status=422)
+    return _study_page(request, templates, study, session, notice="item added")
+
+
+@router.post("/studies/{slug}/items/{item_id}")
+async def update_item(
+    item_id: int,
+    request: Request,
+    study: VisibleStudy,
+    session: SessionDep,
+    templates: TemplatesDep,
+) -> Response:
+    form = await request.form()
+    item = designer.get_item(study, item_id, session=session)
+    try:
+        if _form_str(form, "action") == "delete":
+            designer.delete_item(study, item, session=session)
+            return _study_page(request, templates, study, session, notice="item deleted")
+        options_text = _form_str(form, "options")
+        if not options_text.strip():
+            options_text = "\n".join(f"{o[0]}: {o[1]}" for o in item.options)
+        designer.update_item(
+            study,
+            item,
+            session=session,
+            question=_form_str(form, "question", item.question) or item.question,
+            options_text=options_text,
+            role=_form_str(form, "role", item.role),
+            topic=_form_str(form, "topic", item.topic or ""),
+            is_preference_criterion=_form_str(form, "is_preference_criterion") == "on",
+        )
+    except FORM_ERRORS as exc:
+        return _study_page(request, templates, study, session, error=str(exc), status=422)
+    return _study_page(request, templates, study, session, notice=f"item {item.key} saved")
+
+
+@router.post("/studies/{slug}/status")
+async def study_status(
+    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    form = await request.form()
+    try:
+        designer.set_status(study, _form_str(form, "status"), session=session)
+    except FORM_ERRORS as exc:
+        return _study_page(request, templates, study, session, error=str(exc), status=422)
+    return _study_page(request, templates, study, session, notice=f"study {study.status}")
+
+
+@router.post("/studies/{slug}/share")
+async def study_share(
+    request: Request,
+    study: VisibleStudy,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    templates: TemplatesDep,
+) -> Response:
+    form = await request.form()
+    try:
+        if not (researcher.is_admin or study.owner_id == researcher.id):
+            raise InvalidInputError("only the study's owner can share it")
+        other = auth.share_study(study, _form_str(form, "email"), session=session)
+    except FORM_ERRORS as exc:
+        return _study_page(request, templates, study, session, error=str(exc), status=422)
+    return _study_page(request, templates, study, session, notice=f"shared with {other.email}")
+
+
+# ----- jobs --------------------------------------------------------------------------------
+
+
+def _job_view(job: Job) -> dict[str, Any]:
+    return {
+        "job": job,
+        "label": LABELS.get(job.kind, job.kind),
+        "active": job.status in jobs.ACTIVE,
+        "percent": int(round(100 * (job.progress or 0.0))),
+    }
+
+
+@router.get("/studies/{slug}/jobs", response_class=HTMLResponse, name="admin_jobs")
+def jobs_page(
+    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    rows = [_job_view(j) for j in jobs.study_jobs(study, session=session)]
+    return _render(
+        request,
+        templates,
+        "admin/jobs.html",
+        {"study": study, "jobs": rows, "kinds": [(k, LABELS[k]) for k in kind_names()]},
+    )
+
+
+@router.post("/studies/{slug}/jobs")
+async def start_job(
+    request: Request,
+    study: VisibleStudy,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    settings: SettingsDep,
+    templates: TemplatesDep,
+) -> Response:
+    form = await request.form()
+    kind = _form_str(form, "kind")
+    payload: dict[str, Any] = {}
+    if kind == "simulation":
+        for name in ("budget", "max_test_users"):
+            value = _opt_int(_form_str(form, name))
+            if value is not None:
+                payload[name] = value
+    job = jobs.start_job(
+        kind, study, payload=payload, researcher=researcher, settings=settings, session=session
+    )
+    target = "admin_simulation" if kind == "simulation" else "admin_jobs"
+    return _see_other(str(request.url_for(target, slug=study.slug)) + f"?job={job.id}")
+
+
+@router.get("/studies/{slug}/jobs/{job_id}", response_class=HTMLResponse, name="admin_job")
+def job_partial(
+    job_id: int,
+    request: Request,
+    study: VisibleStudy,
+    session: SessionDep,
+    templates: TemplatesDep,
+) -> Response:
+    """The job's row: polls itself every second while the job is queued or running."""
+    job = jobs.get_study_job(study, job_id, session=session)
+    return _render(
+        request, templates, "admin/job.html", {"study": study, **_job_view(job)}, block="job"
+    )
+
+
+@router.post("/studies/{slug}/jobs/{job_id}/cancel")
+def cancel_job(
+    job_id: int,
+    request: Request,
+    study: VisibleStudy,
+    session: SessionDep,
+    templates: TemplatesDep,
+) -> Response:
+    job = jobs.get_study_job(study, job_id, session=session)
+    jobs.cancel_job(job, session=session)
+    return _render(
+        request, templates, "admin/job.html", {"study": study, **_job_view(job)}, block="job"
+    )
+
+
+@router.get("/studies/{slug}/jobs/{job_id}/plot.svg", name="admin_job_plot")
+def job_plot(job_id: int, study: VisibleStudy, session: SessionDep) -> Response:
+    from app.services.plots import simulation_svg
+
+    job = jobs.get_study_job(study, job_id, session=session)
+    if job.kind != "simulation" or job.status != JobStatus.succeeded.value or not job.result:
+        raise NotFoundError("this job has no simulation plot")
+    return Response(
+        simulation_svg(job.result),
+        media_type="image/svg+xml",
+        headers={"Cache-Control": "private, max-age=3600"},
+    )
+
+
+@router.get("/studies/{slug}/simulation", response_class=HTMLResponse, name="admin_simulation")
+def simulation_page(
+    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    pending = [
+        _job_view(j)
+        for j in jobs.study_jobs(study, session=session, limit=20)
+        if j.kind == "simulation" and j.status in jobs.ACTIVE
+    ]
+    latest = jobs.latest_result(study, "simulation", session=session)
+    return _render(
+        request,
+        templates,
+        "admin/simulation.html",
+        {
+            "study": study,
+            "pending": pending,
+            "latest": latest,
+            "settings": StudySettings.model_validate(study.settings or {}),
+        },
+    )
+
+
+# ----- dashboard -----------------------------------------------------------------------------
+
+
+@router.get("/studies/{slug}/dashboard", response_class=HTMLResponse, name="admin_dashboard")
+def dashboard_page(
+    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    from app.services import plots
+    from app.services.dashboard import build_dashboard
+
+    dash = build_dashboard(study, session=session)
+    target_svgs = [
+        plots.distribution_svg(
+            f"{t.key}: {t.question} (n = {t.n})", t.labels, t.mean, t.low, t.high, t.prior
+        )
+        for t in dash.targets
+    ]
+    persona_svg = (
+        plots.bars_svg(
+            "aggregate persona posterior",
+            [p["label"] for p in dash.personas],
+            [p["weight"] for p in dash.personas],
+            "mean posterior weight",
+        )
+        if dash.personas and dash.counts["started"]
+        else None
+    )
+    block = "dashboard" if request.headers.get("hx-request") else None
+    return _render(
+        request,
+        templates,
+        "admin/dashboard.html",
+        {"study": study, "dash": dash, "target_svgs": target_svgs, "persona_svg": persona_svg},
+        block=block,
+    )
+
+
+@router.get("/studies/{slug}/groups", response_class=HTMLResponse, name="admin_groups")
+def groups_page(request: Request, study: VisibleStudy, templates: TemplatesDep) -> Response:
+    return _render(request, templates, "admin/groups.html", {"study": study})
+
+
+# ----- exports ---------------------------------------------------------------------------------
+
+EXPORTS = {
+    "answers_wide.csv": "text/csv; charset=utf-8",
+    "answers_long.csv": "text/csv; charset=utf-8",
+    "answers.sav": "application/x-spss-sav",
+    "answers.dta": "application/x-stata-dta",
+    "codebook.jsonl": "application/jsonl; charset=utf-8",
+    "predictions.csv": "text/csv; charset=utf-8",
+}
+
+
+@router.get("/studies/{slug}/export", response_class=HTMLResponse, name="admin_exports")
+def exports_page(request: Request, study: VisibleStudy, templates: TemplatesDep) -> Response:
+    return _render(request, templates, "admin/exports.html", {"study": study, "exports": EXPORTS})
+
+
+@router.get("/studies/{slug}/export/{name}", name="admin_export")
+def export_file(
+    name: str,
+    study: VisibleStudy,
+    engine: EngineDep,
+    imported: bool = False,
+) -> Response:
+    """Stream one export; ``?imported=1`` adds the imported respondents to answer exports."""
+    from sqlmodel import Session
+
+    if name not in EXPORTS:
+        raise NotFoundError(f"no export {name!r}")
+    filename = f"{study.slug}-{name}"
+    headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
+    if name.endswith((".sav", ".dta")):
+        tmp = tempfile.NamedTemporaryFile(prefix="priorly-", suffix=name[-4:], delete=False)
+        tmp.close()
+        path = Path(tmp.name)
+        with Session(engine) as db:
+            writer = export.write_sav if name.endswith(".sav") else export.write_dta
+            writer(study, path, session=db, include_imported=imported)
+        return FileResponse(
+            path,
+            media_type=EXPORTS[name],
+            headers=headers,
+            background=BackgroundTask(path.unlink, missing_ok=True),
+        )
+    if name == "predictions.csv":
+        # Fail before streaming (a half-sent CSV would look complete).
+        with Session(engine) as db:
+            from app.services import sessions as svc
+
+            svc.load_runtime(study, session=db, fit_if_missing=False)
+
+    def stream() -> Any:
+        with Session(engine) as db:
+            if name == "answers_wide.csv":
+                yield from export.csv_wide(study, session=db, include_imported=imported)
+            elif name == "answers_long.csv":
+                yield from export.csv_long(study, session=db)
+            elif name == "codebook.jsonl":
+                yield from export.codebook_jsonl(study, session=db)
+            else:
+                yield from export.csv_predictions(study, session=db)
+
+    return StreamingResponse(
+        (chunk.encode("utf-8") for chunk in stream()), media_type=EXPORTS[name], headers=headers
+    )
+
+
+# ----- API keys -------------------------------------------------------------------------------
+
+
+def _keys_page(
+    request: Request,
+    templates: Any,
+    researcher: Researcher,
+    session: Any,
+    *,
+    new_key: str | None = None,
+    error: str | None = None,
+    status: int = 200,
+) -> Response:
+    keys = apikeys.list_api_keys(researcher.email, session=session)
+    return _render(
+        request,
+        templates,
+        "admin/keys.html",
+        {"keys": keys, "new_key": new_key, "error": error},
+        status=status,
+    )
+
+
+@router.get("/keys", response_class=HTMLResponse, name="admin_keys")
+def keys_page(
+    request: Request, researcher: CurrentResearcher, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    return _keys_page(request, templates, researcher, session)
+
+
+@router.post("/keys")
+async def create_key(
+    request: Request, researcher: CurrentResearcher, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    form = await request.form()
+    try:
+        new = apikeys.create_api_key(
+            researcher.email, session=session, name=_form_str(form, "name")
+        )
+    except FORM_ERRORS as exc:
+        return _keys_page(request, templates, researcher, session, error=str(exc), status=422)
+    return _keys_page(request, templates, researcher, session, new_key=new.key)
+
+
+@router.post("/keys/{key_id}/revoke")
+def revoke_key(
+    key_id: int,
+    request: Request,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    templates: TemplatesDep,
+) -> Response:
+    row = session.get(ApiKey, key_id)
+    if row is None or row.researcher_id != researcher.id:
+        raise NotFoundError(f"no API key {key_id} among your keys")
+    apikeys.revoke_api_key(row.prefix, session=session)
+    return _keys_page(request, templates, researcher, session)
+
+
+# ----- accounts (admins) ------------------------------------------------------------------------
+
+
+def _accounts_page(
+    request: Request,
+    templates: Any,
+    session: Any,
+    *,
+    error: str | None = None,
+    notice: str | None = None,
+    invite_url: str | None = None,
+    status: int = 200,
+) -> Response:
+    people = session.exec(select(Researcher).order_by(col(Researcher.email))).all()
+    return _render(
+        request,
+        templates,
+        "admin/accounts.html",
+        {"people": people, "error": error, "notice": notice, "invite_url": invite_url},
+        status=status,
+    )
+
+
+@router.get("/accounts", response_class=HTMLResponse, name="admin_accounts")
+def accounts_page(
+    request: Request, admin: AdminUser, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    return _accounts_page(request, templates, session)
+
+
+@router.post("/accounts")
+async def create_account(
+    request: Request, admin: AdminUser, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    form = await request.form()
+    try:
+        person = auth.create_account(
+            _form_str(form, "email"),
+            _form_str(form, "password"),
+            session=session,
+            is_admin=_form_str(form, "role") == "admin",
+        )
+    except FORM_ERRORS as exc:
+        return _accounts_page(request, templates, session, error=str(exc), status=422)
+    return _accounts_page(request, templates, session, notice=f"account {person.email} created")
+
+
+@router.post("/invitations")
+async def invite(
+    request: Request, admin: AdminUser, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    form = await request.form()
+    try:
+        token = auth.create_invitation(
+            _form_str(form, "email"),
+            inviter=admin,
+            session=session,
+            is_admin=_form_str(form, "role") == "admin",
+        )
+    except FORM_ERRORS as exc:
+        return _accounts_page(request, templates, session, error=str(exc), status=422)
+    url = str(request.url_for("invitation_page", token=token))
+    return _accounts_page(request, templates, session, invite_url=url)
+
+
+# ----- installation --------------------------------------------------------------------------------
+
+
+def install(app: FastAPI) -> None:
+    """Add the admin router, the CSRF-cookie middleware and the admin error handlers."""
+    app.include_router(router)
+    app.add_middleware(auth.CsrfCookieMiddleware)
+    templates = app.state.templates
+
+    async def login_required(request: Request, exc: Exception) -> Response:
+        login_url = str(request.url_for("admin_login"))
+        if request.headers.get("hx-request"):
+            return Response(status_code=401, headers={"HX-Redirect": login_url})
+        if request.method == "GET":
+            return RedirectResponse(login_url, status_code=303)
+        return HTMLResponse("please log in", status_code=401)
+
+    previous = app.exception_handlers.get(PriorlyError)
+
+    async def admin_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, PriorlyError)
+        if not request.url.path.startswith("/admin"):
+            if previous is not None:
+                return await previous(request, exc)  # type: ignore[no-any-return]
+            return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
+        return templates.TemplateResponse(  # type: ignore[no-any-return]
+            request,
+            "admin/error.html",
+            {"message": str(exc), "status": exc.http_status, "researcher": None, "csrf_token": ""},
+            status_code=exc.http_status,
+        )
+
+    app.add_exception_handler(auth.LoginRequired, login_required)
+    app.add_exception_handler(PriorlyError, admin_error)
