@@ -192,7 +192,7 @@ def active_model_ref(study_id: int, *, session: Session) -> ActiveModelRef | Non
     ).first()
     if row is None:
         return None
-    return ActiveModelRef(id=int(row[0]), training_hash=str(row[1]))
+    return ActiveModelRef(id=int(row[0] or 0), training_hash=str(row[1]))
 
 
 def load_cached_model(ref: ActiveModelRef, *, session: Session):  # type: ignore[no-untyped-def]
@@ -205,6 +205,7 @@ def load_cached_model(ref: ActiveModelRef, *, session: Session):  # type: ignore
         model = _CACHE.get(key)
     if model is not None:
         return model
+    _single_thread_torch()
     blob = session.exec(select(FittedModel.blob).where(FittedModel.id == ref.id)).one()
     loaded = load_model(blob)
     with _CACHE_LOCK:
@@ -212,6 +213,26 @@ def load_cached_model(ref: ActiveModelRef, *, session: Session):  # type: ignore
             _CACHE.pop(next(iter(_CACHE)))
         model = _CACHE.setdefault(key, loaded)
     return model
+
+
+_THREADS_SET = False
+
+
+def _single_thread_torch() -> None:
+    """Use one intra-op thread in a process that serves sessions.
+
+    A session's torch work is a few tiny matrix products per request; a web process runs
+    many requests at once (threads, several workers), so intra-op parallelism only adds
+    contention (measured: the answer call is several times slower with the default thread
+    pool on a loaded 2-core machine). Set ``PRIORLY_TORCH_THREADS`` to override.
+    """
+    global _THREADS_SET
+    if _THREADS_SET:
+        return
+    import os
+
+    torch.set_num_threads(max(1, int(os.environ.get("PRIORLY_TORCH_THREADS", "1"))))
+    _THREADS_SET = True
 
 
 def clear_model_cache() -> None:
