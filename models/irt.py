@@ -170,6 +170,12 @@ class GradedResponseModel(PersonaMixture):
         self.n_points = int(n_points)
         self.grid_max = float(grid_max)
 
+    def with_prior(self, log_prior: Tensor) -> PersonaMixture:
+        """Not supported: the GRM's prior over θ is the N(0, 1) grid weight by definition."""
+        raise ModelError(
+            "a graded response model's prior is N(0, 1) on its grid; it cannot be replaced"
+        )
+
     @property
     def thresholds(self) -> Tensor:
         """``b [I, O − 1] = c / a`` (NaN beyond each item's thresholds or where ``a = 0``)."""
