@@ -452,6 +452,17 @@ def get_explanation(auth: AuthorizedSession, session: SessionDep) -> dict[str, A
     return svc.explanation(study, sess, session=session)
 
 
+@router.get(
+    "/sessions/{session_id}/profile",
+    summary="The respondent's preference profile (ranked criteria and items, plain-text summary)",
+)
+def get_profile(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
+    from app.services.profile import session_profile
+
+    sess, study = auth
+    return session_profile(study, sess, session=session)
+
+
 @router.delete(
     "/sessions/{session_id}",
     response_model=ErasedOut,
