@@ -1,0 +1,216 @@
+"""The study designer and the import flows through the admin pages (TestClient)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from app.settings import Settings
+from app.tables import Item, Researcher, Respondent, Study
+from tests.admin.conftest import csrf, login
+
+
+@pytest.fixture
+def shipped(tmp_path: Path, small_dataset_factory: Callable[..., Path]) -> Path:
+    """A datasets folder with one small canonical dataset, ``ces_small``."""
+    folder = small_dataset_factory("ces", 60, folder="datasets/ces_small")
+    return folder.parent
+
+
+@pytest.fixture
+def dclient(settings: Settings, shipped: Path) -> Iterator[TestClient]:
+    from app.main import create_app
+
+    s = settings.model_copy(update={"demo_dataset": shipped / "ces_small"})
+    with TestClient(create_app(s), base_url="http://localhost") as c:
+        yield c
+
+
+def test_create_study_items_roles_budgets_texts_publish(
+    dclient: TestClient, alice: Researcher, db: Session
+) -> None:
+    login(dclient, "alice@example.org")
+    r = dclient.post("/admin/studies", data={"name": "Trust 2026", "csrf_token": csrf(dclient)})
+    assert r.status_code == 200 and "Trust 2026" in r.text  # followed the redirect
+    study = db.exec(select(Study).where(Study.slug == "trust-2026")).one()
+    assert study.owner_id == alice.id and study.status == "draft"
+    base = "/admin/studies/trust-2026"
+    # items: a question, a target; an invalid one shows the error inline
+    ok = dclient.post(
+        base + "/items",
+        data={
+            "key": "q1",
+            "question": "Trust parliament?",
+            "options": "A: Yes\nB: No",
+            "role": "question",
+            "is_preference_criterion": "on",
+            "csrf_token": csrf(dclient),
+        },
+    )
+    assert ok.status_code == 200 and "item added" in ok.text
+    dclient.post(
+        base + "/items",
+        data={
+            "key": "t1",
+            "question": "Vote?",
+            "options": "Yes\nNo\nUnsure",
+            "role": "target",
+            "csrf_token": csrf(dclient),
+        },
+    )
+    bad = dclient.post(
+        base + "/items",
+        data={
+            "key": "q2",
+            "question": "One option only",
+            "options": "Yes",
+            "role": "question",
+            "csrf_token": csrf(dclient),
+        },
+    )
+    assert bad.status_code == 422 and "at least two options" in bad.text
+    items = {it.key: it for it in db.exec(select(Item).where(Item.study_id == study.id)).all()}
+    assert set(items) == {"q1", "t1"}
+    assert items["q1"].is_preference_criterion and items["q1"].options == [
+        ["A", "Yes"],
+        ["B", "No"],
+    ]
+    assert items["t1"].role == "target" and items["t1"].options[2] == ["C", "Unsure"]
+    # change a role
+    r = dclient.post(
+        f"{base}/items/{items['q1'].id}", data={"role": "attribute", "csrf_token": csrf(dclient)}
+    )
+    assert r.status_code == 200
+    db.refresh(items["q1"])
+    assert items["q1"].role == "attribute" and not items["q1"].is_preference_criterion
+    dclient.post(
+        f"{base}/items/{items['q1'].id}", data={"role": "question", "csrf_token": csrf(dclient)}
+    )
+    # budgets: an inconsistent pair is refused with the field named
+    form = {
+        "criterion": "eig",
+        "max_questions": "3",
+        "min_questions": "5",
+        "rounds": "2",
+        "respondents_share": "0.5",
+        "max_questions_per_respondent": "1",
+        "allow_skip": "on",
+        "csrf_token": csrf(dclient),
+    }
+    r = dclient.post(base + "/settings", data=form)
+    assert r.status_code == 422 and "min_questions (5) exceeds max_questions (3)" in r.text
+    r = dclient.post(
+        base + "/settings",
+        data={**form, "min_questions": "1", "total_answers": "500", "respondents_per_round": "40"},
+    )
+    assert r.status_code == 200
+    db.refresh(study)
+    assert (
+        study.settings["budgets"]["max_questions"] == 3
+        and study.settings["budgets"]["min_questions"] == 1
+    )
+    assert study.settings["group"] == {
+        "rounds": 2,
+        "respondents_per_round": 40,
+        "respondents_share": 0.5,
+        "total_answers": 500,
+        "max_questions_per_respondent": 1,
+    }
+    # publish needs a consent text
+    r = dclient.post(base + "/status", data={"status": "published", "csrf_token": csrf(dclient)})
+    assert r.status_code == 422 and "consent" in r.text
+    texts = {
+        "name": "Trust 2026",
+        "description": "d",
+        "consent_text": "I agree.",
+        "completion_code": "DONE-42",
+        "redirect_url": "ftp://x",
+        "csrf_token": csrf(dclient),
+    }
+    assert dclient.post(base + "/texts", data=texts).status_code == 422
+    assert (
+        dclient.post(
+            base + "/texts", data={**texts, "redirect_url": "https://panel.example/done"}
+        ).status_code
+        == 200
+    )
+    r = dclient.post(base + "/status", data={"status": "published", "csrf_token": csrf(dclient)})
+    assert r.status_code == 200
+    db.refresh(study)
+    assert study.status == "published" and study.completion_code == "DONE-42"
+    assert study.redirect_url == "https://panel.example/done"
+    dclient.post(base + "/status", data={"status": "closed", "csrf_token": csrf(dclient)})
+    db.refresh(study)
+    assert study.status == "closed"
+
+
+def test_import_shipped_dataset(dclient: TestClient, alice: Researcher, db: Session) -> None:
+    login(dclient, "alice@example.org")
+    page = dclient.get("/admin/import")
+    assert "ces_small" in page.text
+    r = dclient.post(
+        "/admin/import/shipped",
+        data={"dataset": "ces_small", "name": "My CES", "csrf_token": csrf(dclient)},
+    )
+    assert r.status_code == 200
+    study = db.exec(select(Study).where(Study.slug == "my-ces")).one()
+    assert study.owner_id == alice.id
+    assert len(db.exec(select(Respondent).where(Respondent.study_id == study.id)).all()) == 60
+    again = dclient.post(
+        "/admin/import/shipped",
+        data={"dataset": "ces_small", "name": "My CES", "csrf_token": csrf(dclient)},
+    )
+    assert again.status_code == 422 and "already exists" in again.text
+    missing = dclient.post(
+        "/admin/import/shipped", data={"dataset": "../etc", "csrf_token": csrf(dclient)}
+    )
+    assert missing.status_code == 422 and "no shipped dataset" in missing.text
+
+
+def _files(folder: Path, *names: str) -> dict[str, tuple[str, bytes, str]]:
+    return {n: (n, (folder / n).read_bytes(), "application/octet-stream") for n in names}
+
+
+def test_upload_preview_errors_inline_and_import(
+    dclient: TestClient, alice: Researcher, db: Session, small_dataset_factory: Callable[..., Path]
+) -> None:
+    folder = small_dataset_factory("ces", 25, folder="upload")
+    login(dclient, "alice@example.org")
+    fields = {"name": "Uploaded CES", "attributes": "birthyr,gender4", "csrf_token": csrf(dclient)}
+    # preview of a plain CSV + codebook (no dataset.json): validated, nothing written
+    r = dclient.post(
+        "/admin/import/upload",
+        data={**fields, "action": "preview"},
+        files=_files(folder, "responses.csv", "codebook.jsonl"),
+    )
+    assert r.status_code == 200, r.text
+    assert 'id="preview"' in r.text and "25 respondents" in r.text and "2 attributes" in r.text
+    assert db.exec(select(Study)).all() == []
+    # a broken codebook: the importer's message (file and line) is shown inline, nothing written
+    bad = (folder / "codebook.jsonl").read_text(encoding="utf-8").splitlines()
+    bad[2] = bad[2].replace('"options"', '"opts"')
+    (folder / "broken.jsonl").write_text("\n".join(bad) + "\n", encoding="utf-8")
+    files = _files(folder, "responses.csv")
+    files["codebook.jsonl"] = (
+        "codebook.jsonl",
+        (folder / "broken.jsonl").read_bytes(),
+        "application/octet-stream",
+    )
+    r = dclient.post("/admin/import/upload", data={**fields, "action": "import"}, files=files)
+    assert r.status_code == 422 and "codebook.jsonl" in r.text and 'class="error"' in r.text
+    assert db.exec(select(Study)).all() == []
+    # import for real
+    r = dclient.post(
+        "/admin/import/upload",
+        data={**fields, "action": "import"},
+        files=_files(folder, "responses.csv", "codebook.jsonl"),
+    )
+    assert r.status_code == 200, r.text
+    study = db.exec(select(Study).where(Study.slug == "uploaded-ces")).one()
+    roles = {it.key: it.role for it in db.exec(select(Item).where(Item.study_id == study.id)).all()}
+    assert roles["birthyr"] == "attribute" and roles["327a"] == "question"
+    assert len(db.exec(select(Respondent).where(Respondent.study_id == study.id)).all()) == 25
