@@ -22,6 +22,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--no-demo", action="store_true", help="do not import the demo study into an empty database"
     )
+    parser.add_argument(
+        "--no-worker",
+        action="store_true",
+        help="do not run job workers in this process (run 'priorly worker' separately)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="job worker threads in this process (default 1)"
+    )
     parser.set_defaults(func=_serve)
 
 
@@ -47,6 +55,16 @@ def _serve(args: argparse.Namespace) -> int:
         from app.services.demo import prepare_demo_database
 
         prepare_demo_database(settings, log=print)
+    worker = None
+    if not args.no_worker and args.workers > 0:
+        from app.jobs.queue import start_background_worker
+
+        worker = start_background_worker(settings, workers=args.workers)
+        print(f"job worker: {args.workers} thread(s) in this process")
     print(f"serving on http://{settings.host}:{settings.port}")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    try:
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    finally:
+        if worker is not None:
+            worker.stop()
     return 0
