@@ -457,6 +457,34 @@ def run_with_cape_measures(
     return result
 
 
+def markdown_tables(result: dict[str, Any], budgets: Sequence[int] = (0, 1, 2, 3, 5, 10)) -> str:
+    """Markdown tables of a ``result.json`` (accuracy and log loss at ``budgets``, CAPE
+    measures): what docs/cape.md shows."""
+    methods = result["methods"]
+    t_max = int(result["budget"])
+    cols = [b for b in budgets if b <= t_max]
+    out: list[str] = []
+    for metric in ("log_loss", "accuracy"):
+        out.append(f"| {metric} | " + " | ".join(str(b) for b in cols) + " |")
+        out.append("| --- |" + " --- |" * len(cols))
+        for name, res in methods.items():
+            out.append(f"| {name} | " + " | ".join(f"{res[metric][b]:.4f}" for b in cols) + " |")
+        out.append("")
+    out.append("| method | questions_to_90pct | log loss, all candidates | adaptivity (pairs) |")
+    out.append("| --- | --- | --- | --- |")
+    for name, res in methods.items():
+        if "questions_to_90pct" not in res:
+            continue
+        q = res["questions_to_90pct"]
+        a = res.get("adaptivity")
+        out.append(
+            f"| {name} | {q if q is not None else f'> {t_max}'} | "
+            f"{res['log_loss_all_candidates']:.4f} | "
+            f"{f'{a:.3f}' if a is not None else 'n/a'} ({res.get('adaptivity_pairs', 0)}) |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m elicitation.model_choice --dataset DIR --budget T --out FILE [--methods a,b]``."""
     import argparse
@@ -487,6 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if c
     ]
     args.out.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    print(markdown_tables(result))
     return 0
 
 

@@ -126,3 +126,26 @@ def test_choose_model_refuses_empty_input() -> None:
     none = torch.full_like(y, MISSING)
     with pytest.raises(ElicitationError, match="answered a target"):
         choose_model({"m": true}, none, observed_items=[], candidates=[1], targets=[2])
+
+
+def test_markdown_tables_show_every_method_and_measure() -> None:
+    from elicitation.model_choice import markdown_tables
+
+    result = {
+        "budget": 2,
+        "methods": {
+            "a": {
+                "log_loss": [0.7, 0.6, 0.5],
+                "accuracy": [0.5, 0.6, 0.7],
+                "questions_to_90pct": None,
+                "log_loss_all_candidates": 0.4,
+                "adaptivity": 0.25,
+                "adaptivity_pairs": 8,
+            },
+            "full": {"log_loss": [0.4] * 3, "accuracy": [0.8] * 3},
+        },
+    }
+    text = markdown_tables(result, budgets=(0, 2, 5))
+    assert "| log_loss | 0 | 2 |" in text and "| a | 0.7000 | 0.5000 |" in text
+    assert "| a | > 2 | 0.4000 | 0.250 (8) |" in text
+    assert "| full | 0.8000 | 0.8000 |" in text
