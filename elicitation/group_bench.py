@@ -196,10 +196,24 @@ def prepare(
             (cache / f"{key}.gnn").write_bytes(gnn.to_bytes())
     n_demo = len(ds.demographics)
     view = GNNView(gnn, list(range(n_demo)), list(range(n_demo, bank.n_items)))
-    # pool weight on validation members seen as in group rounds
+    # The pool weight is fitted on validation members seen as in group rounds. The
+    # validation users are in the final latent class fit (train + val), so the weight is
+    # fitted with a train-only fit of the same K, for which they are held out (the GNN
+    # used them only for early stopping); the weight is then used with the final model.
+    calib: BeliefModel | None = None
+    calib_path = cache / f"{key}.lc_calib" if cache is not None else None
+    if calib_path is not None and calib_path.is_file():
+        calib = load_model(calib_path.read_bytes())
+    if calib is None:
+        k_final = int(model.metrics.get("n_classes") or max(n_classes))
+        calib = fit_latent_classes(
+            y[tr], bank, val_responses=None, n_classes=(k_final,), n_restarts=2, seed=seed
+        )
+        if calib_path is not None:
+            calib_path.write_bytes(calib.to_bytes())
     gen = torch.Generator().manual_seed(seed + 17)
     obs, truth = _calibration_sample(ds, y, va, gen)
-    p_b = model.predict_batch(model.initial_batch(obs), list(range(bank.n_items)))
+    p_b = calib.predict_batch(calib.initial_batch(obs), list(range(bank.n_items)))
     p_g = view.predict(obs, bank.n_items, bank.max_options)
     scored = truth[:, n_demo:]
     w, losses = fit_pool_weight(p_b[:, n_demo:], p_g[:, n_demo:], scored)
