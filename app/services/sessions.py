@@ -224,12 +224,13 @@ def study_settings(study: Study) -> StudySettings:
 
 
 RUNTIME_TTL_S = 5.0
-"""How long a process reuses a study's assembled runtime (items, roles, settings).
+"""How long a process reuses a study's assembled runtime (items, roles, active model).
 
-The key includes the active model's id and hash and the study's settings, so a new model or
-new budgets apply at once; item edits (roles, texts) apply within this many seconds. The
+The key includes the study's settings and status, so new budgets or a closed study apply
+at once; item edits (roles, texts) and a newly activated model apply within this many
+seconds (the model itself is cached by id and hash, see :mod:`app.services.belief`). The
 answers and states never come from this cache (they are read under the session lock)."""
-_RUNTIME_CACHE: dict[tuple[int, int, str, str], tuple[float, StudyRuntime]] = {}
+_RUNTIME_CACHE: dict[tuple[str, int, str], tuple[float, StudyRuntime]] = {}
 _RUNTIME_LOCK = threading.Lock()
 
 
@@ -246,17 +247,9 @@ def load_runtime(study: Study, *, session: Session, fit_if_missing: bool = True)
         NoModelError: no fitted model and no history to fit one (409 ``no_model``).
     """
     assert study.id is not None
-    ref = active_model_ref(study.id, session=session)
-    if ref is None:
-        if not fit_if_missing:
-            raise NoModelError(f"study {study.slug!r} has no fitted belief model")
-        ensure_fitted_model(study, session=session)
-        ref = active_model_ref(study.id, session=session)
-        assert ref is not None
     key = (
+        str(session.get_bind().engine.url),  # one process may serve (or test) several databases
         study.id,
-        ref.id,
-        ref.training_hash,
         json.dumps(study.settings, sort_keys=True) + study.status + study.slug,
     )
     now = time.monotonic()
@@ -264,6 +257,13 @@ def load_runtime(study: Study, *, session: Session, fit_if_missing: bool = True)
         hit = _RUNTIME_CACHE.get(key)
     if hit is not None and now - hit[0] < RUNTIME_TTL_S:
         return hit[1]
+    ref = active_model_ref(study.id, session=session)
+    if ref is None:
+        if not fit_if_missing:
+            raise NoModelError(f"study {study.slug!r} has no fitted belief model")
+        ensure_fitted_model(study, session=session)
+        ref = active_model_ref(study.id, session=session)
+        assert ref is not None
     rt = _build_runtime(study, ref, session=session)
     with _RUNTIME_LOCK:
         if len(_RUNTIME_CACHE) > 256:
