@@ -323,9 +323,19 @@ def _study_page(
 
 @router.get("/studies/{slug}", response_class=HTMLResponse, name="admin_study")
 def study_page(
-    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+    request: Request,
+    study: VisibleStudy,
+    session: SessionDep,
+    templates: TemplatesDep,
+    notice: str | None = None,
 ) -> Response:
-    return _study_page(request, templates, study, session)
+    return _study_page(request, templates, study, session, notice=(notice or "")[:200] or None)
+
+
+def _study_done(request: Request, study: Any, notice: str) -> Response:
+    """After a successful change: redirect to the study page (a reload does not re-post)."""
+    url = request.url_for("admin_study", slug=study.slug).include_query_params(notice=notice)
+    return _see_other(str(url))
 
 
 @router.post("/studies/{slug}/texts")
@@ -345,7 +355,7 @@ async def study_texts(
         )
     except FORM_ERRORS as exc:
         return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_page(request, templates, study, session, notice="texts saved")
+    return _study_done(request, study, "texts saved")
 
 
 def _opt_int(value: str) -> int | None:
@@ -396,7 +406,7 @@ async def study_settings(
         designer.update_settings(study, values, session=session)
     except FORM_ERRORS as exc:
         return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_page(request, templates, study, session, notice="budgets saved")
+    return _study_done(request, study, "budgets saved")
 
 
 @router.post("/studies/{slug}/items")
@@ -417,7 +427,7 @@ async def add_item(
         )
     except FORM_ERRORS as exc:
         return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_page(request, templates, study, session, notice="item added")
+    return _study_done(request, study, "item added")
 
 
 @router.post("/studies/{slug}/items/{item_id}")
@@ -433,7 +443,7 @@ async def update_item(
     try:
         if _form_str(form, "action") == "delete":
             designer.delete_item(study, item, session=session)
-            return _study_page(request, templates, study, session, notice="item deleted")
+            return _study_done(request, study, "item deleted")
         options_text = _form_str(form, "options")
         if not options_text.strip():
             options_text = "\n".join(f"{o[0]}: {o[1]}" for o in item.options)
@@ -449,7 +459,7 @@ async def update_item(
         )
     except FORM_ERRORS as exc:
         return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_page(request, templates, study, session, notice=f"item {item.key} saved")
+    return _study_done(request, study, f"item {item.key} saved")
 
 
 @router.post("/studies/{slug}/status")
@@ -461,7 +471,7 @@ async def study_status(
         designer.set_status(study, _form_str(form, "status"), session=session)
     except FORM_ERRORS as exc:
         return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_page(request, templates, study, session, notice=f"study {study.status}")
+    return _study_done(request, study, f"study {study.status}")
 
 
 @router.post("/studies/{slug}/share")
@@ -479,7 +489,7 @@ async def study_share(
         other = auth.share_study(study, _form_str(form, "email"), session=session)
     except FORM_ERRORS as exc:
         return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_page(request, templates, study, session, notice=f"shared with {other.email}")
+    return _study_done(request, study, f"shared with {other.email}")
 
 
 # ----- jobs --------------------------------------------------------------------------------

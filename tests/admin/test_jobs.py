@@ -76,6 +76,15 @@ def _worker(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
     )
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(60)
+
+
 def _comparable(result: dict[str, Any] | None) -> dict[str, Any]:
     assert result is not None
     return {k: v for k, v in result.items() if k != "seconds"}
@@ -111,10 +120,11 @@ def test_killed_worker_job_is_retried_with_same_result(
             "the first worker to make progress",
         )
         first.kill()
-        first.wait(10)
+        first.wait(60)  # reaped: its pid no longer exists
     finally:
         if first.poll() is None:
             first.kill()
+            first.wait(60)
     mid = _job(engine, job.id or 0)
     assert mid.status == JobStatus.running.value, "the job ended before the worker was killed"
     assert mid.progress < 1.0 and mid.attempts == 1 and mid.result is None
@@ -129,8 +139,7 @@ def test_killed_worker_job_is_retried_with_same_result(
             "the retried job to finish",
         )
     finally:
-        second.terminate()
-        second.wait(10)
+        _stop(second)
     assert done.status == JobStatus.succeeded.value, (done.error, log.read_text()[-2000:])
     assert done.attempts == 2
     assert _comparable(done.result) == expected

@@ -1,0 +1,211 @@
+"""The admin UI in a real headless Chromium (Debian's /usr/bin/chromium through Playwright's
+Python package; no browser download), against ``priorly serve`` in a real process (with
+its in-process job worker) on a SQLite file.
+
+The test logs in, creates a study from a shipped dataset, chooses targets, starts a
+simulation job, waits for the plot (the job partial polls and replaces itself until the
+job has succeeded) and takes a screenshot; then it visits every admin screen and takes a
+screenshot of each (``results/e2e/admin/*.png``; docs/admin.md lists them). To show a
+populated dashboard, a few live respondents answer through the respondent service after
+a small model is fitted.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = REPO_ROOT / "results" / "e2e" / "admin"
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+EMAIL, PASSWORD = "admin@example.org", "e2e admin password"
+N_RESPONDENTS = 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """``priorly serve --no-demo`` on a fresh SQLite file, with one admin account."""
+    if not os.access(CHROMIUM, os.X_OK):
+        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
+    from sqlmodel import Session
+
+    from app.auth import create_account
+    from app.db import make_engine, upgrade
+
+    folder = tmp_path_factory.mktemp("admin-e2e")
+    datasets = folder / "datasets"
+    write_small_dataset(DATASETS_DIR / "ces", datasets / "ces_small", N_RESPONDENTS)
+    url = f"sqlite:///{folder / 'admin.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    with Session(engine) as db:
+        create_account(EMAIL, PASSWORD, session=db, is_admin=True)
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PRIORLY_DATABASE_URL": url,
+        "PRIORLY_ENV": "dev",
+        "PRIORLY_DEMO_DATASET": str(datasets / "ces_small"),
+        "PRIORLY_QUEUE_PATH": str(folder / "queue.db"),
+        "OMP_NUM_THREADS": "1",
+    }
+    log = (folder / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--no-demo", "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 90
+        while True:  # readiness poll
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    "priorly serve did not start: " + (folder / "server.log").read_text()
+                )
+            time.sleep(0.2)
+        yield {"base": base, "engine": engine, "log": folder / "server.log"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def page(server: dict[str, Any]) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        pg = context.new_page()
+        yield pg
+        browser.close()
+
+
+def _shot(page: Any, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def test_admin_creates_study_simulates_and_sees_plot(server: dict[str, Any], page: Any) -> None:
+    base = server["base"]
+    page.goto(f"{base}/admin")
+    assert page.url.endswith("/admin/login")
+    _shot(page, "01-login")
+    page.fill("input[name=email]", EMAIL)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/admin")
+    _shot(page, "02-studies-empty")
+
+    # create a study from the shipped dataset
+    page.click("text=Import data")
+    page.select_option("#import-shipped select[name=dataset]", "ces_small")
+    page.fill("#import-shipped input[name=name]", "CES pilot")
+    _shot(page, "03-import")
+    page.click("#import-shipped button[type=submit]")
+    page.wait_for_url(f"{base}/admin/studies/ces-pilot")
+
+    # choose three targets through the item role forms
+    for key in ("334a", "334b", "330c"):
+        page.select_option(f"#role-{key} select[name=role]", "target")
+        page.click(f"#role-{key} button[type=submit]")
+        page.wait_for_selector("text=item " + key + " saved")
+    assert "targets: 3" in page.inner_text("body")
+    _shot(page, "04-study-designer")
+
+    # start a simulation and wait for the plot (the job partial polls itself)
+    page.click("text=Simulation")
+    page.fill("#simulate input[name=budget]", "4")
+    page.fill("#simulate input[name=max_test_users]", "60")
+    page.click("#simulate button[type=submit]")
+    page.wait_for_selector(".job[data-status=running], .job[data-status=queued], #simulation-plot")
+    _shot(page, "05-simulation-running")
+    try:
+        page.wait_for_selector("#simulation-plot", timeout=420_000)
+    except Exception:
+        raise AssertionError(
+            "no plot; page: "
+            + page.inner_text("body")[:1500]
+            + "\nserver log: "
+            + server["log"].read_text()[-3000:]
+        ) from None
+    ok = page.evaluate("document.querySelector('#simulation-plot').naturalWidth > 0")
+    assert ok, "the plot image did not load"
+    assert "How many questions do you need?" in page.inner_text("body")
+    _shot(page, "06-simulation-result")
+
+
+def test_every_admin_screen(server: dict[str, Any], page: Any) -> None:
+    """Screenshots of the remaining screens (after a model fit and a few live respondents)."""
+    from sqlmodel import Session, select
+
+    from app.services import sessions as svc
+    from app.services.belief import fit_study_model
+    from app.tables import Study
+
+    base, engine = server["base"], server["engine"]
+    with Session(engine) as db:
+        study = db.exec(select(Study).where(Study.slug == "ces-pilot")).one()
+        fit_study_model(study, session=db, n_classes=(4,), n_restarts=1)
+        study.status = "published"
+        study.consent_text = "ok"
+        db.add(study)
+        db.commit()
+        db.refresh(study)
+        for r in range(6):
+            started = svc.start_session(study, engine=engine)
+            view = started.view
+            for _ in range(3 if r % 3 else 1):
+                if view.question is None:
+                    break
+                option = view.question.options[r % len(view.question.options)][0]
+                view = svc.submit_answer(
+                    study,
+                    started.session_id,
+                    item_key=view.question.key,
+                    option=option,
+                    idempotency_key=None,
+                    engine=engine,
+                )
+    for path, name in (
+        ("/admin", "07-studies"),
+        ("/admin/studies/ces-pilot/jobs", "08-jobs"),
+        ("/admin/studies/ces-pilot/dashboard", "09-dashboard"),
+        ("/admin/studies/ces-pilot/groups", "10-group-rounds"),
+        ("/admin/studies/ces-pilot/export", "11-exports"),
+        ("/admin/keys", "12-api-keys"),
+        ("/admin/accounts", "13-accounts"),
+    ):
+        page.goto(base + path)
+        assert page.locator("h1").first.is_visible()
+        _shot(page, name)
+    page.goto(base + "/admin/studies/ces-pilot/dashboard")
+    assert "6" in page.inner_text(".stats")
