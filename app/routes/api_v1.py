@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
+from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.deps import EngineDep, SessionDep
@@ -331,6 +332,17 @@ AuthorizedSession = Annotated[tuple[ElicitationSession, Study], Depends(get_auth
 # ----- routes -------------------------------------------------------------------------------------
 
 
+def release(session: Session) -> None:
+    """Give the request's connection back to the pool before a service opens its own.
+
+    The authorization dependencies read with the request session; the write services run in
+    their own locked transaction. Holding both connections at once would let a burst of
+    requests take every pooled connection and then wait for a second one forever (pool
+    exhaustion). ``close`` keeps the loaded objects usable (detached, not expired).
+    """
+    session.close()
+
+
 def _session_out(view: svc.SessionView) -> dict[str, Any]:
     q = view.question
     return {
@@ -363,8 +375,13 @@ def _session_out(view: svc.SessionView) -> dict[str, Any]:
     "of the study's owner. The returned token is shown once.",
 )
 def create_session(
-    request: Request, body: CreateSessionIn, study: OwnedStudy, engine: EngineDep
+    request: Request,
+    body: CreateSessionIn,
+    study: OwnedStudy,
+    engine: EngineDep,
+    session: SessionDep,
 ) -> dict[str, Any]:
+    release(session)
     started = svc.start_session(
         study,
         engine=engine,
@@ -407,8 +424,11 @@ def get_session(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
     "it) and returns the next question or completion. Retrying with the same idempotency_key "
     "returns the same result; answering an item again with another option is 409.",
 )
-def post_answer(body: AnswerIn, auth: AuthorizedSession, engine: EngineDep) -> dict[str, Any]:
+def post_answer(
+    body: AnswerIn, auth: AuthorizedSession, engine: EngineDep, session: SessionDep
+) -> dict[str, Any]:
     sess, study = auth
+    release(session)
     view = svc.submit_answer(
         study,
         sess.id or 0,
@@ -470,8 +490,9 @@ def get_profile(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
     description="Deletes the respondent with every session, answer, attribute, decision and "
     "state; the study keeps only counts. The token stops working.",
 )
-def erase(auth: AuthorizedSession, engine: EngineDep) -> dict[str, Any]:
+def erase(auth: AuthorizedSession, engine: EngineDep, session: SessionDep) -> dict[str, Any]:
     sess, _study = auth
+    release(session)
     result = svc.erase_respondent(sess, engine=engine)
     return {
         "erased": True,

@@ -212,6 +212,7 @@ async def consent(
         if str(k).startswith(PANEL_FIELD_PREFIX)
     }
     settings_ = svc.study_settings(study)
+    session.close()  # see app.routes.api_v1.release: one pooled connection per request at a time
     try:
         started = svc.start_session(
             study, engine=engine, panel_params=panel, ask_attributes=settings_.ask_attributes
@@ -390,6 +391,7 @@ async def about(
             status_code=200 if htmx else 422,
             partial=htmx,
         )
+    session.close()  # one pooled connection per request at a time
     try:
         view = svc.submit_attributes(study, sess.id or 0, attrs, engine=engine)
     except InvalidInputError as exc:
@@ -451,6 +453,7 @@ async def answer(
             status_code=200 if htmx else 422,
             partial=htmx,
         )
+    session.close()  # one pooled connection per request at a time
     try:
         view = svc.submit_answer(
             study,
