@@ -12,6 +12,7 @@ turn a missing login into a redirect to the login page.
 
 from __future__ import annotations
 
+import inspect
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -864,7 +865,8 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, PriorlyError)
         if not request.url.path.startswith("/admin"):
             if previous is not None:
-                return await previous(request, exc)  # type: ignore[no-any-return]
+                result = previous(request, exc)
+                return await result if inspect.isawaitable(result) else result
             return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
         return templates.TemplateResponse(  # type: ignore[no-any-return]
             request,

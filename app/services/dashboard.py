@@ -89,10 +89,10 @@ def _exposure(study: Study, session: Session) -> list[dict[str, Any]]:
         select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
     ).all()
     rows = session.exec(
-        select(Answer.item_id, func.count(), func.count(Answer.option))
+        select(col(Answer.item_id), func.count(), func.count(col(Answer.option)))
         .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
         .where(ElicitationSession.study_id == study.id)
-        .group_by(Answer.item_id)
+        .group_by(col(Answer.item_id))
     ).all()
     by = {int(i): (int(n), int(k)) for i, n, k in rows}
     return [

@@ -300,7 +300,7 @@ def write_sav(
     frame, var_labels, value_labels = labelled_frame(
         study, session=session, include_imported=include_imported
     )
-    missing = {name: [SKIP_CODE] for name in value_labels}
+    missing: dict[str, list[Any]] = {name: [SKIP_CODE] for name in value_labels}
     pyreadstat.write_sav(
         frame,
         str(path),

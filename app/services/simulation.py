@@ -196,15 +196,15 @@ def run_study_simulation(
     ).all()
     parts: dict[str, list[list[int]]] = {"train": [], "val": [], "test": []}
     any_split = any(split for _, _, _, split in rows)
-    for rid, attributes, answers, split in rows:
+    for rid, attributes, given, split in rows:
         row = [MISSING] * len(items)
-        for mapping in (attributes or {}, answers or {}):
+        for mapping in (attributes or {}, given or {}):
             for key, letter in mapping.items():
                 j = col.get(key)
                 if j is not None:
                     row[j] = letter_index[j].get(letter, MISSING)
-        part = split if any_split else _split_of(int(rid or 0), opts.seed)
-        parts[part or "train"].append(row)
+        where = split if any_split else _split_of(int(rid or 0), opts.seed)
+        parts[where or "train"].append(row)
     n = len(items)
 
     def as_t(r: list[list[int]]) -> torch.Tensor:
@@ -257,19 +257,19 @@ def run_study_simulation(
                 if method.observe_all:
                     obs = observed[part].clone()
                     obs[:, cand] = answers[part]
-                    p = model.predict_batch(model.initial_batch(obs), tgt)
-                    preds = [p] * (budget + 1)
+                    full_pred = model.predict_batch(model.initial_batch(obs), tgt)
+                    preds = [full_pred] * (budget + 1)
                 else:
                     assert method.criterion is not None
                     crit = method.criterion(ctx)
                     preds, _ = simulate(
                         model, crit, observed[part], cand, answers[part], tgt, budget
                     )
-                for k, p in enumerate(preds):
-                    s = score_predictions(p, truth[part], n_opt[tgt])
-                    sums[k] = s if sums[k] is None else sums[k].add(s)
+                for k, pred in enumerate(preds):
+                    scored = score_predictions(pred, truth[part], n_opt[tgt])
+                    sums[k] = scored if sums[k] is None else sums[k].add(scored)
                 done += 1
-            means = [s.means() for s in sums]
+            means = [m.means() for m in sums]
             out[name] = {
                 "accuracy": [_finite(m["accuracy"]) for m in means],
                 "log_loss": [_finite(m["log_loss"]) for m in means],

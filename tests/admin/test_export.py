@@ -168,3 +168,51 @@ def test_export_of_unknown_name_is_404(client: TestClient, live_study) -> None: 
     study, _ = live_study
     login(client, "alice@example.org")
     assert client.get(f"/admin/studies/{study.slug}/export/passwords.csv").status_code == 404
+
+
+def test_predictions_csv_equals_replayed_predictions(
+    client: TestClient, ces_study: Study, db: Session, engine
+) -> None:  # type: ignore[no-untyped-def]
+    """Per-respondent predictions equal the live loop's own predictions for each session."""
+    from app.services import sessions as svc
+    from app.services.belief import fit_study_model
+
+    fit_study_model(ces_study, session=db, n_classes=(2,), n_restarts=1)
+    ces_study.status = "published"
+    db.add(ces_study)
+    db.commit()
+    started = []
+    for r in range(3):
+        s = svc.start_session(ces_study, engine=engine)
+        view = s.view
+        for _ in range(r):
+            assert view.question is not None
+            view = svc.submit_answer(
+                ces_study,
+                s.session_id,
+                item_key=view.question.key,
+                option=view.question.options[0][0],
+                idempotency_key=None,
+                engine=engine,
+            )
+        started.append(s.session_id)
+    login(client, "alice@example.org")
+    frame = pd.read_csv(
+        io.BytesIO(_get(client, ces_study, "predictions.csv")),
+        encoding="utf-8-sig",
+        dtype={"option": str},
+    )
+    assert sorted(set(frame["session_id"])) == started
+    for sid in started:
+        sess = db.get(ElicitationSession, sid)
+        assert sess is not None
+        want = svc.predictions(ces_study, sess, session=db).targets
+        rows = frame[frame["session_id"] == sid]
+        assert set(rows["target"]) == {p.item for p in want} and len(want) == 5
+        for p in want:
+            got = rows[rows["target"] == p.item].set_index("option")["probability"].to_dict()
+            assert got == pytest.approx(p.distribution, abs=1e-6)
+            best = max(p.distribution, key=lambda k: p.distribution[k])
+            assert rows[(rows["target"] == p.item) & (rows["predicted"] == 1)][
+                "option"
+            ].tolist() == [best]
