@@ -26,6 +26,7 @@ from huey.consumer import Consumer
 from sqlalchemy.engine import Engine, make_url
 
 from app.db import make_engine
+from app.errors import ConfigurationError
 from app.settings import Settings
 
 log = logging.getLogger("priorly.jobs")
@@ -80,6 +81,13 @@ def get_queue(settings: Settings) -> Queue:
 
 def _build(settings: Settings) -> Queue:
     if settings.redis_url:
+        try:
+            import redis  # noqa: F401
+        except ImportError:
+            raise ConfigurationError(
+                "PRIORLY_REDIS_URL is set but the redis client is not installed "
+                "(pip install 'priorly[redis]')"
+            ) from None
         huey: Huey = RedisHuey("priorly", url=settings.redis_url, results=False)
     else:
         path = Path(queue_location(settings))

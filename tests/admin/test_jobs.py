@@ -214,3 +214,19 @@ def test_unknown_kind_is_refused_before_writing(
     with pytest.raises(InvalidInputError, match="unknown job kind"):
         start_job(kind, ces_study, researcher=alice, settings=settings, session=db)
     assert db.exec(__import__("sqlmodel").select(Job)).all() == []
+
+
+def test_queue_location_and_backend(tmp_path: Path) -> None:
+    from huey import RedisHuey, SqliteHuey
+
+    from app.jobs.queue import get_queue, queue_location
+
+    sqlite = Settings(database_url=f"sqlite:///{tmp_path / 'x' / 'p.db'}")
+    assert queue_location(sqlite) == str((tmp_path / "x" / "priorly-queue.db").resolve())
+    assert isinstance(get_queue(sqlite).huey, SqliteHuey)
+    redis = Settings(
+        database_url="postgresql+psycopg://u@db.example:5432/p",
+        redis_url="redis://q.example:6379/0",
+    )
+    assert queue_location(redis) == "redis://q.example:6379/0"
+    assert isinstance(get_queue(redis).huey, RedisHuey)  # connects lazily: nothing reached here
