@@ -821,15 +821,61 @@ def submit_answer(
         )
     if option is None and not rt.allow_skip:
         raise InvalidAnswerError(f"study {study.slug!r} does not allow skipping a question")
+    pre = _precompute(rt, session_id, item, option, engine)
     for attempt in range(2):
         try:
-            return _submit_locked(rt, session_id, item, option, idempotency_key, engine)
+            return _submit_locked(rt, session_id, item, option, idempotency_key, engine, pre)
         except IntegrityError:
             # A unique constraint caught a concurrent duplicate (only possible if the lock
             # was bypassed); the second attempt finds the stored row and answers from it.
             if attempt == 1:
                 raise
     raise AssertionError("unreachable")
+
+
+@dataclass
+class _Precomputed:
+    """State and decision computed before taking the lock, valid after ``n_before`` answers."""
+
+    n_before: int
+    state: Any
+    decision: SelectionDecision
+
+
+def _precompute(
+    rt: StudyRuntime, session_id: int, item: ItemInfo, option: str | None, engine: Engine
+) -> _Precomputed | None:
+    """The new state and next decision, computed from an unlocked read.
+
+    The model work (the update and the selection step, most of an answer's CPU time) is
+    done here, outside the write lock, so the lock is held only for the inserts. It is
+    valid only if the session still has exactly ``n_before`` answers under the lock
+    (answers are append-only, so the first ``n`` never change); otherwise the locked path
+    recomputes. ``None`` when this answer is not the straightforward case (retry,
+    conflict, wrong item, ...): the locked path decides those.
+    """
+    with Session(engine) as db:
+        sess = db.get(ElicitationSession, session_id)
+        if sess is None or sess.status != SessionStatus.active.value:
+            return None
+        if sess.study_id != rt.study_id:
+            return None
+        answers = _answers_of(db, session_id)
+        if any(a.item_id == item.id for a in answers):
+            return None
+        pending = _decision_at(db, session_id, len(answers))
+        if pending is None or pending.item_id != item.id:
+            return None
+        respondent = db.get(Respondent, sess.respondent_id)
+        if respondent is None:
+            return None
+        state = current_state(rt, sess, respondent, answers)
+    if option is not None:
+        idx = [o[0] for o in item.options].index(option)
+        state = rt.model.update(state, rt.model_index[item.id], idx)
+    new = Answer(session_id=session_id, item_id=item.id, option=option)
+    decision = _decide(rt, state, session_id, [*answers, new])
+    return _Precomputed(len(answers), state, decision)
 
 
 def _submit_locked(
@@ -839,6 +885,7 @@ def _submit_locked(
     option: str | None,
     idempotency_key: str | None,
     engine: Engine,
+    pre: _Precomputed | None = None,
 ) -> SessionView:
     with locked_session(engine, session_id) as (db, sess):
         _check_study(sess, rt.study_id, rt.slug)
@@ -878,22 +925,26 @@ def _submit_locked(
                 f"item {item.key!r} is not the current question"
                 + (f" (the current question is {current!r})" if current else "")
             )
-        respondent = db.get(Respondent, sess.respondent_id)
-        assert respondent is not None
-        state = current_state(rt, sess, respondent, answers)
         row = Answer(
             session_id=session_id,
-            item_id=item.id,  # type: ignore[arg-type]
+            item_id=item.id,
             option=option,
             idempotency_key=idempotency_key,
         )
         db.add(row)
         db.flush()  # the answer is stored first: the unique constraints apply here
-        if option is not None:
-            idx = [o[0] for o in item.options].index(option)
-            state = rt.model.update(state, rt.model_index[item.id], idx)  # type: ignore[index]
-        answers.append(row)
-        decision = _decide(rt, state, session_id, answers)
+        if pre is not None and pre.n_before == len(answers):
+            state, decision = pre.state, pre.decision
+            answers.append(row)
+        else:  # another answer came in between: compute under the lock
+            respondent = db.get(Respondent, sess.respondent_id)
+            assert respondent is not None
+            state = current_state(rt, sess, respondent, answers)
+            if option is not None:
+                idx = [o[0] for o in item.options].index(option)
+                state = rt.model.update(state, rt.model_index[item.id], idx)
+            answers.append(row)
+            decision = _decide(rt, state, session_id, answers)
         db.add(decision)
         sess.state = _dump_state(state)
         sess.state_version = len(answers)
