@@ -181,16 +181,17 @@ def fit_latent_classes(
     tol: float = 1e-5,
     refit_with_validation: bool = True,
     patience: int | None = 2,
+    ensemble: bool = True,
     seed: int = 0,
 ) -> PersonaMixture:
     """Fit latent classes, choosing ``K`` on validation log-likelihood; a persona mixture.
 
-    For each ``K`` in ``n_classes`` (``K <= N``), ``n_restarts`` EM runs on ``responses``
-    keep the best penalised fit; the ``K`` with the highest mean validation
-    log-likelihood wins. With ``refit_with_validation`` the winner is then refitted on
-    training and validation users together (more data, same ``K``). Without validation
-    data the largest candidate ``K`` is not automatically right, so the smallest BIC on the
-    training data chooses instead.
+    For each ``K`` in ``n_classes`` (``K <= N``), ``n_restarts`` EM runs on ``responses``.
+    Candidates: the best restart of each ``K`` and, with ``ensemble``, the equal-weight
+    average of a ``K``'s restarts and of every fit tried; the highest mean validation
+    log-likelihood wins. With ``refit_with_validation`` the winner's fits are then redone
+    on training and validation users together (more data, same structure and seeds).
+    Without validation data the best single fit by BIC on the training data is returned.
 
     Args:
         responses: training ``LongTensor [N, I]`` (``-1`` = missing).
@@ -204,13 +205,18 @@ def fit_latent_classes(
         patience: stop trying larger ``K`` after this many candidates in a row without a
             better score (``None``: try them all). Saves the most expensive fits once the
             validation likelihood has turned down.
+        ensemble: also consider, on validation log-likelihood, the equal-weight average of
+            all restarts of one ``K`` and of every fit tried (see :func:`_mixture`); the
+            average of mixtures is again a persona mixture. Needs validation data.
         seed: base seed (restart ``r`` of candidate ``K`` uses ``seed + 1000 K + r``).
 
     Returns:
         A :class:`PersonaMixture` (family ``persona_mixture``) with ``metrics``:
-        ``n_classes``, ``val_log_lik`` (mean per validation user, from the train-only fit),
-        ``val_log_lik_by_k``, ``val_log_lik_independent``, ``train_trace`` (the per-iteration
-        penalised log-likelihood of the returned fit), ``fit_users``; and
+        ``n_classes`` (classes in the returned mixture), ``structure`` (``single``,
+        ``restarts`` or ``all``), ``classes_per_fit``, ``val_log_lik`` (mean per validation
+        user, from the train-only fits), ``val_log_lik_by_k`` (best single fit per ``K``),
+        ``val_log_lik_by_structure``, ``val_log_lik_independent``, ``train_trace`` (the
+        per-iteration penalised log-likelihood of the best component fit), ``fit_users``; and
         ``training_hash`` of the data it was fitted on.
     """
     y = item_bank.check_responses(responses)
@@ -224,9 +230,9 @@ def fit_latent_classes(
     if yv is not None and yv.shape[0] == 0:
         yv = None
 
-    def best_fit(data: Tensor, k: int) -> LatentClassFit:
+    def fit_runs(data: Tensor, k: int) -> list[LatentClassFit]:
         enc = _Encoded(data, item_bank)
-        runs = [
+        return [
             fit_em(
                 enc,
                 item_bank,
@@ -238,45 +244,72 @@ def fit_latent_classes(
             )
             for r in range(n_restarts)
         ]
+
+    def best(runs: list[LatentClassFit]) -> LatentClassFit:
         return max(runs, key=lambda f: f.objective)
 
+    def score(model: PersonaMixture, k: int) -> float:
+        if yv is not None:
+            return mean_log_likelihood(model, yv)
+        n_params = (k - 1) + k * sum(o - 1 for o in item_bank.n_options)
+        ll = float(model.log_marginal(y).sum())
+        return -(-2 * ll + n_params * math.log(y.shape[0])) / y.shape[0]
+
+    # Candidate structures: ("single", K) = the best restart of K classes;
+    # ("restarts", K) = all restarts of K, averaged; ("all", 0) = every fit, averaged.
+    runs_by_k: dict[int, list[LatentClassFit]] = {}
+    scores: dict[tuple[str, int], float] = {}
     by_k: dict[int, float] = {}
-    fits: dict[int, LatentClassFit] = {}
     since_best = 0
     for k in cands:
         if patience is not None and since_best >= patience:
             break
-        fit = best_fit(y, k)
-        fits[k] = fit
-        model = PersonaMixture(item_bank, fit.mu, fit.log_prior)
-        if yv is not None:
-            by_k[k] = mean_log_likelihood(model, yv)
-        else:
-            n_params = (k - 1) + k * sum(o - 1 for o in item_bank.n_options)
-            ll = float(model.log_marginal(y).sum())
-            by_k[k] = -(-2 * ll + n_params * math.log(y.shape[0])) / y.shape[0]
-        since_best = 0 if by_k[k] >= max(by_k.values()) else since_best + 1
-    chosen = max(by_k, key=lambda k: by_k[k])
-    fit, data = fits[chosen], y
+        runs = fit_runs(y, k)
+        runs_by_k[k] = runs
+        by_k[k] = score(_mixture([best(runs)], item_bank), k)
+        scores[("single", k)] = by_k[k]
+        if ensemble and yv is not None and n_restarts > 1:
+            scores[("restarts", k)] = score(_mixture(runs, item_bank), k)
+        k_best = max(by_k[k], scores.get(("restarts", k), -math.inf))
+        since_best = 0 if k_best >= max(scores.values()) else since_best + 1
+    if ensemble and yv is not None and len(runs_by_k) * n_restarts > 1:
+        scores[("all", 0)] = score(
+            _mixture([f for runs in runs_by_k.values() for f in runs], item_bank), 0
+        )
+    structure, chosen = max(scores, key=lambda key: scores[key])
+    data = y
     if refit_with_validation and yv is not None:
         data = torch.cat([y, yv])
-        fit = best_fit(data, chosen)
-    out = PersonaMixture(item_bank, fit.mu, fit.log_prior)
+        needed = list(runs_by_k) if structure == "all" else [chosen]
+        runs_by_k = {k: fit_runs(data, k) for k in needed}
+    if structure == "single":
+        parts = [best(runs_by_k[chosen])]
+    elif structure == "restarts":
+        parts = runs_by_k[chosen]
+    else:
+        parts = [f for runs in runs_by_k.values() for f in runs]
+    out = _mixture(parts, item_bank)
     out.training_hash = responses_hash(data, item_bank)
+    main = best(parts)
     metrics: dict[str, object] = {
         "model": "latent_class",
-        "n_classes": chosen,
+        "n_classes": out.n_personas,
+        "structure": structure,
+        "classes_per_fit": [int(f.mu.shape[0]) for f in parts],
         "selection": "validation_log_lik" if yv is not None else "bic",
         "alpha": alpha,
         "n_restarts": n_restarts,
-        "train_trace": fit.trace,
-        "converged": fit.converged,
+        "train_trace": main.trace,
+        "converged": all(f.converged for f in parts),
         "fit_users": int(data.shape[0]),
         "refit_with_validation": bool(refit_with_validation and yv is not None),
     }
     if yv is not None:
-        metrics["val_log_lik"] = by_k[chosen]
+        metrics["val_log_lik"] = scores[(structure, chosen)]
         metrics["val_log_lik_by_k"] = {str(k): v for k, v in by_k.items()}
+        metrics["val_log_lik_by_structure"] = {
+            f"{name}:{k}" if name != "all" else "all": v for (name, k), v in scores.items()
+        }
         metrics["val_log_lik_independent"] = mean_log_likelihood(
             fit_independent(y, item_bank, alpha=alpha), yv
         )
@@ -284,3 +317,15 @@ def fit_latent_classes(
         metrics["bic_score_by_k"] = {str(k): v for k, v in by_k.items()}
     out.metrics = metrics
     return out
+
+
+def _mixture(fits: Sequence[LatentClassFit], item_bank: ItemBank) -> PersonaMixture:
+    """Equal-weight average of fitted mixtures: one mixture with all their classes.
+
+    ``p(y) = (1/R) Σ_r Σ_θ π_rθ Π μ_r[θ, ...]`` is itself a persona mixture with prior
+    ``π_rθ / R``; its posterior re-weights the fits by how well each explains the answers
+    (Bayesian model averaging with a uniform prior over the fits).
+    """
+    mu = torch.cat([f.mu for f in fits])
+    log_prior = torch.cat([f.log_prior for f in fits]) - math.log(len(fits))
+    return PersonaMixture(item_bank, mu, log_prior)

@@ -88,7 +88,14 @@ def test_choice_of_k_and_persona_mixture_output() -> None:
     y, bank, mu_true = planted(600, 7)
     val, _, _ = planted(200, 8)
     m = fit_latent_classes(
-        y, bank, val_responses=val, n_classes=(1, 3, 6), n_restarts=2, patience=None, seed=1
+        y,
+        bank,
+        val_responses=val,
+        n_classes=(1, 3, 6),
+        n_restarts=2,
+        patience=None,
+        ensemble=False,
+        seed=1,
     )
     assert isinstance(m, PersonaMixture) and m.family == "persona_mixture"
     by_k = m.metrics["val_log_lik_by_k"]
@@ -138,3 +145,38 @@ def test_ces_latent_classes_beat_independent_marginals() -> None:
     assert math.isclose(m.metrics["val_log_lik_independent"], indep, rel_tol=1e-12)
     assert m.metrics["val_log_lik"] > indep + 1.0  # per user, in nats
     assert math.isclose(m.metrics["val_log_lik"], mean_log_likelihood(m, val), rel_tol=1e-12)
+
+
+def test_ensemble_is_the_average_of_its_fits_and_chosen_on_validation() -> None:
+    y, bank, _ = planted(400, 9)
+    val, _, _ = planted(150, 10)
+    kw = {"n_classes": (2, 4), "n_restarts": 2, "patience": None, "seed": 3}
+    m = fit_latent_classes(y, bank, val_responses=val, refit_with_validation=False, **kw)
+    scores = m.metrics["val_log_lik_by_structure"]
+    assert set(scores) == {"single:2", "restarts:2", "single:4", "restarts:4", "all"}
+    assert m.metrics["val_log_lik"] == max(scores.values())
+    assert math.isclose(m.metrics["val_log_lik"], mean_log_likelihood(m, val), rel_tol=1e-12)
+    # "all" is the equal-weight average of the four fits: its predictive after an answer
+    # is the posterior-weighted average of the fits' predictives (model averaging).
+    fits = [
+        fit_em(y, bank, k, alpha=0.5, max_iter=300, tol=1e-5, seed=3 + 1000 * k + r)
+        for k in (2, 4)
+        for r in range(2)
+    ]
+    from models.latent_class import _mixture
+
+    avg = _mixture(fits, bank)
+    singles = [PersonaMixture(bank, f.mu, f.log_prior) for f in fits]
+    ev = torch.tensor(
+        [
+            float(s_.log_marginal(torch.tensor([[-1, 1, -1, 0, -1, -1, -1, -1]]))[0])
+            for s_ in singles
+        ]
+    )
+    post = torch.softmax(ev, 0)
+    want = sum(
+        p * s_.predict(s_.replay([(1, 1), (3, 0)])) for p, s_ in zip(post, singles, strict=True)
+    )
+    torch.testing.assert_close(avg.predict(avg.replay([(1, 1), (3, 0)])), want)
+    if m.metrics["structure"] == "all":
+        assert m.n_personas == 12 and m.metrics["classes_per_fit"] == [2, 2, 4, 4]
