@@ -507,16 +507,24 @@ def _budget(rt: StudyRuntime) -> Any:
     )
 
 
-def _criterion(rt: StudyRuntime, session_id: int, position: int) -> Any:
+def _criterion(rt: StudyRuntime, session_id: int, position: int, seed: int | None = None) -> Any:
+    """The study's criterion; ``random`` gets a seed per session and position (recorded in
+    the decision's ``criterion_params``, so every order can be reproduced)."""
     from elicitation.criteria import get_criterion
 
-    if rt.criterion == "random":  # a reproducible order per session
-        return get_criterion("random", seed=session_id * 1009 + position)
+    if rt.criterion == "random":
+        return get_criterion(
+            "random", seed=seed if seed is not None else session_id * 1009 + position
+        )
     return get_criterion(rt.criterion)
 
 
 def _decide(
-    rt: StudyRuntime, state: Any, sess_id: int, answers: Sequence[Answer]
+    rt: StudyRuntime,
+    state: Any,
+    sess_id: int,
+    answers: Sequence[Answer],
+    seed: int | None = None,
 ) -> SelectionDecision:
     """Run the selection step and build (not store) its decision row."""
     from elicitation.errors import ElicitationError
@@ -532,7 +540,7 @@ def _decide(
             skipped=skipped,
             candidates=[rt.model_index[c.id] for c in rt.candidates],  # type: ignore[index]
             targets=[rt.model_index[t.id] for t in rt.targets],  # type: ignore[index]
-            criterion=_criterion(rt, sess_id, len(answers)),
+            criterion=_criterion(rt, sess_id, len(answers), seed),
             budget=_budget(rt),
         )
     except ElicitationError as exc:
@@ -674,9 +682,14 @@ def start_session(
         raise InvalidInputError(f"external_id must be 1 to {max_ext} characters")
     params = clean_panel_params(panel_params or {})
     token = new_token()
-    with Session(engine, expire_on_commit=False) as db:
+    with Session(engine) as db:
         rt = load_runtime(study, session=db)
-        attrs = validate_attributes(rt, attributes or {})
+    attrs = validate_attributes(rt, attributes or {})
+    first = None
+    if not (ask_attributes and rt.attributes):
+        # the model work happens before the write transaction (SQLite has one writer)
+        first = _first_state_and_decision(rt, attrs)
+    with Session(engine, expire_on_commit=False) as db:
         respondent = Respondent(
             study_id=study.id,  # type: ignore[arg-type]
             external_id=external_id,
@@ -700,19 +713,32 @@ def start_session(
         db.add(sess)
         db.flush()
         assert sess.id is not None and respondent.id is not None
-        if ask_attributes and rt.attributes:
+        if first is None:
             view = _view_at(rt, sess, None, 0)
         else:
-            view = _first_decision(rt, db, sess, respondent)
+            view = _store_first_decision(rt, db, sess, *first)
         db.commit()
         return StartedSession(sess.id, respondent.id, token, view)
 
 
-def _first_decision(
-    rt: StudyRuntime, db: Session, sess: ElicitationSession, respondent: Respondent
+def _first_state_and_decision(
+    rt: StudyRuntime, attributes: Mapping[str, str]
+) -> tuple[Any, SelectionDecision]:
+    """The prior state given the attributes, and the first decision (not stored yet)."""
+    from elicitation.session import replay_state
+
+    state = replay_state(rt.model, _attribute_indices(rt, attributes), [])
+    return state, _decide(rt, state, 0, [], seed=secrets.randbelow(2**31))
+
+
+def _store_first_decision(
+    rt: StudyRuntime,
+    db: Session,
+    sess: ElicitationSession,
+    state: Any,
+    row: SelectionDecision,
 ) -> SessionView:
-    state = replay(rt, respondent, [])
-    row = _decide(rt, state, sess.id or 0, [])
+    row.session_id = sess.id or 0
     db.add(row)
     sess.state = _dump_state(state)
     sess.state_version = 0
@@ -746,7 +772,7 @@ def submit_attributes(
         assert respondent is not None
         respondent.attributes = attrs
         db.add(respondent)
-        view = _first_decision(rt, db, sess, respondent)
+        view = _store_first_decision(rt, db, sess, *_first_state_and_decision(rt, attrs))
         db.commit()
         return view
 
