@@ -265,6 +265,17 @@ class ErasedOut(BaseModel):
 # ----- dependencies -------------------------------------------------------------------------
 
 
+def release(session: Session) -> None:
+    """Give the request's connection back to the pool before a service opens its own.
+
+    The authorization dependencies read with the request session; the write services run in
+    their own locked transaction. Holding both connections at once would let a burst of
+    requests take every pooled connection and then wait for a second one forever (pool
+    exhaustion). ``close`` keeps the loaded objects usable (detached, not expired).
+    """
+    session.close()
+
+
 def _bearer(authorization: str | None) -> str:
     if not authorization:
         raise AuthenticationError("missing 'Authorization: Bearer <API key or session token>'")
@@ -285,7 +296,10 @@ def get_api_researcher(session: SessionDep, authorization: AuthHeader = None) ->
     credential = _bearer(authorization)
     if not credential.startswith(KEY_PREFIX):
         raise AuthenticationError("this call needs a researcher's API key")
-    return authenticate_api_key(credential, session=session)
+    try:
+        return authenticate_api_key(credential, session=session)
+    finally:
+        release(session)
 
 
 def get_owned_study(slug: str, researcher: ApiResearcher, session: SessionDep) -> Study:
@@ -294,6 +308,8 @@ def get_owned_study(slug: str, researcher: ApiResearcher, session: SessionDep) -
         study = get_study_by_slug(slug, session=session)
     except NotFoundError:
         study = None
+    finally:
+        release(session)
     if study is None or not can_access_study(researcher, study):
         raise svc.StudyNotFoundError(f"no study {slug!r} among your studies")
     return study
@@ -303,6 +319,15 @@ def get_authorized_session(
     session_id: int, session: SessionDep, authorization: AuthHeader = None
 ) -> tuple[ElicitationSession, Study]:
     """The session ``session_id`` for its own token, or for an API key of its study's owner."""
+    try:
+        return _authorized_session(session_id, session, authorization)
+    finally:
+        release(session)
+
+
+def _authorized_session(
+    session_id: int, session: Session, authorization: str | None
+) -> tuple[ElicitationSession, Study]:
     credential = _bearer(authorization)
     not_found = svc.SessionNotFoundError(f"no session {session_id}")
     if credential.startswith(KEY_PREFIX):
@@ -330,17 +355,6 @@ AuthorizedSession = Annotated[tuple[ElicitationSession, Study], Depends(get_auth
 
 
 # ----- routes -------------------------------------------------------------------------------------
-
-
-def release(session: Session) -> None:
-    """Give the request's connection back to the pool before a service opens its own.
-
-    The authorization dependencies read with the request session; the write services run in
-    their own locked transaction. Holding both connections at once would let a burst of
-    requests take every pooled connection and then wait for a second one forever (pool
-    exhaustion). ``close`` keeps the loaded objects usable (detached, not expired).
-    """
-    session.close()
 
 
 def _session_out(view: svc.SessionView) -> dict[str, Any]:

@@ -34,6 +34,7 @@ import hashlib
 import hmac
 import io
 import json
+import os
 import pickle
 import secrets
 import threading
@@ -81,6 +82,13 @@ FALLBACK_CRITERION = "posterior_entropy"
 """Used instead of a target-based criterion when a study has no target items (recorded as
 the decision's criterion, so it is visible in every explanation)."""
 TOP_PERSONAS = 5
+SESSION_CONCURRENCY = max(1, int(os.environ.get("PRIORLY_SESSION_CONCURRENCY", "4")))
+"""How many session writes (model work + transaction) one process runs at once.
+
+A write is mostly CPU (the model update and selection step) under the GIL; running many
+at once in one process only makes each slower and lets them hold pooled connections
+longer. Further requests wait here, before taking a connection (backpressure)."""
+_WORK = threading.BoundedSemaphore(SESSION_CONCURRENCY)
 
 
 # ----- errors with stable codes ---------------------------------------------------------
@@ -681,6 +689,18 @@ def start_session(
     if external_id is not None and (not external_id.strip() or len(external_id) > max_ext):
         raise InvalidInputError(f"external_id must be 1 to {max_ext} characters")
     params = clean_panel_params(panel_params or {})
+    with _WORK:
+        return _start(study, engine, attributes, external_id, params, ask_attributes)
+
+
+def _start(
+    study: Study,
+    engine: Engine,
+    attributes: Mapping[str, Any] | None,
+    external_id: str | None,
+    params: dict[str, str] | None,
+    ask_attributes: bool,
+) -> StartedSession:
     token = new_token()
     with Session(engine) as db:
         rt = load_runtime(study, session=db)
@@ -762,7 +782,7 @@ def submit_attributes(
     with Session(engine) as db:
         rt = load_runtime(study, session=db, fit_if_missing=False)
     attrs = validate_attributes(rt, {k: v for k, v in attributes.items() if v is not None})
-    with locked_session(engine, session_id) as (db, sess):
+    with _WORK, locked_session(engine, session_id) as (db, sess):
         _check_study(sess, rt.study_id, rt.slug)
         if _decision_at(db, session_id, 0) is not None:
             view = _current_view(rt, db, sess)
@@ -847,15 +867,17 @@ def submit_answer(
         )
     if option is None and not rt.allow_skip:
         raise InvalidAnswerError(f"study {study.slug!r} does not allow skipping a question")
-    pre = _precompute(rt, session_id, item, option, engine)
-    for attempt in range(2):
-        try:
-            return _submit_locked(rt, session_id, item, option, idempotency_key, engine, pre)
-        except IntegrityError:
-            # A unique constraint caught a concurrent duplicate (only possible if the lock
-            # was bypassed); the second attempt finds the stored row and answers from it.
-            if attempt == 1:
-                raise
+    with _WORK:
+        pre = _precompute(rt, session_id, item, option, engine)
+        for attempt in range(2):
+            try:
+                return _submit_locked(rt, session_id, item, option, idempotency_key, engine, pre)
+            except IntegrityError:
+                # A unique constraint caught a concurrent duplicate (only possible if the
+                # lock was bypassed); the second attempt finds the stored row and answers
+                # from it.
+                if attempt == 1:
+                    raise
     raise AssertionError("unreachable")
 
 
