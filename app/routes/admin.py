@@ -538,7 +538,9 @@ async def start_job(
     job = jobs.start_job(
         kind, study, payload=payload, researcher=researcher, settings=settings, session=session
     )
-    target = "admin_simulation" if kind == "simulation" else "admin_jobs"
+    target = {"simulation": "admin_simulation", "plan_group_round": "admin_groups"}.get(
+        kind, "admin_jobs"
+    )
     return _see_other(str(request.url_for(target, slug=study.slug)) + f"?job={job.id}")
 
 
@@ -647,8 +649,26 @@ def dashboard_page(
 
 
 @router.get("/studies/{slug}/groups", response_class=HTMLResponse, name="admin_groups")
-def groups_page(request: Request, study: VisibleStudy, templates: TemplatesDep) -> Response:
-    return _render(request, templates, "admin/groups.html", {"study": study})
+def groups_page(
+    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    pending = [
+        _job_view(j)
+        for j in jobs.study_jobs(study, session=session, limit=20)
+        if j.kind == "plan_group_round" and j.status in jobs.ACTIVE
+    ]
+    latest = jobs.latest_result(study, "plan_group_round", session=session)
+    return _render(
+        request,
+        templates,
+        "admin/groups.html",
+        {
+            "study": study,
+            "pending": pending,
+            "latest": latest,
+            "settings": StudySettings.model_validate(study.settings or {}),
+        },
+    )
 
 
 # ----- exports ---------------------------------------------------------------------------------

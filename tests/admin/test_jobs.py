@@ -230,3 +230,35 @@ def test_queue_location_and_backend(tmp_path: Path) -> None:
     )
     assert queue_location(redis) == "redis://q.example:6379/0"
     assert isinstance(get_queue(redis).huey, RedisHuey)  # connects lazily: nothing reached here
+
+
+def test_plan_group_round_picks_best_question_and_top_respondents(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    """The plan's question has the highest score; its respondents are the top-n by their
+    own expected gain (checked against elicitation.group.member_eig on the same panel)."""
+    from app.services.belief import fit_study_model
+
+    fit_study_model(ces_study, session=db, n_classes=(2,), n_restarts=1)
+    settings = dict(ces_study.settings)
+    settings["group"] = {**settings["group"], "respondents_per_round": 7}
+    ces_study.settings = settings
+    db.add(ces_study)
+    db.commit()
+    job = Job(kind="plan_group_round", study_id=ces_study.id, payload={"max_members": 50})
+    db.add(job)
+    db.commit()
+    assert execute_job(engine, job.id or 0) == JobStatus.succeeded.value, _job(
+        engine, job.id or 0
+    ).error
+    r = _job(engine, job.id or 0).result
+    assert r is not None and r["panel"] == "imported" and r["n_members"] == 50
+    scores = [q["score"] for q in r["question_scores"]]
+    assert r["question"] == r["question_scores"][0]["item"] and scores == sorted(
+        scores, reverse=True
+    )
+    assert len(scores) == 25  # every candidate scored (none asked yet)
+    gains = [p["expected_gain"] for p in r["respondents"]]
+    assert len(gains) == r["per_round"] == 7 and gains == sorted(gains, reverse=True)
+    assert all(g >= 0 for g in gains)
+    assert min(gains) >= r["best_gain_not_chosen"]  # the top 7, not any 7
