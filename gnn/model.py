@@ -19,6 +19,8 @@ with a learned temperature ``tau = exp(log_tau)``.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -109,6 +111,9 @@ class RelationalGNN(nn.Module):
         dropout: dropout after each relational layer.
     """
 
+    opt_index: Tensor
+    opt_mask: Tensor
+
     def __init__(self, schema: GraphSchema, dim: int = 64, dropout: float = 0.1) -> None:
         super().__init__()
         self.schema = schema
@@ -141,7 +146,8 @@ class RelationalGNN(nn.Module):
             ``z_member [N, d]`` and ``z_option [C, d]`` (``C`` = number of option nodes).
         """
         n, s = graph.n_members, self.schema.n_subgroups
-        member_x = self.in_lin[0].bias.expand(n, self.dim)  # W * 0 + b: zero features
+        member_lin = cast(nn.Linear, self.in_lin[0])
+        member_x = member_lin.bias.expand(n, self.dim)  # W * 0 + b: zero features
         h = torch.cat(
             [member_x, self.in_lin[1](self.subgroup_emb), self.in_lin[2](self.option_emb)], 0
         ).relu()
