@@ -214,6 +214,21 @@ def _require(model: BeliefModel, attr: str, criterion: str, what: str) -> Callab
     return fn
 
 
+def _answer_options(states: Any, item: int, option: int, b: int) -> Tensor:
+    """Options ``[B]`` for a hypothetical batched update: ``option``, or ``-1`` (no update)
+    for respondents whose state already holds an answer to ``item``.
+
+    Batch states that record observed answers (a ``responses [B, I]`` attribute, as the
+    persona-mixture states do) refuse a second answer to an item; their score for that
+    item is meaningless anyway (callers mask items already asked).
+    """
+    opts = torch.full((b,), option, dtype=torch.long)
+    responses = getattr(states, "responses", None)
+    if isinstance(responses, Tensor) and responses.dim() == 2 and responses.shape[0] == b:
+        opts = torch.where(responses[:, item] >= 0, torch.full_like(opts, MISSING), opts)
+    return opts
+
+
 @register_criterion
 class PosteriorEntropy(SelectionCriterion):
     """Expected reduction of the entropy of the latent (persona) posterior.
@@ -263,7 +278,7 @@ class PosteriorEntropy(SelectionCriterion):
             items.fill_(x)
             exp_h = torch.zeros(b, dtype=DTYPE)
             for k in range(n_opt[x]):
-                opts = torch.full((b,), k, dtype=torch.long)
+                opts = _answer_options(states, x, k, b)
                 exp_h += p_x[:, ci, k] * entropy(latent(model.update_batch(states, items, opts)))
             out[:, ci] = now - exp_h
         return out
@@ -532,7 +547,7 @@ class IRTPosteriorVariance(SelectionCriterion):
             items.fill_(x)
             exp_v = torch.zeros(b, dtype=DTYPE)
             for k in range(n_opt[x]):
-                opts = torch.full((b,), k, dtype=torch.long)
+                opts = _answer_options(states, x, k, b)
                 g, wk = theta(model.update_batch(states, items, opts))
                 exp_v += p_x[:, ci, k] * self._var(g, wk)
             out[:, ci] = now - exp_v

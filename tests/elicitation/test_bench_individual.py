@@ -131,7 +131,7 @@ def test_simulate_asks_only_answered_candidates(tiny: Path) -> None:
     answers[::7, :] = -1  # and some answered none
     observed = torch.full_like(test, -1)
     observed[:, ctx.demographics] = test[:, ctx.demographics]
-    for name in ("eig", "random"):
+    for name in ("eig", "random", "posterior_entropy", "fixed"):
         preds, asked = simulate(model, get_criterion(name), observed, cand, answers, tgt, 4)
         assert len(preds) == 5 and asked.shape == (test.shape[0], 4)
         for u in range(test.shape[0]):
