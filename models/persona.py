@@ -471,36 +471,43 @@ class PersonaMixture(BeliefModel):
         ``den[b, x·k] = Σ_g agg[b, g, x·k]``. Without useful groups, one dense product
         ``[T·O + 1, K] @ [K, I·O]`` gives ``joint`` and ``den`` together. When most items are
         candidates, all items are computed from the stored tables (no gather) and the
-        candidate columns picked after.
+        candidate columns picked after. Only valid (item, option) columns are computed on
+        either side (padding beyond ``O_i`` is never multiplied), which matters when one
+        item has many more options than the others.
         """
         b, k = w.shape
-        o_n, i_n = self.item_bank.max_options, self.item_bank.n_items
+        o_n = self.item_bank.max_options
         c_n, t_n = int(cand.numel()), int(tgt.numel())
         to_n, co_n = t_n * o_n, c_n * o_n
         grp = self._target_groups(tgt)
-        full = 2 * c_n > i_n
-        cols = cols_of(cand, o_n)
+        valid = self.item_bank.option_mask()
+        vc = valid[cand].reshape(-1).nonzero().flatten()  # valid rows of [C*O]
+        vt = valid[tgt].reshape(-1).nonzero().flatten()  # valid columns of [T*O]
+        cols = cols_of(cand, o_n)[vc]  # their columns in the [K, I*O] tables
+        n_vc, n_vt = int(vc.numel()), int(vt.numel())
+        full = 2 * n_vc > self._lik_flat.shape[1]  # use the stored table, pick columns after
+        table = grp.table[:, vt]  # [G or K, n_vt]
+        table_t = grp.table_t if n_vt == to_n else table.T.contiguous()
         grouped = grp.order is not None
         if grouped:
             assert grp.crow is not None and grp.group is not None and grp.lik_sorted is not None
             assert grp.cols_k is not None and grp.order is not None
             g_crow, g_cols = grp.crow, grp.cols_k
-            g_n = grp.table.shape[0]
-            # [K, M] in group order; all items, or only the candidates' columns.
-            lik_np = grp.lik_sorted if full else grp.lik_sorted[:, cols.numpy()]
+            g_n = table.shape[0]
+            lik_np = grp.lik_sorted if full else grp.lik_sorted[:, cols.numpy()]  # [K, M]
             m = lik_np.shape[1]
             w_sorted = w[:, grp.order].numpy()  # [B, K]
             base_w = torch.zeros(b, g_n, dtype=DTYPE).index_add_(1, grp.group, w)
             base = base_w @ grp.table  # [B, T*O]
-            per_row = max(g_n * m, to_n * m)
+            per_row = max(g_n * m, n_vt * m)
         else:
-            lik_src = self._lik_flat if full else self.lik_k[:, cand].reshape(k, co_n)
+            lik_src = self._lik_flat if full else self._lik_flat[:, cols]  # [K, M]
             m = lik_src.shape[1]
-            aug = torch.cat([grp.table, torch.ones(k, 1, dtype=DTYPE)], dim=1)  # [K, T*O+1]
+            aug = torch.cat([table, torch.ones(k, 1, dtype=DTYPE)], dim=1)  # [K, n_vt+1]
             base = w @ grp.table
-            per_row = max(k * (to_n + 1), (to_n + 1) * m)
-        p_x = torch.empty(b, co_n, dtype=DTYPE)
-        p_t = torch.empty(b, co_n, to_n, dtype=DTYPE)
+            per_row = max(k * (n_vt + 1), (n_vt + 1) * m)
+        p_x = torch.zeros(b, co_n, dtype=DTYPE)
+        p_t = base.unsqueeze(1).repeat(1, co_n, 1)  # padded rows keep the current predictive
         chunk = max(1, _CHUNK_ELEMS // per_row)
         for s in range(0, b, chunk):
             bc = min(chunk, b - s)
@@ -517,24 +524,29 @@ class PersonaMixture(BeliefModel):
                     (w_sorted[s : s + bc].reshape(-1), cols_k, crow), shape=(bc * g_n, k)
                 )
                 agg = torch.from_numpy(np.asarray(sel @ lik_np)).reshape(bc, g_n, m)  # [b, G, M]
-                joint = torch.matmul(grp.table_t, agg)  # [b, T*O, M]
+                joint = torch.matmul(table_t, agg)  # [b, n_vt, M]
                 den = agg.sum(1)  # [b, M]
             else:
                 a = (w[s : s + bc].unsqueeze(2) * aug.unsqueeze(0)).transpose(1, 2)
-                res = torch.matmul(a, lik_src)  # [b, T*O+1, M]
-                joint, den = res[:, :to_n], res[:, to_n]
+                res = torch.matmul(a, lik_src)  # [b, n_vt+1, M]
+                joint, den = res[:, :n_vt], res[:, n_vt]
             if full:
                 joint, den = joint[:, :, cols], den[:, cols]
             pos = den > 0
             safe = torch.where(pos, den, torch.ones((), dtype=DTYPE))
-            p_t[s : s + bc] = torch.where(
+            cond = torch.where(
                 pos.unsqueeze(2),
                 joint.transpose(1, 2) / safe.unsqueeze(2),
-                base[s : s + bc].unsqueeze(1),
-            )
-            p_x[s : s + bc] = den
+                base[s : s + bc, vt].unsqueeze(1),
+            )  # [b, n_vc, n_vt]
+            if n_vt == to_n:
+                p_t[s : s + bc, vc] = cond
+            else:
+                p_t[s : s + bc, vc.unsqueeze(1), vt.unsqueeze(0)] = cond
+            p_x[s : s + bc, vc] = den
         if self._floor_active:  # the predictive uses μ itself, the conditionals max(μ, floor)
-            p_x = w @ self._mu_flat[:, cols]
+            p_x = torch.zeros(b, co_n, dtype=DTYPE)
+            p_x[:, vc] = w @ self._mu_flat[:, cols]
         return p_x.reshape(b, c_n, o_n), p_t.reshape(b, c_n, o_n, t_n, o_n)
 
     # ----- many respondents --------------------------------------------------
