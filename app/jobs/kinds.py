@@ -15,9 +15,8 @@ Kinds:
   history; stored as an inactive ``fitted_model`` row of family ``gnn``.
 * ``plan_group_round``: the next group round's question and respondents with their
   scores (:mod:`elicitation.group`), stored in the job's result.
-
-Generating persona distributions with a language model is not a job kind yet (see
-docs/admin.md).
+* ``persona_generation``: persona answer distributions from a language model
+  (:func:`inference_server.generate.generate`, resumable).
 """
 
 from __future__ import annotations
@@ -290,4 +289,81 @@ def plan_group_round(ctx: JobContext) -> dict[str, Any]:
             "question_scores": ranked,
             "respondents": chosen,
             "per_round": len(chosen),
+        }
+
+
+@register_kind("persona_generation", "Generate persona distributions (LLM)")
+def persona_generation(ctx: JobContext) -> dict[str, Any]:
+    """Score the study's personas × questions with a language model (resumable).
+
+    The same pieces as ``priorly personas generate`` (app.commands.personas and
+    inference_server.generate): personas are the most frequent attribute profiles of the
+    study's respondents (``n_personas``, default 16); the backend is the embedded local
+    model, or an OpenAI-compatible server (``backend: "openai"``, ``base_url``, ``model``).
+    Stored pairs are never recomputed and every chunk is committed, so a job retried after
+    its worker died resumes where it stopped and ends with the same stored distributions.
+    """
+    import argparse
+
+    from app.commands.personas import (
+        SqlDistributionStore,
+        _make_backend,
+        attribute_matrix,
+        save_study_personas,
+        study_items,
+    )
+    from inference_server.generate import generate
+    from inference_server.personas import profiles_from_matrix
+
+    p = ctx.payload
+    args = argparse.Namespace(
+        backend=str(p.get("backend", "local")),
+        base_url=p.get("base_url"),
+        model=p.get("model"),
+        batch_size=int(p.get("batch_size", 8)),
+        threshold=float(p.get("threshold", 0.5)),
+        threads=1,
+    )
+    ctx.progress(0.0, "building the persona dictionary")
+    with Session(ctx.engine) as db:
+        study = _study(ctx, db)
+        assert study.id is not None
+        attrs, questions = study_items(study.id, session=db)
+        if not questions:
+            raise InvalidInputError("the study has no questions to score")
+        if not attrs:
+            raise InvalidInputError("the study has no attribute items to build personas from")
+        matrix = attribute_matrix(study.id, attrs, session=db)
+        personas = profiles_from_matrix(
+            attrs,
+            matrix,
+            mode="profiles",
+            n=int(p.get("n_personas", 16)),
+            seed=int(p.get("seed", 0)),
+        )
+        save_study_personas(study.id, personas, "attributes", session=db)
+        backend = _make_backend(args)
+        limit = p.get("limit")
+
+        def progress(done: int, todo: int) -> None:
+            ctx.progress(0.02 + 0.98 * done / max(1, todo), f"{done} of {todo} pairs scored")
+
+        stats = generate(
+            [persona.text for persona in personas],
+            questions,
+            backend,
+            SqlDistributionStore(db),
+            chunk_size=int(p.get("chunk", 32)),
+            limit=None if limit is None else int(limit),
+            on_progress=progress,
+        )
+        return {
+            "personas": len(personas),
+            "questions": len(questions),
+            "total_pairs": stats.total,
+            "already_stored": stats.already_stored,
+            "computed": stats.computed,
+            "flagged": stats.flagged,
+            "model_id": backend.model_id,
+            "template_version": backend.template.version_id,
         }

@@ -238,7 +238,11 @@ def reap_dead_jobs(engine: Engine, *, stale_after_s: float) -> list[int]:
     limit = now - timedelta(seconds=stale_after_s)
     requeue: list[int] = []
     with Session(engine) as db:
-        running = db.exec(select(Job).where(Job.status == JobStatus.running.value)).all()
+        # Only jobs claimed by a queue worker (``worker`` set): a job row that a CLI command
+        # runs itself (e.g. ``priorly personas generate``) has no worker and is not ours.
+        running = db.exec(
+            select(Job).where(Job.status == JobStatus.running.value, col(Job.worker).is_not(None))
+        ).all()
         for job in running:
             beat = job.heartbeat_at
             if beat is not None and beat.tzinfo is None:  # SQLite returns naive UTC

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from app.jobs.runner import MAX_ATTEMPTS, claim, execute_job, reap_dead_jobs
 from app.services.jobs import cancel_job, start_job
@@ -213,7 +213,7 @@ def test_unknown_kind_is_refused_before_writing(
 
     with pytest.raises(InvalidInputError, match="unknown job kind"):
         start_job(kind, ces_study, researcher=alice, settings=settings, session=db)
-    assert db.exec(__import__("sqlmodel").select(Job)).all() == []
+    assert db.exec(select(Job)).all() == []
 
 
 def test_queue_location_and_backend(tmp_path: Path) -> None:
@@ -262,3 +262,45 @@ def test_plan_group_round_picks_best_question_and_top_respondents(
     assert len(gains) == r["per_round"] == 7 and gains == sorted(gains, reverse=True)
     assert all(g >= 0 for g in gains)
     assert min(gains) >= r["best_gain_not_chosen"]  # the top 7, not any 7
+
+
+def test_persona_generation_job_stores_distributions_and_resumes(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    """Through the job runner, against a real HTTP server speaking the OpenAI API whose
+    answers are a known function of the prompt (inference_server's test double)."""
+    from app.tables import PersonaDistribution
+    from tests.inference_server.test_generate_db import FakeVLLM
+
+    fake = FakeVLLM()
+    try:
+        payload = {
+            "backend": "openai",
+            "base_url": fake.url,
+            "n_personas": 2,
+            "limit": 7,
+            "chunk": 4,
+        }
+        first = Job(kind="persona_generation", study_id=ces_study.id, payload=payload)
+        db.add(first)
+        db.commit()
+        assert execute_job(engine, first.id or 0) == JobStatus.succeeded.value, _job(
+            engine, first.id or 0
+        ).error
+        r1 = _job(engine, first.id or 0).result
+        assert r1 is not None and r1["computed"] == 7 and r1["personas"] == 2
+        assert len(db.exec(select(PersonaDistribution)).all()) == 7
+        rest = Job(
+            kind="persona_generation", study_id=ces_study.id, payload={**payload, "limit": None}
+        )
+        db.add(rest)
+        db.commit()
+        requests_before = fake.requests
+        assert execute_job(engine, rest.id or 0) == JobStatus.succeeded.value
+        r2 = _job(engine, rest.id or 0).result
+        assert r2 is not None and r2["already_stored"] == 7
+        assert r2["computed"] == r2["total_pairs"] - 7 == 2 * r1["questions"] - 7
+        assert fake.requests > requests_before
+        assert len(db.exec(select(PersonaDistribution)).all()) == r2["total_pairs"]
+    finally:
+        fake.close()
