@@ -262,13 +262,8 @@ def plan_group_round(ctx: JobContext) -> dict[str, Any]:
         member_gain = group.context().eig([question])[:, 0]
         item_of = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
         left = [c for c in candidates if c not in group.asked_items]
-        ranked = sorted(
-            (
-                {"item": item_of[c].key, "score": float(s)}
-                for c, s in zip(left, scores.tolist(), strict=True)
-            ),
-            key=lambda d: -d["score"],
-        )
+        pairs = sorted(zip(left, scores.tolist(), strict=True), key=lambda cs: -float(cs[1]))
+        ranked = [{"item": item_of[c].key, "score": float(s)} for c, s in pairs]
         chosen = [
             {
                 "respondent": members[int(v)].external_id or f"r{members[int(v)].id}",
