@@ -18,8 +18,10 @@ tail of its log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -235,8 +237,15 @@ class VLLMServer:
         env.pop("PYTHONPATH", None)  # the project's packages are not vLLM's business
         log = self.log_path.open("wb")
         try:
+            # Its own process group: vLLM forks an engine core and workers, and stop() must
+            # end all of them, not only the API server (orphans would keep the CPU busy).
             self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.folder
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.folder,
+                start_new_session=True,
             )
         finally:
             log.close()
@@ -273,14 +282,32 @@ class VLLMServer:
         )
 
     def stop(self, grace: float = 30.0) -> None:
-        """Terminate the process (SIGTERM, then SIGKILL after ``grace`` seconds)."""
-        if self.proc is None or self.proc.poll() is not None:
+        """End the server's process group: SIGTERM, then SIGKILL after ``grace`` seconds.
+
+        The group holds the API server and the engine processes it forked; it is signalled
+        even when the API server has already exited, so no engine process is left behind.
+        """
+        if self.proc is None:
             return
-        self.proc.terminate()
+        pgid = self.proc.pid  # start_new_session: the group id is the server's pid
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)  # anyone left in the group?
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(grace)
 
     def __enter__(self) -> VLLMServer:

@@ -6,6 +6,7 @@ Needs the vLLM environment (``scripts/setup-vllm``, which CI runs); the server s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,5 @@ def test_vllm_matches_local() -> None:
                 assert b.probs == pytest.approx(a.probs, abs=5e-3), (mode, req)
                 assert b.valid_mass == pytest.approx(a.valid_mass, abs=5e-3), (mode, req)
     assert server.proc is not None and server.proc.poll() is not None  # stopped
+    with pytest.raises(ProcessLookupError):  # and no engine process of its group is left
+        os.killpg(server.proc.pid, 0)
