@@ -173,6 +173,7 @@ class VLLMServer:
         kv_cache_gib: KV-cache memory on the CPU (``--kv-cache-memory-bytes``).
         log_path: where the server's output goes (default: a temporary file).
         extra_args: more ``vllm`` arguments.
+        start_timeout: seconds :meth:`__enter__` waits for the server to answer.
     """
 
     def __init__(
@@ -189,8 +190,10 @@ class VLLMServer:
         tensor_parallel_size: int = 1,
         log_path: Path | None = None,
         extra_args: Sequence[str] = (),
+        start_timeout: float = 1200.0,
     ) -> None:
         self.served_name, self.folder = resolve_model(model)
+        self.start_timeout = start_timeout
         self.host = host
         self.port = port or free_port(host)
         self.device = detect_device() if device == "auto" else device
@@ -313,7 +316,7 @@ class VLLMServer:
     def __enter__(self) -> VLLMServer:
         self.start()
         try:
-            self.wait_ready()
+            self.wait_ready(self.start_timeout)
         except BaseException:
             self.stop()
             raise
