@@ -257,6 +257,7 @@ class PersonaMixture(BeliefModel):
         # True when the floor changes some valid entry (then L != μ and p_x needs μ).
         self._floor_active = bool((lik != self.mu).any())
         self._n_opt = torch.tensor(self.item_bank.n_options, dtype=torch.long)
+        self._valid = self.item_bank.option_mask()  # [I, O] bool
 
     @property
     def n_personas(self) -> int:
@@ -480,10 +481,14 @@ class PersonaMixture(BeliefModel):
         c_n, t_n = int(cand.numel()), int(tgt.numel())
         to_n, co_n = t_n * o_n, c_n * o_n
         grp = self._target_groups(tgt)
-        valid = self.item_bank.option_mask()
-        vc = valid[cand].reshape(-1).nonzero().flatten()  # valid rows of [C*O]
-        vt = valid[tgt].reshape(-1).nonzero().flatten()  # valid columns of [T*O]
-        cols = cols_of(cand, o_n)[vc]  # their columns in the [K, I*O] tables
+        valid = self._valid
+        cols = cols_of(cand, o_n)
+        dense_c = bool(valid[cand].all())  # no padded candidate rows
+        dense_t = bool(valid[tgt].all())
+        vc = torch.arange(co_n) if dense_c else valid[cand].reshape(-1).nonzero().flatten()
+        vt = torch.arange(to_n) if dense_t else valid[tgt].reshape(-1).nonzero().flatten()
+        if not dense_c:
+            cols = cols[vc]  # the valid rows' columns in the [K, I*O] tables
         n_vc, n_vt = int(vc.numel()), int(vt.numel())
         full = 2 * n_vc > self._lik_flat.shape[1]  # use the stored table, pick columns after
         table = grp.table[:, vt]  # [G or K, n_vt]
@@ -507,7 +512,10 @@ class PersonaMixture(BeliefModel):
             base = w @ grp.table
             per_row = max(k * (n_vt + 1), (n_vt + 1) * m)
         p_x = torch.zeros(b, co_n, dtype=DTYPE)
-        p_t = base.unsqueeze(1).repeat(1, co_n, 1)  # padded rows keep the current predictive
+        if dense_c and dense_t:
+            p_t = torch.empty(b, co_n, to_n, dtype=DTYPE)
+        else:  # padded rows keep the current predictive
+            p_t = base.unsqueeze(1).repeat(1, co_n, 1)
         chunk = max(1, _CHUNK_ELEMS // per_row)
         for s in range(0, b, chunk):
             bc = min(chunk, b - s)
@@ -539,11 +547,12 @@ class PersonaMixture(BeliefModel):
                 joint.transpose(1, 2) / safe.unsqueeze(2),
                 base[s : s + bc, vt].unsqueeze(1),
             )  # [b, n_vc, n_vt]
-            if n_vt == to_n:
-                p_t[s : s + bc, vc] = cond
+            if dense_c and dense_t:
+                p_t[s : s + bc] = cond
+                p_x[s : s + bc] = den
             else:
                 p_t[s : s + bc, vc.unsqueeze(1), vt.unsqueeze(0)] = cond
-            p_x[s : s + bc, vc] = den
+                p_x[s : s + bc, vc] = den
         if self._floor_active:  # the predictive uses μ itself, the conditionals max(μ, floor)
             p_x = torch.zeros(b, co_n, dtype=DTYPE)
             p_x[:, vc] = w @ self._mu_flat[:, cols]
