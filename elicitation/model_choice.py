@@ -120,13 +120,37 @@ def fit_cape_factor(ctx: FitContext) -> BeliefModel:
     )
 
 
+def fit_latent_classes_train_only(ctx: FitContext) -> BeliefModel:
+    """Latent classes fitted on the training users only (``K`` chosen on validation, no
+    refit on training + validation): ``auto`` scores candidates on the validation users,
+    so no candidate may have been fitted on them."""
+
+    def build() -> BeliefModel:
+        from models.latent_class import fit_latent_classes
+
+        kw = dict(getattr(ctx, "options", {}).get("latent_classes", {}))
+        kw["refit_with_validation"] = False
+        return fit_latent_classes(
+            ctx.train, ctx.item_bank, val_responses=_val_or_none(ctx), seed=ctx.base_seed, **kw
+        )
+
+    return _memo(ctx, "latent_classes_train_only", build)
+
+
 FITTERS: dict[str, Callable[[FitContext], BeliefModel]] = {
-    "latent_classes": fit_latent_class_model,
+    "latent_classes": fit_latent_classes_train_only,
     "cape_cooccurrence": fit_cape_cooccurrence,
     "cape_linear": fit_cape_linear,
     "cape_factor": fit_cape_factor,
 }
-"""Candidate belief models of ``auto``: name -> fit function (cached per benchmark)."""
+"""Candidate belief models of ``auto`` as scored on validation: name -> fit function."""
+
+PRODUCTION_FITTERS: dict[str, Callable[[FitContext], BeliefModel]] = {
+    **FITTERS,
+    "latent_classes": fit_latent_class_model,
+}
+"""What ``auto`` returns once a candidate is chosen: the latent classes of ``default``
+(refitted on training + validation users), the CAPE models as scored."""
 
 
 @dataclass
@@ -236,9 +260,10 @@ def _fit_auto(ctx: FitContext) -> BeliefModel:
         candidates=ctx.candidates,
         targets=ctx.targets,
     )
-    model = load_model(choice.model.to_bytes())
+    chosen = PRODUCTION_FITTERS[choice.chosen](ctx)
+    model = load_model(chosen.to_bytes())
     model.metrics = {
-        **choice.model.metrics,
+        **chosen.metrics,
         "auto_table": {"seed": ctx.seed, "chosen": choice.chosen, "table": choice.table},
         "auto_chosen": choice.chosen,
         "model_choice": [
