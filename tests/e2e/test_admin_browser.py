@@ -195,6 +195,11 @@ def test_every_admin_screen(server: dict[str, Any], page: Any) -> None:
                     idempotency_key=None,
                     engine=engine,
                 )
+    # plan a group round in the browser and wait for the plan
+    page.goto(base + "/admin/studies/ces-pilot/groups")
+    page.click("#plan-round button[type=submit]")
+    page.wait_for_selector("#round-plan", timeout=300_000)
+    assert "Ask" in page.inner_text("#round-plan")
     for path, name in (
         ("/admin", "07-studies"),
         ("/admin/studies/ces-pilot/jobs", "08-jobs"),
