@@ -34,6 +34,7 @@ COMMAND_MODULES: list[str] = [
     "app.commands.user",
     "app.commands.apikey",
     "app.commands.worker",
+    "app.commands.password",
 ]
 
 # Error classes of the pure packages that are user errors too. Checked by module name so

@@ -231,3 +231,29 @@ def test_api_keys_page_creates_and_revokes_own_keys(
     )
     db.expire_all()
     assert db.get(ApiKey, mine.id).revoked_at is not None  # type: ignore[union-attr]
+
+
+def test_cli_sets_password_for_first_admin(
+    settings,
+    monkeypatch,
+    capsys,
+    db: Session,  # type: ignore[no-untyped-def]
+) -> None:
+    import io
+
+    from app.cli import main
+    from app.settings import get_settings
+
+    monkeypatch.setenv("PRIORLY_DATABASE_URL", settings.database_url)
+    get_settings.cache_clear()
+    try:
+        assert main(["user", "create", "--email", "First@Example.org", "--admin"]) == 0
+        monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+        assert main(["password", "--email", "first@example.org"]) == 2
+        assert "at least 10" in capsys.readouterr().err
+        monkeypatch.setattr("sys.stdin", io.StringIO("first admin password\n"))
+        assert main(["password", "--email", "first@example.org"]) == 0
+    finally:
+        get_settings.cache_clear()
+    person = db.exec(select(Researcher).where(Researcher.email == "first@example.org")).one()
+    assert person.is_admin and verify_password(person.password_hash, "first admin password")
