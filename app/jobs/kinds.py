@@ -118,12 +118,14 @@ def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
         attr = [j for j, it in enumerate(items) if it.role == ItemRole.attribute.value]
         ques = [j for j, it in enumerate(items) if it.role != ItemRole.attribute.value]
         data = torch.cat([train, val])
+        if attr:  # the graph needs every member's attributes: drop members missing any
+            data = data[(data[:, attr] >= 0).all(1)]
         if data.shape[0] < 6 or not ques:
             raise InvalidInputError("the study has too little history to train the GNN")
         n_val = val.shape[0] if val.shape[0] >= 3 else max(3, data.shape[0] // 10)
         n = data.shape[0]
         tr, va = list(range(n - n_val)), list(range(n - n_val, n))
-        attributes = data[:, attr].clamp(min=0) if attr else torch.zeros(n, 0, dtype=torch.long)
+        attributes = data[:, attr] if attr else torch.zeros(n, 0, dtype=torch.long)
         schema = schema_from_data(
             attributes,
             data[:, ques],
@@ -156,7 +158,7 @@ def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
         db.add(row)
         db.commit()
         db.refresh(row)
-        return {"fitted_model_id": row.id, **row.metrics}
+        return {"fitted_model_id": row.id, "members": n, **row.metrics}
 
 
 @register_kind("plan_group_round", "Plan the next group round")

@@ -304,3 +304,22 @@ def test_persona_generation_job_stores_distributions_and_resumes(
         assert len(db.exec(select(PersonaDistribution)).all()) == r2["total_pairs"]
     finally:
         fake.close()
+
+
+def test_train_gnn_job_stores_an_inactive_model(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    from app.tables import FittedModel
+    from gnn.train import TrainedGNN
+
+    job = Job(kind="train_gnn", study_id=ces_study.id, payload={"max_epochs": 2})
+    db.add(job)
+    db.commit()
+    assert execute_job(engine, job.id or 0) == JobStatus.succeeded.value, _job(
+        engine, job.id or 0
+    ).error
+    r = _job(engine, job.id or 0).result
+    assert r is not None and r["members"] > 100
+    row = db.get(FittedModel, r["fitted_model_id"])
+    assert row is not None and row.family == "gnn" and not row.is_active
+    assert isinstance(TrainedGNN.from_bytes(row.blob), TrainedGNN)
