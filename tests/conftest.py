@@ -1,7 +1,13 @@
-"""Shared pytest fixtures: paths of the shipped datasets and small dataset copies.
+"""Shared pytest fixtures: paths of the shipped datasets, small dataset copies, databases.
 
 Fixtures here are used by several packages' tests; keep them cheap and free of state
 shared between tests (every fixture that writes does so under ``tmp_path``).
+
+Test modules may import the helpers here with ``from conftest import DATASETS_DIR, ...``.
+Because ``tests/`` has no ``__init__.py``, every ``conftest.py`` is imported under the same
+module name ``conftest`` and a sub-folder's conftest would shadow this one;
+:func:`pytest_collectstart` therefore re-registers this module as ``conftest`` right
+before each test module is imported.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,9 +27,17 @@ import pytest
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+_THIS_MODULE = sys.modules[__name__]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATASETS_DIR = REPO_ROOT / "datasets"
 CANONICAL_DATASETS = ("ces", "opinionqa")
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    """Make ``from conftest import ...`` in a test module mean this (root) conftest."""
+    if isinstance(collector, pytest.Module):
+        sys.modules["conftest"] = _THIS_MODULE
 
 
 def write_small_dataset(source: Path, dest: Path, n_respondents: int = 30) -> Path:
