@@ -3,7 +3,8 @@
 #
 # torch is installed first and pinned (torch==2.13.0): a bare `torch` requirement would
 # pull a multi-GB CUDA build. Wheels come from /opt/wheels when that folder exists, else
-# from $PRIORLY_TORCH_INDEX_URL (default: the PyTorch CPU index).
+# from the package index pip is configured with; set $PRIORLY_TORCH_INDEX_URL to the CPU
+# wheel index of your choice if that index would give a CUDA build.
 # Re-runs are fast: the install is skipped while pyproject.toml and the extras are unchanged.
 
 ensure_venv() {
@@ -33,8 +34,9 @@ ensure_venv() {
     if [ -d /opt/wheels ]; then
         torch_src=(--find-links /opt/wheels)
     else
-        torch_src=(--index-url "${PRIORLY_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
-                   --extra-index-url https://pypi.org/simple)
+        if [ -n "${PRIORLY_TORCH_INDEX_URL:-}" ]; then
+            torch_src=(--extra-index-url "$PRIORLY_TORCH_INDEX_URL")
+        fi
     fi
     echo "[$(date -u +%H:%M:%S)] installing torch==2.13.0 into $venv" >&2
     python -m pip install --quiet "${torch_src[@]}" "torch==2.13.0"

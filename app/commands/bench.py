@@ -87,6 +87,10 @@ def _add_individual(p: argparse.ArgumentParser) -> None:
 
 
 def _individual(args: argparse.Namespace) -> int:
+    # Importing these registers more methods with the harness: cape_cooccurrence,
+    # cape_linear, cape_factor and auto; llm_personas and mixed.
+    import elicitation.model_choice  # noqa: F401
+    import inference_server.bench_methods  # noqa: F401
     from elicitation.bench.individual import run_individual
     from elicitation.bench.plot import plot_curves
 

