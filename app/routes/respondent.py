@@ -288,6 +288,52 @@ def question_page(
     return _render_view(request, templates, study, sess, view, session=session, settings=settings)
 
 
+def _render_error(
+    request: Request,
+    templates: Any,
+    study: Study,
+    sess: ElicitationSession,
+    *,
+    session: Session,
+    settings: Settings,
+    error: str,
+    htmx: bool,
+) -> Response:
+    """The current page again with ``error`` shown (422 for a plain POST, 200 for htmx)."""
+    view = svc.session_view(study, sess, session=session)
+    return _render_view(
+        request,
+        templates,
+        study,
+        sess,
+        view,
+        session=session,
+        settings=settings,
+        error=error,
+        status_code=200 if htmx else 422,
+        partial=htmx,
+    )
+
+
+def _after_submit(
+    request: Request,
+    templates: Any,
+    study: Study,
+    sess: ElicitationSession,
+    view: svc.SessionView,
+    *,
+    session: Session,
+    settings: Settings,
+    htmx: bool,
+) -> Response:
+    """After a stored submission: redirect a plain POST (post-redirect-get), swap for htmx."""
+    if not htmx:
+        return _see(str(request.url_for("respondent_question", slug=study.slug)))
+    return _render_view(
+        request, templates, study, sess, view, session=session, settings=settings, partial=True
+    )
+
+
 def _render_view(
     request: Request,
     templates: Any,
@@ -395,23 +441,18 @@ async def about(
     try:
         view = svc.submit_attributes(study, sess.id or 0, attrs, engine=engine)
     except InvalidInputError as exc:
-        view = svc.session_view(study, sess, session=session)
-        return _render_view(
+        return _render_error(
             request,
             templates,
             study,
             sess,
-            view,
             session=session,
             settings=settings,
             error=exc.message,
-            status_code=200 if htmx else 422,
-            partial=htmx,
+            htmx=htmx,
         )
-    if not htmx:
-        return _see(str(request.url_for("respondent_question", slug=slug)))
-    return _render_view(
-        request, templates, study, sess, view, session=session, settings=settings, partial=True
+    return _after_submit(
+        request, templates, study, sess, view, session=session, settings=settings, htmx=htmx
     )
 
 
@@ -480,23 +521,18 @@ async def answer(
             partial=True,
         )
     except InvalidInputError as exc:
-        view = svc.session_view(study, sess, session=session)
-        return _render_view(
+        return _render_error(
             request,
             templates,
             study,
             sess,
-            view,
             session=session,
             settings=settings,
             error=exc.message,
-            status_code=200 if htmx else 422,
-            partial=htmx,
+            htmx=htmx,
         )
-    if not htmx:
-        return _see(str(request.url_for("respondent_question", slug=slug)))
-    return _render_view(
-        request, templates, study, sess, view, session=session, settings=settings, partial=True
+    return _after_submit(
+        request, templates, study, sess, view, session=session, settings=settings, htmx=htmx
     )
 
 
