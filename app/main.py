@@ -17,6 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from app.db import head_revision, make_engine
 from app.errors import PriorlyError
+from app.limits import BodyLimitMiddleware
 from app.routes import admin, api_v1, health, pages, respondent
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
@@ -50,4 +51,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
 
     admin.install(app)  # the admin UI (after the handlers: its error pages wrap them)
+    # Outermost: refuse oversized bodies before anything reads them (413).
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        max_upload_bytes=settings.max_upload_bytes,
+    )
     return app

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
             ``priorly-queue.db`` next to a SQLite database, else in the working directory).
         job_stale_after_s: a running job whose worker sent no heartbeat for this long is
             retried by another worker.
+        max_body_bytes: the largest request body accepted (JSON API, forms); larger ones
+            are refused with 413 before they are read (app/limits.py).
+        max_upload_bytes: the same for the admin dataset upload (several CSV/JSONL files).
     """
 
     model_config = SettingsConfigDict(env_prefix="PRIORLY_", extra="ignore")
@@ -66,6 +69,9 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     queue_path: Path | None = None
     job_stale_after_s: float = Field(default=60.0, gt=0)
+    # Request-body limits (app/limits.py): 413 before the body is read.
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    max_upload_bytes: int = Field(default=55 * 1024 * 1024, ge=1024)
 
     @field_validator("database_url")
     @classmethod

@@ -1,0 +1,150 @@
+"""Request-body size limits, enforced before a body is read into memory (pure ASGI).
+
+:class:`BodyLimitMiddleware` wraps the whole application. For every HTTP request it picks
+a limit (``max_upload_bytes`` for the admin dataset upload, ``max_body_bytes`` for any
+other request; both are settings) and then:
+
+* a ``Content-Length`` above the limit is answered ``413`` at once: the app is not called
+  and not one byte of the body is read;
+* a body without ``Content-Length`` (``Transfer-Encoding: chunked``) or one that lies about
+  its length is counted chunk by chunk as the app receives it; the chunk that takes the
+  total over the limit is dropped, the ``413`` is sent, and the app is told the client has
+  disconnected (``http.disconnect``), so it stops reading. Whatever the app tries to send
+  afterwards is discarded. Memory held for the body is therefore bounded by the limit
+  plus one chunk (the ASGI server's read size, 64 KiB for uvicorn).
+
+The answer is JSON ``{"code": "payload_too_large", "message": ...}`` (the JSON API's error
+shape; a browser form shows it as plain text) with ``Connection: close``, since the rest of
+the body is never read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+UPLOAD_PATHS: tuple[str, ...] = ("/admin/import/upload",)
+"""Paths whose bodies are dataset uploads (the larger limit)."""
+
+ERROR_CODE = "payload_too_large"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.3g} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies larger than a per-path limit with 413 (see the module doc).
+
+    Args:
+        app: the ASGI application to wrap.
+        max_body_bytes: the limit for every request except the dataset upload.
+        max_upload_bytes: the limit for :data:`UPLOAD_PATHS`.
+        upload_paths: paths (exact match) that get ``max_upload_bytes``.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        max_upload_bytes: int,
+        upload_paths: tuple[str, ...] = UPLOAD_PATHS,
+    ) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.max_upload_bytes = max_upload_bytes
+        self.upload_paths = frozenset(upload_paths)
+
+    def limit_for(self, path: str) -> int:
+        """The body limit in bytes for a request to ``path``."""
+        return (
+            self.max_upload_bytes if path.rstrip("/") in self.upload_paths else self.max_body_bytes
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = str(scope.get("path", ""))
+        limit = self.limit_for(path)
+        declared: int | None = None
+        for name, value in scope.get("headers", ()):
+            if name.lower() == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await _send_error(send, 400, "bad_request", "Content-Length is not a number")
+                    return
+                if declared < 0:
+                    await _send_error(send, 400, "bad_request", "Content-Length is negative")
+                    return
+        if declared is not None and declared > limit:
+            await _send_too_large(send, path, limit)
+            return
+
+        received = 0
+        refused = False
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    refused = True
+                    if not started:
+                        await _send_too_large(send, path, limit)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return  # the 413 went out already; the app's own answer is dropped
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not refused:
+                raise
+            # The app failed because its body was cut off (ClientDisconnect or a parser
+            # error on a truncated body): the client already has its 413.
+
+
+async def _send_too_large(send: Send, path: str, limit: int) -> None:
+    await _send_error(
+        send,
+        413,
+        ERROR_CODE,
+        f"the request body for {path} is larger than the limit of {_mib(limit)}",
+    )
+
+
+async def _send_error(send: Send, status: int, code: str, message: str) -> None:
+    body = json.dumps({"code": code, "message": message}).encode("utf-8")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode("ascii")),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

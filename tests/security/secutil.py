@@ -1,0 +1,102 @@
+"""Helpers of the security tests: a real uvicorn server process on a free loopback port.
+
+The server is started as ``python -m uvicorn app.main:create_app --factory`` with the
+settings in its environment (``PRIORLY_*``), its output captured in a log file so tests can
+read the log lines; readiness is polled on ``/healthz`` with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from conftest import REPO_ROOT
+
+SECRET = "s" * 48
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    base: str
+    port: int
+    pid: int
+    log: Path
+
+    def rss_kib(self) -> int:
+        """Resident memory of the server process (KiB, from /proc)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+
+@contextmanager
+def live_server(
+    db_url: str, log: Path, *, env_extra: dict[str, str] | None = None, log_level: str = "info"
+) -> Iterator[LiveServer]:
+    """Serve the app on ``db_url`` (already migrated) in a uvicorn subprocess."""
+    import httpx
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "PRIORLY_DATABASE_URL": db_url,
+        "PRIORLY_ENV": "test",
+        "PRIORLY_SECRET_KEY": SECRET,
+        "OMP_NUM_THREADS": "1",
+        **(env_extra or {}),
+    }
+    out = log.open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:create_app",
+            "--factory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            log_level,
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:  # readiness poll
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start: " + log.read_text(errors="replace"))
+            time.sleep(0.1)
+        yield LiveServer(base=base, port=port, pid=proc.pid, log=log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        out.close()
