@@ -39,7 +39,7 @@ from gnn.graph import (
     attribute_pairs,
     graph_from_pairs,
 )
-from gnn.model import Adjacency, RelationalGNN
+from gnn.model import Adjacency, AdjacencyPattern, RelationalGNN
 
 
 @dataclass(frozen=True)
@@ -341,6 +341,10 @@ def _fit(
     t_attr = sm < nt
     tsm, tsn = sm[t_attr], sn[t_attr]
     tam, taq, tao = am[is_train_edge], aq[is_train_edge], ao[is_train_edge]
+    # every epoch's graph is a sub-graph of the full training graph: sort its edges once
+    full_graph = graph_from_pairs(schema, nt, tsm, tsn, tam, taq, tao)
+    pattern = AdjacencyPattern(full_graph)
+    attr_keep = torch.ones(2 * len(tsm), dtype=torch.bool)
 
     opt = torch.optim.AdamW(module.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     hist = TrainingHistory()
@@ -348,8 +352,9 @@ def _fit(
     for epoch in range(config.max_epochs):
         module.train()
         keep, target = _thirds_mask(tr_ids, tam, nt, gen, config.partial_mask)
-        graph = graph_from_pairs(schema, nt, tsm, tsn, tam[keep], taq[keep], tao[keep])
-        z_m, z_o = module.encode(graph)
+        # edge order of graph_from_pairs: attribute pairs both ways, then answers both ways
+        adj = pattern.adjacency(torch.cat([attr_keep, keep, keep]))
+        z_m, z_o = module.encode(full_graph, adj)
         lg = module.logits(z_m[tam[target]], z_o, taq[target])
         loss = torch.nn.functional.cross_entropy(lg, tao[target])
         opt.zero_grad()

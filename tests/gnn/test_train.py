@@ -9,8 +9,16 @@ import torch
 from torch_geometric.nn import RGCNConv
 
 from elicitation.datasets import load_dataset
-from gnn.graph import GNNError, GraphInputError, GraphSchema, build_graph
-from gnn.model import Adjacency, RelationalConv
+from gnn.graph import (
+    GNNError,
+    GraphInputError,
+    GraphSchema,
+    answer_triples,
+    attribute_pairs,
+    build_graph,
+    graph_from_pairs,
+)
+from gnn.model import Adjacency, AdjacencyPattern, RelationalConv, RelationalGNN
 from gnn.train import GNNConfig, TrainedGNN, train_gnn
 
 
@@ -49,6 +57,43 @@ def test_relational_conv_equals_pyg_rgcnconv() -> None:
 
 
 FAST = GNNConfig(dim=16, lr=1e-2, max_epochs=80, patience=80, seed=3, num_threads=1)
+
+
+def test_masked_pattern_equals_the_adjacency_of_the_sub_graph() -> None:
+    """Re-weighting the full graph's pattern gives the sub-graph's mean aggregation."""
+    schema, attrs, resp = _toy()
+    sm, sn = attribute_pairs(schema, attrs)
+    am, aq, ao = answer_triples(resp)
+    full = graph_from_pairs(schema, attrs.shape[0], sm, sn, am, aq, ao)
+    keep = torch.rand(len(am), generator=torch.Generator().manual_seed(3)) < 0.6
+    sub = graph_from_pairs(schema, attrs.shape[0], sm, sn, am[keep], aq[keep], ao[keep])
+    masked = AdjacencyPattern(full).adjacency(
+        torch.cat([torch.ones(2 * len(sm), dtype=torch.bool), keep, keep])
+    )
+    exact = Adjacency(sub)
+    x = torch.randn(full.n_nodes, 6, dtype=torch.float32)
+    for r in range(4):
+        torch.testing.assert_close(masked.mats[r] @ x, exact.mats[r] @ x)
+        torch.testing.assert_close(masked.trans[r] @ x, exact.trans[r] @ x)
+
+
+def test_decoder_logits_equal_the_explicit_dot_products() -> None:
+    """``logits[p, o] = <z_v, z_c(q, o)> / tau`` for real options, ``-inf`` for padding."""
+    schema, attrs, resp = _toy()
+    torch.manual_seed(0)
+    net = RelationalGNN(schema, dim=8)
+    z_m, z_o = torch.randn(5, 8), torch.randn(schema.n_option_nodes, 8)
+    q = torch.tensor([0, 3, 1, 3, 2])
+    lg = net.logits(z_m, z_o, q)
+    offsets = schema.option_offsets()
+    for p in range(5):
+        for o in range(schema.max_options):
+            if o < schema.n_options[int(q[p])]:
+                want = float(z_m[p] @ z_o[int(offsets[q[p]]) + o]) / float(net.log_tau.detach().exp())
+                assert abs(float(lg[p, o]) - want) < 1e-5
+            else:
+                assert lg[p, o] == float("-inf")
+    torch.testing.assert_close(net.all_logits(z_m, z_o)[torch.arange(5), q], lg)
 
 
 def test_training_learns_the_toy_structure_and_is_reproducible() -> None:
