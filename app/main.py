@@ -31,6 +31,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.database_url)
         app.state.engine = engine
+        # Import the model families before serving. Otherwise the first requests of a cold
+        # worker pay this import (seconds) while holding pooled connections, and a burst of
+        # clients times out on the pool with 500s (tests/reliability, docs/reliability.md).
+        import models  # noqa: F401
         try:
             yield
         finally:
