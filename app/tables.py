@@ -426,12 +426,86 @@ class StudyPersona(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+class GroupRoundStatus(StrEnum):
+    open = "open"
+    closed = "closed"
+
+
+class GroupRoundOutcome(StrEnum):
+    answered = "answered"
+    skipped = "skipped"  # "prefer not to answer"
+    no_answer = "no_answer"  # the round closed before the member answered
+
+
+class GroupRound(SQLModel, table=True):
+    """One round of a group study: one question put to a chosen subset of the panel.
+
+    Opened from a ``plan_group_round`` job (``plan_job_id``; ``plan`` keeps the plan's
+    question scores and the members' expected gains, for audit), closed by the researcher.
+    ``panel`` is ``live`` or ``import`` (which respondents the group is made of; every
+    round of a study uses the panel of its first round). ``number`` counts from 1.
+    """
+
+    __tablename__ = "group_round"
+    __table_args__ = (
+        UniqueConstraint("study_id", "number"),
+        _in("status", GroupRoundStatus),
+        _in("panel", RespondentSource),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(foreign_key="study.id", ondelete="CASCADE", index=True)
+    number: int
+    status: str = Field(default=GroupRoundStatus.open.value, max_length=16)
+    item_id: int = Field(foreign_key="item.id", ondelete="CASCADE", index=True)
+    panel: str = Field(max_length=16)
+    plan_job_id: int | None = Field(
+        default=None, foreign_key="job.id", ondelete="SET NULL", index=True
+    )
+    plan: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    opened_by_id: int | None = Field(
+        default=None, foreign_key="researcher.id", ondelete="SET NULL", index=True
+    )
+    opened_at: datetime = _ts()
+    closed_at: datetime | None = _ts(nullable=True)
+
+
+class GroupRoundMember(SQLModel, table=True):
+    """A respondent asked in a round, with their personal link and (after close) outcome.
+
+    The link's token is stored only as its SHA-256 hash (``token_hash``). The answer itself
+    is an ``answer`` row of the member's round session (``session_id``, one session per
+    member and round, created when the round opens, whose only question is the round's);
+    ``outcome`` is written when the round closes.
+    """
+
+    __tablename__ = "group_round_member"
+    __table_args__ = (
+        UniqueConstraint("round_id", "respondent_id"),
+        _in("outcome", GroupRoundOutcome, nullable=True),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    round_id: int = Field(foreign_key="group_round.id", ondelete="CASCADE", index=True)
+    respondent_id: int = Field(foreign_key="respondent.id", ondelete="CASCADE", index=True)
+    session_id: int = Field(
+        foreign_key="elicitation_session.id", ondelete="CASCADE", index=True, unique=True
+    )
+    token_hash: str = Field(max_length=128, unique=True)
+    expected_gain: float = 0.0
+    outcome: str | None = Field(default=None, max_length=16)
+
+
 __all__ = [
     "Answer",
     "ApiKey",
     "ElicitationSession",
     "ErasureRecord",
     "FittedModel",
+    "GroupRound",
+    "GroupRoundMember",
+    "GroupRoundOutcome",
+    "GroupRoundStatus",
     "Invitation",
     "Item",
     "ItemRole",

@@ -165,128 +165,24 @@ def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
 def plan_group_round(ctx: JobContext) -> dict[str, Any]:
     """Choose the next round's question and respondents (elicitation.group), with scores.
 
-    The panel is the study's live respondents (their attributes and answers are the
-    observations); a study without live respondents is planned on its imported ones
-    (at most ``max_members``, lowest ids first) so the plan can be inspected before
-    fielding. Question selector: group expected information gain about the targets;
-    respondents: the largest expected gains (``eig``). Budgets come from the study's group
-    settings. The plan is stored in the job's result; nothing else is written.
+    :func:`app.services.group_rounds.plan_next_round`: the panel is the study's live
+    respondents (or its imported ones before fielding, at most ``max_members``, lowest ids
+    first); the study's closed rounds are applied first, so the plan charges them against
+    the group budget and uses their answers. Question: group expected information gain
+    about the targets; respondents: the largest expected gains. The plan is stored in the
+    job's result; nothing else is written (a round is opened from it on the groups page).
     """
-    import torch
+    from app.services.group_rounds import plan_next_round
 
-    from app.schemas import StudySettings
-    from app.services import sessions as svc
-    from app.tables import Answer, ElicitationSession, Respondent, RespondentSource
-    from elicitation.group import GroupBudget, GroupElicitation, GroupMethod
-    from models.base import MISSING
-
-    max_members = int(ctx.payload.get("max_members", 2000))
-    ctx.progress(0.05, "loading the model and the panel")
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
-        rt = svc.load_runtime(study, session=db, fit_if_missing=False)
-        if not rt.targets:
-            raise InvalidInputError("choose at least one target item before planning a round")
-        settings = StudySettings.model_validate(study.settings or {})
-        live = db.exec(
-            select(Respondent)
-            .where(Respondent.study_id == study.id, Respondent.source == "live")
-            .order_by(Respondent.id)  # type: ignore[arg-type]
-            .limit(max_members)
-        ).all()
-        panel = "live" if live else "imported"
-        members = list(live) or list(
-            db.exec(
-                select(Respondent)
-                .where(
-                    Respondent.study_id == study.id,
-                    Respondent.source == RespondentSource.import_.value,
-                )
-                .order_by(Respondent.id)  # type: ignore[arg-type]
-                .limit(max_members)
-            ).all()
-        )
-        if not members:
-            raise InvalidInputError("the study has no respondents to plan a round for")
-        n_items = rt.model.item_bank.n_items
-        observed = torch.full((len(members), n_items), MISSING, dtype=torch.long)
-        by_key = {it.key: it for it in rt.items}
-        row_of = {m.id: r for r, m in enumerate(members)}
-
-        def put(r: int, key: str, letter: str | None) -> None:
-            it = by_key.get(key)
-            if it is None or letter is None or it.id not in rt.model_index:
-                return
-            letters = [o[0] for o in it.options]
-            if letter in letters:
-                observed[r, rt.model_index[it.id]] = letters.index(letter)
-
-        for r, m in enumerate(members):
-            for key, letter in (m.attributes or {}).items():
-                put(r, key, letter)
-            if panel == "imported":
-                for key, letter in (m.answers or {}).items():
-                    if key in {c.key for c in rt.candidates}:
-                        continue  # candidates are what the round may ask: treat as unknown
-                    if key in {t.key for t in rt.targets}:
-                        continue  # targets are what the group study wants to learn
-                    put(r, key, letter)
-        if panel == "live":
-            key_of = {it.id: it.key for it in rt.items}
-            rows = db.exec(
-                select(Answer, ElicitationSession.respondent_id)
-                .join(ElicitationSession, ElicitationSession.id == Answer.session_id)  # type: ignore[arg-type]
-                .where(ElicitationSession.study_id == study.id)
-            ).all()
-            for a, rid in rows:
-                if rid in row_of:
-                    put(row_of[rid], key_of.get(a.item_id, ""), a.option)
-        g = settings.group
-        budget = GroupBudget(
-            respondents=g.respondents_per_round or float(g.respondents_share),
-            rounds=g.rounds,
-            total_answers=g.total_answers,
-            max_questions_per_respondent=g.max_questions_per_respondent,
-        )
-        candidates = [rt.model_index[c.id] for c in rt.candidates]
-        targets = [rt.model_index[t.id] for t in rt.targets]
-        ctx.progress(0.2, f"scoring {len(candidates)} questions for {len(members)} members")
-        group = GroupElicitation(
-            rt.model,
-            observed,
-            candidates,
-            targets,
-            GroupMethod(question="eig", respondents="eig"),
-            budget,
+        return plan_next_round(
+            study,
+            session=db,
+            max_members=int(ctx.payload.get("max_members", 2000)),
             seed=int(ctx.payload.get("seed", 0)),
+            progress=ctx.progress,
         )
-        question, who, scores = group.plan()
-        member_gain = group.context().eig([question])[:, 0]
-        item_of = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
-        left = [c for c in candidates if c not in group.asked_items]
-        pairs = sorted(zip(left, scores.tolist(), strict=True), key=lambda cs: -float(cs[1]))
-        ranked = [{"item": item_of[c].key, "score": float(s)} for c, s in pairs]
-        chosen = [
-            {
-                "respondent": members[int(v)].external_id or f"r{members[int(v)].id}",
-                "expected_gain": float(member_gain[int(v)]),
-            }
-            for v in who.tolist()
-        ]
-        others = torch.ones(len(members), dtype=torch.bool)
-        others[who] = False
-        return {
-            "best_gain_not_chosen": float(member_gain[others].max())
-            if bool(others.any())
-            else None,
-            "panel": panel,
-            "n_members": len(members),
-            "question": item_of[question].key,
-            "question_text": item_of[question].question,
-            "question_scores": ranked,
-            "respondents": chosen,
-            "per_round": len(chosen),
-        }
 
 
 @register_kind("persona_generation", "Generate persona distributions (LLM)")

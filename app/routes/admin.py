@@ -648,27 +648,126 @@ def dashboard_page(
     )
 
 
-@router.get("/studies/{slug}/groups", response_class=HTMLResponse, name="admin_groups")
-def groups_page(
-    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
-) -> Response:
+def _groups_context(study: Any, session: Any) -> dict[str, Any]:
+    from app.services import group_rounds
+
     pending = [
         _job_view(j)
         for j in jobs.study_jobs(study, session=session, limit=20)
         if j.kind == "plan_group_round" and j.status in jobs.ACTIVE
     ]
     latest = jobs.latest_result(study, "plan_group_round", session=session)
+    rounds = group_rounds.study_rounds(study, session=session)
+    is_open = any(r.status == "open" for r in rounds)
+    can_open = (
+        latest is not None
+        and not is_open
+        and study.status == "published"
+        and (latest.result or {}).get("rounds_done") == len(rounds)
+    )
+    return {
+        "study": study,
+        "pending": pending,
+        "latest": latest,
+        "can_open": can_open,
+        "round_open": is_open,
+        "rounds": rounds,
+        "usage": group_rounds.budget_usage(study, session=session),
+        "settings": StudySettings.model_validate(study.settings or {}),
+    }
+
+
+@router.get("/studies/{slug}/groups", response_class=HTMLResponse, name="admin_groups")
+def groups_page(
+    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    """Plan the next round, open it from the latest plan, and the list of rounds."""
+    return _render(request, templates, "admin/groups.html", _groups_context(study, session))
+
+
+@router.post("/studies/{slug}/groups/open")
+async def open_group_round(
+    request: Request,
+    study: VisibleStudy,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    engine: EngineDep,
+    settings: SettingsDep,
+    templates: TemplatesDep,
+) -> Response:
+    from app.services import group_rounds
+
+    form = await request.form()
+    try:
+        job_id = _opt_int(_form_str(form, "job_id"))
+        if job_id is None:
+            raise InvalidInputError("job_id: the plan to open is missing")
+        rnd = group_rounds.open_round(
+            study,
+            job_id,
+            engine=engine,
+            secret=settings.secret_key.get_secret_value(),
+            researcher=researcher,
+        )
+    except FORM_ERRORS as exc:
+        ctx = _groups_context(study, session)
+        return _render(
+            request,
+            templates,
+            "admin/groups.html",
+            {**ctx, "error": str(exc)},
+            status=_exc_status(exc),
+        )
+    return _see_other(str(request.url_for("admin_group_round", slug=study.slug, number=rnd.number)))
+
+
+def _exc_status(exc: Exception) -> int:
+    """The status of a form error: its own (409 conflict, 404, ...) or 422."""
+    return exc.http_status if isinstance(exc, PriorlyError) else 422
+
+
+@router.get(
+    "/studies/{slug}/groups/{number}", response_class=HTMLResponse, name="admin_group_round"
+)
+def group_round_page(
+    number: int,
+    request: Request,
+    study: VisibleStudy,
+    session: SessionDep,
+    settings: SettingsDep,
+    templates: TemplatesDep,
+) -> Response:
+    """One round: question, budget use and the live member table (htmx polls the
+    ``track`` block every 2 s while the round is open; the closed table stops polling)."""
+    from app.services import group_rounds
+
+    rnd = group_rounds.get_round(study, number, session=session)
+    view = group_rounds.round_view(
+        study,
+        rnd,
+        session=session,
+        secret=settings.secret_key.get_secret_value(),
+        link_base=str(request.url_for("group_round_link", token="x"))[:-1],
+    )
+    usage = group_rounds.budget_usage(study, session=session)
+    block = "track" if request.headers.get("hx-request") else None
     return _render(
         request,
         templates,
-        "admin/groups.html",
-        {
-            "study": study,
-            "pending": pending,
-            "latest": latest,
-            "settings": StudySettings.model_validate(study.settings or {}),
-        },
+        "admin/group_round.html",
+        {"study": study, "rv": view, "usage": usage},
+        block=block,
     )
+
+
+@router.post("/studies/{slug}/groups/{number}/close")
+def close_group_round(
+    number: int, request: Request, study: VisibleStudy, engine: EngineDep
+) -> Response:
+    from app.services import group_rounds
+
+    group_rounds.close_round(study, number, engine=engine)
+    return _see_other(str(request.url_for("admin_group_round", slug=study.slug, number=number)))
 
 
 # ----- exports ---------------------------------------------------------------------------------
@@ -866,8 +965,12 @@ async def invite(
 
 
 def install(app: FastAPI) -> None:
-    """Add the admin router, the CSRF-cookie middleware and the admin error handlers."""
+    """Add the admin router, the group round links (``/g/{token}``), the CSRF-cookie
+    middleware and the admin error handlers."""
+    from app.routes import group_links
+
     app.include_router(router)
+    app.include_router(group_links.router)
     app.add_middleware(auth.CsrfCookieMiddleware)
     templates = app.state.templates
 

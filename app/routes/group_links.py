@@ -1,0 +1,176 @@
+"""A group round member's personal link ``/g/{token}``: the round's one question.
+
+The page is the respondent question page (``pages/respondent_question.html``, posting back
+here); the answer goes through :func:`app.services.group_rounds.answer_round`, i.e. the
+respondent answer path of :mod:`app.services.sessions`. A plain POST answers with a 303
+to the link's page; with htmx (``HX-Request``) with an ``HX-Redirect`` to it. A closed
+round refuses answers with 409 and says so; an unknown link is a 404 page.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from app.deps import EngineDep, SessionDep, TemplatesDep
+from app.errors import PriorlyError
+from app.services import group_rounds as rounds
+from app.services import sessions as svc
+from app.tables import Study, StudyStatus
+
+router = APIRouter(prefix="/g", include_in_schema=False)
+
+
+def _message(
+    request: Request,
+    templates: Any,
+    title: str,
+    text: str,
+    status_code: int,
+    study: Study | None = None,
+) -> HTMLResponse:
+    return templates.TemplateResponse(  # type: ignore[no-any-return]
+        request,
+        "pages/respondent_message.html",
+        {"title": title, "text": text, "study": study},
+        status_code=status_code,
+    )
+
+
+def _closed(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLResponse:
+    return _message(
+        request,
+        templates,
+        "This round is closed",
+        f"Round {link.round_number} of this survey is closed: answers are no longer accepted. "
+        "Thank you for your interest.",
+        409,
+        link.study,
+    )
+
+
+def _unknown(request: Request, templates: Any) -> HTMLResponse:
+    return _message(
+        request,
+        templates,
+        "Link not valid",
+        "This link is not valid. Please check the link you were given.",
+        404,
+    )
+
+
+def _question_page(
+    request: Request,
+    templates: Any,
+    link: rounds.MemberLink,
+    view: svc.SessionView,
+    token: str,
+    *,
+    error: str | None = None,
+    status_code: int = 200,
+) -> HTMLResponse:
+    return templates.TemplateResponse(  # type: ignore[no-any-return]
+        request,
+        "pages/respondent_question.html",
+        {
+            "study": link.study,
+            "view": view,
+            "q": view.question,
+            "progress": {"done": 0, "total": 1, "percent": 0},
+            "idempotency_key": secrets.token_urlsafe(16),
+            "error": error,
+            "notice": None,
+            "resume_url": None,
+            "answer_url": str(request.url_for("group_round_link", token=token)),
+        },
+        status_code=status_code,
+    )
+
+
+def _thanks(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLResponse:
+    return _message(
+        request,
+        templates,
+        "Thank you!",
+        "Your answer was saved. You can close this page now.",
+        200,
+        link.study,
+    )
+
+
+def _load(token: str, session: Any) -> rounds.MemberLink | None:
+    try:
+        link = rounds.member_by_token(token, session=session)
+    except PriorlyError:
+        return None
+    return link if link.study.status == StudyStatus.published.value else None
+
+
+@router.get("/{token}", response_class=HTMLResponse, name="group_round_link")
+def link_page(
+    token: str, request: Request, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    """The round question, or "thank you" once answered, or "closed"."""
+    link = _load(token, session)
+    if link is None:
+        return _unknown(request, templates)
+    view = rounds.link_view(link, session=session)
+    if view.n_posed >= 1:
+        return _thanks(request, templates, link)
+    if not link.round_open or view.question is None:
+        return _closed(request, templates, link)
+    return _question_page(request, templates, link, view, token)
+
+
+@router.post("/{token}")
+async def link_answer(
+    token: str,
+    request: Request,
+    session: SessionDep,
+    engine: EngineDep,
+    templates: TemplatesDep,
+) -> Response:
+    """Store the answer (or "prefer not to answer" with ``skip``) and show the result."""
+    link = _load(token, session)
+    if link is None:
+        return _unknown(request, templates)
+    form = await request.form()
+    skip = form.get("skip") == "1"
+    option = form.get("option")
+    idem = form.get("idempotency_key")
+    if not skip and not isinstance(option, str):
+        view = rounds.link_view(link, session=session)
+        if view.question is None or view.n_posed >= 1:
+            return (
+                _thanks(request, templates, link)
+                if view.n_posed
+                else _closed(request, templates, link)
+            )
+        return _question_page(
+            request, templates, link, view, token, error="Please choose an answer.", status_code=422
+        )
+    try:
+        rounds.answer_round(
+            link,
+            option=None if skip else str(option),
+            idempotency_key=idem if isinstance(idem, str) and idem else None,
+            engine=engine,
+        )
+    except rounds.RoundClosedError:
+        return _closed(request, templates, link)
+    except svc.InvalidAnswerError as exc:
+        view = rounds.link_view(link, session=session)
+        if view.question is None:
+            return _closed(request, templates, link)
+        return _question_page(
+            request, templates, link, view, token, error=exc.message, status_code=422
+        )
+    except svc.AnswerConflictError as exc:
+        return _message(request, templates, "Already answered", exc.message, 409, link.study)
+    url = str(request.url_for("group_round_link", token=token))
+    if request.headers.get("HX-Request") == "true":
+        return Response(status_code=200, headers={"HX-Redirect": url})
+    return RedirectResponse(url, status_code=303)

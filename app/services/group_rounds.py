@@ -1,0 +1,859 @@
+"""Group rounds in the live product: plan, open, track and close (issue 7, item 5).
+
+A group study asks its *panel* (the study's live respondents, or its imported ones when
+it has none) in rounds: each round puts **one question** to a **few members**, chosen by
+:mod:`elicitation.group` under the study's group budget (``study.settings["group"]``).
+
+* **plan** (:func:`plan_next_round`, run by the ``plan_group_round`` job): the panel's
+  observations (attributes and answers outside rounds) are replayed through
+  :class:`elicitation.group.GroupElicitation`, then every *closed* round is applied with
+  :meth:`~elicitation.group.GroupElicitation.apply` (its question, the members asked, their
+  answers or ``-1``) — so the rounds, answers and per-member counts already spent are
+  charged against the budget, an asked question is never planned again, and the
+  predictions use the answers gathered. The plan is the group EIG question and the
+  members with the largest expected gain; the job stores it with every score.
+* **open** (:func:`open_round`): from a plan that is still current (no round opened or
+  closed since it was made), in one transaction: a ``group_round`` row, and per chosen
+  member a ``group_round_member`` row with the hash of a personal link token and a new
+  *round session* (an ``elicitation_session`` of that respondent whose first and only
+  question is the round's: its decision at position 0 has criterion ``group_round`` and the
+  plan's scores). Budgets are checked again against the stored rounds.
+* **answer** (:func:`answer_round`): the link's page is the respondent question page; the
+  answer is stored by :func:`app.services.sessions.submit_answer` (the one answer path:
+  locking, idempotency, conflicts), after which the round session is finished (its next
+  decision becomes a stop: one question per link).
+* **track** (:func:`round_view`): who answered, from the round sessions' answer rows.
+* **close** (:func:`close_round`): in one transaction that holds the write lock on every
+  member session, unanswered round sessions become ``abandoned`` — the answer path itself
+  then refuses any later answer (``SessionClosedError``) — and each member's outcome
+  (answered / skipped / no_answer) is recorded.
+
+Link tokens are ``HMAC-SHA256(secret key, "group-round:<round id>:<respondent id>")``
+(URL-safe base64): the researcher's pages can show a link again without storing it, and
+only its SHA-256 hash is in the database. The round session's own session token is random
+and never shown, so a round session can only be answered through its round link.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from sqlalchemy import func, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from app.errors import ConflictError, InvalidInputError, NotFoundError
+from app.schemas import StudySettings
+from app.services import sessions as svc
+from app.tables import (
+    Answer,
+    ElicitationSession,
+    GroupRound,
+    GroupRoundMember,
+    GroupRoundOutcome,
+    GroupRoundStatus,
+    Job,
+    JobStatus,
+    Researcher,
+    Respondent,
+    RespondentSource,
+    SelectionDecision,
+    SessionStatus,
+    Study,
+    StudyStatus,
+    utcnow,
+)
+
+ROUND_CRITERION = "group_round"
+"""The ``criterion`` of a round session's decisions (the question was chosen for the group)."""
+ONE_QUESTION_STOP = "group round: one question per link"
+DEFAULT_MAX_MEMBERS = 2000
+
+
+class RoundClosedError(ConflictError):
+    """The round of a link is closed: answers are no longer accepted."""
+
+    code = "round_closed"
+
+
+class RoundLinkNotFoundError(NotFoundError):
+    code = "round_link_not_found"
+
+
+class GroupBudgetError(ConflictError):
+    """Opening or planning a round would exceed the study's group budget."""
+
+    code = "group_budget"
+
+
+# ----- links ------------------------------------------------------------------------------------
+
+
+def link_token(secret: str, round_id: int, respondent_id: int) -> str:
+    """The personal link token of a member of a round (deterministic, see module doc)."""
+    mac = hmac.new(
+        secret.encode(), f"group-round:{round_id}:{respondent_id}".encode(), hashlib.sha256
+    )
+    return base64.urlsafe_b64encode(mac.digest()).decode().rstrip("=")
+
+
+def member_label(respondent: Respondent) -> str:
+    """How a member is named to the researcher: the external id, else ``r<id>``."""
+    return respondent.external_id or f"r{respondent.id}"
+
+
+# ----- reading rounds ---------------------------------------------------------------------------
+
+
+def study_rounds(study: Study, *, session: Session) -> list[GroupRound]:
+    """The study's rounds in order (1, 2, ...)."""
+    return list(
+        session.exec(
+            select(GroupRound)
+            .where(GroupRound.study_id == study.id)
+            .order_by(col(GroupRound.number))
+        ).all()
+    )
+
+
+def get_round(study: Study, number: int, *, session: Session) -> GroupRound:
+    """Round ``number`` of ``study``; :class:`NotFoundError` otherwise."""
+    rnd = session.exec(
+        select(GroupRound).where(GroupRound.study_id == study.id, GroupRound.number == number)
+    ).first()
+    if rnd is None:
+        raise NotFoundError(f"study {study.slug!r} has no group round {number}")
+    return rnd
+
+
+def _members(round_ids: Sequence[int], session: Session) -> list[GroupRoundMember]:
+    if not round_ids:
+        return []
+    return list(
+        session.exec(
+            select(GroupRoundMember)
+            .where(col(GroupRoundMember.round_id).in_(list(round_ids)))
+            .order_by(col(GroupRoundMember.id))
+        ).all()
+    )
+
+
+def _answers_by_session(session_ids: Sequence[int], session: Session) -> dict[int, Answer]:
+    """The (first) answer row of each round session that has one."""
+    if not session_ids:
+        return {}
+    out: dict[int, Answer] = {}
+    for a in session.exec(
+        select(Answer).where(col(Answer.session_id).in_(list(session_ids))).order_by(col(Answer.id))
+    ).all():
+        out.setdefault(a.session_id, a)
+    return out
+
+
+# ----- the replay of the group -------------------------------------------------------------------
+
+
+@dataclass
+class GroupReplay:
+    """The study's group as :mod:`elicitation.group` sees it after its closed rounds.
+
+    Attributes:
+        rt: the study runtime (items, model, candidates, targets).
+        group: the elicitation with every closed round applied.
+        members: the panel's respondents; row ``r`` of ``group.observed`` is ``members[r]``.
+        panel: ``live`` or ``import``.
+        rounds: every round of the study (open ones included), in order.
+    """
+
+    rt: svc.StudyRuntime
+    group: Any
+    members: list[Respondent]
+    panel: str
+    rounds: list[GroupRound]
+    settings: StudySettings
+
+
+def _panel_members(
+    study: Study, rounds: list[GroupRound], max_members: int, session: Session
+) -> tuple[str, list[Respondent]]:
+    """The panel: the source of the first round, else live respondents when any, else imported."""
+
+    def of(source: str) -> list[Respondent]:
+        return list(
+            session.exec(
+                select(Respondent)
+                .where(Respondent.study_id == study.id, Respondent.source == source)
+                .order_by(col(Respondent.id))
+                .limit(max_members)
+            ).all()
+        )
+
+    if rounds:
+        return rounds[0].panel, of(rounds[0].panel)
+    live = of(RespondentSource.live.value)
+    if live:
+        return RespondentSource.live.value, live
+    return RespondentSource.import_.value, of(RespondentSource.import_.value)
+
+
+def group_budget(settings: StudySettings) -> Any:
+    """The study's group settings as an :class:`elicitation.group.GroupBudget`."""
+    from elicitation.group import GroupBudget
+
+    g = settings.group
+    return GroupBudget(
+        respondents=g.respondents_per_round or float(g.respondents_share),
+        rounds=g.rounds,
+        total_answers=g.total_answers,
+        max_questions_per_respondent=g.max_questions_per_respondent,
+    )
+
+
+def replay_group(
+    study: Study, *, session: Session, max_members: int = DEFAULT_MAX_MEMBERS, seed: int = 0
+) -> GroupReplay:
+    """Build the group elicitation of ``study`` and apply its closed rounds (module doc).
+
+    Observations per member (``observed[r, i]``, ``-1`` unknown): attributes; for a live
+    panel the answers of their ordinary sessions; for an imported panel the historical
+    answers except candidates (what a round may ask) and targets (what the group study
+    wants to learn). Each closed round ``k`` is then applied: ``asked`` = its members in
+    the panel, ``answers`` = their option index, or ``-1`` when skipped or unanswered.
+
+    Raises:
+        InvalidInputError: no targets, or no respondents to form a panel.
+        ConflictError: a round's question is no longer an item of the active model.
+    """
+    from elicitation.group import GroupElicitation, GroupMethod
+    from models.base import MISSING
+
+    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    if not rt.targets:
+        raise InvalidInputError("choose at least one target item before planning a round")
+    settings = StudySettings.model_validate(study.settings or {})
+    rounds = study_rounds(study, session=session)
+    panel, members = _panel_members(study, rounds, max_members, session)
+    if not members:
+        raise InvalidInputError("the study has no respondents to plan a round for")
+    n_items = rt.model.item_bank.n_items
+    observed = torch.full((len(members), n_items), MISSING, dtype=torch.long)
+    row_of = {m.id: r for r, m in enumerate(members)}
+    closed = [r for r in rounds if r.status == GroupRoundStatus.closed.value]
+    members_of: dict[int, list[GroupRoundMember]] = {r.id or 0: [] for r in rounds}
+    for m in _members([r.id or 0 for r in rounds], session):
+        members_of[m.round_id].append(m)
+    round_sessions = {m.session_id for ms in members_of.values() for m in ms}
+    asked_in_round = {(m.respondent_id, r.item_id) for r in closed for m in members_of[r.id or 0]}
+
+    def index(item_id: int, letter: str | None) -> int | None:
+        it = rt.by_id.get(item_id)
+        if it is None or letter is None or item_id not in rt.model_index:
+            return None
+        letters = [o[0] for o in it.options]
+        return letters.index(letter) if letter in letters else None
+
+    def put(r: int, item_id: int, letter: str | None) -> None:
+        k = index(item_id, letter)
+        if k is not None:
+            observed[r, rt.model_index[item_id]] = k
+
+    hidden = {c.key for c in rt.candidates} | {t.key for t in rt.targets}
+    for r, m in enumerate(members):
+        for key, letter in (m.attributes or {}).items():
+            if key in rt.by_key:
+                put(r, rt.by_key[key].id, letter)
+        if panel == RespondentSource.import_.value:
+            for key, letter in (m.answers or {}).items():
+                if key in rt.by_key and key not in hidden:
+                    put(r, rt.by_key[key].id, letter)
+    rows = session.exec(
+        select(Answer, ElicitationSession.respondent_id, ElicitationSession.id)
+        .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
+        .where(ElicitationSession.study_id == study.id)
+    ).all()
+    for a, rid, sid in rows:
+        if rid in row_of and sid not in round_sessions and (rid, a.item_id) not in asked_in_round:
+            put(row_of[rid], a.item_id, a.option)
+    group = GroupElicitation(
+        rt.model,
+        observed,
+        [rt.model_index[c.id] for c in rt.candidates],
+        [rt.model_index[t.id] for t in rt.targets],
+        GroupMethod(question="eig", respondents="eig"),
+        group_budget(settings),
+        seed=seed,
+    )
+    answers = _answers_by_session(
+        [m.session_id for r in closed for m in members_of[r.id or 0]], session
+    )
+    for rnd in closed:
+        if rnd.item_id not in rt.model_index:
+            raise ConflictError(
+                f"the question of round {rnd.number} is not an item of the active model"
+            )
+        asked: list[int] = []
+        got: list[int] = []
+        for m in members_of[rnd.id or 0]:
+            if m.respondent_id not in row_of:
+                continue  # no longer in the panel (erased, or beyond max_members)
+            a = answers.get(m.session_id)
+            k = index(rnd.item_id, a.option) if a is not None else None
+            asked.append(row_of[m.respondent_id])
+            got.append(-1 if k is None else k)
+        group.apply(
+            rt.model_index[rnd.item_id],
+            torch.tensor(asked, dtype=torch.long),
+            torch.tensor(got, dtype=torch.long),
+        )
+    return GroupReplay(rt, group, members, panel, rounds, settings)
+
+
+def _target_predictions(rep: GroupReplay) -> list[dict[str, Any]]:
+    """Per target: the panel's mean predicted distribution (``group.predict_targets``)."""
+    p = rep.group.predict_targets()  # [N, T, O]
+    mean = p.mean(0)
+    out = []
+    for t, item in enumerate(rep.rt.targets):
+        out.append(
+            {
+                "item": item.key,
+                "question": item.question,
+                "labels": [str(o[1]) for o in item.options],
+                "mean": [float(x) for x in mean[t, : len(item.options)].tolist()],
+            }
+        )
+    return out
+
+
+def plan_next_round(
+    study: Study,
+    *,
+    session: Session,
+    max_members: int = DEFAULT_MAX_MEMBERS,
+    seed: int = 0,
+    progress: Callable[[float, str], None] | None = None,
+) -> dict[str, Any]:
+    """The next round's question and members with their scores (the plan job's result).
+
+    Keys: ``question`` (item key), ``question_text``, ``question_scores`` (every candidate
+    not asked yet, best first), ``respondents`` (``respondent`` label, ``respondent_id``,
+    ``expected_gain``, ``questions_asked``), ``per_round``, ``best_gain_not_chosen``,
+    ``panel`` (``live`` / ``imported``), ``n_members``, ``rounds_done``, ``rounds_total``,
+    ``answers_used``, ``total_answers``, ``predictions`` (per target, the panel's mean
+    predicted distribution after the closed rounds).
+
+    Raises:
+        ConflictError: a round is open (close it first).
+        GroupBudgetError: the budget is spent (rounds or total answers), or nobody is left
+            who may be asked.
+    """
+    from elicitation.errors import BudgetError
+
+    if progress:
+        progress(0.05, "loading the model and the panel")
+    rep = replay_group(study, session=session, max_members=max_members, seed=seed)
+    open_ = [r for r in rep.rounds if r.status == GroupRoundStatus.open.value]
+    if open_:
+        raise ConflictError(f"round {open_[0].number} is open: close it before planning the next")
+    group, rt, members = rep.group, rep.rt, rep.members
+    if progress:
+        progress(0.2, f"scoring {len(group.candidates)} questions for {len(members)} members")
+    try:
+        question, who, scores = group.plan()
+    except BudgetError as exc:
+        raise GroupBudgetError(f"the group budget is spent: {exc}") from None
+    if len(who) == 0:
+        raise GroupBudgetError(
+            "nobody may be asked this question (every member has answered it or reached "
+            "the per-respondent question budget)"
+        )
+    member_gain = group.context().eig([question])[:, 0]
+    item_of = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
+    left = [c for c in group.candidates if c not in group.asked_items]
+    pairs = sorted(zip(left, scores.tolist(), strict=True), key=lambda cs: -float(cs[1]))
+    others = torch.ones(len(members), dtype=torch.bool)
+    others[who] = False
+    return {
+        "best_gain_not_chosen": float(member_gain[others].max()) if bool(others.any()) else None,
+        "panel": "live" if rep.panel == RespondentSource.live.value else "imported",
+        "n_members": len(members),
+        "question": item_of[question].key,
+        "question_text": item_of[question].question,
+        "question_scores": [{"item": item_of[c].key, "score": float(s)} for c, s in pairs],
+        "respondents": [
+            {
+                "respondent": member_label(members[int(v)]),
+                "respondent_id": members[int(v)].id,
+                "expected_gain": float(member_gain[int(v)]),
+                "questions_asked": int(group.n_asked[int(v)]),
+            }
+            for v in who.tolist()
+        ],
+        "per_round": len(who),
+        "rounds_done": len(group.records),
+        "rounds_total": group.budget.rounds,
+        "answers_used": group.answers_used,
+        "total_answers": group.budget.total_answers,
+        "predictions": _target_predictions(rep),
+    }
+
+
+# ----- budgets ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetUsage:
+    """The group budget against what the study's rounds used (for the track page).
+
+    ``asked_total`` counts members asked over all rounds (what ``total_answers`` caps, as in
+    :class:`elicitation.group.GroupBudget`); ``most_questions`` is the largest number of
+    rounds one respondent was asked in (capped by ``max_questions_per_respondent``).
+    """
+
+    rounds_used: int
+    rounds_total: int
+    asked_total: int
+    total_answers: int | None
+    answered_total: int
+    most_questions: int
+    max_questions_per_respondent: int
+    per_round_setting: str
+
+
+def budget_usage(study: Study, *, session: Session) -> BudgetUsage:
+    settings = StudySettings.model_validate(study.settings or {})
+    g = settings.group
+    rounds = study_rounds(study, session=session)
+    members = _members([r.id or 0 for r in rounds], session)
+    per_resp: dict[int, int] = {}
+    for m in members:
+        per_resp[m.respondent_id] = per_resp.get(m.respondent_id, 0) + 1
+    answers = _answers_by_session([m.session_id for m in members], session)
+    return BudgetUsage(
+        rounds_used=len(rounds),
+        rounds_total=g.rounds,
+        asked_total=len(members),
+        total_answers=g.total_answers,
+        answered_total=sum(1 for a in answers.values() if a.option is not None),
+        most_questions=max(per_resp.values(), default=0),
+        max_questions_per_respondent=g.max_questions_per_respondent,
+        per_round_setting=(
+            f"{g.respondents_per_round} respondents"
+            if g.respondents_per_round
+            else f"{100 * g.respondents_share:g} % of the panel"
+        ),
+    )
+
+
+def _check_budget(
+    study: Study, rounds: list[GroupRound], chosen: list[int], n_members: int, session: Session
+) -> None:
+    """Refuse a round that the stored rounds and the current settings do not allow."""
+    settings = StudySettings.model_validate(study.settings or {})
+    g = settings.group
+    if len(rounds) >= g.rounds:
+        raise GroupBudgetError(f"all {g.rounds} rounds of the group budget were used")
+    per_round = group_budget(settings).per_round(n_members)
+    if len(chosen) > per_round:
+        raise GroupBudgetError(
+            f"the plan asks {len(chosen)} respondents; the budget allows {per_round} per round"
+        )
+    members = _members([r.id or 0 for r in rounds], session)
+    if g.total_answers is not None and len(members) + len(chosen) > g.total_answers:
+        raise GroupBudgetError(
+            f"{len(members)} of the {g.total_answers} answers of the group budget are used; "
+            f"this round would ask {len(chosen)} more"
+        )
+    count: dict[int, int] = {}
+    for m in members:
+        count[m.respondent_id] = count.get(m.respondent_id, 0) + 1
+    over = [rid for rid in chosen if count.get(rid, 0) >= g.max_questions_per_respondent]
+    if over:
+        raise GroupBudgetError(
+            f"respondent id {over[0]} was already asked {count[over[0]]} question(s), the "
+            f"most one respondent may be asked ({g.max_questions_per_respondent})"
+        )
+
+
+# ----- open ------------------------------------------------------------------------------------
+
+
+def open_round(
+    study: Study,
+    plan_job_id: int,
+    *,
+    engine: Engine,
+    secret: str,
+    researcher: Researcher | None = None,
+) -> GroupRound:
+    """Open the round planned by job ``plan_job_id`` (see the module doc).
+
+    ``secret`` is the app's secret key (it derives the members' link tokens).
+
+    Raises:
+        NotFoundError: no such plan job of the study.
+        ConflictError: the study is not published, a round is open, the plan is out of
+            date (a round was opened or closed since), or its question or a member is gone.
+        GroupBudgetError: the round would exceed the group budget.
+    """
+    with Session(engine, expire_on_commit=False) as db:
+        job = db.get(Job, plan_job_id)
+        if job is None or job.study_id != study.id or job.kind != "plan_group_round":
+            raise NotFoundError(f"no round plan {plan_job_id} in this study")
+        if job.status != JobStatus.succeeded.value or not job.result:
+            raise ConflictError(f"round plan {plan_job_id} has not finished")
+        if study.status != StudyStatus.published.value:
+            raise ConflictError(
+                "publish the study before opening a round (members answer on the "
+                "respondent pages, which only a published study has)"
+            )
+        plan = job.result
+        rounds = study_rounds(study, session=db)
+        open_ = [r for r in rounds if r.status == GroupRoundStatus.open.value]
+        if open_:
+            raise ConflictError(f"round {open_[0].number} is still open: close it first")
+        if int(plan.get("rounds_done", -1)) != len(rounds):
+            raise ConflictError(
+                "this plan is out of date (a round was opened or closed after it was made): "
+                "plan the next round again"
+            )
+        rt = svc.load_runtime(study, session=db, fit_if_missing=False)
+        item = rt.by_key.get(str(plan["question"]))
+        if item is None or item not in rt.candidates:
+            raise ConflictError(f"the planned question {plan['question']!r} is no longer askable")
+        chosen = [int(p["respondent_id"]) for p in plan["respondents"]]
+        _check_budget(study, rounds, chosen, int(plan["n_members"]), db)
+        panel = (
+            RespondentSource.live.value
+            if plan["panel"] == "live"
+            else RespondentSource.import_.value
+        )
+        rnd = GroupRound(
+            study_id=study.id or 0,
+            number=len(rounds) + 1,
+            item_id=item.id,
+            panel=panel,
+            plan_job_id=job.id,
+            plan={
+                "question_key": item.key,
+                "question_scores": plan["question_scores"],
+                "n_members": plan["n_members"],
+                "per_round": plan["per_round"],
+                "best_gain_not_chosen": plan.get("best_gain_not_chosen"),
+            },
+            opened_by_id=researcher.id if researcher else None,
+        )
+        db.add(rnd)
+        try:
+            db.flush()
+        except IntegrityError:
+            db.rollback()
+            raise ConflictError("another round was opened at the same time") from None
+        scores = {q["item"]: q["score"] for q in plan["question_scores"]}
+        for p in plan["respondents"]:
+            resp = db.get(Respondent, int(p["respondent_id"]))
+            if resp is None or resp.study_id != study.id or resp.source != panel:
+                raise ConflictError(f"respondent {p['respondent']!r} is no longer in the panel")
+            sess = ElicitationSession(
+                study_id=study.id or 0,
+                respondent_id=resp.id or 0,
+                token_hash=svc.hash_token(svc.new_token()),  # never shown: links only
+            )
+            db.add(sess)
+            db.flush()
+            db.add(
+                SelectionDecision(
+                    session_id=sess.id or 0,
+                    position=0,
+                    item_id=item.id,
+                    criterion=ROUND_CRITERION,
+                    scores={
+                        "scores": scores,
+                        "round": rnd.number,
+                        "expected_gain": float(p["expected_gain"]),
+                        "model_id": rt.model_id,
+                    },
+                )
+            )
+            token = link_token(secret, rnd.id or 0, resp.id or 0)
+            db.add(
+                GroupRoundMember(
+                    round_id=rnd.id or 0,
+                    respondent_id=resp.id or 0,
+                    session_id=sess.id or 0,
+                    token_hash=svc.hash_token(token),
+                    expected_gain=float(p["expected_gain"]),
+                )
+            )
+        db.commit()
+        return rnd
+
+
+# ----- a member's link -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemberLink:
+    """What a round link refers to (plain values, usable after the database session)."""
+
+    member_id: int
+    round_id: int
+    round_number: int
+    round_open: bool
+    session_id: int
+    item_key: str
+    study: Study
+
+
+def member_by_token(token: str, *, session: Session) -> MemberLink:
+    """The round member whose link token is ``token``.
+
+    Raises:
+        RoundLinkNotFoundError: unknown token (also a token of a deleted study or round).
+    """
+    if not token or len(token) > 200:
+        raise RoundLinkNotFoundError("unknown round link")
+    row = session.exec(
+        select(GroupRoundMember, GroupRound, Study)
+        .join(GroupRound, col(GroupRound.id) == col(GroupRoundMember.round_id))
+        .join(Study, col(Study.id) == col(GroupRound.study_id))
+        .where(GroupRoundMember.token_hash == svc.hash_token(token))
+    ).first()
+    if row is None:
+        raise RoundLinkNotFoundError("unknown round link")
+    member, rnd, study = row
+    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    item = rt.by_id.get(rnd.item_id)
+    if item is None:
+        raise RoundLinkNotFoundError("the question of this round no longer exists")
+    return MemberLink(
+        member.id or 0,
+        rnd.id or 0,
+        rnd.number,
+        rnd.status == GroupRoundStatus.open.value,
+        member.session_id,
+        item.key,
+        study,
+    )
+
+
+def link_view(link: MemberLink, *, session: Session) -> svc.SessionView:
+    """Where the member's round session stands (``phase`` ``question`` or ``done``)."""
+    sess = session.get(ElicitationSession, link.session_id)
+    if sess is None:
+        raise RoundLinkNotFoundError("unknown round link")
+    return svc.session_view(link.study, sess, session=session)
+
+
+def answer_round(
+    link: MemberLink,
+    *,
+    option: str | None,
+    idempotency_key: str | None,
+    engine: Engine,
+) -> svc.SessionView:
+    """Store a member's answer to the round question through the one answer path.
+
+    :func:`app.services.sessions.submit_answer` stores it (lock, idempotency, conflicts);
+    then :func:`finish_round_session` makes the round session stop after this question.
+    A retried request (same idempotency key, or the same option again) returns the same
+    result.
+
+    Raises:
+        RoundClosedError: the round is closed and this member had not answered.
+        InvalidAnswerError, AnswerConflictError (from the answer path).
+    """
+    try:
+        svc.submit_answer(
+            link.study,
+            link.session_id,
+            item_key=link.item_key,
+            option=option,
+            idempotency_key=idempotency_key,
+            engine=engine,
+        )
+    except svc.SessionClosedError:
+        raise RoundClosedError(
+            f"round {link.round_number} is closed: answers are no longer accepted"
+        ) from None
+    return finish_round_session(link.study, link.session_id, engine=engine)
+
+
+def finish_round_session(study: Study, session_id: int, *, engine: Engine) -> svc.SessionView:
+    """Stop a round session after its one answer (idempotent).
+
+    The answer path chose a next question by the study's criterion (decision at position
+    1); a round link asks one question only, so that decision becomes a stop
+    (``item_id`` NULL, criterion ``group_round``) and the session is completed.
+    """
+    with svc.locked_session(engine, session_id) as (db, sess):
+        n = int(
+            db.exec(
+                select(func.count()).select_from(Answer).where(Answer.session_id == session_id)
+            ).one()
+        )
+        if n >= 1:
+            nxt = db.exec(
+                select(SelectionDecision).where(
+                    SelectionDecision.session_id == session_id, SelectionDecision.position == 1
+                )
+            ).first()
+            if nxt is not None and (nxt.item_id is not None or nxt.criterion != ROUND_CRITERION):
+                nxt.item_id = None
+                nxt.criterion = ROUND_CRITERION
+                nxt.scores = {}
+                nxt.stop_reason = ONE_QUESTION_STOP
+                db.add(nxt)
+            if sess.status != SessionStatus.completed.value:
+                sess.status = SessionStatus.completed.value
+                sess.completed_at = utcnow()
+                sess.updated_at = utcnow()
+                db.add(sess)
+        db.commit()
+        return svc.session_view(study, sess, session=db)
+
+
+# ----- track and close ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    """One line of the track table."""
+
+    label: str
+    respondent_id: int
+    expected_gain: float
+    status: str  # answered / skipped / waiting / no_answer
+    answer: str | None  # the option's label
+    answered_at: str | None
+    link: str
+
+
+@dataclass(frozen=True)
+class RoundView:
+    round: GroupRound
+    question_key: str
+    question_text: str
+    members: list[MemberRow]
+    asked: int
+    answered: int
+    skipped: int
+    waiting: int
+
+
+def round_view(
+    study: Study, rnd: GroupRound, *, session: Session, secret: str, link_base: str
+) -> RoundView:
+    """The round's members with their status and links (``link_base`` + token)."""
+    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    item = rt.by_id.get(rnd.item_id)
+    labels = {str(o[0]): str(o[1]) for o in (item.options if item else [])}
+    members = _members([rnd.id or 0], session)
+    answers = _answers_by_session([m.session_id for m in members], session)
+    resp = {
+        r.id: r
+        for r in session.exec(
+            select(Respondent).where(col(Respondent.id).in_([m.respondent_id for m in members]))
+        ).all()
+    }
+    rows: list[MemberRow] = []
+    for m in members:
+        a = answers.get(m.session_id)
+        if a is None:
+            status = "waiting" if rnd.status == GroupRoundStatus.open.value else "no_answer"
+        else:
+            status = "answered" if a.option is not None else "skipped"
+        r = resp.get(m.respondent_id)
+        rows.append(
+            MemberRow(
+                label=member_label(r) if r is not None else f"r{m.respondent_id}",
+                respondent_id=m.respondent_id,
+                expected_gain=m.expected_gain,
+                status=status,
+                answer=labels.get(a.option or "", a.option) if a and a.option else None,
+                answered_at=a.created_at.isoformat(timespec="seconds") if a else None,
+                link=link_base + link_token(secret, rnd.id or 0, m.respondent_id),
+            )
+        )
+    count = {s: sum(1 for r in rows if r.status == s) for s in ("answered", "skipped", "waiting")}
+    return RoundView(
+        round=rnd,
+        question_key=item.key if item else "?",
+        question_text=item.question if item else "",
+        members=rows,
+        asked=len(rows),
+        answered=count["answered"],
+        skipped=count["skipped"],
+        waiting=count["waiting"],
+    )
+
+
+def close_round(study: Study, number: int, *, engine: Engine) -> GroupRound:
+    """Close round ``number``: no answer is accepted on its links afterwards.
+
+    One transaction holding the write lock on every member's round session (SQLite:
+    ``BEGIN IMMEDIATE``; PostgreSQL: ``SELECT ... FOR UPDATE`` of those rows, so an answer
+    being stored finishes first and is counted): unanswered sessions become
+    ``abandoned`` (the answer path refuses them from then on), answered ones
+    ``completed``, and each member's outcome is recorded.
+
+    Raises:
+        NotFoundError: no such round. ConflictError: the round is already closed.
+    """
+    with Session(engine, expire_on_commit=False) as db:
+        try:
+            if engine.dialect.name == "sqlite":
+                db.connection().exec_driver_sql("BEGIN IMMEDIATE")
+            rnd = db.exec(
+                select(GroupRound)
+                .where(GroupRound.study_id == study.id, GroupRound.number == number)
+                .with_for_update()
+            ).first()
+            if rnd is None:
+                raise NotFoundError(f"study {study.slug!r} has no group round {number}")
+            if rnd.status != GroupRoundStatus.open.value:
+                raise ConflictError(f"round {number} is already closed")
+            members = _members([rnd.id or 0], db)
+            sids = [m.session_id for m in members]
+            if sids:
+                db.exec(  # type: ignore[call-overload]
+                    select(ElicitationSession.id)
+                    .where(col(ElicitationSession.id).in_(sids))
+                    .order_by(col(ElicitationSession.id))
+                    .with_for_update()
+                ).all()
+            answers = _answers_by_session(sids, db)
+            now = utcnow()
+            for m in members:
+                a = answers.get(m.session_id)
+                if a is None:
+                    m.outcome = GroupRoundOutcome.no_answer.value
+                elif a.option is None:
+                    m.outcome = GroupRoundOutcome.skipped.value
+                else:
+                    m.outcome = GroupRoundOutcome.answered.value
+                db.add(m)
+            unanswered = [m.session_id for m in members if m.session_id not in answers]
+            if unanswered:
+                db.execute(
+                    update(ElicitationSession)
+                    .where(col(ElicitationSession.id).in_(unanswered))
+                    .values(status=SessionStatus.abandoned.value, updated_at=now)
+                )
+            rnd.status = GroupRoundStatus.closed.value
+            rnd.closed_at = now
+            db.add(rnd)
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        for sid in answers:  # answered: make sure each stopped after its one question
+            finish_round_session(study, sid, engine=engine)
+        return rnd
