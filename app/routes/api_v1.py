@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.auth import can_see_study
 from app.deps import EngineDep, SessionDep
 from app.errors import (
     ConfigurationError,
@@ -39,7 +40,6 @@ from app.services.apikeys import (
     KEY_PREFIX,
     AuthenticationError,
     authenticate_api_key,
-    can_access_study,
 )
 from app.services.studies import get_study_by_slug
 from app.tables import ElicitationSession, Researcher, Study
@@ -303,14 +303,16 @@ def get_api_researcher(session: SessionDep, authorization: AuthHeader = None) ->
 
 
 def get_owned_study(slug: str, researcher: ApiResearcher, session: SessionDep) -> Study:
-    """The study ``slug`` if the key's researcher may use it; 404 for anything else."""
+    """The study ``slug`` if the key's researcher may use it (owner, shared with them, or
+    admin: :func:`app.auth.can_see_study`, the admin UI's rule); 404 for anything else."""
     try:
         study = get_study_by_slug(slug, session=session)
+        allowed = can_see_study(researcher, study, session=session)
     except NotFoundError:
-        study = None
+        study, allowed = None, False
     finally:
         release(session)
-    if study is None or not can_access_study(researcher, study):
+    if study is None or not allowed:
         raise svc.StudyNotFoundError(f"no study {slug!r} among your studies")
     return study
 
@@ -334,7 +336,7 @@ def _authorized_session(
         researcher = authenticate_api_key(credential, session=session)
         sess = session.get(ElicitationSession, session_id)
         study = session.get(Study, sess.study_id) if sess is not None else None
-        if sess is None or study is None or not can_access_study(researcher, study):
+        if sess is None or study is None or not can_see_study(researcher, study, session=session):
             raise not_found
         return sess, study
     try:
