@@ -1,7 +1,9 @@
 """The live dashboard of a study: progress, exposure, predicted population, personas, budget.
 
 * **respondents**: sessions started, completed, dropped (declined or abandoned), active,
-  and erased (from ``erasure_record``).
+  and erased (from ``erasure_record``). A group round's one-question sessions are left out
+  of these counts and of the predictions (the group rounds page tracks them); their answers
+  count in the exposure and the answers budget.
 * **exposure**: per item, how many live sessions were asked it (answers + skips).
 * **predicted population distribution** per target: each live respondent's predictive
   distribution ``p_s`` over the target's options (replayed from the stored answers with
@@ -30,6 +32,7 @@ from app.tables import (
     Answer,
     ElicitationSession,
     ErasureRecord,
+    GroupRoundMember,
     Item,
     Respondent,
     SessionStatus,
@@ -62,10 +65,16 @@ class Dashboard:
     model_note: str | None = None
 
 
+def _not_round_session() -> Any:
+    """SQL condition: an ordinary session, not a group round's one-question session (those
+    are counted on the group rounds page, not as respondents started or completed)."""
+    return col(ElicitationSession.id).not_in(select(GroupRoundMember.session_id))
+
+
 def _counts(study: Study, session: Session) -> dict[str, int]:
     rows = session.exec(
         select(ElicitationSession.status, func.count())
-        .where(ElicitationSession.study_id == study.id)
+        .where(ElicitationSession.study_id == study.id, _not_round_session())
         .group_by(ElicitationSession.status)
     ).all()
     by = {str(s): int(n) for s, n in rows}
@@ -122,6 +131,7 @@ def build_dashboard(study: Study, *, session: Session) -> Dashboard:
         .where(
             ElicitationSession.study_id == study.id,
             ElicitationSession.status == SessionStatus.completed.value,
+            _not_round_session(),
         )
     ).one()
     budget: dict[str, Any] = {
@@ -153,7 +163,7 @@ def build_dashboard(study: Study, *, session: Session) -> Dashboard:
     pairs = session.exec(
         select(ElicitationSession, Respondent)
         .join(Respondent, col(Respondent.id) == col(ElicitationSession.respondent_id))
-        .where(ElicitationSession.study_id == study.id)
+        .where(ElicitationSession.study_id == study.id, _not_round_session())
         .order_by(col(ElicitationSession.id).desc())
         .limit(MAX_SESSIONS)
     ).all()

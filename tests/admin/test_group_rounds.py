@@ -233,6 +233,17 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         )
     assert _answers(engine, members[3].session_id) == []
     assert respondent.get("http://localhost/g/not-a-token").status_code == 404
+    # the dashboard counts round sessions apart: no respondent "started" a survey, but the
+    # round answers are exposure of the round's question (2 answers + 1 skip)
+    from app.services.dashboard import build_dashboard
+
+    with Session(engine) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        dash = build_dashboard(st, session=s)
+    assert dash.counts["started"] == 0 and dash.counts["dropped"] == 0
+    row = next(e for e in dash.exposure if e["key"] == r1["question"])
+    assert (row["asked"], row["skipped"]) == (3, 1)
 
     # ---- the next plan uses the answers and the spent budget ----------------------------------
     with Session(engine) as s:
