@@ -485,6 +485,101 @@ def fit_pool_weight(
     return best_w, losses
 
 
+POOL_GRID = 21
+
+
+def pool_gain_rows(
+    p_belief: Tensor, p_gnn: Tensor, truth: Tensor, *, grid: int = POOL_GRID
+) -> Tensor:
+    """Per-member log-score gain of the pool over the belief model alone, for each weight.
+
+    ``D[v, g] = mean_{t scored} [log p_pool(w_g)(y_vt) - log p_belief(y_vt)]`` with
+    ``w_g = g / (grid - 1)``; members without a scored target are left out.
+
+    Args:
+        p_belief, p_gnn: ``[M, T, O]`` predictives of the same (member, target) pairs.
+        truth: ``[M, T]`` true options (``-1`` = not scored).
+        grid: number of equally spaced weights in ``[0, 1]``.
+
+    Returns:
+        ``[M', grid]`` float64 (``M'`` = members with at least one scored target).
+    """
+    ok = truth >= 0
+    y = truth.clamp_min(0).unsqueeze(-1)
+    n = ok.sum(-1)
+    rows = n > 0
+    lb = p_belief.gather(-1, y).squeeze(-1).clamp_min(1e-12).log()
+    cols = []
+    for j in range(grid):
+        lp = log_linear_pool(p_belief, p_gnn, j / (grid - 1)).gather(-1, y).squeeze(-1)
+        d = torch.where(ok, lp.clamp_min(1e-12).log() - lb, torch.zeros((), dtype=lb.dtype))
+        cols.append(d.sum(-1)[rows] / n[rows])
+    return torch.stack(cols, 1).double()
+
+
+def pool_weight_from_gains(gains: Tensor, *, z: float = 2.0) -> tuple[float, dict[str, Any]]:
+    """The pool weight from held-out evidence ``gains [R, G]`` (:func:`pool_gain_rows`).
+
+    ``w_hat`` maximises the mean gain over the rows (each row one independent unit: a
+    validation member, or one answer of a group member). The pool is used only when
+    that gain is ``z`` standard errors above zero:
+
+        w = w_hat  if  mean(d) - z * sd(d) / sqrt(R) > 0,  else  0,   d = gains[:, w_hat],
+
+    so a GNN that does not demonstrably improve held-out predictions is left out and the
+    predictions are the belief model's alone (not a weight fitted to noise).
+
+    Returns:
+        ``(w, {"w_hat", "gain", "gain_se", "rows", "mean_gain": {w: mean gain}})``.
+    """
+    r, g = int(gains.shape[0]), int(gains.shape[1])
+    weights = [j / (g - 1) for j in range(g)]
+    if r == 0:
+        return 0.0, {"w_hat": 0.0, "gain": 0.0, "gain_se": float("inf"), "rows": 0, "mean_gain": {}}
+    mean = gains.mean(0)
+    best = int(torch.argmax(mean))  # lowest weight on ties (w = 0 has gain 0)
+    d = gains[:, best]
+    gain = float(d.mean())
+    se = float(d.std() / math.sqrt(r)) if r > 1 else float("inf")
+    w = weights[best] if gain - z * se > 0 else 0.0
+    info = {
+        "w_hat": weights[best],
+        "gain": gain,
+        "gain_se": se,
+        "rows": r,
+        "mean_gain": {f"{wj:.2f}": float(m) for wj, m in zip(weights, mean, strict=True)},
+    }
+    return w, info
+
+
+def choose_pool_weight(
+    p_belief: Tensor, p_gnn: Tensor, truth: Tensor, *, grid: int = POOL_GRID, z: float = 2.0
+) -> tuple[float, dict[str, Any]]:
+    """The GNN's pool weight, or ``0`` (the belief model alone) unless the GNN clearly helps.
+
+    :func:`pool_gain_rows` on held-out answers, then :func:`pool_weight_from_gains`:
+    the weight with the best mean per-member gain in log score, kept only when that
+    gain is ``z`` standard errors above zero (members are independent, their targets
+    are not, so the standard error is over members).
+
+    Args:
+        p_belief, p_gnn: ``[M, T, O]`` predictives of the same (member, target) pairs.
+        truth: ``[M, T]`` true options (``-1`` = not scored).
+        grid: weights tried in ``[0, 1]``.
+        z: standard errors the gain must clear.
+
+    Returns:
+        ``(w, info)``: see :func:`pool_weight_from_gains`; ``info["members"]`` = rows,
+        ``info["log_loss"]`` = mean log loss per weight over the scored pairs.
+    """
+    gains = pool_gain_rows(p_belief, p_gnn, truth, grid=grid)
+    w, info = pool_weight_from_gains(gains, z=z)
+    info["members"] = info["rows"]
+    info["log_loss"] = fit_pool_weight(p_belief, p_gnn, truth, grid)[1]
+    info["gain_rows"] = gains
+    return w, info
+
+
 # ----------------------------------------------------------------------------------------
 # group-level prior
 
@@ -554,6 +649,12 @@ class GroupMethod:
     ``adapt_prior``: re-fit the mixture weights of the belief model to the group itself
     (:func:`adapt_mixture_prior`) at the start and after every round with answers; only
     for mixture models (with ``log_prior``, ``log_likelihood_matrix`` and ``with_prior``).
+
+    ``online_pool`` (``pool`` imputation only): the pool weight is re-chosen after every
+    round from the held-out evidence given to :class:`GroupElicitation`
+    (``pool_evidence``, e.g. validation members) plus the group's own answers, each
+    scored by the predictions made *before* it arrived (prequential evidence from the
+    group's population), with the same rule (:func:`pool_weight_from_gains`).
     """
 
     question: str
@@ -561,6 +662,7 @@ class GroupMethod:
     imputation: str = "none"
     subsample: float = 1.0
     adapt_prior: bool = False
+    online_pool: bool = False
 
     def __post_init__(self) -> None:
         if self.question not in QUESTION_SELECTORS:
@@ -574,6 +676,8 @@ class GroupMethod:
             )
         if self.imputation not in IMPUTATIONS:
             raise GroupError(f"unknown imputation {self.imputation!r} (known: {list(IMPUTATIONS)})")
+        if self.online_pool and self.imputation != "pool":
+            raise GroupError("online_pool needs the 'pool' imputation")
 
     def question_selector(self) -> QuestionSelector:
         if self.question == "eig":
@@ -596,7 +700,11 @@ class GroupElicitation:
         method: the selectors and imputation.
         budget: the budgets.
         gnn: GNN view (needed by ``relational``, ``gnn``, ``gnn_only``, ``pool``).
-        pool_weight: ``w`` of the ``pool`` imputation.
+        pool_weight: ``w`` of the ``pool`` imputation (the starting weight when the
+            method re-chooses it online).
+        pool_evidence: ``[R, G]`` held-out gains of the pool weights (:func:`pool_gain_rows`
+            on validation members), used with the group's answers by ``online_pool``.
+        pool_z: standard errors the pool's gain must clear (:func:`pool_weight_from_gains`).
         response_prob: ``[N]`` chance each member answers (default: 1).
         seed: seed of the random choices.
     """
@@ -612,6 +720,8 @@ class GroupElicitation:
         *,
         gnn: GNNView | None = None,
         pool_weight: float = 0.5,
+        pool_evidence: Tensor | None = None,
+        pool_z: float = 2.0,
         response_prob: Tensor | None = None,
         seed: int = 0,
     ) -> None:
@@ -642,6 +752,19 @@ class GroupElicitation:
         self.budget = budget
         self.gnn = gnn
         self.pool_weight = float(pool_weight)
+        self.pool_z = float(pool_z)
+        grid = POOL_GRID if pool_evidence is None else int(pool_evidence.shape[1])
+        if grid < 2:
+            raise GroupError("pool_evidence needs at least 2 weights (columns)")
+        self.pool_evidence = (
+            torch.zeros(0, grid, dtype=DTYPE)
+            if pool_evidence is None
+            else torch.as_tensor(pool_evidence, dtype=DTYPE)
+        )
+        self.pool_group_gains = torch.zeros(0, grid, dtype=DTYPE)
+        self.pool_info: dict[str, Any] = {}
+        self._gnn_cache: tuple[int, Tensor] | None = None
+        self._observed_version = 0
         if response_prob is None:
             response_prob = torch.ones(n, dtype=DTYPE)
         response_prob = torch.as_tensor(response_prob, dtype=DTYPE).reshape(-1)
@@ -752,7 +875,10 @@ class GroupElicitation:
                     f"member {m} already answered {self.model.item_bank.keys[question]!r}"
                 )
         got = answers >= 0
+        if self.method.online_pool and bool(got.any()):
+            self._pool_evidence(question, asked[got], answers[got])
         self.observed[asked[got], question] = answers[got]
+        self._observed_version += 1
         self.n_asked[asked] += 1
         self.answers_used += len(asked)
         self.asked_items.append(question)
@@ -771,6 +897,27 @@ class GroupElicitation:
         self.records.append(rec)
         return rec
 
+    def _gnn_predict(self) -> Tensor:
+        """GNN predictives ``[N, I, O]`` on the current observations (cached per version)."""
+        assert self.gnn is not None
+        if self._gnn_cache is None or self._gnn_cache[0] != self._observed_version:
+            bank = self.model.item_bank
+            p = self.gnn.predict(self.observed, bank.n_items, bank.max_options)
+            self._gnn_cache = (self._observed_version, p)
+        return self._gnn_cache[1]
+
+    def _pool_evidence(self, question: int, who: Tensor, answers: Tensor) -> None:
+        """Score the pre-answer predictions of ``question`` for the members who answered
+        (one gain row per answer) and re-choose the pool weight from all evidence."""
+        p_b = self.model.predict_batch(self._state, [question])[who]  # [n, 1, O]
+        p_g = self._gnn_predict()[who][:, [question], : p_b.shape[-1]]
+        g = int(self.pool_evidence.shape[1])
+        rows = pool_gain_rows(p_b, p_g, answers.reshape(-1, 1), grid=g)
+        self.pool_group_gains = torch.cat([self.pool_group_gains, rows])
+        gains = torch.cat([self.pool_evidence, self.pool_group_gains])
+        self.pool_weight, info = pool_weight_from_gains(gains, z=self.pool_z)
+        self.pool_info = {k: v for k, v in info.items() if k != "mean_gain"}
+
     def _impute(self, question: int) -> None:
         mode = self.method.imputation
         if mode not in ("self", "gnn"):
@@ -781,9 +928,7 @@ class GroupElicitation:
         if mode == "self":
             p = self.model.predict_batch(self._state, [question])[:, 0]
         else:
-            assert self.gnn is not None
-            bank = self.model.item_bank
-            p = self.gnn.predict(self.observed, bank.n_items, bank.max_options)[:, question]
+            p = self._gnn_predict()[:, question]
         guess = p.argmax(-1)
         self.imputed[missing, question] = guess[missing]
 
@@ -794,10 +939,7 @@ class GroupElicitation:
         p_b = self.model.predict_batch(self._state, self.targets)
         if mode in ("none", "self", "gnn"):
             return p_b
-        assert self.gnn is not None
-        bank = self.model.item_bank
-        p_g = self.gnn.predict(self.observed, bank.n_items, bank.max_options)[:, self.targets]
-        p_g = p_g[..., : p_b.shape[-1]]
+        p_g = self._gnn_predict()[:, self.targets][..., : p_b.shape[-1]]
         if mode == "gnn_only":
             return p_g
         return log_linear_pool(p_b, p_g, self.pool_weight)

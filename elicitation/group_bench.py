@@ -39,7 +39,7 @@ from elicitation.group import (
     GroupBudget,
     GroupElicitation,
     GroupMethod,
-    fit_pool_weight,
+    choose_pool_weight,
 )
 from gnn.graph import GraphSchema
 from gnn.train import GNNConfig, TrainedGNN, train_gnn
@@ -53,8 +53,13 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     "greedy_random_selfimpute": GroupMethod("eig", "random", "self"),
     # the paper's method: greedy question, relational respondents, GNN imputation
     "greedy_relational_gnn": GroupMethod("eig", "relational", "gnn"),
-    # the product's choice: budget-aware question, EIG respondents, calibrated pool
-    "default": GroupMethod("eig_budget", "eig", "pool"),
+    # the product's choice: budget-aware question, EIG respondents, the pool of the
+    # belief model and the GNN with its weight chosen on validation members and, after
+    # each round, on the group's own answers (0 = the belief model alone unless the GNN
+    # demonstrably helps)
+    "default": GroupMethod("eig_budget", "eig", "pool", online_pool=True),
+    # the same pool with the weight fixed on validation members
+    "eig_eig_pool_fixed": GroupMethod("eig_budget", "eig", "pool"),
     # imputation variants of the default (for the comparison none / GNN / pool)
     "eig_eig_none": GroupMethod("eig_budget", "eig", "none"),
     "eig_eig_gnn": GroupMethod("eig_budget", "eig", "gnn"),
@@ -85,12 +90,14 @@ class Fitted:
         view: GNNView,
         pool_weight: float,
         info: dict[str, Any],
+        pool_gains: Tensor | None = None,
     ) -> None:
         self.model = model
         self.gnn = gnn
         self.view = view
         self.pool_weight = pool_weight
         self.info = info
+        self.pool_gains = pool_gains  # [validation members, weights] (pool_gain_rows)
 
 
 def gnn_schema(ds: Dataset) -> GraphSchema:
@@ -112,12 +119,13 @@ def _dataset_key(ds: Dataset, settings: dict[str, Any]) -> str:
 
 
 def _calibration_sample(
-    ds: Dataset, y: Tensor, rows: Tensor, gen: torch.Generator, n_targets: int = 5
+    ds: Dataset, y: Tensor, rows: Tensor, gen: torch.Generator, n_targets: int | None = None
 ) -> tuple[Tensor, Tensor]:
     """Validation members as they look in group rounds, for fitting the pool weight.
 
     Each member keeps its demographics and ``k ~ U{0..4}`` random answered questions;
-    ``n_targets`` other random questions are its targets (truth kept, the rest -1).
+    ``n_targets`` other random questions (default: all the others) are its targets
+    (truth kept, the rest -1).
 
     Returns:
         ``(observed [M, I], truth [M, I])``.
@@ -130,7 +138,8 @@ def _calibration_sample(
     for j, r in enumerate(rows.tolist()):
         perm = q_cols[torch.randperm(len(q_cols), generator=gen)]
         k = int(torch.randint(0, 5, (1,), generator=gen))
-        shown, tgt = perm[:k], perm[k : k + n_targets]
+        shown = perm[:k]
+        tgt = perm[k:] if n_targets is None else perm[k : k + n_targets]
         obs[j, shown] = y[r, shown]
         truth[j, tgt] = y[r, tgt]
     return obs, truth
@@ -200,14 +209,20 @@ def prepare(
     # validation users are in the final latent class fit (train + val), so the weight is
     # fitted with a train-only fit of the same K, for which they are held out (the GNN
     # used them only for early stopping); the weight is then used with the final model.
+    # (same settings, the structure chosen on validation, parameters from training only)
     calib: BeliefModel | None = None
-    calib_path = cache / f"{key}.lc_calib" if cache is not None else None
+    calib_path = cache / f"{key}.lc_calib2" if cache is not None else None
     if calib_path is not None and calib_path.is_file():
         calib = load_model(calib_path.read_bytes())
     if calib is None:
-        k_final = int(model.metrics.get("n_classes") or max(n_classes))
         calib = fit_latent_classes(
-            y[tr], bank, val_responses=None, n_classes=(k_final,), n_restarts=2, seed=seed
+            y[tr],
+            bank,
+            val_responses=y[va],
+            n_classes=n_classes,
+            n_restarts=2,
+            seed=seed,
+            refit_with_validation=False,
         )
         if calib_path is not None:
             calib_path.write_bytes(calib.to_bytes())
@@ -216,8 +231,12 @@ def prepare(
     p_b = calib.predict_batch(calib.initial_batch(obs), list(range(bank.n_items)))
     p_g = view.predict(obs, bank.n_items, bank.max_options)
     scored = truth[:, n_demo:]
-    w, losses = fit_pool_weight(p_b[:, n_demo:], p_g[:, n_demo:], scored)
-    log(f"pool weight of the GNN: {w:.2f} (validation log loss {losses[f'{w:.2f}']:.4f})")
+    w, pool_info = choose_pool_weight(p_b[:, n_demo:], p_g[:, n_demo:], scored)
+    losses = pool_info["log_loss"]
+    log(
+        f"pool weight of the GNN: {w:.2f} (best on validation {pool_info['w_hat']:.2f}, "
+        f"gain {pool_info['gain']:.4f} +- {pool_info['gain_se']:.4f} nats per answer)"
+    )
     info.update(
         {
             "n_classes": model.metrics.get("n_classes"),
@@ -226,10 +245,13 @@ def prepare(
             "gnn_train_seconds": gnn.history.seconds,
             "gnn_partial_mask": gnn.config.partial_mask,
             "pool_weight": w,
+            "pool_weight_best_on_validation": pool_info["w_hat"],
+            "pool_val_gain": pool_info["gain"],
+            "pool_val_gain_se": pool_info["gain_se"],
             "pool_val_log_loss": losses,
         }
     )
-    return Fitted(model, gnn, view, w, info)
+    return Fitted(model, gnn, view, w, info, pool_info["gain_rows"])
 
 
 def _score(
@@ -279,7 +301,8 @@ def run_group(
     Returns:
         ``{"methods": {name: {"accuracy": [rounds + 1], "brier_sum": [...],
         "perplexity": [...], "log_loss": [...], "plan_seconds": [...]}}, ...}`` with
-        metrics averaged over runs (each run's metric is the mean over all scored
+        metrics averaged over runs (``pool`` methods also give ``pool_weight``, the
+        GNN's weight in use after each round) (each run's metric is the mean over all scored
         (member, target) pairs).
     """
     unknown = [m for m in methods if m not in GROUP_METHODS]
@@ -330,10 +353,14 @@ def run_group(
                 budget,
                 gnn=fitted.view,
                 pool_weight=fitted.pool_weight,
+                pool_evidence=fitted.pool_gains,
                 seed=seed * 1000 + run.seed,
                 response_prob=torch.full((len(te),), 1.0 - nonresponse, dtype=DTYPE),
             )
             curves: dict[str, list[float]] = {k: [] for k in (*REPORTED, "plan_seconds")}
+            pooled = GROUP_METHODS[name].imputation == "pool"
+            if pooled:
+                curves["pool_weight"] = [ge.pool_weight]
             _score(ge, tgt_truth, n_opt[tgt], curves)
             for _ in range(rounds):
                 t0 = time.perf_counter()
@@ -344,9 +371,11 @@ def run_group(
                     ans[torch.rand(len(who), generator=rgen) < nonresponse] = -1
                 ge.apply(q, who, ans, scores=scores, plan_seconds=dt)
                 curves["plan_seconds"].append(dt)
+                if pooled:
+                    curves["pool_weight"].append(ge.pool_weight)
                 _score(ge, tgt_truth, n_opt[tgt], curves)
             for k, v in curves.items():
-                per[name][k].append(v)
+                per[name].setdefault(k, []).append(v)
         log(
             f"run {run.seed}: "
             + ", ".join(f"{m} {per[m]['accuracy'][-1][-1]:.4f}" for m in methods)
@@ -504,6 +533,7 @@ def run_group_speed(
                     GroupBudget(respondent_budget, 1),
                     gnn=fitted.view,
                     pool_weight=fitted.pool_weight,
+                    pool_evidence=fitted.pool_gains,
                     seed=seed,
                 )
                 t0 = time.perf_counter()

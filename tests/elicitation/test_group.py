@@ -15,9 +15,12 @@ from elicitation.group import (
     GroupElicitation,
     GroupError,
     GroupMethod,
+    choose_pool_weight,
     fit_pool_weight,
     log_linear_pool,
     member_eig,
+    pool_gain_rows,
+    pool_weight_from_gains,
 )
 from gnn.graph import GraphSchema
 from gnn.train import GNNConfig, train_gnn
@@ -236,9 +239,19 @@ def test_group_eig_question_picks_the_informative_question() -> None:
 
 
 # ---- rounds, non-response, imputation -----------------------------------------------------
-@pytest.mark.parametrize("imputation", ["none", "self", "gnn", "gnn_only", "pool"])
+@pytest.mark.parametrize(
+    ("imputation", "online"),
+    [
+        ("none", False),
+        ("self", False),
+        ("gnn", False),
+        ("gnn_only", False),
+        ("pool", False),
+        ("pool", True),
+    ],
+)
 def test_round_without_answers_leaves_predictions_unchanged(
-    gnn_view: GNNView, imputation: str
+    gnn_view: GNNView, imputation: str, online: bool
 ) -> None:
     truth, observed = _group()
     ge = GroupElicitation(
@@ -246,17 +259,20 @@ def test_round_without_answers_leaves_predictions_unchanged(
         observed,
         [2, 3, 4],
         [5],
-        GroupMethod("eig", "random", imputation),
+        GroupMethod("eig", "random", imputation, online_pool=online),
         GroupBudget(10, 3),
         gnn=gnn_view,
         pool_weight=0.5,
+        pool_z=0.0,
     )
     q, who, _ = ge.plan()
     ge.apply(q, who, truth[who, q])  # a first real round
     before = ge.predict_targets()
+    w_before, rows_before = ge.pool_weight, ge.pool_group_gains.shape[0]
     q2, who2, _ = ge.plan()
     ge.apply(q2, who2, torch.full_like(who2, -1))  # nobody answers
     assert torch.equal(ge.predict_targets(), before)
+    assert ge.pool_weight == w_before and ge.pool_group_gains.shape[0] == rows_before
     assert ge.answers_used == 20 and len(ge.records) == 2
     # and a round with answers does change them
     q3, who3, _ = ge.plan()
@@ -318,6 +334,75 @@ def test_fit_pool_weight_prefers_the_better_predictor() -> None:
     assert fit_pool_weight(sharp, flat, truth)[0] == 0.0
     w, losses = fit_pool_weight(flat, sharp, truth)
     assert losses["1.00"] == pytest.approx(-math.log(0.9))
+
+
+def test_choose_pool_weight_keeps_a_helpful_gnn_and_drops_a_useless_one() -> None:
+    g = torch.Generator().manual_seed(0)
+    truth = torch.randint(0, 2, (200, 3), generator=g)
+    sharp = torch.nn.functional.one_hot(truth, 2).double() * 0.8 + 0.1
+    flat = torch.full((200, 3, 2), 0.5, dtype=torch.float64)
+    # the GNN is right with 0.9 where the belief model says 0.5: kept at full weight;
+    # per member the gain is log 0.9 - log 0.5 exactly, so its standard error is 0
+    w, info = choose_pool_weight(flat, sharp, truth)
+    assert w == 1.0 and info["w_hat"] == 1.0
+    assert info["gain"] == pytest.approx(math.log(0.9 / 0.5)) and info["gain_se"] < 1e-12
+    # a GNN equal to the belief model adds nothing: the pool is not used
+    assert choose_pool_weight(sharp, sharp.clone(), truth)[0] == 0.0
+    # a GNN that is sharper and right for two members in three but wrong for the
+    # third: the best weight on this sample is 0.2, but its gain (0.011 nats) is within
+    # two standard errors (0.006 each) -> the belief model alone
+    belief = torch.nn.functional.one_hot(truth, 2).double() * 0.4 + 0.3  # right, 0.7
+    wrong = torch.nn.functional.one_hot(1 - truth, 2).double() * 0.4 + 0.3  # right, 0.3
+    gnn = torch.where(torch.arange(200).reshape(200, 1, 1) % 3 != 0, sharp, wrong)
+    w, info = choose_pool_weight(belief, gnn, truth)
+    assert info["w_hat"] == fit_pool_weight(belief, gnn, truth)[0] == pytest.approx(0.2)
+    assert w == 0.0 and 0 < info["gain"] < 2 * info["gain_se"]
+    # with a laxer rule (one standard error) the same evidence keeps the pool
+    assert choose_pool_weight(belief, gnn, truth, z=1.0)[0] == pytest.approx(0.2)
+    # unscored members and targets are ignored
+    t2 = truth.clone()
+    t2[:100] = -1
+    assert choose_pool_weight(flat, sharp, t2)[1]["members"] == 100
+
+
+def test_online_pool_scores_each_answer_before_it_arrives(gnn_view: GNNView) -> None:
+    """The group's answers are scored by the predictions made before them, one row each,
+    and the weight is re-chosen from validation evidence + those rows."""
+    truth, observed = _group()
+    # validation evidence: 30 members for whom the pool at any weight gains nothing
+    evidence = torch.zeros(30, 21, dtype=torch.float64)
+    ge = GroupElicitation(
+        _toy_model(),
+        observed,
+        [2, 3, 4],
+        [5],
+        GroupMethod("eig_budget", "eig", "pool", online_pool=True),
+        GroupBudget(12, 2),
+        gnn=gnn_view,
+        pool_weight=0.0,
+        pool_evidence=evidence,
+    )
+    q, who, _ = ge.plan()
+    p_b = ge.model.predict_batch(ge.state, [q])[who]
+    p_g = gnn_view.predict(ge.observed, 6, 3)[who][:, [q], :]
+    answers = truth[who, q].clone()
+    answers[:2] = -1  # two members do not answer: no rows for them
+    ge.apply(q, who, answers)
+    got = answers >= 0
+    expected_rows = pool_gain_rows(p_b[got], p_g[got], answers[got].reshape(-1, 1))
+    assert ge.pool_group_gains.shape == (10, 21)
+    torch.testing.assert_close(ge.pool_group_gains, expected_rows)
+    w, _ = pool_weight_from_gains(torch.cat([evidence, expected_rows]))
+    assert ge.pool_weight == w
+    # the column of weight 0 is the belief model against itself: no gain (up to rounding)
+    torch.testing.assert_close(
+        ge.pool_group_gains[:, 0], torch.zeros(10, dtype=torch.float64), atol=1e-12, rtol=0
+    )
+
+
+def test_online_pool_needs_the_pool_imputation() -> None:
+    with pytest.raises(GroupError, match="online_pool"):
+        GroupMethod("eig", "eig", "none", online_pool=True)
 
 
 # ---- group-level prior ------------------------------------------------------------------------
