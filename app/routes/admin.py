@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,11 @@ from app.services.studies import list_study_summaries
 from app.tables import ApiKey, Job, JobStatus, Researcher, StudyShare
 from elicitation.datasets import DatasetError
 
-router = APIRouter(prefix="/admin", dependencies=[Depends(auth.verify_csrf)])
+# HTML pages and forms, not an API: kept out of the OpenAPI schema (/api/docs documents
+# the JSON API; the fuzz test checks every operation the schema lists).
+router = APIRouter(
+    prefix="/admin", dependencies=[Depends(auth.verify_csrf)], include_in_schema=False
+)
 
 FORM_ERRORS = (PriorlyError, DatasetError)
 
@@ -184,6 +189,29 @@ async def create_study(
 # ----- imports -----------------------------------------------------------------------------
 
 
+def _import_page(
+    request: Request,
+    templates: Any,
+    settings: Any,
+    *,
+    error: str | None = None,
+    preview: Any = None,
+    fields: dict[str, str] | None = None,
+) -> Response:
+    """The import page (shipped datasets, upload form), with an inline error (422) or a
+    preview of an upload."""
+    ctx: dict[str, Any] = {
+        "datasets": designer.shipped_datasets(Path(settings.demo_dataset).parent),
+        "error": error,
+        "preview": preview,
+    }
+    if fields is not None:
+        ctx["fields"] = fields
+    return _render(
+        request, templates, "admin/import.html", ctx, status=422 if error is not None else 200
+    )
+
+
 @router.get("/import", response_class=HTMLResponse, name="admin_import")
 def import_page(
     request: Request,
@@ -191,16 +219,7 @@ def import_page(
     settings: SettingsDep,
     templates: TemplatesDep,
 ) -> Response:
-    return _render(
-        request,
-        templates,
-        "admin/import.html",
-        {
-            "datasets": designer.shipped_datasets(Path(settings.demo_dataset).parent),
-            "error": None,
-            "preview": None,
-        },
-    )
+    return _import_page(request, templates, settings)
 
 
 @router.post("/import/shipped")
@@ -212,27 +231,16 @@ async def import_shipped(
     templates: TemplatesDep,
 ) -> Response:
     form = await request.form()
-    datasets_dir = Path(settings.demo_dataset).parent
     try:
         result = designer.import_shipped(
             _form_str(form, "dataset"),
-            datasets_dir=datasets_dir,
+            datasets_dir=Path(settings.demo_dataset).parent,
             owner=researcher,
             session=session,
             study_name=_form_str(form, "name"),
         )
     except FORM_ERRORS as exc:
-        return _render(
-            request,
-            templates,
-            "admin/import.html",
-            {
-                "datasets": designer.shipped_datasets(datasets_dir),
-                "error": str(exc),
-                "preview": None,
-            },
-            status=422,
-        )
+        return _import_page(request, templates, settings, error=str(exc))
     return _see_other(str(request.url_for("admin_study", slug=result.slug)))
 
 
@@ -257,26 +265,14 @@ async def import_upload(
                 raise InvalidInputError(f"{name} is larger than the upload limit")
             files[name] = await upload.read()
     fields = {k: _form_str(form, k) for k in ("name", "id_column", "attributes")}
-    datasets = designer.shipped_datasets(Path(settings.demo_dataset).parent)
     try:
         if _form_str(form, "action") == "import":
             result = designer.import_upload(files, fields, owner=researcher, session=session)
             return _see_other(str(request.url_for("admin_study", slug=result.slug)))
         preview = designer.preview_upload(files, fields)
     except FORM_ERRORS as exc:
-        return _render(
-            request,
-            templates,
-            "admin/import.html",
-            {"datasets": datasets, "error": str(exc), "preview": None, "fields": fields},
-            status=422,
-        )
-    return _render(
-        request,
-        templates,
-        "admin/import.html",
-        {"datasets": datasets, "error": None, "preview": preview, "fields": fields},
-    )
+        return _import_page(request, templates, settings, error=str(exc), fields=fields)
+    return _import_page(request, templates, settings, preview=preview, fields=fields)
 
 
 # ----- the study designer ------------------------------------------------------------------
@@ -339,12 +335,25 @@ def _study_done(request: Request, study: Any, notice: str) -> Response:
     return _see_other(str(url))
 
 
+def _study_form(
+    request: Request, templates: Any, study: Any, session: Any, change: Callable[[], str]
+) -> Response:
+    """Run a designer change: on success redirect with the notice ``change`` returns; on a
+    user error re-render the study page with the error inline (422)."""
+    try:
+        notice = change()
+    except FORM_ERRORS as exc:
+        return _study_page(request, templates, study, session, error=str(exc), status=422)
+    return _study_done(request, study, notice)
+
+
 @router.post("/studies/{slug}/texts")
 async def study_texts(
     request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
 ) -> Response:
     form = await request.form()
-    try:
+
+    def change() -> str:
         designer.update_texts(
             study,
             session=session,
@@ -354,29 +363,28 @@ async def study_texts(
             completion_code=_form_str(form, "completion_code"),
             redirect_url=_form_str(form, "redirect_url"),
         )
-    except FORM_ERRORS as exc:
-        return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_done(request, study, "texts saved")
+        return "texts saved"
+
+    return _study_form(request, templates, study, session, change)
+
+
+def _opt_number(value: str, kind: type[int] | type[float], what: str) -> Any:
+    """``None`` for an empty field, else the field as ``kind`` (InvalidInputError if not)."""
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        raise InvalidInputError(f"not {what}: {value!r}") from None
 
 
 def _opt_int(value: str) -> int | None:
-    value = value.strip()
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidInputError(f"not a whole number: {value!r}") from None
+    return _opt_number(value, int, "a whole number")  # type: ignore[no-any-return]
 
 
 def _opt_float(value: str) -> float | None:
-    value = value.strip()
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise InvalidInputError(f"not a number: {value!r}") from None
+    return _opt_number(value, float, "a number")  # type: ignore[no-any-return]
 
 
 @router.post("/studies/{slug}/settings")
@@ -385,7 +393,8 @@ async def study_settings(
 ) -> Response:
     form = await request.form()
     f = lambda name: _form_str(form, name)  # noqa: E731
-    try:
+
+    def change() -> str:
         values = {
             "criterion": f("criterion"),
             "ask_attributes": f("ask_attributes") == "on",
@@ -405,9 +414,9 @@ async def study_settings(
             },
         }
         designer.update_settings(study, values, session=session)
-    except FORM_ERRORS as exc:
-        return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_done(request, study, "budgets saved")
+        return "budgets saved"
+
+    return _study_form(request, templates, study, session, change)
 
 
 @router.post("/studies/{slug}/items")
@@ -415,7 +424,8 @@ async def add_item(
     request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
 ) -> Response:
     form = await request.form()
-    try:
+
+    def change() -> str:
         designer.add_item(
             study,
             session=session,
@@ -426,9 +436,9 @@ async def add_item(
             topic=_form_str(form, "topic"),
             is_preference_criterion=_form_str(form, "is_preference_criterion") == "on",
         )
-    except FORM_ERRORS as exc:
-        return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_done(request, study, "item added")
+        return "item added"
+
+    return _study_form(request, templates, study, session, change)
 
 
 @router.post("/studies/{slug}/items/{item_id}")
@@ -441,10 +451,11 @@ async def update_item(
 ) -> Response:
     form = await request.form()
     item = designer.get_item(study, item_id, session=session)
-    try:
+
+    def change() -> str:
         if _form_str(form, "action") == "delete":
             designer.delete_item(study, item, session=session)
-            return _study_done(request, study, "item deleted")
+            return "item deleted"
         options_text = _form_str(form, "options")
         if not options_text.strip():
             options_text = "\n".join(f"{o[0]}: {o[1]}" for o in item.options)
@@ -458,9 +469,9 @@ async def update_item(
             topic=_form_str(form, "topic", item.topic or ""),
             is_preference_criterion=_form_str(form, "is_preference_criterion") == "on",
         )
-    except FORM_ERRORS as exc:
-        return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_done(request, study, f"item {item.key} saved")
+        return f"item {item.key} saved"
+
+    return _study_form(request, templates, study, session, change)
 
 
 @router.post("/studies/{slug}/status")
@@ -468,11 +479,12 @@ async def study_status(
     request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
 ) -> Response:
     form = await request.form()
-    try:
+
+    def change() -> str:
         designer.set_status(study, _form_str(form, "status"), session=session)
-    except FORM_ERRORS as exc:
-        return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_done(request, study, f"study {study.status}")
+        return f"study {study.status}"
+
+    return _study_form(request, templates, study, session, change)
 
 
 @router.post("/studies/{slug}/share")
@@ -484,13 +496,13 @@ async def study_share(
     templates: TemplatesDep,
 ) -> Response:
     form = await request.form()
-    try:
+
+    def change() -> str:
         if not (researcher.is_admin or study.owner_id == researcher.id):
             raise InvalidInputError("only the study's owner can share it")
-        other = auth.share_study(study, _form_str(form, "email"), session=session)
-    except FORM_ERRORS as exc:
-        return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_done(request, study, f"shared with {other.email}")
+        return f"shared with {auth.share_study(study, _form_str(form, 'email'), session=session).email}"
+
+    return _study_form(request, templates, study, session, change)
 
 
 # ----- jobs --------------------------------------------------------------------------------
@@ -588,26 +600,26 @@ def job_plot(job_id: int, study: VisibleStudy, session: SessionDep) -> Response:
     )
 
 
+def _kind_context(study: Any, kind: str, session: Any) -> dict[str, Any]:
+    """A page about one job kind: its queued/running jobs (polling rows) and latest result."""
+    return {
+        "study": study,
+        "pending": [
+            _job_view(j)
+            for j in jobs.study_jobs(study, session=session, limit=20)
+            if j.kind == kind and j.status in jobs.ACTIVE
+        ],
+        "latest": jobs.latest_result(study, kind, session=session),
+        "settings": StudySettings.model_validate(study.settings or {}),
+    }
+
+
 @router.get("/studies/{slug}/simulation", response_class=HTMLResponse, name="admin_simulation")
 def simulation_page(
     request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
 ) -> Response:
-    pending = [
-        _job_view(j)
-        for j in jobs.study_jobs(study, session=session, limit=20)
-        if j.kind == "simulation" and j.status in jobs.ACTIVE
-    ]
-    latest = jobs.latest_result(study, "simulation", session=session)
     return _render(
-        request,
-        templates,
-        "admin/simulation.html",
-        {
-            "study": study,
-            "pending": pending,
-            "latest": latest,
-            "settings": StudySettings.model_validate(study.settings or {}),
-        },
+        request, templates, "admin/simulation.html", _kind_context(study, "simulation", session)
     )
 
 
@@ -651,12 +663,8 @@ def dashboard_page(
 def _groups_context(study: Any, session: Any) -> dict[str, Any]:
     from app.services import group_rounds
 
-    pending = [
-        _job_view(j)
-        for j in jobs.study_jobs(study, session=session, limit=20)
-        if j.kind == "plan_group_round" and j.status in jobs.ACTIVE
-    ]
-    latest = jobs.latest_result(study, "plan_group_round", session=session)
+    ctx = _kind_context(study, "plan_group_round", session)
+    latest = ctx["latest"]
     rounds = group_rounds.study_rounds(study, session=session)
     is_open = any(r.status == "open" for r in rounds)
     can_open = (
@@ -666,14 +674,11 @@ def _groups_context(study: Any, session: Any) -> dict[str, Any]:
         and (latest.result or {}).get("rounds_done") == len(rounds)
     )
     return {
-        "study": study,
-        "pending": pending,
-        "latest": latest,
+        **ctx,
         "can_open": can_open,
         "round_open": is_open,
         "rounds": rounds,
         "usage": group_rounds.budget_usage(study, session=session),
-        "settings": StudySettings.model_validate(study.settings or {}),
     }
 
 

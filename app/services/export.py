@@ -63,22 +63,39 @@ def _iso(ts: datetime | None) -> str:
     return ts.isoformat() if ts is not None else ""
 
 
+def _session_batches(
+    study: Study, session: Session
+) -> Iterator[list[tuple[ElicitationSession, Respondent]]]:
+    """The study's sessions with their respondents, in id order, ``BATCH`` at a time (keyset
+    pagination: memory stays bounded for large studies)."""
+    last = 0
+    while True:
+        batch = list(
+            session.exec(
+                select(ElicitationSession, Respondent)
+                .join(Respondent, col(Respondent.id) == col(ElicitationSession.respondent_id))
+                .where(ElicitationSession.study_id == study.id, col(ElicitationSession.id) > last)
+                .order_by(col(ElicitationSession.id))
+                .limit(BATCH)
+            ).all()
+        )
+        if not batch:
+            return
+        yield batch
+        last = batch[-1][0].id or 0
+
+
+def _label(resp: Respondent) -> str:
+    """The respondent id written to exports: the external id, else ``r<id>``."""
+    return resp.external_id or f"r{resp.id}"
+
+
 def iter_rows(
     study: Study, *, session: Session, include_imported: bool = False
 ) -> Iterator[ExportRow]:
     """Respondents with their answers, in session id order (live) then id order (imported)."""
     keys_by_id = {it.id: it.key for it in export_items(study, session=session)}
-    last = 0
-    while True:
-        batch = session.exec(
-            select(ElicitationSession, Respondent)
-            .join(Respondent, col(Respondent.id) == col(ElicitationSession.respondent_id))
-            .where(ElicitationSession.study_id == study.id, col(ElicitationSession.id) > last)
-            .order_by(col(ElicitationSession.id))
-            .limit(BATCH)
-        ).all()
-        if not batch:
-            break
+    for batch in _session_batches(study, session):
         ids = [s.id for s, _ in batch]
         answers: dict[int, dict[str, str]] = {i or 0: {} for i in ids}
         for a in session.exec(select(Answer).where(col(Answer.session_id).in_(ids))).all():
@@ -89,7 +106,7 @@ def iter_rows(
             cells = dict(resp.attributes or {})
             cells.update(answers[sess.id or 0])
             yield ExportRow(
-                respondent_id=resp.external_id or f"r{resp.id}",
+                respondent_id=_label(resp),
                 session_id=sess.id,
                 source=resp.source,
                 status=sess.status,
@@ -97,7 +114,6 @@ def iter_rows(
                 completed_at=sess.completed_at,
                 cells=cells,
             )
-        last = ids[-1] or 0
     if not include_imported:
         return
     last = 0
@@ -118,7 +134,7 @@ def iter_rows(
             cells = dict(resp.attributes or {})
             cells.update(resp.answers or {})
             yield ExportRow(
-                respondent_id=resp.external_id or f"r{resp.id}",
+                respondent_id=_label(resp),
                 session_id=None,
                 source=resp.source,
                 status="imported",
@@ -188,7 +204,7 @@ def csv_long(study: Study, *, session: Session) -> Iterator[str]:
             labels = {o[0]: o[1] for o in item.options}
             yield _csv_line(
                 [
-                    resp.external_id or f"r{resp.id}",
+                    _label(resp),
                     sess.id,
                     item.key,
                     item.role,
@@ -364,17 +380,7 @@ def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:
     yield "\ufeff" + _csv_line(list(PREDICTION_COLUMNS))
     if not targets:
         return
-    last = 0
-    while True:
-        batch = session.exec(
-            select(ElicitationSession, Respondent)
-            .join(Respondent, col(Respondent.id) == col(ElicitationSession.respondent_id))
-            .where(ElicitationSession.study_id == study.id, col(ElicitationSession.id) > last)
-            .order_by(col(ElicitationSession.id))
-            .limit(BATCH)
-        ).all()
-        if not batch:
-            return
+    for batch in _session_batches(study, session):
         for sess, resp in batch:
             answers = list(
                 session.exec(
@@ -389,7 +395,7 @@ def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:
                 for k, o in enumerate(t.options):
                     yield _csv_line(
                         [
-                            resp.external_id or f"r{resp.id}",
+                            _label(resp),
                             sess.id,
                             sess.status,
                             len(answers),
@@ -399,4 +405,3 @@ def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:
                             int(k == best),
                         ]
                     )
-        last = batch[-1][0].id or 0

@@ -7,7 +7,8 @@ simulation job, waits for the plot (the job partial polls and replaces itself un
 job has succeeded) and takes a screenshot; then it visits every admin screen and takes a
 screenshot of each (``results/e2e/admin/*.png``; docs/admin.md lists them). To show a
 populated dashboard, a few live respondents answer through the respondent service after
-a small model is fitted.
+a small model is fitted; a group round is opened, answered on one member's personal link
+in a second tab, tracked (the table updates itself) and closed.
 """
 
 from __future__ import annotations
@@ -177,6 +178,10 @@ def test_every_admin_screen(server: dict[str, Any], page: Any) -> None:
         fit_study_model(study, session=db, n_classes=(4,), n_restarts=1)
         study.status = "published"
         study.consent_text = "ok"
+        study.settings = {
+            **study.settings,
+            "group": {**study.settings["group"], "respondents_per_round": 3, "rounds": 3},
+        }
         db.add(study)
         db.commit()
         db.refresh(study)
@@ -200,6 +205,31 @@ def test_every_admin_screen(server: dict[str, Any], page: Any) -> None:
     page.click("#plan-round button[type=submit]")
     page.wait_for_selector("#round-plan", timeout=300_000)
     assert "Ask" in page.inner_text("#round-plan")
+    # open the round, answer one personal link as a member, watch the track table, close
+    page.goto(base + "/admin/studies/ces-pilot/groups")
+    page.click("#open-round button[type=submit]")
+    page.wait_for_url(base + "/admin/studies/ces-pilot/groups/1")
+    assert page.locator("#members tr[data-status=waiting]").count() == 3
+    _shot(page, "14-group-round-open")
+    link = page.locator("#members input").first.input_value()
+    member = page.context.new_page()
+    member.goto(link)
+    assert member.locator("input[name=option]").count() >= 2
+    _shot(member, "15-group-round-link")
+    member.locator("input[name=option]").first.check()
+    member.click("button.r-primary")
+    member.wait_for_selector("text=Thank you")
+    # the track table polls itself: the answer appears without a reload
+    page.wait_for_selector("#members tr[data-status=answered]", timeout=30_000)
+    _shot(page, "16-group-round-track")
+    page.once("dialog", lambda d: d.accept())
+    page.click("#close-round button[type=submit]")
+    page.wait_for_selector("#track[data-status=closed]")
+    assert page.locator("#members tr[data-status=no_answer]").count() == 2
+    _shot(page, "17-group-round-closed")
+    member.goto(link.replace("/g/", "/g/x"))  # a wrong token
+    assert "not valid" in member.inner_text("body")
+    member.close()
     for path, name in (
         ("/admin", "07-studies"),
         ("/admin/studies/ces-pilot/jobs", "08-jobs"),
