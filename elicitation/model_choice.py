@@ -22,6 +22,7 @@ Pure: no web framework, database or settings imports.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -62,11 +63,19 @@ def _val_or_none(ctx: FitContext) -> Tensor | None:
 
 _MEMO: dict[tuple[Any, ...], BeliefModel] = {}
 
+FIT_CACHE_DIR: Path | None = None
+"""When set (``--fit-cache DIR``), fits of :func:`_memo` are also stored there as
+``<sha256 of the key>.pt`` and reused by later processes (a benchmark split into several
+commands fits each model once). Keys hold the family, the training and validation data
+hashes and the seed, so a cached fit is only reused for identical data; delete the folder
+after changing a model's code."""
+
 
 def _memo(ctx: FitContext, name: str, build: Callable[[], BeliefModel], *extra: Any) -> BeliefModel:
     """``ctx.cached`` plus a process-wide memo keyed by the training data, so that
     :func:`cape_measures` reuses the fits of the benchmark run before it (fits are
-    deterministic functions of the data and the seed)."""
+    deterministic functions of the data and the seed), plus the optional disk cache
+    :data:`FIT_CACHE_DIR`."""
     key = (
         name,
         responses_hash(ctx.train, ctx.item_bank),
@@ -77,7 +86,19 @@ def _memo(ctx: FitContext, name: str, build: Callable[[], BeliefModel], *extra: 
 
     def build_once() -> BeliefModel:
         if key not in _MEMO:
-            _MEMO[key] = build()
+            path = None
+            if FIT_CACHE_DIR is not None:
+                digest = hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+                path = Path(FIT_CACHE_DIR) / f"{name}-{digest}.pt"
+            if path is not None and path.exists():
+                _MEMO[key] = load_model(path.read_bytes())
+            else:
+                _MEMO[key] = build()
+                if path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_bytes(_MEMO[key].to_bytes())
+                    tmp.replace(path)
         return _MEMO[key]
 
     return ctx.cached(name if not extra else f"{name}:{extra}", build_once)
@@ -145,9 +166,15 @@ FITTERS: dict[str, Callable[[FitContext], BeliefModel]] = {
 }
 """Candidate belief models of ``auto`` as scored on validation: name -> fit function."""
 
+
+def fit_latent_classes_production(ctx: FitContext) -> BeliefModel:
+    """``default``'s latent classes (refitted on training + validation users), memoised."""
+    return _memo(ctx, "latent_classes_production", lambda: fit_latent_class_model(ctx))
+
+
 PRODUCTION_FITTERS: dict[str, Callable[[FitContext], BeliefModel]] = {
     **FITTERS,
-    "latent_classes": fit_latent_class_model,
+    "latent_classes": fit_latent_classes_production,
 }
 """What ``auto`` returns once a candidate is chosen: the latent classes of ``default``
 (refitted on training + validation users), the CAPE models as scored."""
@@ -239,12 +266,168 @@ def choose_model(
     return ModelChoice(chosen, models[chosen], table)
 
 
-def fit_auto(ctx: FitContext) -> BeliefModel:
-    """``auto``: the candidate with the best validation target log loss for this run.
+def stack_models(
+    models: Mapping[str, BeliefModel],
+    responses: Tensor,
+    *,
+    observed_items: Sequence[int],
+    candidates: Sequence[int],
+    targets: Sequence[int],
+    budget: int = AUTO_BUDGET,
+    criterion: str = "eig",
+    gammas: Sequence[float] = (0.0, 0.25, 0.5, 1.0, 2.0),
+    prune_below: float = 0.02,
+) -> ModelChoice:
+    """Fit a :class:`~models.cape_mixture.StackedMixture` of ``models`` on validation users.
 
-    The returned model is a copy of the chosen one (the cached candidates are shared by
-    other methods) whose ``metrics`` add ``model_choice`` (the comparison table) and
-    ``auto_chosen``.
+    1. The equal-weight mixture of all candidates replays the validation respondents
+       through a simulated elicitation (``criterion`` on the targets, ``observed_items``
+       free, only answered ``candidates`` asked, ``budget`` questions).
+    2. Along that one path (every candidate conditioned on the same answers, as inside
+       the mixture), each candidate's target predictive and its log-likelihood of the
+       answers are recorded after ``n = 0..budget`` questions.
+    3. :func:`~models.cape_mixture.fit_stacking` fits the weights per ``n`` and the
+       evidence temperature ``gamma`` that minimise the mixture's target log loss.
+    4. Candidates whose average weight on these users stays below ``prune_below`` at
+       every ``n`` are dropped and the weights refitted without them: they change the
+       predictions by less than that share and would cost a lookahead per question.
+
+    The table has one row per candidate and one for the mixture (``name``, ``family``,
+    ``log_loss`` and ``accuracy`` after ``0..budget`` questions on that shared path,
+    ``mean_log_loss``, ``chosen``); the mixture's row is in-sample (its weights were
+    fitted on these users), which is why the benchmark scores it on test users only.
+
+    Raises:
+        ElicitationError: no models, or no respondent with a target answer.
+    """
+    from models.cape_mixture import StackedMixture, fit_stacking
+
+    if not models:
+        raise ElicitationError("stack_models: no candidate models")
+    responses = torch.as_tensor(responses, dtype=torch.long)
+    tgt = [int(t) for t in targets]
+    cand = [int(c) for c in candidates]
+    truth = responses[:, tgt]
+    users = (truth >= 0).any(1)
+    if not bool(users.any()):
+        raise ElicitationError("stack_models: no validation respondent answered a target item")
+    rows = responses[users]
+    truth = truth[users]
+    observed = torch.full_like(rows, MISSING)
+    obs_items = [int(i) for i in observed_items]
+    observed[:, obs_items] = rows[:, obs_items]
+    answers = rows[:, cand]
+    names = list(models)
+    comps = [models[n] for n in names]
+    bank = comps[0].item_bank
+    n_opt = torch.tensor([bank.n_options[t] for t in tgt])
+    steps = min(budget, len(cand))
+    t0 = time.perf_counter()
+    uniform = StackedMixture(bank, comps, names, torch.zeros(1, len(comps)))
+    _, asked = simulate(uniform, get_criterion(criterion), observed, cand, answers, tgt, steps)
+    pos = torch.full((bank.n_items,), -1, dtype=torch.long)
+    pos[torch.tensor(cand)] = torch.arange(len(cand))
+    state = uniform.initial_batch(observed)
+    preds = [uniform.component_predictions(state, tgt)]
+    logliks = [state.loglik]
+    b = torch.arange(rows.shape[0])
+    for step in range(steps):
+        item = asked[:, step]
+        option = torch.where(
+            item >= 0, answers[b, pos[item.clamp_min(0)].clamp_min(0)], torch.full_like(item, -1)
+        )
+        item = torch.where(item >= 0, item, torch.full_like(item, cand[0]))  # option -1: skip
+        state = uniform.update_batch(state, item, option)
+        preds.append(uniform.component_predictions(state, tgt))
+        logliks.append(state.loglik)
+    theta, gamma, info = fit_stacking(preds, truth, logliks, gammas=gammas)
+    mean_w = torch.stack(
+        [
+            torch.softmax(theta[n][None, :] + gamma[n] * ll, -1).mean(0)
+            for n, ll in enumerate(logliks)
+        ]
+    )  # [K + 1, M] average weight of each candidate on the validation users
+    kept = [m for m in range(len(names)) if float(mean_w[:, m].max()) >= prune_below]
+    if len(kept) < len(names):  # refit without the candidates that carry (almost) nothing
+        idx = torch.tensor(kept)
+        preds_k = [p[idx] for p in preds]
+        logliks_k = [ll[:, idx] for ll in logliks]
+        theta, gamma, info = fit_stacking(preds_k, truth, logliks_k, gammas=gammas)
+    else:
+        preds_k, logliks_k = preds, logliks
+    kept_names = [names[m] for m in kept]
+    mixture = StackedMixture(bank, [comps[m] for m in kept], kept_names, theta, gamma)
+    seconds = round(time.perf_counter() - t0, 3)
+    table: list[dict[str, Any]] = []
+    for m, name in enumerate(names):
+        loss, acc = [], []
+        for p in preds:
+            means = score_predictions(p[m], truth, n_opt).means()
+            loss.append(means["log_loss"])
+            acc.append(means["accuracy"])
+        table.append(
+            {
+                "name": name,
+                "family": comps[m].family,
+                "log_loss": loss,
+                "accuracy": acc,
+                "in_mixture": m in kept,
+            }
+        )
+    loss, acc = [], []
+    for n, (p, ll) in enumerate(zip(preds_k, logliks_k, strict=True)):
+        k = min(n, theta.shape[0] - 1)
+        w = torch.softmax(theta[k][None, :] + gamma[k] * ll, -1)
+        means = score_predictions(torch.einsum("bm,mbto->bto", w, p), truth, n_opt).means()
+        loss.append(means["log_loss"])
+        acc.append(means["accuracy"])
+    table.append(
+        {
+            "name": "stacked_mixture",
+            "family": StackedMixture.family,
+            "log_loss": loss,
+            "accuracy": acc,
+            "gamma": gamma.tolist(),
+            "weights_by_n": {
+                name: [round(float(row[m]), 4) for row in torch.softmax(theta, -1)]
+                for m, name in enumerate(kept_names)
+            },
+            "seconds": seconds,
+        }
+    )
+    for row in table:
+        row["mean_log_loss"] = sum(row["log_loss"]) / len(row["log_loss"])
+        row["chosen"] = row["name"] == "stacked_mixture"
+    mixture.metrics = {"stacking": {k: v for k, v in info.items() if k != "log_loss"}}
+    return ModelChoice("stacked_mixture", mixture, table)
+
+
+def comparison_rows(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The short form of a :func:`stack_models` table shown to researchers: per model its
+    validation target log loss with no question, after ``T`` questions, averaged over
+    ``0..T``, and whether it is the model used."""
+    out = []
+    for row in table:
+        out.append(
+            {
+                "name": row["name"],
+                "log_loss_0": row["log_loss"][0],
+                "log_loss_T": row["log_loss"][-1],
+                "mean_log_loss": row["mean_log_loss"],
+                "chosen": bool(row.get("chosen")),
+            }
+        )
+    return out
+
+
+def fit_auto(ctx: FitContext) -> BeliefModel:
+    """``auto``: a stacked mixture of the candidates, weights fitted on validation users.
+
+    The candidates are scored (and the weights fitted) as fitted on the training users
+    only; the returned mixture swaps in each candidate's production fit (latent classes
+    refitted on training + validation users like ``default``; the CAPE models as scored).
+    Its ``metrics`` hold ``model_choice`` (the comparison table, short form) and
+    ``auto_table`` (curves).
     """
     if ctx.val.shape[0] == 0:
         raise BenchmarkError("auto needs validation users to choose a model")
@@ -252,24 +435,27 @@ def fit_auto(ctx: FitContext) -> BeliefModel:
 
 
 def _fit_auto(ctx: FitContext) -> BeliefModel:
+    from models.cape_mixture import StackedMixture
+
     models = {name: FITTERS[name](ctx) for name in AUTO_CANDIDATES}
-    choice = choose_model(
+    choice = stack_models(
         models,
         ctx.val,
         observed_items=ctx.demographics,
         candidates=ctx.candidates,
         targets=ctx.targets,
     )
-    chosen = PRODUCTION_FITTERS[choice.chosen](ctx)
-    model = load_model(chosen.to_bytes())
+    fitted = choice.model
+    assert isinstance(fitted, StackedMixture)
+    production = [PRODUCTION_FITTERS[name](ctx) for name in fitted.names]
+    model = StackedMixture(
+        ctx.item_bank, production, fitted.names, fitted.log_weights, fitted.gamma
+    )
     model.metrics = {
-        **chosen.metrics,
+        **fitted.metrics,
         "auto_table": {"seed": ctx.seed, "chosen": choice.chosen, "table": choice.table},
         "auto_chosen": choice.chosen,
-        "model_choice": [
-            {k: v for k, v in row.items() if k in ("name", "mean_log_loss", "chosen", "seconds")}
-            for row in choice.table
-        ],
+        "model_choice": comparison_rows(choice.table),
     }
     return model
 
@@ -524,8 +710,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--runs", type=int, default=None)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--fit-cache", type=Path, default=None, help="store / reuse fits here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    global FIT_CACHE_DIR
+    FIT_CACHE_DIR = args.fit_cache
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     result = run_with_cape_measures(args.dataset, args.budget, methods, n_runs=args.runs)
     result["auto_choices"] = [

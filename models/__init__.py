@@ -21,6 +21,7 @@ from models.base import (
 from models.cape_cooccurrence import CapeCooccurrence
 from models.cape_factor import CapeFactor
 from models.cape_linear import CapeLinear
+from models.cape_mixture import StackedMixture
 from models.irt import GradedResponseModel, fit_grm
 from models.latent_class import fit_independent, fit_latent_classes
 from models.persona import (
@@ -52,6 +53,7 @@ __all__ = [
     "PersonaMixture",
     "PersonaState",
     "ShapeError",
+    "StackedMixture",
     "UnknownItemError",
     "compress",
     "fit_prior_em",

@@ -13,7 +13,9 @@ from elicitation.errors import ElicitationError
 from elicitation.model_choice import (
     adaptivity_counts,
     choose_model,
+    comparison_rows,
     questions_to_fraction,
+    stack_models,
 )
 from models.base import DTYPE, MISSING, ItemBank
 from models.cape_factor import CapeFactor, sobol_normal
@@ -126,6 +128,37 @@ def test_choose_model_refuses_empty_input() -> None:
     none = torch.full_like(y, MISSING)
     with pytest.raises(ElicitationError, match="answered a target"):
         choose_model({"m": true}, none, observed_items=[], candidates=[1], targets=[2])
+
+
+def test_stack_models_weights_the_model_that_predicts_targets() -> None:
+    """``auto``'s stacked mixture: the table scores every candidate on the shared path,
+    the mixture's validation loss is <= each candidate's at every budget (its weights
+    were fitted to minimise it), and the weights go to the model that predicts."""
+    from models.cape_mixture import StackedMixture
+
+    true, flat, y = _factor_case()
+    choice = stack_models(
+        {"independent": flat, "factor": true},
+        y,
+        observed_items=[0],
+        candidates=[1, 2, 3],
+        targets=[4, 5],
+        budget=3,
+    )
+    assert choice.chosen == "stacked_mixture" and isinstance(choice.model, StackedMixture)
+    rows = {r["name"]: r for r in choice.table}
+    assert set(rows) == {"independent", "factor", "stacked_mixture"}
+    assert rows["stacked_mixture"]["chosen"] and not rows["factor"]["chosen"]
+    for n in range(4):
+        best_single = min(rows["independent"]["log_loss"][n], rows["factor"]["log_loss"][n])
+        assert rows["stacked_mixture"]["log_loss"][n] <= best_single + 1e-9
+    weights = rows["stacked_mixture"]["weights_by_n"]
+    assert all(w > 0.5 for w in weights["factor"][1:])  # once answers are in, the factor model
+    short = comparison_rows(choice.table)
+    assert [r["name"] for r in short] == ["independent", "factor", "stacked_mixture"]
+    assert short[2]["chosen"] and short[1]["log_loss_T"] == rows["factor"]["log_loss"][-1]
+    with pytest.raises(ElicitationError, match="no candidate models"):
+        stack_models({}, y, observed_items=[], candidates=[1], targets=[2])
 
 
 def test_markdown_tables_show_every_method_and_measure() -> None:
