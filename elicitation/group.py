@@ -300,12 +300,36 @@ class BudgetEIGQuestion(QuestionSelector):
 
     name = "eig_budget"
 
+    def __init__(self, max_members: int | None = 4096) -> None:
+        if max_members is not None and max_members < 1:
+            raise GroupError(f"max_members must be >= 1, got {max_members}")
+        self.max_members = max_members
+
     def scores(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> Tensor:
-        gain = ctx.eig(candidates) * ctx.response_prob.unsqueeze(1)  # [N, C]
-        not_yet = torch.stack([ctx.observed[:, c] < 0 for c in candidates], 1)
+        """Top-``n_ask`` sum of ``r_v EIG_v(x)`` per candidate.
+
+        Groups larger than ``max_members`` are scored on a uniform random subsample of
+        ``m = max_members`` members: the top ``round(n_ask m / N)`` of the subsample,
+        times ``N / m`` (the same share of the best members, scaled to the group). The
+        cost of choosing the question is then bounded by ``m`` members whatever the
+        group size; the respondents are still chosen among all members (one EIG pass
+        for the chosen question only).
+        """
+        n = ctx.n_members
+        if self.max_members is None or n <= self.max_members:
+            gain = ctx.eig(candidates)  # [N, C]
+            rows = torch.arange(n)
+            scale, k = 1.0, n_ask
+        else:
+            m = self.max_members
+            rows = torch.randperm(n, generator=ctx.gen)[:m]
+            gain = member_eig(ctx.model, ctx.history[rows], candidates, ctx.targets)
+            scale, k = n / m, int(round(n_ask * m / n))
+        gain = gain * ctx.response_prob[rows].unsqueeze(1)
+        not_yet = torch.stack([ctx.observed[rows, c] < 0 for c in candidates], 1)
         gain = torch.where(not_yet, gain, torch.zeros((), dtype=DTYPE))
-        k = max(1, min(n_ask, gain.shape[0]))
-        return torch.topk(gain, k, dim=0).values.sum(0)
+        k = max(1, min(k, gain.shape[0]))
+        return torch.topk(gain, k, dim=0).values.sum(0) * scale
 
 
 QUESTION_SELECTORS: dict[str, Callable[..., QuestionSelector]] = {

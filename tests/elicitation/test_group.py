@@ -238,6 +238,31 @@ def test_group_eig_question_picks_the_informative_question() -> None:
         assert float(scores[1]) > float(scores[0]) + 0.1
 
 
+def test_budget_eig_question_on_a_member_subsample_estimates_the_exact_score() -> None:
+    """Large groups: the question is scored on ``max_members`` random members, scaled."""
+    from elicitation.group import BudgetEIGQuestion, RoundContext
+
+    truth, observed = _group(n=600, seed=3)
+    observed[:300, 2] = truth[:300, 2]  # half the group already answered q0
+    ctx = RoundContext(
+        _toy_model(),
+        observed,
+        observed,
+        [5],
+        torch.ones(600, dtype=torch.float64),
+        torch.Generator().manual_seed(0),
+    )
+    cands = [2, 3, 4]
+    exact = BudgetEIGQuestion(max_members=None).scores(ctx, cands, 60)
+    assert torch.equal(BudgetEIGQuestion(max_members=600).scores(ctx, cands, 60), exact)
+    approx = BudgetEIGQuestion(max_members=150).scores(ctx, cands, 60)
+    # exact: the top 60 gains of 600 members; subsample: the top 15 of 150, times 4
+    torch.testing.assert_close(approx, exact, rtol=0.1, atol=0.0)
+    assert int(torch.argmax(approx)) == int(torch.argmax(exact))
+    with pytest.raises(GroupError, match="max_members"):
+        BudgetEIGQuestion(max_members=0)
+
+
 # ---- rounds, non-response, imputation -----------------------------------------------------
 @pytest.mark.parametrize(
     ("imputation", "online"),
