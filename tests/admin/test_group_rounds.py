@@ -328,3 +328,64 @@ def test_open_needs_a_published_study(
     with Session(engine) as s:
         assert s.exec(select(GroupRound)).all() == []
         assert s.exec(select(ElicitationSession)).all() == []  # nothing half-written
+
+
+def test_close_while_members_answer_loses_no_acknowledged_answer(
+    engine: Engine, db: Session, settings: Settings, ces_study: Study
+) -> None:
+    """Members answer from 8 threads while the round is closed: every answer that was
+    acknowledged is recorded as answered, every refused one says the round is closed and
+    left no row, and nothing is in between."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=8)
+    job = Job(kind="plan_group_round", study_id=study.id, payload={"max_members": 60})
+    db.add(job)
+    db.commit()
+    assert execute_job(engine, job.id or 0) == JobStatus.succeeded.value
+    secret = settings.secret_key.get_secret_value()
+    rnd = group_rounds.open_round(study, job.id or 0, engine=engine, secret=secret)
+    with Session(engine) as s:
+        members = list(
+            s.exec(select(GroupRoundMember).where(GroupRoundMember.round_id == rnd.id)).all()
+        )
+        links = [
+            group_rounds.member_by_token(
+                group_rounds.link_token(secret, rnd.id or 0, m.respondent_id), session=s
+            )
+            for m in members
+        ]
+    item = next(
+        it
+        for it in group_rounds.svc.load_runtime(study, session=db).items
+        if it.key == links[0].item_key
+    )
+    letter = item.options[0][0]
+    acknowledged: set[int] = set()
+    refused: set[int] = set()
+
+    def answer(i: int) -> None:
+        try:
+            group_rounds.answer_round(
+                links[i], option=letter, idempotency_key=f"c{i}", engine=engine
+            )
+            acknowledged.add(members[i].session_id)
+        except group_rounds.RoundClosedError as exc:
+            assert "no longer accepted" in str(exc)
+            refused.add(members[i].session_id)
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(answer, i) for i in range(len(links))]
+        group_rounds.close_round(study, 1, engine=engine)
+        for f in futures:
+            f.result()
+    assert len(acknowledged) + len(refused) == len(members) == 8
+    with Session(engine) as s:
+        outcome = {
+            m.session_id: m.outcome
+            for m in s.exec(select(GroupRoundMember).where(GroupRoundMember.round_id == rnd.id))
+        }
+        stored = {a.session_id for a in s.exec(select(Answer)).all()}
+    assert stored == acknowledged
+    assert {sid for sid, o in outcome.items() if o == "answered"} == acknowledged
+    assert {sid for sid, o in outcome.items() if o == "no_answer"} == refused
