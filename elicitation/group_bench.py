@@ -58,8 +58,10 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # each round, on the group's own answers (0 = the belief model alone unless the GNN
     # demonstrably helps)
     "default": GroupMethod("eig_budget", "eig", "pool", online_pool=True),
-    # the same pool with the weight fixed on validation members
-    "eig_eig_pool_fixed": GroupMethod("eig_budget", "eig", "pool"),
+    # the pool with the weight that is best on validation members, used whatever the
+    # evidence (no standard-error rule, not re-chosen online): what trusting validation
+    # alone gives
+    "eig_eig_pool_val": GroupMethod("eig_budget", "eig", "pool"),
     # imputation variants of the default (for the comparison none / GNN / pool)
     "eig_eig_none": GroupMethod("eig_budget", "eig", "none"),
     "eig_eig_gnn": GroupMethod("eig_budget", "eig", "gnn"),
@@ -70,6 +72,8 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # the paper's question rule on a 10% member subsample (speed variant)
     "greedy10_random": GroupMethod("eig", "random", "none", subsample=0.1),
 }
+# methods that use the best validation weight as it is (see "eig_eig_pool_val")
+VALIDATION_WEIGHT_METHODS = frozenset({"eig_eig_pool_val"})
 DEFAULT_GROUP_METHODS = (
     "random_random",
     "greedy_random",
@@ -352,7 +356,11 @@ def run_group(
                 GROUP_METHODS[name],
                 budget,
                 gnn=fitted.view,
-                pool_weight=fitted.pool_weight,
+                pool_weight=(
+                    float(fitted.info.get("pool_weight_best_on_validation", fitted.pool_weight))
+                    if name in VALIDATION_WEIGHT_METHODS
+                    else fitted.pool_weight
+                ),
                 pool_evidence=fitted.pool_gains,
                 seed=seed * 1000 + run.seed,
                 response_prob=torch.full((len(te),), 1.0 - nonresponse, dtype=DTYPE),
