@@ -143,12 +143,10 @@ async def link_answer(
     idem = form.get("idempotency_key")
     if not skip and not isinstance(option, str):
         view = rounds.link_view(link, session=session)
-        if view.question is None or view.n_posed >= 1:
-            return (
-                _thanks(request, templates, link)
-                if view.n_posed
-                else _closed(request, templates, link)
-            )
+        if view.n_posed >= 1:
+            return _thanks(request, templates, link)
+        if not link.round_open or view.question is None:
+            return _closed(request, templates, link)
         return _question_page(
             request, templates, link, view, token, error="Please choose an answer.", status_code=422
         )

@@ -160,6 +160,8 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     bad = respondent.post(links[0], data={"option": "ZZ", "idempotency_key": "k0"})
     assert bad.status_code == 422 and "is not an option" in bad.text
     assert _answers(engine, members[0].session_id) == []
+    empty = respondent.post(links[0], data={"idempotency_key": "k00"})
+    assert empty.status_code == 422 and "Please choose an answer" in empty.text
 
     # member 0 answers (plain POST), the retry with the same key is the same answer
     for _ in range(2):
@@ -222,6 +224,7 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     refused = respondent.post(links[3], data={"option": letters[0], "idempotency_key": "k5"})
     assert refused.status_code == 409 and "answers are no longer accepted" in refused.text
     assert respondent.get(links[3]).status_code == 409
+    assert respondent.post(links[3], data={}).status_code == 409
     with pytest.raises(svc.SessionClosedError):
         svc.submit_answer(
             study,
