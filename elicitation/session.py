@@ -144,15 +144,12 @@ def decide(
         return Decision(None, forced, {}, h_now, None, None, name, params)
 
     criterion.prepare(model, pool, tgt)
-    scores = criterion.score(model, state, remaining, tgt)
+    scores, gains = criterion.score_with_gains(model, state, remaining, tgt)
     best = best_index(scores)
     item = remaining[best]
     score_map = {c: float(s) for c, s in zip(remaining, scores.tolist(), strict=True)}
 
-    gains = None
-    if criterion.scores_are_target_gains:
-        gains = scores
-    elif budget.needs_gain:
+    if gains is None and budget.needs_gain:
         gains = ExpectedInformationGain().score(model, state, remaining, tgt)
     best_gain = float(gains.max()) if gains is not None else None
     if not tgt:

@@ -28,12 +28,11 @@ Pure numerics (torch, float64): no web framework, no settings.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
-import scipy.sparse
 import torch
 from torch import Tensor
 
@@ -49,6 +48,10 @@ from models.base import (
     UnknownItemError,
     register_model,
 )
+
+# The grouped lookahead multiplies a torch sparse CSR matrix (built per call, structure
+# checked once when the groups are made); torch flags CSR support as "beta" on first use.
+warnings.filterwarnings("ignore", message=r"[Ss]parse CSR tensor support is in beta")
 
 DEFAULT_FLOOR = 1e-10
 _ROW_TOL = 1e-6
@@ -97,19 +100,18 @@ class _Groups(NamedTuple):
     """Personas grouped by equal target rows (see ``PersonaMixture._target_groups``).
 
     ``group [K]``: group of each persona; ``order [K]``: personas sorted by group;
-    ``crow [G + 1]``: row pointers of the groups into ``order`` (numpy, for scipy);
-    ``lik_sorted``: ``max(μ, floor)`` as ``[K, I*O]`` with rows in ``order`` (numpy,
-    contiguous); ``table [G, T*O]``: the distinct target rows (or ``[K, T*O]`` per persona
+    ``crow [G + 1]``: row pointers of the groups into ``order`` (for a CSR matrix);
+    ``lik_sorted``: ``max(μ, floor)`` as ``[K, I*O]`` with rows in ``order`` (contiguous); ``table [G, T*O]``: the distinct target rows (or ``[K, T*O]`` per persona
     when ``order`` is ``None``).
     """
 
     group: Tensor | None
     order: Tensor | None
-    crow: np.ndarray | None
-    lik_sorted: np.ndarray | None
+    crow: Tensor | None
+    lik_sorted: Tensor | None
     table: Tensor
     table_t: Tensor  # table.T, contiguous ([T*O, G])
-    cols_k: np.ndarray | None  # arange(K): column indices of one respondent's rows
+    cols_k: Tensor | None  # arange(K): column indices of one respondent's rows
 
 
 def cols_of(items: Tensor, n_options: int) -> Tensor:
@@ -446,15 +448,15 @@ class PersonaMixture(BeliefModel):
             order = torch.argsort(inverse, stable=True)
             counts = torch.bincount(inverse, minlength=g_n)
             crow = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-            lik_sorted = np.ascontiguousarray(self._lik_flat[order].numpy())
+            lik_sorted = self._lik_flat[order].contiguous()
             out = _Groups(
                 inverse,
                 order,
-                crow.numpy(),
+                crow,
                 lik_sorted,
                 uniq.contiguous(),
                 uniq.T.contiguous(),
-                np.arange(k),
+                torch.arange(k),
             )
         else:
             out = _Groups(None, None, None, None, rows.contiguous(), rows.T.contiguous(), None)
@@ -499,9 +501,9 @@ class PersonaMixture(BeliefModel):
             assert grp.cols_k is not None and grp.order is not None
             g_crow, g_cols = grp.crow, grp.cols_k
             g_n = table.shape[0]
-            lik_np = grp.lik_sorted if full else grp.lik_sorted[:, cols.numpy()]  # [K, M]
-            m = lik_np.shape[1]
-            w_sorted = w[:, grp.order].numpy()  # [B, K]
+            lik_g = grp.lik_sorted if full else grp.lik_sorted[:, cols]  # [K, M]
+            m = lik_g.shape[1]
+            w_sorted = w[:, grp.order]  # [B, K]
             base_w = torch.zeros(b, g_n, dtype=DTYPE).index_add_(1, grp.group, w)
             base = base_w @ grp.table  # [B, T*O]
             per_row = max(g_n * m, n_vt * m)
@@ -524,14 +526,23 @@ class PersonaMixture(BeliefModel):
                 if bc == 1:
                     crow, cols_k = g_crow, g_cols
                 else:
-                    crow = np.concatenate(
-                        [(g_crow[:-1][None, :] + k * np.arange(bc)[:, None]).reshape(-1), [bc * k]]
+                    crow = torch.cat(
+                        [
+                            (g_crow[:-1].unsqueeze(0) + k * torch.arange(bc).unsqueeze(1)).reshape(
+                                -1
+                            ),
+                            torch.tensor([bc * k]),
+                        ]
                     )
-                    cols_k = np.tile(g_cols, bc)
-                sel = scipy.sparse.csr_matrix(
-                    (w_sorted[s : s + bc].reshape(-1), cols_k, crow), shape=(bc * g_n, k)
+                    cols_k = g_cols.repeat(bc)
+                sel = torch.sparse_csr_tensor(
+                    crow,
+                    cols_k,
+                    w_sorted[s : s + bc].reshape(-1),
+                    (bc * g_n, k),
+                    check_invariants=False,
                 )
-                agg = torch.from_numpy(np.asarray(sel @ lik_np)).reshape(bc, g_n, m)  # [b, G, M]
+                agg = (sel @ lik_g).reshape(bc, g_n, m)  # [b, G, M]
                 joint = torch.matmul(table_t, agg)  # [b, n_vt, M]
                 den = agg.sum(1)  # [b, M]
             else:
@@ -565,6 +576,26 @@ class PersonaMixture(BeliefModel):
         onehot = one_hot_responses(y, self.item_bank)  # [B, I*O]
         log_post = _normalise_log(self.log_prior.unsqueeze(0) + onehot @ self._log_lik_flat.T)
         return PersonaBatchState(log_post, y.clone())
+
+    def to_batch(self, state: PersonaState) -> PersonaBatchState:
+        """One respondent's state as a batch of one (same posterior, same observed answers)."""
+        self._check_state(state)
+        responses = torch.full((1, self.item_bank.n_items), MISSING, dtype=torch.long)
+        for i, o in state.observed:
+            responses[0, i] = o
+        return PersonaBatchState(state.log_post.unsqueeze(0), responses)
+
+    def branch_batch(
+        self, state: PersonaBatchState, rows: Tensor, items: Tensor, options: Tensor
+    ) -> PersonaBatchState:
+        """Hypothetical continuations: output row ``r`` is respondent ``rows[r]`` after
+        observing ``options[r]`` for ``items[r]`` (``-1``: no update), i.e.
+        ``update_batch(select(state, rows), items, options)``. Used by multi-step lookahead.
+        """
+        self._check_batch(state)
+        rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+        sub = PersonaBatchState(state.log_post[rows], state.responses[rows])
+        return self.update_batch(sub, items, options)
 
     def update_batch(
         self, state: PersonaBatchState, items: Tensor, options: Tensor

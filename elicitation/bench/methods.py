@@ -179,6 +179,15 @@ register_method(
 )
 register_method(
     Method(
+        "eig2",
+        fit_latent_class_model,
+        _criterion("eig2"),
+        "latent classes + expected information gain over the next two questions "
+        "(two-step lookahead over the top candidates)",
+    )
+)
+register_method(
+    Method(
         "random",
         fit_latent_class_model,
         _criterion("random", seed=_SEED),

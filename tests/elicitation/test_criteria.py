@@ -122,7 +122,7 @@ def test_eig_matches_monte_carlo_on_a_larger_case() -> None:
 CANDIDATES = [3, 1, 0, 2]  # the informative item 0 is neither first nor last
 
 
-@pytest.mark.parametrize("name", ["eig", "posterior_entropy", "fixed"])
+@pytest.mark.parametrize("name", ["eig", "eig2", "posterior_entropy", "fixed"])
 def test_criterion_picks_the_perfectly_informative_item(name: str) -> None:
     model = informative_mixture()
     crit = get_criterion(name)
@@ -252,7 +252,7 @@ def test_fixed_order_recomputes_for_a_new_pool_only() -> None:
 
 
 def test_registry_and_errors() -> None:
-    assert {"eig", "posterior_entropy", "random", "fixed", "irt"} <= set(criterion_names())
+    assert {"eig", "eig2", "posterior_entropy", "random", "fixed", "irt"} <= set(criterion_names())
     with pytest.raises(UnknownCriterionError, match="unknown selection criterion 'nope'.*eig"):
         get_criterion("nope")
     with pytest.raises(ElicitationError, match="random"):
@@ -301,3 +301,161 @@ def test_irt_score_equals_enumeration() -> None:
             for k in range(3)
         )
         assert float(got[ci]) == pytest.approx(var(w) - after, rel=1e-8)
+
+
+# ---- two-step lookahead (eig2) ------------------------------------------------------------
+def _enumerated(
+    model: PersonaMixture, answers: list[tuple[int, int]], items: list[int]
+) -> dict[tuple[int, ...], float]:
+    """``p(Y_items = ys | answers)`` for every answer tuple, from the raw tables only."""
+    mu, prior = model.mu, model.log_prior.exp()
+    n_opt = model.item_bank.n_options
+    out: dict[tuple[int, ...], float] = {}
+    for theta in range(mu.shape[0]):
+        w = float(prior[theta])
+        for item, opt in answers:
+            w *= float(mu[theta, item, opt])
+        for ys in itertools.product(*(range(n_opt[i]) for i in items)):
+            p = w
+            for item, y in zip(items, ys, strict=True):
+                p *= float(mu[theta, item, y])
+            out[ys] = out.get(ys, 0.0) + p
+    z = sum(out.values())
+    return {ys: p / z for ys, p in out.items()}
+
+
+def _mean_target_entropy(
+    model: PersonaMixture, answers: list[tuple[int, int]], targets: list[int]
+) -> float:
+    joint = _enumerated(model, answers, targets)
+    n_opt = model.item_bank.n_options
+    return sum(
+        _h([sum(p for ys, p in joint.items() if ys[ti] == j) for j in range(n_opt[t])])
+        for ti, t in enumerate(targets)
+    ) / len(targets)
+
+
+def brute_force_two_step(
+    model: PersonaMixture,
+    answers: list[tuple[int, int]],
+    x: int,
+    pool: list[int],
+    targets: list[int],
+) -> float:
+    """``H_now - sum_k p(Y_x = k) min_{x' in pool, x' != x} E[H | answers, Y_x = k, Y_x']`` by enumeration."""
+    n_opt = model.item_bank.n_options
+    p_x = _enumerated(model, answers, [x])
+    expected = 0.0
+    for k in range(n_opt[x]):
+        after = [*answers, (x, k)]
+        best = math.inf
+        for y in pool:
+            if y == x:
+                continue
+            p_y = _enumerated(model, after, [y])
+            e = sum(
+                p_y[(j,)] * _mean_target_entropy(model, [*after, (y, j)], targets)
+                for j in range(n_opt[y])
+            )
+            best = min(best, e)
+        expected += p_x[(k,)] * best
+    return _mean_target_entropy(model, answers, targets) - expected
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_eig2_equals_enumeration(seed: int) -> None:
+    model = random_mixture((2, 3, 2, 4, 3, 2, 3), k=5, seed=seed)
+    answers = [(1, 2)]
+    targets = [5, 6]
+    cands = [3, 0, 2, 4]
+    state = model.replay(answers)
+    crit = get_criterion("eig2", top_k=4, follow_k=4)
+    got, gains = crit.score_with_gains(model, state, cands, targets)
+    one = [brute_force_eig(model, answers, x, targets) for x in cands]
+    two = [brute_force_two_step(model, answers, x, cands, targets) for x in cands]
+    want = 0.5 * torch.tensor(one, dtype=DTYPE) + 0.5 * torch.tensor(two, dtype=DTYPE)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    # the one-step gains it reports are the eig scores
+    assert gains is not None
+    torch.testing.assert_close(gains, get_criterion("eig").score(model, state, cands, targets))
+    # batched: the same respondent and another one; an already answered candidate keeps
+    # its one-step value and is never a follow-up
+    obs = torch.full((2, 7), -1, dtype=torch.long)
+    obs[0, 1] = 2
+    obs[1, 0] = 1
+    got_b = crit.score_batch(model, model.initial_batch(obs), cands, targets)
+    torch.testing.assert_close(got_b[0], want, rtol=1e-9, atol=1e-12)
+    rest = [3, 2, 4]
+    want_1 = [
+        0.5 * brute_force_eig(model, [(0, 1)], x, targets)
+        + 0.5 * brute_force_two_step(model, [(0, 1)], x, rest, targets)
+        for x in rest
+    ]
+    torch.testing.assert_close(
+        got_b[1, [0, 2, 3]], torch.tensor(want_1, dtype=DTYPE), rtol=1e-9, atol=1e-12
+    )
+
+
+def test_eig2_restricts_to_top_candidates_and_follow_ups() -> None:
+    model = random_mixture((2, 3, 2, 4, 3, 2, 3), k=6, seed=4)
+    answers = [(1, 0)]
+    targets = [5, 6]
+    cands = [3, 0, 2, 4]
+    state = model.replay(answers)
+    one = get_criterion("eig").score(model, state, cands, targets)
+    rank = sorted(range(4), key=lambda c: -float(one[c]))
+    got = get_criterion("eig2", top_k=2, follow_k=3).score(model, state, cands, targets)
+    follow = [cands[c] for c in rank[:3]]
+    for c in rank[:2]:
+        g2 = brute_force_two_step(model, answers, cands[c], follow, targets)
+        assert float(got[c]) == pytest.approx(0.5 * (float(one[c]) + g2), rel=1e-9)
+    for c in rank[2:]:  # not in the top 2: the one-step gain
+        assert float(got[c]) == pytest.approx(float(one[c]), rel=1e-12)
+    # with top_k = 1 the pick is eig's pick
+    assert best_index(get_criterion("eig2", top_k=1).score(model, state, cands, targets)) == rank[0]
+
+
+def _xor_mixture(eps: float = 0.02) -> PersonaMixture:
+    """Items a, b (fair coins), c (weakly tied to the target), target = a XOR b.
+
+    Alone, a and b say nothing about the target (eig scores 0); c says a little. Asked
+    together, a and b reveal the target: a two-step lookahead asks a (or b) first.
+    """
+    bank = ItemBank(("c", "a", "b", "target"), (2, 2, 2, 2))
+    mu = torch.zeros(4, 4, 2, dtype=DTYPE)
+    for theta, (a, b) in enumerate(itertools.product((0, 1), (0, 1))):
+        t = a ^ b
+        mu[theta, 1, a], mu[theta, 1, 1 - a] = 1 - eps, eps
+        mu[theta, 2, b], mu[theta, 2, 1 - b] = 1 - eps, eps
+        mu[theta, 3, t], mu[theta, 3, 1 - t] = 1 - eps, eps
+        mu[theta, 0, t], mu[theta, 0, 1 - t] = 0.7, 0.3
+    return PersonaMixture(bank, mu)
+
+
+def test_eig2_looks_past_the_myopic_choice() -> None:
+    model = _xor_mixture()
+    state = model.initial_state()
+    cands, targets = [0, 1, 2], [3]
+    one = get_criterion("eig").score(model, state, cands, targets)
+    assert best_index(one) == 0  # myopic: c
+    torch.testing.assert_close(one[1:], torch.zeros(2, dtype=DTYPE), atol=1e-12, rtol=0)
+    two = get_criterion("eig2").score(model, state, cands, targets)
+    assert best_index(two) == 1  # a, then b reveals the target
+    assert float(two[1]) > float(two[0]) + 0.1
+    batch = model.initial_batch(torch.full((2, 4), -1, dtype=torch.long))
+    assert get_criterion("eig2").score_batch(model, batch, cands, targets).argmax(1).tolist() == [
+        1,
+        1,
+    ]
+
+
+def test_eig2_errors_and_edge_cases() -> None:
+    with pytest.raises(ElicitationError, match="follow_k"):
+        get_criterion("eig2", follow_k=1)
+    model = informative_mixture()
+    with pytest.raises(CriterionNotApplicableError, match="target"):
+        get_criterion("eig2").score(model, model.initial_state(), [0], [])
+    # one candidate left: no follow-up, its score is the one-step gain
+    state = model.initial_state()
+    only = get_criterion("eig2").score(model, state, [0], [4])
+    torch.testing.assert_close(only, get_criterion("eig").score(model, state, [0], [4]))
