@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -64,6 +64,7 @@ ERROR_CODES: dict[str, str] = {
     "no_model": "409: the study has no fitted belief model (and no data to fit one)",
     "study_misconfigured": "409: the study's settings cannot run a session",
     "database_unavailable": "503: the database is unreachable or not migrated",
+    "payload_too_large": "413: the request body is larger than the limit (app/limits.py)",
 }
 
 
@@ -110,6 +111,8 @@ class ApiRoute(APIRoute):
             except RequestValidationError as exc:
                 return error_response(422, "invalid_input", _validation_message(exc))
             except StarletteHTTPException as exc:
+                if exc.status_code == 400:  # FastAPI could not parse the body (not JSON/UTF-8)
+                    return error_response(422, "invalid_input", f"request body: {exc.detail}")
                 code = "not_found" if exc.status_code == 404 else "http_error"
                 return error_response(exc.status_code, code, str(exc.detail))
 
@@ -126,6 +129,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "not found, or not yours"},
     409: {"model": ErrorOut, "description": "conflict"},
     422: {"model": ErrorOut, "description": "invalid input"},
+    413: {"model": ErrorOut, "description": "request body larger than the limit"},
+    503: {"model": ErrorOut, "description": "database unavailable or overloaded; retry"},
 }
 
 router = APIRouter(prefix="/api/v1", tags=["sessions"], route_class=ApiRoute, responses=_ERRORS)
@@ -285,6 +290,13 @@ def _bearer(authorization: str | None) -> str:
     return value.strip()
 
 
+SessionIdPath = Annotated[
+    int,
+    Path(ge=1, le=2**31 - 1, description="the session's id (a positive 32-bit integer)"),
+]
+"""A session id in a path. Ids are 32-bit INTEGER columns (PostgreSQL): a larger number is
+answered 422 here instead of overflowing in the database (a 500 found by fuzzing)."""
+
 AuthHeader = Annotated[
     str | None,
     Header(description="Bearer <API key> or Bearer <session token>", alias="Authorization"),
@@ -318,7 +330,7 @@ def get_owned_study(slug: str, researcher: ApiResearcher, session: SessionDep) -
 
 
 def get_authorized_session(
-    session_id: int, session: SessionDep, authorization: AuthHeader = None
+    session_id: SessionIdPath, session: SessionDep, authorization: AuthHeader = None
 ) -> tuple[ElicitationSession, Study]:
     """The session ``session_id`` for its own token, or for an API key of its study's owner."""
     try:
