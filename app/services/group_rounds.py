@@ -265,12 +265,12 @@ def replay_group(
             observed[r, rt.model_index[item_id]] = k
 
     hidden = {c.key for c in rt.candidates} | {t.key for t in rt.targets}
-    for r, m in enumerate(members):
-        for key, letter in (m.attributes or {}).items():
+    for r, person in enumerate(members):
+        for key, letter in (person.attributes or {}).items():
             if key in rt.by_key:
                 put(r, rt.by_key[key].id, letter)
         if panel == RespondentSource.import_.value:
-            for key, letter in (m.answers or {}).items():
+            for key, letter in (person.answers or {}).items():
                 if key in rt.by_key and key not in hidden:
                     put(r, rt.by_key[key].id, letter)
     rows = session.exec(
@@ -278,9 +278,9 @@ def replay_group(
         .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
         .where(ElicitationSession.study_id == study.id)
     ).all()
-    for a, rid, sid in rows:
-        if rid in row_of and sid not in round_sessions and (rid, a.item_id) not in asked_in_round:
-            put(row_of[rid], a.item_id, a.option)
+    for row, rid, sid in rows:
+        if rid in row_of and sid not in round_sessions and (rid, row.item_id) not in asked_in_round:
+            put(row_of[rid], row.item_id, row.option)
     group = GroupElicitation(
         rt.model,
         observed,
@@ -303,8 +303,8 @@ def replay_group(
         for m in members_of[rnd.id or 0]:
             if m.respondent_id not in row_of:
                 continue  # no longer in the panel (erased, or beyond max_members)
-            a = answers.get(m.session_id)
-            k = index(rnd.item_id, a.option) if a is not None else None
+            given = answers.get(m.session_id)
+            k = index(rnd.item_id, given.option) if given is not None else None
             asked.append(row_of[m.respondent_id])
             got.append(-1 if k is None else k)
         group.apply(
