@@ -493,8 +493,8 @@ class PersonaMixture(BeliefModel):
             cols = cols[vc]  # the valid rows' columns in the [K, I*O] tables
         n_vc, n_vt = int(vc.numel()), int(vt.numel())
         full = 2 * n_vc > self._lik_flat.shape[1]  # use the stored table, pick columns after
-        table = grp.table[:, vt]  # [G or K, n_vt]
-        table_t = grp.table_t if n_vt == to_n else table.T.contiguous()
+        table = grp.table if dense_t else grp.table[:, vt]  # [G or K, n_vt]
+        table_t = grp.table_t if dense_t else table.T.contiguous()
         grouped = grp.order is not None
         if grouped:
             assert grp.crow is not None and grp.group is not None and grp.lik_sorted is not None
@@ -504,21 +504,31 @@ class PersonaMixture(BeliefModel):
             lik_g = grp.lik_sorted if full else grp.lik_sorted[:, cols]  # [K, M]
             m = lik_g.shape[1]
             w_sorted = w[:, grp.order]  # [B, K]
-            base_w = torch.zeros(b, g_n, dtype=DTYPE).index_add_(1, grp.group, w)
-            base = base_w @ grp.table  # [B, T*O]
             per_row = max(g_n * m, n_vt * m)
         else:
             lik_src = self._lik_flat if full else self._lik_flat[:, cols]  # [K, M]
             m = lik_src.shape[1]
             aug = torch.cat([table, torch.ones(k, 1, dtype=DTYPE)], dim=1)  # [K, n_vt+1]
-            base = w @ grp.table
             per_row = max(k * (n_vt + 1), (n_vt + 1) * m)
-        p_x = torch.zeros(b, co_n, dtype=DTYPE)
-        if dense_c and dense_t:
+        base: Tensor | None = None  # the current target predictive [B, T*O], when needed
+
+        def current() -> Tensor:
+            nonlocal base
+            if base is None:
+                base = w @ self._mu_flat[:, cols_of(tgt, o_n)]
+            return base
+
+        chunk = max(1, _CHUNK_ELEMS // per_row)
+        dense = dense_c and dense_t
+        one_chunk = dense and chunk >= b  # results are the chunk's tensors (no copies)
+        if one_chunk:
+            p_x = p_t = torch.empty(0, dtype=DTYPE)
+        elif dense:
+            p_x = torch.zeros(b, co_n, dtype=DTYPE)
             p_t = torch.empty(b, co_n, to_n, dtype=DTYPE)
         else:  # padded rows keep the current predictive
-            p_t = base.unsqueeze(1).repeat(1, co_n, 1)
-        chunk = max(1, _CHUNK_ELEMS // per_row)
+            p_x = torch.zeros(b, co_n, dtype=DTYPE)
+            p_t = current().unsqueeze(1).repeat(1, co_n, 1)
         for s in range(0, b, chunk):
             bc = min(chunk, b - s)
             if grouped:
@@ -552,13 +562,18 @@ class PersonaMixture(BeliefModel):
             if full:
                 joint, den = joint[:, :, cols], den[:, cols]
             pos = den > 0
-            safe = torch.where(pos, den, torch.ones((), dtype=DTYPE))
-            cond = torch.where(
-                pos.unsqueeze(2),
-                joint.transpose(1, 2) / safe.unsqueeze(2),
-                base[s : s + bc, vt].unsqueeze(1),
-            )  # [b, n_vc, n_vt]
-            if dense_c and dense_t:
+            if bool(pos.all()):
+                cond = joint.transpose(1, 2) / den.unsqueeze(2)  # [b, n_vc, n_vt]
+            else:  # an answer of probability 0: its row keeps the current predictive
+                safe = torch.where(pos, den, torch.ones((), dtype=DTYPE))
+                cond = torch.where(
+                    pos.unsqueeze(2),
+                    joint.transpose(1, 2) / safe.unsqueeze(2),
+                    current()[s : s + bc, vt].unsqueeze(1),
+                )
+            if one_chunk:
+                p_t, p_x = cond, den
+            elif dense:
                 p_t[s : s + bc] = cond
                 p_x[s : s + bc] = den
             else:
