@@ -514,11 +514,12 @@ POOL_GRID = 21
 
 def pool_gain_rows(
     p_belief: Tensor, p_gnn: Tensor, truth: Tensor, *, grid: int = POOL_GRID
-) -> Tensor:
-    """Per-member log-score gain of the pool over the belief model alone, for each weight.
+) -> tuple[Tensor, Tensor]:
+    """Per-member log-score gains of the pool over the belief model alone, per weight.
 
-    ``D[v, g] = mean_{t scored} [log p_pool(w_g)(y_vt) - log p_belief(y_vt)]`` with
-    ``w_g = g / (grid - 1)``; members without a scored target are left out.
+    ``S[v, g] = sum_{t scored} [log p_pool(w_g)(y_vt) - log p_belief(y_vt)]`` with
+    ``w_g = g / (grid - 1)``, and ``n[v]`` = the member's number of scored answers;
+    members without a scored answer are left out.
 
     Args:
         p_belief, p_gnn: ``[M, T, O]`` predictives of the same (member, target) pairs.
@@ -526,7 +527,7 @@ def pool_gain_rows(
         grid: number of equally spaced weights in ``[0, 1]``.
 
     Returns:
-        ``[M', grid]`` float64 (``M'`` = members with at least one scored target).
+        ``(S [M', grid], n [M'])`` float64.
     """
     ok = truth >= 0
     y = truth.clamp_min(0).unsqueeze(-1)
@@ -537,43 +538,67 @@ def pool_gain_rows(
     for j in range(grid):
         lp = log_linear_pool(p_belief, p_gnn, j / (grid - 1)).gather(-1, y).squeeze(-1)
         d = torch.where(ok, lp.clamp_min(1e-12).log() - lb, torch.zeros((), dtype=lb.dtype))
-        cols.append(d.sum(-1)[rows] / n[rows])
-    return torch.stack(cols, 1).double()
+        cols.append(d.sum(-1)[rows])
+    return torch.stack(cols, 1).double(), n[rows].double()
 
 
-def pool_weight_from_gains(gains: Tensor, *, z: float = 2.0) -> tuple[float, dict[str, Any]]:
-    """The pool weight from held-out evidence ``gains [R, G]`` (:func:`pool_gain_rows`).
+def pool_weight_from_gains(
+    sums: Tensor, counts: Tensor, *, z: float = 2.0
+) -> tuple[float, dict[str, Any]]:
+    """The pool weight from held-out evidence (:func:`pool_gain_rows`): the weight whose
+    gain has the highest lower confidence bound, or ``0`` when no bound is above zero.
 
-    ``w_hat`` maximises the mean gain over the rows (each row one independent unit: a
-    validation member, or one answer of a group member). The pool is used only when
-    that gain is ``z`` standard errors above zero:
+    For each weight ``w``, the mean gain per answer and its standard error with the
+    answers of one unit (a validation member, or one answer of a group member) kept
+    together (ratio estimator, cluster-robust):
 
-        w = w_hat  if  mean(d) - z * sd(d) / sqrt(R) > 0,  else  0,   d = gains[:, w_hat],
+        g(w) = sum_v S_v(w) / sum_v n_v
+        se(w) = sqrt(R / (R - 1) * sum_v (S_v(w) - n_v g(w))^2) / sum_v n_v
+        w* = argmax_w [g(w) - z se(w)]   if that maximum is > 0,  else  0.
 
-    so a GNN that does not demonstrably improve held-out predictions is left out and the
-    predictions are the belief model's alone (not a weight fitted to noise).
+    So the GNN gets the largest weight whose benefit is still clear given the evidence
+    (a weight fitted to noise, or to a population the group does not come from, is not
+    used), and units count by how many answers they carry.
+
+    Args:
+        sums: ``[R, G]`` summed gains per unit and weight (``w_g = g / (G - 1)``).
+        counts: ``[R]`` answers per unit.
+        z: standard errors of pessimism.
 
     Returns:
-        ``(w, {"w_hat", "gain", "gain_se", "rows", "mean_gain": {w: mean gain}})``.
+        ``(w, {"w_best_mean", "gain", "gain_se", "lcb", "rows", "answers"})`` (gain,
+        standard error and bound of the chosen weight; of the best-mean weight when
+        ``w = 0``).
     """
-    r, g = int(gains.shape[0]), int(gains.shape[1])
+    r, g = int(sums.shape[0]), int(sums.shape[1])
     weights = [j / (g - 1) for j in range(g)]
-    if r == 0:
-        return 0.0, {"w_hat": 0.0, "gain": 0.0, "gain_se": float("inf"), "rows": 0, "mean_gain": {}}
-    mean = gains.mean(0)
-    best = int(torch.argmax(mean))  # lowest weight on ties (w = 0 has gain 0)
-    d = gains[:, best]
-    gain = float(d.mean())
-    se = float(d.std() / math.sqrt(r)) if r > 1 else float("inf")
-    w = weights[best] if gain - z * se > 0 else 0.0
+    total = float(counts.sum())
+    if r < 2 or total <= 0:
+        return 0.0, {
+            "w_best_mean": 0.0,
+            "gain": 0.0,
+            "gain_se": float("inf"),
+            "lcb": 0.0,
+            "rows": r,
+            "answers": total,
+        }
+    mean = sums.sum(0) / total  # [G]
+    resid = sums - counts.unsqueeze(1) * mean.unsqueeze(0)
+    se = (resid.pow(2).sum(0) * r / (r - 1)).sqrt() / total
+    lcb = mean - z * se
+    lcb[0] = 0.0  # w = 0 is the belief model itself
+    best = int(torch.argmax(lcb))  # lowest weight on ties
+    best_mean = int(torch.argmax(mean))
+    pick = best if best > 0 else best_mean
     info = {
-        "w_hat": weights[best],
-        "gain": gain,
-        "gain_se": se,
+        "w_best_mean": weights[best_mean],
+        "gain": float(mean[pick]),
+        "gain_se": float(se[pick]),
+        "lcb": float(lcb[pick]),
         "rows": r,
-        "mean_gain": {f"{wj:.2f}": float(m) for wj, m in zip(weights, mean, strict=True)},
+        "answers": total,
     }
-    return w, info
+    return (weights[best] if float(lcb[best]) > 0 else 0.0), info
 
 
 def choose_pool_weight(
@@ -582,25 +607,26 @@ def choose_pool_weight(
     """The GNN's pool weight, or ``0`` (the belief model alone) unless the GNN clearly helps.
 
     :func:`pool_gain_rows` on held-out answers, then :func:`pool_weight_from_gains`:
-    the weight with the best mean per-member gain in log score, kept only when that
-    gain is ``z`` standard errors above zero (members are independent, their targets
-    are not, so the standard error is over members).
+    the weight with the highest lower confidence bound ``g(w) - z se(w)`` of the gain in
+    log score per answer (standard errors over members: members are independent, their
+    answers are not), ``0`` when no bound is above zero.
 
     Args:
         p_belief, p_gnn: ``[M, T, O]`` predictives of the same (member, target) pairs.
         truth: ``[M, T]`` true options (``-1`` = not scored).
         grid: weights tried in ``[0, 1]``.
-        z: standard errors the gain must clear.
+        z: standard errors of pessimism.
 
     Returns:
-        ``(w, info)``: see :func:`pool_weight_from_gains`; ``info["members"]`` = rows,
-        ``info["log_loss"]`` = mean log loss per weight over the scored pairs.
+        ``(w, info)``: see :func:`pool_weight_from_gains`; also ``info["log_loss"]`` =
+        mean log loss per weight over the scored answers, and ``info["gain_sums"]``,
+        ``info["gain_counts"]`` = the evidence (for online use).
     """
-    gains = pool_gain_rows(p_belief, p_gnn, truth, grid=grid)
-    w, info = pool_weight_from_gains(gains, z=z)
+    sums, counts = pool_gain_rows(p_belief, p_gnn, truth, grid=grid)
+    w, info = pool_weight_from_gains(sums, counts, z=z)
     info["members"] = info["rows"]
     info["log_loss"] = fit_pool_weight(p_belief, p_gnn, truth, grid)[1]
-    info["gain_rows"] = gains
+    info["gain_sums"], info["gain_counts"] = sums, counts
     return w, info
 
 
@@ -678,7 +704,8 @@ class GroupMethod:
     round from the held-out evidence given to :class:`GroupElicitation`
     (``pool_evidence``, e.g. validation members) plus the group's own answers, each
     scored by the predictions made *before* it arrived (prequential evidence from the
-    group's population), with the same rule (:func:`pool_weight_from_gains`).
+    group's population, one unit per answer), with the same rule
+    (:func:`pool_weight_from_gains`).
     """
 
     question: str
@@ -726,8 +753,9 @@ class GroupElicitation:
         gnn: GNN view (needed by ``relational``, ``gnn``, ``gnn_only``, ``pool``).
         pool_weight: ``w`` of the ``pool`` imputation (the starting weight when the
             method re-chooses it online).
-        pool_evidence: ``[R, G]`` held-out gains of the pool weights (:func:`pool_gain_rows`
-            on validation members), used with the group's answers by ``online_pool``.
+        pool_evidence: ``(sums [R, G], counts [R])`` held-out gains of the pool weights
+            (:func:`pool_gain_rows` on validation members), used with the group's
+            answers (one unit per answer) by ``online_pool``.
         pool_z: standard errors the pool's gain must clear (:func:`pool_weight_from_gains`).
         response_prob: ``[N]`` chance each member answers (default: 1).
         seed: seed of the random choices.
@@ -744,7 +772,7 @@ class GroupElicitation:
         *,
         gnn: GNNView | None = None,
         pool_weight: float = 0.5,
-        pool_evidence: Tensor | None = None,
+        pool_evidence: tuple[Tensor, Tensor] | None = None,
         pool_z: float = 2.0,
         response_prob: Tensor | None = None,
         seed: int = 0,
@@ -777,15 +805,15 @@ class GroupElicitation:
         self.gnn = gnn
         self.pool_weight = float(pool_weight)
         self.pool_z = float(pool_z)
-        grid = POOL_GRID if pool_evidence is None else int(pool_evidence.shape[1])
-        if grid < 2:
-            raise GroupError("pool_evidence needs at least 2 weights (columns)")
-        self.pool_evidence = (
-            torch.zeros(0, grid, dtype=DTYPE)
-            if pool_evidence is None
-            else torch.as_tensor(pool_evidence, dtype=DTYPE)
-        )
-        self.pool_group_gains = torch.zeros(0, grid, dtype=DTYPE)
+        if pool_evidence is None:
+            ev_sums, ev_counts = torch.zeros(0, POOL_GRID, dtype=DTYPE), torch.zeros(0, dtype=DTYPE)
+        else:
+            ev_sums = torch.as_tensor(pool_evidence[0], dtype=DTYPE)
+            ev_counts = torch.as_tensor(pool_evidence[1], dtype=DTYPE).reshape(-1)
+            if ev_sums.dim() != 2 or ev_sums.shape[1] < 2 or ev_sums.shape[0] != len(ev_counts):
+                raise GroupError("pool_evidence must be (sums [R, G >= 2], counts [R])")
+        self.pool_evidence = (ev_sums, ev_counts)
+        self.pool_group_gains = torch.zeros(0, ev_sums.shape[1], dtype=DTYPE)
         self.pool_info: dict[str, Any] = {}
         self._gnn_cache: tuple[int, Tensor] | None = None
         self._observed_version = 0
@@ -935,12 +963,12 @@ class GroupElicitation:
         (one gain row per answer) and re-choose the pool weight from all evidence."""
         p_b = self.model.predict_batch(self._state, [question])[who]  # [n, 1, O]
         p_g = self._gnn_predict()[who][:, [question], : p_b.shape[-1]]
-        g = int(self.pool_evidence.shape[1])
-        rows = pool_gain_rows(p_b, p_g, answers.reshape(-1, 1), grid=g)
+        ev_sums, ev_counts = self.pool_evidence
+        rows, _ = pool_gain_rows(p_b, p_g, answers.reshape(-1, 1), grid=int(ev_sums.shape[1]))
         self.pool_group_gains = torch.cat([self.pool_group_gains, rows])
-        gains = torch.cat([self.pool_evidence, self.pool_group_gains])
-        self.pool_weight, info = pool_weight_from_gains(gains, z=self.pool_z)
-        self.pool_info = {k: v for k, v in info.items() if k != "mean_gain"}
+        sums = torch.cat([ev_sums, self.pool_group_gains])
+        counts = torch.cat([ev_counts, torch.ones(len(self.pool_group_gains), dtype=DTYPE)])
+        self.pool_weight, self.pool_info = pool_weight_from_gains(sums, counts, z=self.pool_z)
 
     def _impute(self, question: int) -> None:
         mode = self.method.imputation

@@ -54,9 +54,9 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # the paper's method: greedy question, relational respondents, GNN imputation
     "greedy_relational_gnn": GroupMethod("eig", "relational", "gnn"),
     # the product's choice: budget-aware question, EIG respondents, the pool of the
-    # belief model and the GNN with its weight chosen on validation members and, after
-    # each round, on the group's own answers (0 = the belief model alone unless the GNN
-    # demonstrably helps)
+    # belief model and the GNN with the weight of highest lower confidence bound on its
+    # gain, on validation members and, after each round, the group's own answers (0 =
+    # the belief model alone unless the GNN demonstrably helps)
     "default": GroupMethod("eig_budget", "eig", "pool", online_pool=True),
     # the pool with the weight that is best on validation members, used whatever the
     # evidence (no standard-error rule, not re-chosen online): what trusting validation
@@ -94,14 +94,14 @@ class Fitted:
         view: GNNView,
         pool_weight: float,
         info: dict[str, Any],
-        pool_gains: Tensor | None = None,
+        pool_gains: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         self.model = model
         self.gnn = gnn
         self.view = view
         self.pool_weight = pool_weight
         self.info = info
-        self.pool_gains = pool_gains  # [validation members, weights] (pool_gain_rows)
+        self.pool_gains = pool_gains  # (sums [members, weights], counts) (pool_gain_rows)
 
 
 def gnn_schema(ds: Dataset) -> GraphSchema:
@@ -238,8 +238,9 @@ def prepare(
     w, pool_info = choose_pool_weight(p_b[:, n_demo:], p_g[:, n_demo:], scored)
     losses = pool_info["log_loss"]
     log(
-        f"pool weight of the GNN: {w:.2f} (best on validation {pool_info['w_hat']:.2f}, "
-        f"gain {pool_info['gain']:.4f} +- {pool_info['gain_se']:.4f} nats per answer)"
+        f"pool weight of the GNN: {w:.2f} (best mean on validation "
+        f"{pool_info['w_best_mean']:.2f}; gain {pool_info['gain']:.5f} +- "
+        f"{pool_info['gain_se']:.5f} nats per answer)"
     )
     info.update(
         {
@@ -249,13 +250,14 @@ def prepare(
             "gnn_train_seconds": gnn.history.seconds,
             "gnn_partial_mask": gnn.config.partial_mask,
             "pool_weight": w,
-            "pool_weight_best_on_validation": pool_info["w_hat"],
+            "pool_weight_best_on_validation": pool_info["w_best_mean"],
             "pool_val_gain": pool_info["gain"],
             "pool_val_gain_se": pool_info["gain_se"],
+            "pool_val_gain_lcb": pool_info["lcb"],
             "pool_val_log_loss": losses,
         }
     )
-    return Fitted(model, gnn, view, w, info, pool_info["gain_rows"])
+    return Fitted(model, gnn, view, w, info, (pool_info["gain_sums"], pool_info["gain_counts"]))
 
 
 def _score(

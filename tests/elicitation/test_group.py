@@ -366,36 +366,55 @@ def test_choose_pool_weight_keeps_a_helpful_gnn_and_drops_a_useless_one() -> Non
     truth = torch.randint(0, 2, (200, 3), generator=g)
     sharp = torch.nn.functional.one_hot(truth, 2).double() * 0.8 + 0.1
     flat = torch.full((200, 3, 2), 0.5, dtype=torch.float64)
-    # the GNN is right with 0.9 where the belief model says 0.5: kept at full weight;
-    # per member the gain is log 0.9 - log 0.5 exactly, so its standard error is 0
+    # the GNN is right with 0.9 where the belief model says 0.5: the gain grows with w
+    # and is the same for every member (standard error 0): full weight
     w, info = choose_pool_weight(flat, sharp, truth)
-    assert w == 1.0 and info["w_hat"] == 1.0
+    assert w == 1.0 and info["w_best_mean"] == 1.0
     assert info["gain"] == pytest.approx(math.log(0.9 / 0.5)) and info["gain_se"] < 1e-12
     # a GNN equal to the belief model adds nothing: the pool is not used
     assert choose_pool_weight(sharp, sharp.clone(), truth)[0] == 0.0
-    # a GNN that is sharper and right for two members in three but wrong for the
-    # third: the best weight on this sample is 0.2, but its gain (0.011 nats) is within
-    # two standard errors (0.006 each) -> the belief model alone
+
+    def mixed(wrong_prob: float, every: int) -> torch.Tensor:
+        """Sharp and right (0.9) except for every ``every``-th member (``wrong_prob``)."""
+        wrong = torch.nn.functional.one_hot(1 - truth, 2).double() * (1 - 2 * wrong_prob)
+        wrong = wrong + wrong_prob
+        return torch.where(torch.arange(200).reshape(200, 1, 1) % every != 0, sharp, wrong)
+
     belief = torch.nn.functional.one_hot(truth, 2).double() * 0.4 + 0.3  # right, 0.7
-    wrong = torch.nn.functional.one_hot(1 - truth, 2).double() * 0.4 + 0.3  # right, 0.3
-    gnn = torch.where(torch.arange(200).reshape(200, 1, 1) % 3 != 0, sharp, wrong)
+    # right for half of the members, wrong (0.45) for the other half: the best mean gain
+    # on this sample is at w = 0.15, but no weight's gain is 2 standard errors above 0
+    w, info = choose_pool_weight(belief, mixed(0.45, 2), truth)
+    assert w == 0.0 and info["w_best_mean"] == pytest.approx(0.15)
+    assert info["w_best_mean"] == fit_pool_weight(belief, mixed(0.45, 2), truth)[0]
+    assert 0 < info["gain"] < 2 * info["gain_se"]
+    # right for two members in three: the best mean is at 0.2, the highest lower bound at
+    # the more cautious 0.1; gain and standard error as the ratio estimator by hand
+    gnn = mixed(0.3, 3)
     w, info = choose_pool_weight(belief, gnn, truth)
-    assert info["w_hat"] == fit_pool_weight(belief, gnn, truth)[0] == pytest.approx(0.2)
-    assert w == 0.0 and 0 < info["gain"] < 2 * info["gain_se"]
-    # with a laxer rule (one standard error) the same evidence keeps the pool
-    assert choose_pool_weight(belief, gnn, truth, z=1.0)[0] == pytest.approx(0.2)
+    assert info["w_best_mean"] == pytest.approx(0.2) and w == pytest.approx(0.1)
+    y = truth.unsqueeze(-1)
+    d = (
+        log_linear_pool(belief, gnn, 0.1).gather(-1, y).log() - belief.gather(-1, y).log()
+    ).squeeze(-1)
+    per_member = d.sum(1)  # 3 answers each
+    mean = float(per_member.sum() / 600)
+    se = math.sqrt(float(((per_member - 3 * mean) ** 2).sum()) * 200 / 199) / 600
+    assert info["gain"] == pytest.approx(mean) and info["gain_se"] == pytest.approx(se)
+    assert info["lcb"] == pytest.approx(mean - 2 * se) and info["lcb"] > 0
     # unscored members and targets are ignored
     t2 = truth.clone()
     t2[:100] = -1
-    assert choose_pool_weight(flat, sharp, t2)[1]["members"] == 100
+    t2[100:, 0] = -1
+    info = choose_pool_weight(flat, sharp, t2)[1]
+    assert info["members"] == 100 and info["answers"] == 200
 
 
 def test_online_pool_scores_each_answer_before_it_arrives(gnn_view: GNNView) -> None:
     """The group's answers are scored by the predictions made before them, one row each,
     and the weight is re-chosen from validation evidence + those rows."""
     truth, observed = _group()
-    # validation evidence: 30 members for whom the pool at any weight gains nothing
-    evidence = torch.zeros(30, 21, dtype=torch.float64)
+    # validation evidence: 30 members with 5 answers each for whom no weight gains anything
+    evidence = (torch.zeros(30, 21, dtype=torch.float64), torch.full((30,), 5.0))
     ge = GroupElicitation(
         _toy_model(),
         observed,
@@ -414,10 +433,13 @@ def test_online_pool_scores_each_answer_before_it_arrives(gnn_view: GNNView) -> 
     answers[:2] = -1  # two members do not answer: no rows for them
     ge.apply(q, who, answers)
     got = answers >= 0
-    expected_rows = pool_gain_rows(p_b[got], p_g[got], answers[got].reshape(-1, 1))
+    expected_rows, counts = pool_gain_rows(p_b[got], p_g[got], answers[got].reshape(-1, 1))
+    assert torch.equal(counts, torch.ones(10, dtype=torch.float64))
     assert ge.pool_group_gains.shape == (10, 21)
     torch.testing.assert_close(ge.pool_group_gains, expected_rows)
-    w, _ = pool_weight_from_gains(torch.cat([evidence, expected_rows]))
+    w, _ = pool_weight_from_gains(
+        torch.cat([evidence[0], expected_rows]), torch.cat([evidence[1], counts])
+    )
     assert ge.pool_weight == w
     # the column of weight 0 is the belief model against itself: no gain (up to rounding)
     torch.testing.assert_close(
