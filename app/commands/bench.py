@@ -84,16 +84,22 @@ def _add_individual(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, metavar="N", help="use only the first N runs of runs.csv")
     p.add_argument("--seed", type=int, default=0, help="seed of the model fits (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
 
 
 def _individual(args: argparse.Namespace) -> int:
     # Importing these registers more methods with the harness: cape_cooccurrence,
     # cape_linear, cape_factor and auto; llm_personas and mixed.
+    import torch
+
     import elicitation.model_choice  # noqa: F401
     import inference_server.bench_methods  # noqa: F401
     from elicitation.bench.individual import run_individual
     from elicitation.bench.plot import plot_curves
 
+    if args.threads < 1:
+        raise InvalidInputError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     try:
         result = run_individual(
             args.dataset,
