@@ -90,9 +90,13 @@ def login_page(request: Request, templates: TemplatesDep) -> Response:
 async def login(request: Request, session: SessionDep, templates: TemplatesDep) -> Response:
     form = await request.form()
     try:
-        researcher = auth.authenticate(
-            _form_str(form, "email"), _form_str(form, "password"), session=session
+        researcher = auth.login_with_limits(
+            request, _form_str(form, "email"), _form_str(form, "password"), session=session
         )
+    except auth.LoginLocked as exc:
+        locked = _render(request, templates, "admin/login.html", {"error": str(exc)}, status=429)
+        locked.headers["Retry-After"] = str(exc.retry_after)
+        return locked
     except auth.LoginRequired as exc:
         return _render(request, templates, "admin/login.html", {"error": str(exc)}, status=401)
     response = _see_other(str(request.url_for("admin_home")))
@@ -295,7 +299,29 @@ def _study_context(study: Any, session: Any) -> dict[str, Any]:
         "shares": shares,
         "owner": owner,
         "roles": ("question", "attribute", "target"),
+        # the active belief model and its comparison table / notice (issue 6, owner C)
+        "fitted_model": _active_model_row(study.id, session=session),
+        "belief_models": _belief_model_choices(),
     }
+
+
+def _active_model_row(study_id: int, *, session: Any) -> Any:
+    """The active fitted model's id, family, metrics and date (not its blob), or None."""
+    from app.tables import FittedModel
+
+    row = session.exec(
+        select(FittedModel.id, FittedModel.family, FittedModel.metrics, FittedModel.created_at)
+        .where(FittedModel.study_id == study_id, col(FittedModel.is_active))
+        .order_by(col(FittedModel.id).desc())
+    ).first()
+    keys = ("id", "family", "metrics", "created_at")
+    return None if row is None else dict(zip(keys, row, strict=True))
+
+
+def _belief_model_choices() -> tuple[str, ...]:
+    from elicitation.model_choice import BELIEF_MODEL_CHOICES
+
+    return BELIEF_MODEL_CHOICES
 
 
 def _study_page(
@@ -398,6 +424,7 @@ async def study_settings(
         values = {
             "criterion": f("criterion"),
             "ask_attributes": f("ask_attributes") == "on",
+            "belief_model": f("belief_model") or "default",
             "budgets": {
                 "max_questions": _opt_int(f("max_questions")) or 0,
                 "min_questions": _opt_int(f("min_questions")) or 0,
@@ -762,6 +789,35 @@ def group_round_page(
         "admin/group_round.html",
         {"study": study, "rv": view, "usage": usage},
         block=block,
+    )
+
+
+@router.get("/studies/{slug}/groups/{number}/links.csv", name="admin_group_round_links")
+def group_round_links(
+    number: int,
+    request: Request,
+    study: VisibleStudy,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> Response:
+    """The round's members with their personal links, as CSV (UTF-8 with a BOM), for a
+    mail merge."""
+    from app.services import group_rounds
+
+    rnd = group_rounds.get_round(study, number, session=session)
+    view = group_rounds.round_view(
+        study,
+        rnd,
+        session=session,
+        secret=settings.secret_key.get_secret_value(),
+        link_base=str(request.url_for("group_round_link", token="x"))[:-1],
+    )
+    return Response(
+        "\ufeff" + group_rounds.links_csv(view),
+        media_type="text/csv; charset=utf-8",
+        headers={
+            "Content-Disposition": f'attachment; filename="{study.slug}-round-{number}-links.csv"'
+        },
     )
 
 

@@ -795,6 +795,19 @@ def round_view(
     )
 
 
+def links_csv(view: RoundView) -> str:
+    """CSV of a round's members: ``respondent, respondent_id, expected_gain, status, link``."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["respondent", "respondent_id", "expected_gain", "status", "link"])
+    for m in view.members:
+        w.writerow([m.label, m.respondent_id, f"{m.expected_gain:.6f}", m.status, m.link])
+    return buf.getvalue()
+
+
 def close_round(study: Study, number: int, *, engine: Engine) -> GroupRound:
     """Close round ``number``: no answer is accepted on its links afterwards.
 

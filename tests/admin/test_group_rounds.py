@@ -149,6 +149,15 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         for m in members
     ]
     assert links == expected
+    csv_file = client.get(f"/admin/studies/{study.slug}/groups/1/links.csv")
+    assert csv_file.status_code == 200 and csv_file.text.startswith("\ufeffrespondent,")
+    import csv
+    import io
+
+    table = list(csv.DictReader(io.StringIO(csv_file.text.lstrip("\ufeff"))))
+    assert [row["link"] for row in table] == expected
+    assert [int(row["respondent_id"]) for row in table] == [m.respondent_id for m in members]
+    assert {row["status"] for row in table} == {"waiting"}
     respondent = TestClient(client.app, base_url="http://localhost")  # no admin cookies
     q = respondent.get(links[0])
     assert q.status_code == 200 and f'name="item" value="{r1["question"]}"' in q.text
@@ -308,6 +317,7 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     other = TestClient(client.app, base_url="http://localhost")
     login(other, "bob@example.org")
     assert other.get(f"/admin/studies/{study.slug}/groups/1").status_code == 404
+    assert other.get(f"/admin/studies/{study.slug}/groups/1/links.csv").status_code == 404
     assert (
         other.post(
             f"/admin/studies/{study.slug}/groups/1/close", data={"csrf_token": csrf(other)}
