@@ -29,6 +29,7 @@ def _err(capsys: pytest.CaptureFixture[str]) -> str:
         (["--budget", "-1"], "budget must be an integer >= 0"),
         (["--methods", "default,magic"], "unknown benchmark method 'magic'"),
         (["--runs", "7"], "runs must be between 1 and 2"),
+        (["--threads", "0"], "--threads must be >= 1"),
     ],
 )
 def test_individual_user_errors(
