@@ -12,6 +12,9 @@
   ``csrf_token`` or the header ``X-CSRF-Token`` (htmx sends it from ``hx-headers`` on
   ``<body>``). A cross-site page can neither read the cookie nor set the field.
   :class:`CsrfCookieMiddleware` issues the cookie on the first admin request.
+* **Login lockout**: :func:`login_with_limits` refuses (429 + ``Retry-After``) after too
+  many failed logins per account or per client address (counters in the database,
+  :mod:`app.ratelimit`).
 * **Roles**: ``researcher.is_admin`` (admin) or not (researcher). Admins create accounts,
   send invitations and see every study; a researcher sees the studies they own and those
   shared with them (:func:`can_see_study`). Anything else is answered 404, never 403.
@@ -32,8 +35,10 @@ from fastapi import Depends, Request
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from sqlmodel import Session, select
 
+from app import ratelimit
 from app.deps import SessionDep
 from app.errors import ConflictError, InvalidInputError, NotFoundError, PriorlyError
+from app.ratelimit import LoginLocked as LoginLocked  # re-exported for the login route
 from app.services.apikeys import normalise_email
 from app.tables import Invitation, Researcher, Study, StudyShare, utcnow
 
@@ -111,6 +116,29 @@ def authenticate(email: str, password: str, *, session: Session) -> Researcher:
         session.add(researcher)
         session.commit()
         session.refresh(researcher)
+    return researcher
+
+
+def login_with_limits(
+    request: Request, email: str, password: str, *, session: Session
+) -> Researcher:
+    """:func:`authenticate` behind the login lockout (:mod:`app.ratelimit`).
+
+    Refuses with :class:`LoginLocked` (429, ``retry_after``) before checking the password
+    when the account or the client address had too many recent failures; counts a failure
+    (:class:`LoginRequired`) against both; a success clears the account's count. The
+    counters are in the database, so every worker process sees the same ones.
+    """
+    settings = request.app.state.settings
+    engine = request.app.state.engine
+    client_ip = request.client.host if request.client else "unknown"
+    ratelimit.check_login(engine, settings, email, client_ip)
+    try:
+        researcher = authenticate(email, password, session=session)
+    except LoginRequired:
+        ratelimit.record_login_failure(engine, settings, email, client_ip)
+        raise
+    ratelimit.clear_login_failures(engine, email)
     return researcher
 
 

@@ -18,6 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from app.db import head_revision, make_engine
 from app.errors import PriorlyError
 from app.limits import BodyLimitMiddleware
+from app.ratelimit import ApiRateLimitMiddleware
 from app.routes import admin, api_v1, health, pages, respondent
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
@@ -55,6 +56,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
 
     admin.install(app)  # the admin UI (after the handlers: its error pages wrap them)
+    # Per-credential limit on /api/v1 calls (429), counters in the database.
+    app.add_middleware(
+        ApiRateLimitMiddleware,
+        key_limit=settings.api_rate_limit_per_minute,
+        session_limit=settings.session_rate_limit_per_minute,
+    )
     # Outermost: refuse oversized bodies before anything reads them (413).
     app.add_middleware(
         BodyLimitMiddleware,

@@ -55,6 +55,14 @@ class Settings(BaseSettings):
         max_body_bytes: the largest request body accepted (JSON API, forms); larger ones
             are refused with 413 before they are read (app/limits.py).
         max_upload_bytes: the same for the admin dataset upload (several CSV/JSONL files).
+        login_max_failures_per_account, login_max_failures_per_ip, login_lockout_s: after
+            this many failed logins for one email / from one address within
+            ``login_lockout_s`` seconds, logins are refused (429) until the window ends
+            (app/ratelimit.py; counters in the database, shared by all processes).
+        api_rate_limit_per_minute: the most ``/api/v1`` calls per minute per API key
+            (429 beyond; 0 turns the limit off).
+        session_rate_limit_per_minute: the same per session token, and per client
+            address for calls without a credential.
     """
 
     model_config = SettingsConfigDict(env_prefix="PRIORLY_", extra="ignore")
@@ -72,6 +80,12 @@ class Settings(BaseSettings):
     # Request-body limits (app/limits.py): 413 before the body is read.
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     max_upload_bytes: int = Field(default=55 * 1024 * 1024, ge=1024)
+    # Rate limits (app/ratelimit.py).
+    login_max_failures_per_account: int = Field(default=5, ge=0)
+    login_max_failures_per_ip: int = Field(default=50, ge=0)
+    login_lockout_s: float = Field(default=900.0, gt=0)
+    api_rate_limit_per_minute: int = Field(default=6000, ge=0)
+    session_rate_limit_per_minute: int = Field(default=600, ge=0)
 
     @field_validator("database_url")
     @classmethod

@@ -496,6 +496,23 @@ class GroupRoundMember(SQLModel, table=True):
     outcome: str | None = Field(default=None, max_length=16)
 
 
+class RateLimitCounter(SQLModel, table=True):
+    """A fixed-window counter of the rate limiter (``app/ratelimit.py``).
+
+    Kept in the database (not in process memory) so every worker process and machine
+    counts the same failed logins and API calls. ``key`` names what is counted (e.g.
+    ``login-account:<sha256 of the email>``, ``api:<sha256 of the credential>``; never a
+    secret in clear); the window ends at ``expires_at`` (UNIX seconds), after which the next
+    hit starts a new window at 1.
+    """
+
+    __tablename__ = "rate_limit_counter"
+
+    key: str = Field(primary_key=True, max_length=200)
+    count: int = 0
+    expires_at: float = Field(index=True)
+
+
 __all__ = [
     "Answer",
     "ApiKey",
@@ -513,6 +530,7 @@ __all__ = [
     "JobStatus",
     "NAMING_CONVENTION",
     "PersonaDistribution",
+    "RateLimitCounter",
     "Respondent",
     "Researcher",
     "RespondentSource",

@@ -90,9 +90,13 @@ def login_page(request: Request, templates: TemplatesDep) -> Response:
 async def login(request: Request, session: SessionDep, templates: TemplatesDep) -> Response:
     form = await request.form()
     try:
-        researcher = auth.authenticate(
-            _form_str(form, "email"), _form_str(form, "password"), session=session
+        researcher = auth.login_with_limits(
+            request, _form_str(form, "email"), _form_str(form, "password"), session=session
         )
+    except auth.LoginLocked as exc:
+        locked = _render(request, templates, "admin/login.html", {"error": str(exc)}, status=429)
+        locked.headers["Retry-After"] = str(exc.retry_after)
+        return locked
     except auth.LoginRequired as exc:
         return _render(request, templates, "admin/login.html", {"error": str(exc)}, status=401)
     response = _see_other(str(request.url_for("admin_home")))

@@ -65,6 +65,7 @@ ERROR_CODES: dict[str, str] = {
     "study_misconfigured": "409: the study's settings cannot run a session",
     "database_unavailable": "503: the database is unreachable or not migrated",
     "payload_too_large": "413: the request body is larger than the limit (app/limits.py)",
+    "rate_limited": "429: too many calls per minute with this credential (see Retry-After)",
 }
 
 
@@ -130,6 +131,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorOut, "description": "conflict"},
     422: {"model": ErrorOut, "description": "invalid input"},
     413: {"model": ErrorOut, "description": "request body larger than the limit"},
+    429: {"model": ErrorOut, "description": "rate limited: retry after Retry-After seconds"},
     503: {"model": ErrorOut, "description": "database unavailable or overloaded; retry"},
 }
 

@@ -89,7 +89,9 @@ def test_decoder_logits_equal_the_explicit_dot_products() -> None:
     for p in range(5):
         for o in range(schema.max_options):
             if o < schema.n_options[int(q[p])]:
-                want = float(z_m[p] @ z_o[int(offsets[q[p]]) + o]) / float(net.log_tau.detach().exp())
+                want = float(z_m[p] @ z_o[int(offsets[q[p]]) + o]) / float(
+                    net.log_tau.detach().exp()
+                )
                 assert abs(float(lg[p, o]) - want) < 1e-5
             else:
                 assert lg[p, o] == float("-inf")

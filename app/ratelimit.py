@@ -1,0 +1,249 @@
+"""Rate limits kept in the database: login lockout and API call limits.
+
+Counters live in the table ``rate_limit_counter`` (:class:`app.tables.RateLimitCounter`),
+not in process memory, so several worker processes (and machines) share them. Each
+counter is a fixed window: the first hit of a key opens a window of ``window_s`` seconds
+with count 1; later hits in the window add 1 (one atomic ``INSERT ... ON CONFLICT DO
+UPDATE ... RETURNING`` statement, the same SQL on SQLite >= 3.35 and PostgreSQL); the first
+hit after the window ended opens a new one. Keys are ``<kind>:<sha256 of the value>``, so
+no email, IP address or credential is stored in clear.
+
+* **Login lockout** (:func:`check_login`, :func:`record_login_failure`,
+  :func:`clear_login_failures`): after ``login_max_failures_per_account`` failed logins for
+  one email, or ``login_max_failures_per_ip`` from one client address, within
+  ``login_lockout_s`` seconds, further attempts are refused with 429 and ``Retry-After``
+  (the seconds left in the window) *before* the password is checked. A successful login
+  clears the account's counter (not the address's).
+* **API limits** (:class:`ApiRateLimitMiddleware`): every ``/api/v1`` call counts against
+  its credential (``Authorization: Bearer ...``) or, without one, its client address;
+  more than ``api_rate_limit_per_minute`` calls in a minute per API key, or
+  ``session_rate_limit_per_minute`` per session token (or address), get 429 with
+  ``Retry-After`` and the JSON error ``{"code": "rate_limited", "message": ...}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from anyio import to_thread
+from sqlalchemy import delete, select, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.errors import PriorlyError
+from app.services.apikeys import KEY_PREFIX
+from app.tables import RateLimitCounter
+
+log = logging.getLogger("priorly.ratelimit")
+
+API_PREFIX = "/api/v1"
+API_WINDOW_S = 60.0
+ERROR_CODE = "rate_limited"
+
+_UPSERT = text(
+    """
+    INSERT INTO rate_limit_counter (key, count, expires_at) VALUES (:key, 1, :expires)
+    ON CONFLICT (key) DO UPDATE SET
+        count = CASE WHEN rate_limit_counter.expires_at <= :now
+                     THEN 1 ELSE rate_limit_counter.count + 1 END,
+        expires_at = CASE WHEN rate_limit_counter.expires_at <= :now
+                          THEN :expires ELSE rate_limit_counter.expires_at END
+    RETURNING count, expires_at
+    """
+)
+
+
+class RateLimited(PriorlyError):
+    """Too many requests (HTTP 429); ``retry_after`` is in whole seconds."""
+
+    http_status = 429
+    code = ERROR_CODE
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, int(retry_after))
+
+
+class LoginLocked(RateLimited):
+    """Too many failed logins for this account or from this address."""
+
+
+def counter_key(kind: str, value: str) -> str:
+    """``kind:<sha256(value)>``: the counter's name, without the value in clear."""
+    return f"{kind}:{hashlib.sha256(value.encode('utf-8')).hexdigest()}"
+
+
+def hit(
+    engine: Engine, key: str, window_s: float, *, now: float | None = None
+) -> tuple[int, float]:
+    """Count one hit of ``key``; returns ``(count in the window, window end)``.
+
+    A new window also deletes every expired counter (rows of keys no longer hit).
+    """
+    now = time.time() if now is None else now
+    with engine.begin() as conn:
+        row = conn.execute(_UPSERT, {"key": key, "now": now, "expires": now + window_s}).one()
+        count, expires = int(row[0]), float(row[1])
+        if count == 1:
+            conn.execute(
+                delete(RateLimitCounter).where(
+                    RateLimitCounter.expires_at <= now,  # type: ignore[arg-type]
+                )
+            )
+    return count, expires
+
+
+def peek(engine: Engine, key: str, *, now: float | None = None) -> tuple[int, float]:
+    """``(count, window end)`` of ``key`` without counting; ``(0, now)`` outside a window."""
+    now = time.time() if now is None else now
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(RateLimitCounter.count, RateLimitCounter.expires_at).where(  # type: ignore[call-overload]
+                RateLimitCounter.key == key
+            )
+        ).first()
+    if row is None or float(row[1]) <= now:
+        return 0, now
+    return int(row[0]), float(row[1])
+
+
+def clear(engine: Engine, key: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(delete(RateLimitCounter).where(RateLimitCounter.key == key))  # type: ignore[arg-type]
+
+
+# ----- login lockout ---------------------------------------------------------------------------
+
+
+def _login_keys(email: str, client_ip: str) -> tuple[str, str]:
+    return (
+        counter_key("login-account", email.strip().lower()),
+        counter_key("login-ip", client_ip),
+    )
+
+
+def _minutes(seconds: float) -> str:
+    minutes = max(1, math.ceil(seconds / 60))
+    return f"{minutes} minute" + ("s" if minutes != 1 else "")
+
+
+def check_login(
+    engine: Engine, settings: Any, email: str, client_ip: str, *, now: float | None = None
+) -> None:
+    """Raise :class:`LoginLocked` when the account or the address is locked out."""
+    now = time.time() if now is None else now
+    account, ip = _login_keys(email, client_ip)
+    for key, limit, what in (
+        (account, settings.login_max_failures_per_account, "this account"),
+        (ip, settings.login_max_failures_per_ip, "your network address"),
+    ):
+        count, expires = peek(engine, key, now=now)
+        if limit > 0 and count >= limit:
+            wait = expires - now
+            raise LoginLocked(
+                f"too many failed logins for {what}: try again in {_minutes(wait)}",
+                retry_after=math.ceil(wait),
+            )
+
+
+def record_login_failure(
+    engine: Engine, settings: Any, email: str, client_ip: str, *, now: float | None = None
+) -> None:
+    """Count a failed login against the account and the address."""
+    for key in _login_keys(email, client_ip):
+        hit(engine, key, settings.login_lockout_s, now=now)
+
+
+def clear_login_failures(engine: Engine, email: str) -> None:
+    """A successful login: the account's failure count starts again at 0."""
+    clear(engine, counter_key("login-account", email.strip().lower()))
+
+
+# ----- API limits ----------------------------------------------------------------------------
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def api_counter_key(scope: Scope) -> tuple[str, bool]:
+    """``(counter key, is an API key)`` of an API call: its bearer credential (an API key
+    or a session token), else its client address."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"authorization":
+            scheme, _, credential = value.decode("latin-1").partition(" ")
+            credential = credential.strip()
+            if scheme.lower() == "bearer" and credential:
+                return counter_key("api", credential), credential.startswith(KEY_PREFIX)
+    client = scope.get("client") or ("unknown", 0)
+    return counter_key("api-ip", str(client[0])), False
+
+
+class ApiRateLimitMiddleware:
+    """Refuse ``/api/v1`` calls over a per-minute limit per credential with 429 (pure ASGI).
+
+    Args:
+        app: the ASGI app.
+        key_limit: calls per minute per API key (a product's backend creating and reading
+            many respondents' sessions); 0: no limit.
+        session_limit: calls per minute per session token (one respondent's client), and
+            per client address for calls without a credential; 0: no limit.
+
+    The counter lives in the database of the app's engine (``app.state.engine``). If the
+    counter cannot be written (database trouble), the call is let through: the limiter
+    must not turn a database hiccup into refusals; the call itself reports the trouble.
+    """
+
+    def __init__(self, app: ASGIApp, *, key_limit: int, session_limit: int) -> None:
+        self.app = app
+        self.key_limit = key_limit
+        self.session_limit = session_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not str(scope.get("path", "")).startswith(API_PREFIX + "/"):
+            await self.app(scope, receive, send)
+            return
+        key, is_api_key = api_counter_key(scope)
+        limit = self.key_limit if is_api_key else self.session_limit
+        engine = getattr(scope["app"].state, "engine", None)
+        if limit > 0 and engine is not None:
+            try:
+                count, expires = await to_thread.run_sync(hit, engine, key, API_WINDOW_S)
+            except SQLAlchemyError as exc:
+                log.warning("rate limiter unavailable, call let through: %s", type(exc).__name__)
+            else:
+                if count > limit:
+                    retry = max(1, math.ceil(expires - time.time()))
+                    await _send_429(send, retry, limit)
+                    return
+        await self.app(scope, receive, send)
+
+
+async def _send_429(send: Send, retry_after: int, limit: int) -> None:
+    body = json.dumps(
+        {
+            "code": ERROR_CODE,
+            "message": f"more than {limit} calls per minute with this credential: "
+            f"retry in {retry_after} s",
+        }
+    ).encode("utf-8")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 429,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode("ascii")),
+                (b"retry-after", str(retry_after).encode("ascii")),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
