@@ -110,6 +110,44 @@ def test_mixed_has_both_components(tmp_path: Path) -> None:
     assert model.mu.shape[0] == 2 + lc.mu.shape[0]
     assert torch.equal(model.mu[:2], table().mu)
     assert math.isclose(float(model.log_prior.exp().sum()), 1.0, abs_tol=1e-9)
+    # p(θ) = w · p_LLM ⊕ (1 − w) · p_LC: the latent classes keep their own prior ...
+    w = model.metrics["llm_block_weight"]
+    assert 0.0 < w < 1.0
+    llm = get_method("llm_personas").fit(c)
+    assert torch.allclose(model.log_prior[:2].exp(), w * llm.log_prior.exp(), atol=1e-12)
+    assert torch.allclose(model.log_prior[2:].exp(), (1 - w) * lc.log_prior.exp(), atol=1e-12)
+    # ... and w maximises the training users' mean log-likelihood (non-target answers)
+    masked = c.masked(c.train)
+    la, lb = llm.log_marginal(masked), lc.log_marginal(masked)
+    assert w == pytest.approx(_argmax_block_weight(la, lb), abs=1e-6)
+
+
+def _argmax_block_weight(la: torch.Tensor, lb: torch.Tensor) -> float:
+    """Brute force: a grid of 10^4 weights, then a 10^4 grid around the best one."""
+
+    def best(grid: torch.Tensor) -> float:
+        f = torch.logaddexp(
+            grid.log().unsqueeze(1) + la, torch.log1p(-grid).unsqueeze(1) + lb
+        ).mean(1)
+        return float(grid[int(f.argmax())])
+
+    w0 = best(torch.linspace(1e-6, 1 - 1e-6, 10_001, dtype=torch.float64))
+    lo, hi = max(w0 - 2e-4, 1e-9), min(w0 + 2e-4, 1 - 1e-9)
+    return best(torch.linspace(lo, hi, 10_001, dtype=torch.float64))
+
+
+def test_block_weight_is_the_maximum_likelihood_weight() -> None:
+    # per-user likelihoods under blocks A and B: (a, b) pairs chosen by hand
+    a = torch.tensor([0.02, 0.30, 0.10, 0.05, 0.40], dtype=torch.float64)
+    b = torch.tensor([0.20, 0.10, 0.10, 0.30, 0.05], dtype=torch.float64)
+    w = bench_methods.fit_block_weight(a.log(), b.log())
+    assert w == pytest.approx(_argmax_block_weight(a.log(), b.log()), abs=1e-6)
+    # a block that explains every user worse gets weight 0 in the limit
+    assert bench_methods.fit_block_weight((b / 10).log(), b.log()) < 1e-3
+    # equal likelihoods: every w is optimal and EM stays where it starts
+    assert bench_methods.fit_block_weight(b.log(), b.log()) == 0.5
+    with pytest.raises(BenchmarkError, match="fit_block_weight"):
+        bench_methods.fit_block_weight(a.log(), b[:3].log())
 
 
 def test_missing_table_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
