@@ -195,6 +195,11 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
     model, or an OpenAI-compatible server (``backend: "openai"``, ``base_url``, ``model``).
     Stored pairs are never recomputed and every chunk is committed, so a job retried after
     its worker died resumes where it stopped and ends with the same stored distributions.
+    ``limit`` (payload) means "the first ``limit`` pairs of the persona × question grid"
+    (in :func:`inference_server.generate.generate`'s order), not "``limit`` new pairs in
+    this attempt": the attempt asks ``generate`` for ``limit`` minus those of the first
+    ``limit`` pairs already stored, so a retried job stores the same pairs as an
+    uninterrupted one.
     """
     import argparse
 
@@ -205,7 +210,7 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
         save_study_personas,
         study_items,
     )
-    from inference_server.generate import generate
+    from inference_server.generate import generate, pair_key
     from inference_server.personas import profiles_from_matrix
 
     p = ctx.payload
@@ -236,18 +241,24 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
         )
         save_study_personas(study.id, personas, "attributes", session=db)
         backend = _make_backend(args)
-        limit = p.get("limit")
+        store = SqlDistributionStore(db)
+        texts = [persona.text for persona in personas]
+        limit = None if p.get("limit") is None else max(0, int(p["limit"]))
+        if limit is not None:
+            grid = list(dict.fromkeys(pair_key(backend, t, q) for t in texts for q in questions))
+            first = grid[:limit]
+            limit -= len(store.existing(first))
 
         def progress(done: int, todo: int) -> None:
             ctx.progress(0.02 + 0.98 * done / max(1, todo), f"{done} of {todo} pairs scored")
 
         stats = generate(
-            [persona.text for persona in personas],
+            texts,
             questions,
             backend,
-            SqlDistributionStore(db),
+            store,
             chunk_size=int(p.get("chunk", 32)),
-            limit=None if limit is None else int(limit),
+            limit=limit,
             on_progress=progress,
         )
         return {

@@ -290,6 +290,20 @@ def test_persona_generation_job_stores_distributions_and_resumes(
         r1 = _job(engine, first.id or 0).result
         assert r1 is not None and r1["computed"] == 7 and r1["personas"] == 2
         assert len(db.exec(select(PersonaDistribution)).all()) == 7
+        # "limit" is the first N pairs of the grid, not N new pairs per attempt: a retry
+        # (same payload) computes nothing more; a larger limit computes only the difference
+        for limit, computed, stored in ((7, 0, 7), (10, 3, 10)):
+            again = Job(
+                kind="persona_generation",
+                study_id=ces_study.id,
+                payload={**payload, "limit": limit},
+            )
+            db.add(again)
+            db.commit()
+            assert execute_job(engine, again.id or 0) == JobStatus.succeeded.value
+            r = _job(engine, again.id or 0).result
+            assert r is not None and r["computed"] == computed
+            assert len(db.exec(select(PersonaDistribution)).all()) == stored
         rest = Job(
             kind="persona_generation", study_id=ces_study.id, payload={**payload, "limit": None}
         )
@@ -298,8 +312,8 @@ def test_persona_generation_job_stores_distributions_and_resumes(
         requests_before = fake.requests
         assert execute_job(engine, rest.id or 0) == JobStatus.succeeded.value
         r2 = _job(engine, rest.id or 0).result
-        assert r2 is not None and r2["already_stored"] == 7
-        assert r2["computed"] == r2["total_pairs"] - 7 == 2 * r1["questions"] - 7
+        assert r2 is not None and r2["already_stored"] == 10
+        assert r2["computed"] == r2["total_pairs"] - 10 == 2 * r1["questions"] - 10
         assert fake.requests > requests_before
         assert len(db.exec(select(PersonaDistribution)).all()) == r2["total_pairs"]
     finally:
