@@ -147,6 +147,9 @@ def _add_speed(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--criterion", default="eig", help="selection criterion of the live step (default eig)"
+    )
 
 
 def _speed(args: argparse.Namespace) -> int:
@@ -154,7 +157,12 @@ def _speed(args: argparse.Namespace) -> int:
 
     try:
         result = run_speed(
-            args.personas, steps=args.steps, batch=args.batch, threads=args.threads, seed=args.seed
+            args.personas,
+            steps=args.steps,
+            batch=args.batch,
+            threads=args.threads,
+            seed=args.seed,
+            criterion=args.criterion,
         )
     except _user_errors() as exc:
         raise InvalidInputError(str(exc)) from None

@@ -1,8 +1,8 @@
 """Latency of one live elicitation step with a large persona dictionary.
 
 A live step is what the web app does after an answer: ``model.update`` with the answer,
-then :func:`elicitation.session.decide` with the ``eig`` criterion over the remaining
-candidates (scores of every candidate, the stopping rule, the expected target entropy).
+then :func:`elicitation.session.decide` with the criterion ``criterion`` (default ``eig``)
+over the remaining candidates (scores of every candidate, the stopping rule, the expected target entropy).
 
 Set-up: the persona dictionary of a folder like ``datasets/wvs_personas`` (a
 ``persona_answers_deterministic.csv`` of ``K`` personas x ``I`` items with answers on each
@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from elicitation.budget import Budget
-from elicitation.criteria import ExpectedInformationGain
-from elicitation.errors import BenchmarkError
+from elicitation.criteria import get_criterion
+from elicitation.errors import BenchmarkError, ElicitationError
 from elicitation.session import decide
 from models.base import ItemBank
 from models.persona import PersonaMixture
@@ -127,6 +127,7 @@ def run_speed(
     warmup: int = 50,
     threads: int = 1,
     seed: int = 0,
+    criterion: str = "eig",
 ) -> dict[str, Any]:
     """Measure a live step; returns the ``speed.json`` object (see the module docstring)."""
     for name, v, least in (
@@ -159,7 +160,10 @@ def run_speed(
         p = mu[theta].reshape(-1, mu.shape[-1])
         return torch.multinomial(p, 1, generator=gen).reshape(n, bank.n_items)
 
-    eig = ExpectedInformationGain()
+    try:
+        eig = get_criterion(criterion)
+    except ElicitationError as exc:
+        raise BenchmarkError(f"speed: {exc}") from None
     budget = Budget(max_questions=questions_per_respondent)
     times: list[float] = []
     cpu_times: list[float] = []
@@ -239,6 +243,10 @@ def run_speed(
         "candidates": len(cand),
         "epsilon": epsilon,
         "questions_per_respondent": questions_per_respondent,
-        "step": "model.update + elicitation.session.decide(criterion=eig) over the remaining candidates",
+        "step": (
+            f"model.update + elicitation.session.decide(criterion={criterion}) over the "
+            "remaining candidates"
+        ),
+        "criterion": criterion,
         "torch": torch.__version__,
     }

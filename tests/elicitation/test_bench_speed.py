@@ -41,7 +41,25 @@ def test_speed_result_schema(tmp_path: Path) -> None:
     assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]
     assert res["batch_steps_per_second"] > 0
     assert len(res["targets"]) == 5 and res["candidates"] == 3
+    assert res["criterion"] == "eig" and "criterion=eig" in res["step"]
     json.dumps(res)
+
+
+def test_speed_of_another_criterion(tmp_path: Path) -> None:
+    folder = _write_personas(tmp_path / "p")
+    res = run_speed(
+        folder,
+        steps=10,
+        batch=8,
+        batch_steps=2,
+        warmup=1,
+        questions_per_respondent=3,
+        criterion="eig2",
+    )
+    assert res["criterion"] == "eig2" and "criterion=eig2" in res["step"]
+    assert res["steps"] == 10 and res["p50_cpu_ms"] > 0
+    with pytest.raises(BenchmarkError, match="unknown selection criterion 'nope'"):
+        run_speed(folder, steps=2, criterion="nope")
 
 
 def test_bad_dictionary(tmp_path: Path) -> None:
