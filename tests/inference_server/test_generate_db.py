@@ -170,3 +170,28 @@ def test_generate_unknown_study_is_a_clear_error(
 ) -> None:
     assert main(["personas", "generate", "--study", "nope", "--backend", "openai"]) == 2
     assert "no study with slug 'nope'" in capsys.readouterr().err
+
+
+def test_generate_with_server_down_fails_retryably(
+    study_db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing listens on the port: a clear error, a failed job, no distribution stored."""
+    from app.tables import Job, PersonaDistribution, StudyPersona
+    from inference_server.server import free_port
+
+    pfile = tmp_path / "personas.txt"
+    pfile.write_text("\n".join(PERSONAS[1:]) + "\n")
+    url = f"http://127.0.0.1:{free_port()}"
+    args = ["personas", "generate", "--study", "gen-test", "--backend", "openai"]
+    args += ["--base-url", url, "--personas", str(pfile), "--limit", "4"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "persona generation failed" in err and url in err and "rerun to resume" in err
+    engine = db.make_engine(study_db)
+    with Session(engine) as s:
+        assert s.exec(select(PersonaDistribution)).all() == []
+        assert len(s.exec(select(StudyPersona)).all()) == 2  # the dictionary itself is kept
+        jobs = s.exec(select(Job)).all()
+    engine.dispose()
+    assert [j.status for j in jobs] == ["failed"]
+    assert jobs[0].error and "BackendError" in jobs[0].error
