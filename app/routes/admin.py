@@ -735,6 +735,19 @@ def _exc_status(exc: Exception) -> int:
     return exc.http_status if isinstance(exc, PriorlyError) else 422
 
 
+def _round_view(request: Request, study: Any, number: int, session: Any, settings: Any) -> Any:
+    """Round ``number`` with its members' status and personal links (absolute URLs)."""
+    from app.services import group_rounds
+
+    return group_rounds.round_view(
+        study,
+        group_rounds.get_round(study, number, session=session),
+        session=session,
+        secret=settings.secret_key.get_secret_value(),
+        link_base=str(request.url_for("group_round_link", token="x"))[:-1],
+    )
+
+
 @router.get(
     "/studies/{slug}/groups/{number}", response_class=HTMLResponse, name="admin_group_round"
 )
@@ -750,14 +763,7 @@ def group_round_page(
     ``track`` block every 2 s while the round is open; the closed table stops polling)."""
     from app.services import group_rounds
 
-    rnd = group_rounds.get_round(study, number, session=session)
-    view = group_rounds.round_view(
-        study,
-        rnd,
-        session=session,
-        secret=settings.secret_key.get_secret_value(),
-        link_base=str(request.url_for("group_round_link", token="x"))[:-1],
-    )
+    view = _round_view(request, study, number, session, settings)
     usage = group_rounds.budget_usage(study, session=session)
     block = "track" if request.headers.get("hx-request") else None
     return _render(
@@ -781,14 +787,7 @@ def group_round_links(
     mail merge."""
     from app.services import group_rounds
 
-    rnd = group_rounds.get_round(study, number, session=session)
-    view = group_rounds.round_view(
-        study,
-        rnd,
-        session=session,
-        secret=settings.secret_key.get_secret_value(),
-        link_base=str(request.url_for("group_round_link", token="x"))[:-1],
-    )
+    view = _round_view(request, study, number, session, settings)
     return Response(
         "\ufeff" + group_rounds.links_csv(view),
         media_type="text/csv; charset=utf-8",
