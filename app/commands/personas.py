@@ -66,6 +66,9 @@ def register(subparsers: Any) -> None:
     gen.add_argument("--limit", type=int, default=None, help="compute at most N new pairs")
     gen.add_argument("--chunk", type=int, default=32, help="pairs per committed chunk")
     gen.add_argument("--batch-size", type=int, default=8)
+    gen.add_argument(
+        "--concurrency", type=int, default=4, help="requests in flight (backend openai)"
+    )
     gen.add_argument("--threshold", type=float, default=0.5, help="flag pairs below this mass")
     gen.add_argument("--threads", type=int, default=None, help="torch threads (local)")
     gen.set_defaults(func=_generate)
@@ -84,6 +87,9 @@ def register(subparsers: Any) -> None:
     table.add_argument("--base-url", help="OpenAI-compatible server (backend openai)")
     table.add_argument("--model", default=None)
     table.add_argument("--batch-size", type=int, default=8)
+    table.add_argument(
+        "--concurrency", type=int, default=4, help="requests in flight (backend openai)"
+    )
     table.add_argument("--threshold", type=float, default=0.5)
     table.add_argument("--threads", type=int, default=None)
     table.set_defaults(func=_table)
@@ -241,6 +247,7 @@ def _make_backend(args: argparse.Namespace) -> Any:
             base_url=args.base_url,
             model=args.model or DEFAULT_MODEL,
             batch_size=args.batch_size,
+            concurrency=args.concurrency,
             threshold=args.threshold,
         )
     return make_backend(

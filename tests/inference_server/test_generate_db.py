@@ -112,6 +112,7 @@ def test_generate_resumes_and_never_stores_wrong(
     pfile.write_text("\n".join(json.dumps({"text": t}) for t in PERSONAS) + "\n")
     args = ["personas", "generate", "--study", "gen-test", "--backend", "openai"]
     args += ["--base-url", fake.url, "--personas", str(pfile), "--chunk", "8", "--batch-size", "4"]
+    args += ["--concurrency", "2"]
 
     assert main([*args, "--limit", "10"]) == 0
     engine = db.make_engine(study_db)
