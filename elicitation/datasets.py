@@ -90,11 +90,20 @@ class DatasetError(Exception):
         if self.row is not None:
             where.append(f"row {self.row}")
         if self.column is not None:
-            where.append(f"column {self.column!r}")
+            where.append(f"column {_clip(self.column, 60)}")
         return f"{', '.join(where)}: {self.message}" if where else self.message
 
     def __str__(self) -> str:
         return self._format()
+
+
+def _clip(value: object, limit: int = 40) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters of a long value
+    (a huge cell must not become a huge message); the length is said instead."""
+    text = str(value)
+    if len(text) <= limit:
+        return repr(value)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def normalise_id(value: object) -> str:
@@ -206,7 +215,7 @@ class Dataset:
         try:
             return self._columns[key]
         except KeyError:
-            raise DatasetError(CODEBOOK_FILE, f"unknown item {key!r}") from None
+            raise DatasetError(CODEBOOK_FILE, f"unknown item {_clip(key)}") from None
 
     def item(self, key: str) -> CodebookItem:
         """The codebook entry of ``key``; raises :class:`DatasetError` if unknown."""
@@ -231,7 +240,7 @@ class Dataset:
             try:
                 out[i] = self._rows[rid]
             except KeyError:
-                raise DatasetError(RESPONSES_FILE, f"unknown respondent id {rid!r}") from None
+                raise DatasetError(RESPONSES_FILE, f"unknown respondent id {_clip(rid)}") from None
         return out
 
     def matrix(
@@ -290,7 +299,7 @@ def _reject_duplicate_keys(file: str, line: int | None):  # type: ignore[no-unty
         out: dict[str, Any] = {}
         for key, value in pairs:
             if key in out:
-                raise DatasetError(file, f"duplicate JSON key {key!r}", line=line)
+                raise DatasetError(file, f"duplicate JSON key {_clip(key)}", line=line)
             out[key] = value
         return out
 
@@ -352,20 +361,20 @@ def _read_codebook(folder: Path) -> list[CodebookItem]:
         if item_id in seen:
             raise DatasetError(
                 CODEBOOK_FILE,
-                f"duplicate id {item_id!r} (first on line {seen[item_id]})",
+                f"duplicate id {_clip(item_id)} (first on line {seen[item_id]})",
                 line=lineno,
             )
         seen[item_id] = lineno
         question = entry.get("question")
         if not isinstance(question, str) or not question.strip():
             raise DatasetError(
-                CODEBOOK_FILE, f"item {item_id!r} has no 'question' text", line=lineno
+                CODEBOOK_FILE, f"item {_clip(item_id)} has no 'question' text", line=lineno
             )
         options = entry.get("options")
         if not isinstance(options, dict) or not options:
             raise DatasetError(
                 CODEBOOK_FILE,
-                f"item {item_id!r} has no 'options' object {{letter: label}}",
+                f"item {_clip(item_id)} has no 'options' object {{letter: label}}",
                 line=lineno,
             )
         pairs: list[tuple[str, str]] = []
@@ -373,7 +382,7 @@ def _read_codebook(folder: Path) -> list[CodebookItem]:
             if not letter.strip() or letter != letter.strip() or not isinstance(label, str):
                 raise DatasetError(
                     CODEBOOK_FILE,
-                    f"item {item_id!r}: option {letter!r} must be a non-empty letter "
+                    f"item {_clip(item_id)}: option {_clip(letter)} must be a non-empty letter "
                     "without spaces, with a text label",
                     line=lineno,
                 )
@@ -381,7 +390,7 @@ def _read_codebook(folder: Path) -> list[CodebookItem]:
         topic = entry.get("topic")
         if topic is not None and not isinstance(topic, str):
             raise DatasetError(
-                CODEBOOK_FILE, f"item {item_id!r}: 'topic' must be text", line=lineno
+                CODEBOOK_FILE, f"item {_clip(item_id)}: 'topic' must be text", line=lineno
             )
         items.append(CodebookItem(item_id, question, tuple(pairs), topic or None))
     if not items:
@@ -401,7 +410,7 @@ def _read_responses(
     if id_column not in header:
         raise DatasetError(
             RESPONSES_FILE,
-            f"the id column {id_column!r} (dataset.json) is not in the header",
+            f"the id column {_clip(id_column)} (dataset.json) is not in the header",
             row=0,
         )
     seen: set[str] = set()
@@ -415,7 +424,10 @@ def _read_responses(
     for name in header:
         if name != id_column and name not in col_of:
             raise DatasetError(
-                RESPONSES_FILE, f"column {name!r} is not in {CODEBOOK_FILE}", row=0, column=name
+                RESPONSES_FILE,
+                f"column {_clip(name)} is not in {CODEBOOK_FILE}",
+                row=0,
+                column=name,
             )
     id_pos = header.index(id_column)
     # per csv column: (codebook column, {letter: index}, expected-letters text)
@@ -449,7 +461,7 @@ def _read_responses(
             if rid in first_row:
                 raise DatasetError(
                     RESPONSES_FILE,
-                    f"duplicate respondent id {rid!r} (first in row {first_row[rid]})",
+                    f"duplicate respondent id {_clip(rid)} (first in row {first_row[rid]})",
                     row=row,
                     column=id_column,
                 )
@@ -468,7 +480,7 @@ def _read_responses(
                 except KeyError:
                     raise DatasetError(
                         RESPONSES_FILE,
-                        f"unknown option {value!r} (expected one of {expected})",
+                        f"unknown option {_clip(value)} (expected one of {expected})",
                         row=row,
                         column=header[pos],
                     ) from None
@@ -500,17 +512,19 @@ def _read_split(folder: Path, file: str, known: dict[str, int]) -> dict[str, lis
         for position, user in enumerate(users, start=1):
             if not isinstance(user, str | int | float) or isinstance(user, bool):
                 raise DatasetError(
-                    file, f"entry {position} is not a respondent id: {user!r}", column=name
+                    file, f"entry {position} is not a respondent id: {_clip(user)}", column=name
                 )
             rid = normalise_id(user)
             if rid not in known:
                 raise DatasetError(
-                    file, f"unknown respondent id {rid!r} (entry {position})", column=name
+                    file, f"unknown respondent id {_clip(rid)} (entry {position})", column=name
                 )
             if rid in owner:
                 where = "twice" if owner[rid] == name else f"also in {owner[rid]!r}"
                 raise DatasetError(
-                    file, f"respondent {rid!r} is listed {where} (entry {position})", column=name
+                    file,
+                    f"respondent {_clip(rid)} is listed {where} (entry {position})",
+                    column=name,
                 )
             owner[rid] = name
             part.append(rid)
@@ -579,11 +593,13 @@ def _read_runs(
                 ids = _parse_id_list(file, row, column, record[pos[column]])
                 for qid in ids:
                     if qid not in codebook_ids:
-                        raise DatasetError(file, f"unknown item {qid!r}", row=row, column=column)
+                        raise DatasetError(
+                            file, f"unknown item {_clip(qid)}", row=row, column=column
+                        )
                     if qid not in questions:
                         raise DatasetError(
                             file,
-                            f"item {qid!r} is not one of the manifest's questions",
+                            f"item {_clip(qid)} is not one of the manifest's questions",
                             row=row,
                             column=column,
                         )
@@ -611,7 +627,7 @@ def _optional_file(folder: Path, manifest: dict[str, Any], key: str, default: st
         if Path(named).is_absolute() or ".." in Path(named).parts:
             raise DatasetError(
                 MANIFEST_FILE,
-                f"{named!r} must be a file name inside the dataset folder",
+                f"{_clip(named)} must be a file name inside the dataset folder",
                 column=key,
             )
         if not (folder / named).is_file():
@@ -667,17 +683,19 @@ def load_dataset(path: str | Path) -> Dataset:
         if region not in ids_in_codebook:
             raise DatasetError(
                 MANIFEST_FILE,
-                f"{region!r} is not an item of {CODEBOOK_FILE}",
+                f"{_clip(region)} is not an item of {CODEBOOK_FILE}",
                 column="region_column",
             )
         if region in questions:
             raise DatasetError(
-                MANIFEST_FILE, f"{region!r} is also listed as a question", column="region_column"
+                MANIFEST_FILE,
+                f"{_clip(region)} is also listed as a question",
+                column="region_column",
             )
     if id_column in ids_in_codebook:
         raise DatasetError(
             MANIFEST_FILE,
-            f"the id column {id_column!r} is also a codebook item",
+            f"the id column {_clip(id_column)} is also a codebook item",
             column="id_column",
         )
 
