@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -58,11 +60,17 @@ class StudySettings(BaseModel):
 
     ``ask_attributes``: the browser flow asks the study's attribute items (demographics)
     before the first adaptive question (API clients pass known attributes instead).
+    ``belief_model``: what the "fit model" job fits (``default`` latent classes, ``auto``,
+    ``cape_cooccurrence``, ``cape_linear``, ``cape_factor``, ``persona_mixture``; see
+    :data:`elicitation.model_choice.BELIEF_MODEL_CHOICES`).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     criterion: str = "eig"
     ask_attributes: bool = True
+    belief_model: Literal[
+        "default", "auto", "cape_cooccurrence", "cape_linear", "cape_factor", "persona_mixture"
+    ] = "default"
     budgets: Budgets = Field(default_factory=Budgets)
     group: GroupSettings = Field(default_factory=GroupSettings)

@@ -45,7 +45,7 @@ from elicitation.bench.metrics import score_predictions
 from elicitation.criteria import get_criterion
 from elicitation.datasets import Dataset, load_dataset
 from elicitation.errors import BenchmarkError, ElicitationError
-from models.base import MISSING, BeliefModel, load_model, responses_hash
+from models.base import MISSING, BeliefModel, ItemBank, load_model, responses_hash
 from models.cape_cooccurrence import CapeCooccurrence
 from models.cape_factor import CapeFactor
 from models.cape_linear import CapeLinear
@@ -110,7 +110,11 @@ def fit_cape_cooccurrence(ctx: FitContext) -> BeliefModel:
         ctx,
         "cape_cooccurrence",
         lambda: CapeCooccurrence.fit(
-            ctx.train, ctx.item_bank, validation=_val_or_none(ctx), seed=ctx.base_seed
+            ctx.train,
+            ctx.item_bank,
+            validation=_val_or_none(ctx),
+            seed=ctx.base_seed,
+            **ctx.options.get("cape_cooccurrence", {}),
         ),
     )
 
@@ -121,7 +125,11 @@ def fit_cape_linear(ctx: FitContext) -> BeliefModel:
         ctx,
         "cape_linear",
         lambda: CapeLinear.fit(
-            ctx.train, ctx.item_bank, validation=_val_or_none(ctx), seed=ctx.base_seed
+            ctx.train,
+            ctx.item_bank,
+            validation=_val_or_none(ctx),
+            seed=ctx.base_seed,
+            **ctx.options.get("cape_linear", {}),
         ),
     )
 
@@ -137,6 +145,7 @@ def fit_cape_factor(ctx: FitContext) -> BeliefModel:
             validation=_val_or_none(ctx),
             seed=ctx.base_seed,
             progress=False,
+            **ctx.options.get("cape_factor", {}),
         ),
     )
 
@@ -460,6 +469,106 @@ def _fit_auto(ctx: FitContext) -> BeliefModel:
     return model
 
 
+BELIEF_MODEL_CHOICES = (
+    "default",
+    "auto",
+    "cape_cooccurrence",
+    "cape_linear",
+    "cape_factor",
+    "persona_mixture",
+)
+"""Values of a study's ``belief_model`` setting: ``default`` = latent classes, ``auto`` =
+the stacked mixture of :func:`fit_auto`, a CAPE family, or ``persona_mixture`` (the
+study's language-model persona prior; built by the app, which holds the distributions)."""
+
+
+def fit_belief_model(
+    kind: str,
+    train: Tensor,
+    val: Tensor | None,
+    item_bank: ItemBank,
+    *,
+    demographics: Sequence[int] = (),
+    candidates: Sequence[int] = (),
+    targets: Sequence[int] = (),
+    seed: int = 0,
+    latent_class_options: Mapping[str, Any] | None = None,
+    fit_options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> BeliefModel:
+    """Fit the belief model ``kind`` (one of :data:`BELIEF_MODEL_CHOICES` but
+    ``persona_mixture``) on a study's history: what the app's "fit model" job runs.
+
+    Args:
+        kind: the study's ``belief_model`` setting.
+        train: ``LongTensor [N, I]`` historical answers; val: ``[N_val, I]`` or ``None``.
+        item_bank: the study's items.
+        demographics / candidates / targets: item indices of the study's attribute,
+            question and target items (``auto`` simulates elicitations with them).
+        seed: seeds the fits and, for ``auto`` without validation users, the 20% of
+            ``train`` held out to fit the mixture weights.
+        latent_class_options: keyword arguments of ``fit_latent_classes`` (e.g.
+            ``n_classes``).
+        fit_options: keyword arguments of the CAPE fits by family, e.g.
+            ``{"cape_factor": {"dims": (2,), "steps": 200}}`` (smaller fits for tests).
+
+    Returns:
+        the fitted model; for ``auto`` its ``metrics["model_choice"]`` is the comparison
+        table (validation target log loss of each candidate and of the mixture).
+
+    Raises:
+        ElicitationError: unknown ``kind``; ``auto`` without target or question items,
+            or with too few respondents to hold some out.
+    """
+    from models.latent_class import fit_latent_classes
+
+    train = torch.as_tensor(train, dtype=torch.long)
+    val_t = None if val is None or val.shape[0] == 0 else torch.as_tensor(val, dtype=torch.long)
+    lc = dict(latent_class_options or {})
+    opts = {k: dict(v) for k, v in (fit_options or {}).items()}
+    if kind == "default":
+        return fit_latent_classes(train, item_bank, val_responses=val_t, seed=seed, **lc)
+    if kind in CAPE_FAMILIES:
+        cls = {"cape_cooccurrence": CapeCooccurrence, "cape_linear": CapeLinear}.get(kind)
+        kw = opts.get(kind, {})
+        if cls is not None:
+            return cls.fit(train, item_bank, validation=val_t, seed=seed, **kw)
+        return CapeFactor.fit(train, item_bank, validation=val_t, seed=seed, progress=False, **kw)
+    if kind != "auto":
+        raise ElicitationError(
+            f"belief model {kind!r} cannot be fitted here (known: {', '.join(BELIEF_MODEL_CHOICES)})"
+        )
+    if not targets:
+        raise ElicitationError("auto needs at least one target item to compare models on")
+    if not candidates:
+        raise ElicitationError("auto needs at least one question item to ask")
+    if val_t is None:
+        if train.shape[0] < 10:
+            raise ElicitationError(
+                f"auto needs at least 10 historical respondents (has {train.shape[0]})"
+            )
+        from models.cape_common import split_rows
+
+        held, kept = split_rows(train.shape[0], 0.2, seed)
+        train, val_t = train[kept], train[held]
+    ctx = FitContext(
+        item_bank,
+        train,
+        val_t,
+        [int(i) for i in demographics],
+        [int(i) for i in candidates],
+        [int(i) for i in targets],
+        seed=seed,
+        base_seed=seed,
+        options={**opts, "latent_classes": lc},
+    )
+    before = set(_MEMO)
+    try:
+        return _fit_auto(ctx)
+    finally:  # a long-running worker keeps no fits of past studies
+        for key in set(_MEMO) - before:
+            _MEMO.pop(key, None)
+
+
 def _eig(ctx: FitContext) -> Any:
     return get_criterion("eig")
 
@@ -638,6 +747,9 @@ def cape_measures(
 
 __all__ = [
     "AUTO_CANDIDATES",
+    "BELIEF_MODEL_CHOICES",
+    "fit_belief_model",
+    "stack_models",
     "FITTERS",
     "ModelChoice",
     "adaptivity_counts",
@@ -657,11 +769,17 @@ def run_with_cape_measures(
     n_runs: int | None = None,
     seed: int = 0,
     progress: bool = True,
+    first_run: int = 0,
 ) -> dict[str, Any]:
-    """``run_individual`` plus :func:`cape_measures` merged into each method's entry."""
+    """``run_individual`` plus :func:`cape_measures` merged into each method's entry;
+    ``first_run`` skips the runs before it (``n_runs`` then counts from it)."""
+    import dataclasses
+
     from elicitation.bench.individual import run_individual
 
     ds = load_dataset(dataset)
+    if first_run:  # a later slice of runs.csv (to split a long benchmark; see ``merge``)
+        ds = dataclasses.replace(ds, runs=ds.runs[first_run:])
     result = run_individual(ds, budget, list(methods), n_runs=n_runs, seed=seed, progress=progress)
     for name, extra in cape_measures(ds, result, n_runs=n_runs, seed=seed).items():
         result["methods"][name].update(extra)
@@ -696,11 +814,130 @@ def markdown_tables(result: dict[str, Any], budgets: Sequence[int] = (0, 1, 2, 3
     return "\n".join(out) + "\n"
 
 
+def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One ``result.json`` from parts of the same protocol: different methods, and/or
+    different runs of a method (``--first-run``), combined exactly.
+
+    A method found in several parts gets its runs concatenated; its curves are the mean
+    over all runs (each run weighted equally, as in ``run_individual``),
+    ``log_loss_all_candidates`` the run-weighted mean, ``adaptivity`` the pooled share of
+    pairs and ``questions_to_90pct`` recomputed from the merged curve.
+
+    Raises:
+        BenchmarkError: the parts differ in dataset or budget, a run of a method appears
+            twice, or the methods do not end up with the same runs.
+    """
+    from elicitation.bench.metrics import METRICS
+
+    if not parts:
+        raise BenchmarkError("merge: no results given")
+    first = parts[0]
+    by_method: dict[str, list[tuple[list[int], Mapping[str, Any]]]] = {}
+    for part in parts:
+        for key in ("dataset", "budget"):
+            if part[key] != first[key]:
+                raise BenchmarkError(f"merge: {key} differs ({part[key]!r} vs {first[key]!r})")
+        for name, res in part["methods"].items():
+            by_method.setdefault(name, []).append((list(part["protocol"]["runs"]), res))
+    out: dict[str, Any] = {k: v for k, v in first.items() if k not in ("methods", "protocol")}
+    out["methods"] = {}
+    out["auto_choices"] = [c for part in parts for c in part.get("auto_choices", [])]
+    all_runs: list[int] | None = None
+    for name, pieces in by_method.items():
+        runs = [r for rs, _ in pieces for r in rs]
+        if len(set(runs)) != len(runs):
+            raise BenchmarkError(f"merge: method {name!r} has a run twice")
+        order = sorted(runs)
+        if all_runs is None:
+            all_runs = order
+        elif order != all_runs:
+            raise BenchmarkError(f"merge: method {name!r} has runs {order}, others {all_runs}")
+        if len(pieces) == 1:
+            out["methods"][name] = dict(pieces[0][1])
+            continue
+        res = dict(pieces[0][1])
+        entries = sorted((e for _, r in pieces for e in r["per_run"]), key=lambda e: int(e["seed"]))
+        n = len(entries)
+        for m in METRICS:
+            res[m] = [sum(e[m][t] for e in entries) / n for t in range(len(entries[0][m]))]
+        res["per_run"] = entries
+        res["seconds"] = round(sum(float(r.get("seconds", 0.0)) for _, r in pieces), 3)
+        if all("log_loss_all_candidates" in r for _, r in pieces):
+            ref = sum(len(rs) * r["log_loss_all_candidates"] for rs, r in pieces) / n
+            pairs = sum(int(r.get("adaptivity_pairs", 0)) for _, r in pieces)
+            differ = sum(
+                (r.get("adaptivity") or 0.0) * int(r.get("adaptivity_pairs", 0)) for _, r in pieces
+            )
+            res["log_loss_all_candidates"] = ref
+            res["adaptivity_pairs"] = pairs
+            res["adaptivity"] = differ / pairs if pairs else None
+            res["questions_to_90pct"] = questions_to_fraction(res["log_loss"], ref)
+        out["methods"][name] = res
+    out["protocol"] = {**first["protocol"], "runs": all_runs}
+    return out
+
+
+def auto_vs_best(result: Mapping[str, Any], metric: str = "log_loss") -> str:
+    """Markdown rows: the best single method at each budget (``auto`` and ``full``
+    excluded), ``auto``'s value and whether ``auto`` is at least as good."""
+    methods = result["methods"]
+    singles = {k: v for k, v in methods.items() if k not in ("auto", "full")}
+    t_max = int(result["budget"])
+    lower = metric == "log_loss"
+    best, who, verdict = [], [], []
+    for n in range(t_max + 1):
+        pick = (min if lower else max)(singles, key=lambda k: singles[k][metric][n])
+        b = singles[pick][metric][n]
+        a = methods["auto"][metric][n]
+        best.append(f"{b:.4f}")
+        who.append(pick)
+        verdict.append(("yes" if (a <= b if lower else a >= b) else "no") + f" ({a - b:+.4f})")
+    head = f"| {metric} | " + " | ".join(str(n) for n in range(t_max + 1)) + " |"
+    rows = [
+        head,
+        "| --- |" + " --- |" * (t_max + 1),
+        "| best single | " + " | ".join(best) + " |",
+        "| which | " + " | ".join(who) + " |",
+        "| auto | "
+        + " | ".join(f"{methods['auto'][metric][n]:.4f}" for n in range(t_max + 1))
+        + " |",
+        "| auto at least as good (auto - best) | " + " | ".join(verdict) + " |",
+    ]
+    return "\n".join(rows) + "\n"
+
+
+def _merge_main(argv: Sequence[str]) -> int:
+    """``python -m elicitation.model_choice merge A.json B.json ... --out FILE [--plot PNG]``."""
+    import argparse
+    import json
+
+    from elicitation.bench.plot import plot_curves
+
+    p = argparse.ArgumentParser(description=_merge_main.__doc__)
+    p.add_argument("parts", nargs="+", type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--plot", type=Path, default=None)
+    args = p.parse_args(argv)
+    merged = merge_results([json.loads(f.read_text(encoding="utf-8")) for f in args.parts])
+    args.out.write_text(json.dumps(merged, indent=1), encoding="utf-8")
+    if args.plot is not None:
+        plot_curves(merged, args.plot)
+    print(markdown_tables(merged, budgets=range(int(merged["budget"]) + 1)))
+    if "auto" in merged["methods"]:
+        print(auto_vs_best(merged, "log_loss"))
+        print(auto_vs_best(merged, "accuracy"))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m elicitation.model_choice --dataset DIR --budget T --out FILE [--methods a,b]``."""
     import argparse
     import json
+    import sys
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge"]:
+        return _merge_main(argv[1:])
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--dataset", required=True, type=Path)
     p.add_argument("--budget", type=int, default=10)
@@ -709,6 +946,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--methods", default="default,random,fixed,irt,full," + ",".join((*CAPE_FAMILIES, "auto"))
     )
     p.add_argument("--runs", type=int, default=None)
+    p.add_argument("--first-run", type=int, default=0, help="skip the runs before this index")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--fit-cache", type=Path, default=None, help="store / reuse fits here")
     args = p.parse_args(argv)
@@ -716,7 +954,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     global FIT_CACHE_DIR
     FIT_CACHE_DIR = args.fit_cache
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    result = run_with_cape_measures(args.dataset, args.budget, methods, n_runs=args.runs)
+    result = run_with_cape_measures(
+        args.dataset, args.budget, methods, n_runs=args.runs, first_run=args.first_run
+    )
     result["auto_choices"] = [
         {
             "seed": c["seed"],

@@ -296,7 +296,7 @@ def _fit_theta(
         loss = stacked_log_loss(theta, gamma, p_truth, users, loglik)
         loss = loss + ridge * (theta * theta).sum()
         (grad,) = torch.autograd.grad(loss, theta)
-        return float(loss), grad.numpy()
+        return float(loss.detach()), grad.numpy()
 
     res = minimize(fun, x0=[0.0] * p_truth.shape[0], jac=True, method="L-BFGS-B")
     return torch.as_tensor(res.x, dtype=DTYPE)

@@ -299,7 +299,29 @@ def _study_context(study: Any, session: Any) -> dict[str, Any]:
         "shares": shares,
         "owner": owner,
         "roles": ("question", "attribute", "target"),
+        # the active belief model and its comparison table / notice (issue 6, owner C)
+        "fitted_model": _active_model_row(study.id, session=session),
+        "belief_models": _belief_model_choices(),
     }
+
+
+def _active_model_row(study_id: int, *, session: Any) -> Any:
+    """The active fitted model's id, family, metrics and date (not its blob), or None."""
+    from app.tables import FittedModel
+
+    row = session.exec(
+        select(FittedModel.id, FittedModel.family, FittedModel.metrics, FittedModel.created_at)
+        .where(FittedModel.study_id == study_id, col(FittedModel.is_active))
+        .order_by(col(FittedModel.id).desc())
+    ).first()
+    keys = ("id", "family", "metrics", "created_at")
+    return None if row is None else dict(zip(keys, row, strict=True))
+
+
+def _belief_model_choices() -> tuple[str, ...]:
+    from elicitation.model_choice import BELIEF_MODEL_CHOICES
+
+    return BELIEF_MODEL_CHOICES
 
 
 def _study_page(
@@ -402,6 +424,7 @@ async def study_settings(
         values = {
             "criterion": f("criterion"),
             "ask_attributes": f("ask_attributes") == "on",
+            "belief_model": f("belief_model") or "default",
             "budgets": {
                 "max_questions": _opt_int(f("max_questions")) or 0,
                 "min_questions": _opt_int(f("min_questions")) or 0,

@@ -30,7 +30,7 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
 
     Returns:
         ``{"session_id", "answers", "model_family", "criteria": [...], "items": [...],
-        "summary"}``; each entry has ``item``, ``question``, ``option`` (label of the most
+        "summary"}`` plus ``model_notice`` when the model is a fallback prior; each entry has ``item``, ``question``, ``option`` (label of the most
         likely option), ``option_index``, ``probability``, ``distribution``,
         ``expected_level`` (criteria and ordinal items), ``observed``, ``criterion``.
 
@@ -67,12 +67,16 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
     observed = set(_attribute_indices(rt, respondent.attributes))
     observed |= {idx for idx, option in _answer_pairs(rt, answers) if option is not None}
     profile = preference_profile(rt.model, state, texts, observed=sorted(observed))
-    return {
+    out = {
         "session_id": sess.id,
         "answers": len(answers),
         "model_family": rt.model.family,
         **profile.to_dict(),
     }
+    notice = (rt.model.metrics or {}).get("notice")
+    if notice:  # e.g. a persona or uniform prior because the study has no history yet
+        out["model_notice"] = str(notice)
+    return out
 
 
 __all__ = ["session_profile"]

@@ -129,3 +129,202 @@ def test_profile_of_unknown_or_foreign_session_is_404(client: Any, live: LiveStu
     assert missing.status_code == 404
     assert client.get(url).status_code == 401
     assert client.get(url, headers=bearer(token)).status_code == 200
+
+
+# ----- the fitted belief model: fallback prior without history, auto's comparison table ---
+
+
+def _new_study(db: Any, folder: Any, n: int) -> Any:
+    from app.services.importer import import_dataset
+    from app.tables import Study
+
+    data = write_small_dataset(DATASETS_DIR / "ces", folder, n)
+    result = import_dataset(data, session=db)
+    study = db.get(Study, result.study_id)
+    assert study is not None
+    return study
+
+
+def _admin_page(url: str, slug: str) -> str:
+    """The admin study page as an admin sees it (real login form, real session cookie)."""
+    from fastapi.testclient import TestClient
+    from sqlmodel import Session as DbSession
+
+    from app.auth import create_account
+    from app.db import make_engine
+    from app.main import create_app
+    from app.settings import load_settings
+
+    engine = make_engine(url)
+    with DbSession(engine) as db:
+        create_account("c-admin@example.org", "correct horse battery", session=db, is_admin=True)
+    engine.dispose()
+    settings = load_settings(database_url=url, env="dev")
+    with TestClient(create_app(settings), base_url="http://localhost") as c:
+        c.get("/admin/login")
+        r = c.post(
+            "/admin/login",
+            data={
+                "email": "c-admin@example.org",
+                "password": "correct horse battery",
+                "csrf_token": c.cookies.get("priorly_csrf"),
+            },
+            follow_redirects=False,
+        )
+        assert r.status_code == 303, r.text
+        page = c.get(f"/admin/studies/{slug}")
+        assert page.status_code == 200, page.text
+        return page.text
+
+
+def test_study_without_history_falls_back_to_persona_prior_with_notice(
+    engine: Any, migrated_db_url: str, tmp_path: Any
+) -> None:
+    """No historical respondents: the fit stores the study's persona prior (stored LLM
+    distributions, persona weights as prior) with a notice; without distributions, a
+    uniform prior with a notice. Exact predictions from the stored numbers."""
+    import torch
+    from sqlmodel import Session as DbSession
+
+    from app.services.belief import fit_study_model
+    from app.tables import PersonaDistribution, Respondent, StudyPersona
+    from inference_server.prompts import PromptItem
+    from models import load_model
+
+    with DbSession(engine) as db:
+        study = _new_study(db, tmp_path / "ces30", 30)
+        for r in db.exec(select(Respondent).where(Respondent.study_id == study.id)).all():
+            db.delete(r)
+        db.commit()
+        items = db.exec(
+            select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
+        ).all()
+        questions = [it for it in items if it.role == "question"]
+        q1, q2, q3 = questions[:3]
+        personas = [("young renter", 3.0), ("retired owner", 1.0)]
+        for k, (text, weight) in enumerate(personas):
+            db.add(
+                StudyPersona(
+                    study_id=study.id,
+                    key=f"p{k}",
+                    text=text,
+                    text_hash=f"h{k}",
+                    weight=weight,
+                    source="file",
+                )
+            )
+        table: dict[tuple[int, str], list[float]] = {}
+        for k in range(2):
+            for it in (q1, q2):
+                n = len(it.options)
+                raw = [float((k + 1) * (j + 1) if k == 0 else n - j) for j in range(n)]
+                probs = [x / sum(raw) for x in raw]
+                table[(k, it.key)] = probs
+                db.add(
+                    PersonaDistribution(
+                        model_id="test-llm",
+                        template_version="v1",
+                        persona_hash=f"h{k}",
+                        item_hash=PromptItem(
+                            it.key, it.question, tuple(o[1] for o in it.options)
+                        ).hash,
+                        probs=probs,
+                        valid_mass=1.0,
+                    )
+                )
+        db.commit()
+        row = fit_study_model(study, session=db)
+        assert row.is_active and row.family == "persona_mixture"
+        m = row.metrics
+        assert m["prior"] == "persona" and m["distributions"] == 4 and m["n_personas"] == 2
+        assert "no historical respondents" in m["notice"]
+        assert "2 language-model personas" in m["notice"] and "test-llm" in m["notice"]
+        model = load_model(row.blob)
+        idx = {it.key: j for j, it in enumerate(items)}
+        prior = torch.tensor([0.75, 0.25], dtype=torch.float64)
+        state = model.initial_state({})
+        for it in (q1, q2):
+            n = len(it.options)
+            expected = sum(prior[k] * torch.tensor(table[(k, it.key)]) for k in range(2))
+            got = model.predict(state, [idx[it.key]])[0, :n]
+            assert torch.allclose(got, expected.to(got.dtype), atol=1e-6)
+        n3 = len(q3.options)  # no distribution stored: uniform for every persona
+        got3 = model.predict(state, [idx[q3.key]])[0, :n3]
+        assert torch.allclose(got3, torch.full((n3,), 1.0 / n3, dtype=got3.dtype), atol=1e-9)
+        # Bayes after one answer: posterior over personas from the stored numbers
+        state = model.update(state, idx[q1.key], 0)
+        post = prior * torch.tensor([table[(k, q1.key)][0] for k in range(2)])
+        post = post / post.sum()
+        n2 = len(q2.options)
+        expected = sum(post[k] * torch.tensor(table[(k, q2.key)]) for k in range(2))
+        got = model.predict(state, [idx[q2.key]])[0, :n2]
+        assert torch.allclose(got, expected.to(got.dtype), atol=1e-6)
+
+        # no distributions either: a uniform prior, said so
+        for r in db.exec(select(PersonaDistribution)).all():
+            db.delete(r)
+        db.commit()
+        row2 = fit_study_model(study, session=db)
+        assert row2.metrics["prior"] == "uniform" and "Uniform prior" in row2.metrics["notice"]
+        assert row2.id != row.id and row2.is_active
+        db.refresh(row)
+        assert not row.is_active
+        flat = load_model(row2.blob)
+        got = flat.predict(flat.update(flat.initial_state({}), idx[q1.key], 1), [idx[q2.key]])
+        assert torch.allclose(got[0, :n2], torch.full((n2,), 1.0 / n2, dtype=got.dtype))
+        slug = study.slug
+    page = _admin_page(migrated_db_url, slug)
+    assert 'id="belief-model"' in page and "Uniform prior" in page
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # storage: the fallback test
+def test_auto_belief_model_stores_and_shows_the_comparison_table(
+    engine: Any, migrated_db_url: str, tmp_path: Any
+) -> None:
+    """``belief_model = auto``: the fit job's function stores a stacked mixture whose
+    metrics hold the comparison table (every candidate and the mixture, validation target
+    log loss), shown on the admin study page; the mixture is at least as good as every
+    candidate on those validation users."""
+    from sqlmodel import Session as DbSession
+
+    from app.schemas import StudySettings
+    from app.services.belief import fit_study_model
+    from app.services.designer import set_roles, update_settings
+    from models import load_model
+
+    with DbSession(engine) as db:
+        study = _new_study(db, tmp_path / "ces60", 60)
+        set_roles(study, dict.fromkeys(study.benchmark_runs[0]["eval_qids"], "target"), session=db)
+        values = StudySettings.model_validate(study.settings or {}).model_dump(mode="json")
+        update_settings(study, {**values, "belief_model": "auto"}, session=db)
+        row = fit_study_model(
+            study,
+            session=db,
+            n_classes=(2,),
+            n_restarts=1,
+            fit_options={  # small fits: the test checks the wiring, not the models
+                "cape_factor": {"dims": (1,), "steps": 30, "n_samples": 64},
+                "cape_linear": {"dims": (1,)},
+                "cape_cooccurrence": {"betas": (0.1,), "etas": (0.5,), "lams": (0.5,)},
+            },
+        )
+        assert row.family == "stacked_mixture"
+        table = row.metrics["model_choice"]
+        names = [r["name"] for r in table]
+        assert names == [
+            "latent_classes",
+            "cape_cooccurrence",
+            "cape_linear",
+            "cape_factor",
+            "stacked_mixture",
+        ]
+        assert [r["name"] for r in table if r["chosen"]] == ["stacked_mixture"]
+        best_single = min(r["mean_log_loss"] for r in table[:-1])
+        assert table[-1]["mean_log_loss"] <= best_single + 1e-9
+        model = load_model(row.blob)
+        assert model.family == "stacked_mixture" and set(model.names) <= set(names[:-1])
+        slug = study.slug
+        with pytest.raises(Exception, match="belief_model"):
+            update_settings(study, {**values, "belief_model": "nonsense"}, session=db)
+    page = _admin_page(migrated_db_url, slug)
+    assert 'id="model-choice"' in page and "stacked_mixture" in page and "cape_factor" in page

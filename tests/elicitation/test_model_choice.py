@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -182,3 +183,51 @@ def test_markdown_tables_show_every_method_and_measure() -> None:
     assert "| log_loss | 0 | 2 |" in text and "| a | 0.7000 | 0.5000 |" in text
     assert "| a | > 2 | 0.4000 | 0.250 (8) |" in text
     assert "| full | 0.8000 | 0.8000 |" in text
+
+
+def test_merge_results_combines_methods_and_run_slices_exactly() -> None:
+    from elicitation.errors import BenchmarkError
+    from elicitation.model_choice import merge_results
+
+    def part(runs: list[int], methods: dict[str, Any]) -> dict[str, Any]:
+        return {"dataset": "d", "budget": 2, "protocol": {"runs": runs}, "methods": methods}
+
+    def entry(seed: int, ll: list[float]) -> dict[str, Any]:
+        return {
+            "seed": seed,
+            "log_loss": ll,
+            "accuracy": [0.5] * 3,
+            "brier_mean": [0.1] * 3,
+            "brier_sum": [0.2] * 3,
+        }
+
+    def method(entries: list[dict[str, Any]], ref: float, a: float, pairs: int) -> dict[str, Any]:
+        n = len(entries)
+        return {
+            "log_loss": [sum(e["log_loss"][t] for e in entries) / n for t in range(3)],
+            "per_run": entries,
+            "log_loss_all_candidates": ref,
+            "adaptivity": a,
+            "adaptivity_pairs": pairs,
+            "seconds": 1.0,
+        }
+
+    a1 = method([entry(0, [1.0, 0.9, 0.8]), entry(1, [1.0, 0.7, 0.6])], 0.5, 0.5, 10)
+    a2 = method([entry(2, [1.0, 1.0, 1.0])], 0.8, 0.25, 30)
+    b = method([entry(s, [1.0, 0.6, 0.5]) for s in (0, 1, 2)], 0.5, 0.0, 5)
+    merged = merge_results(
+        [part([0, 1], {"a": a1}), part([2], {"a": a2}), part([0, 1, 2], {"b": b})]
+    )
+    res = merged["methods"]["a"]
+    assert [e["seed"] for e in res["per_run"]] == [0, 1, 2]
+    assert res["log_loss"] == pytest.approx([1.0, 2.6 / 3, 2.4 / 3])
+    assert res["log_loss_all_candidates"] == pytest.approx((2 * 0.5 + 0.8) / 3)
+    assert res["adaptivity"] == pytest.approx((0.5 * 10 + 0.25 * 30) / 40)
+    assert res["adaptivity_pairs"] == 40
+    # gain 1 - 0.6 = 0.4; 90% of it needs 1 - 0.36 = 0.64 -> not reached by 0.8: > budget
+    assert res["questions_to_90pct"] is None
+    assert merged["methods"]["b"] == b and merged["protocol"]["runs"] == [0, 1, 2]
+    with pytest.raises(BenchmarkError, match="twice"):
+        merge_results([part([0, 1], {"a": a1}), part([1], {"a": a2})])
+    with pytest.raises(BenchmarkError, match="runs"):
+        merge_results([part([0, 1], {"a": a1}), part([0, 1, 2], {"b": b})])
