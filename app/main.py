@@ -18,6 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from app.db import head_revision, make_engine
 from app.errors import PriorlyError
 from app.limits import BodyLimitMiddleware
+from app.middleware import install_log_redaction
 from app.ratelimit import ApiRateLimitMiddleware
 from app.routes import admin, api_v1, health, pages, respondent
 from app.settings import Settings, get_settings
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
 
     admin.install(app)  # the admin UI (after the handlers: its error pages wrap them)
+    install_log_redaction()  # tokens in resume/invitation/member-link paths stay out of logs
     # Per-credential limit on /api/v1 calls (429), counters in the database.
     app.add_middleware(
         ApiRateLimitMiddleware,
