@@ -10,6 +10,8 @@ the migration chain; the app never calls ``create_all`` on a real database.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +23,21 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import event, text
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 from sqlmodel import Session, create_engine
 
 from app.errors import DatabaseError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+PING_AFTER_IDLE_S = 2.0
+"""A pooled PostgreSQL connection idle for longer than this is pinged before use."""
+POOL_SIZE = int(os.environ.get("PRIORLY_DB_POOL_SIZE", "8"))
+POOL_MAX_OVERFLOW = int(os.environ.get("PRIORLY_DB_MAX_OVERFLOW", "16"))
+"""Per process: a web process runs at most ``PRIORLY_SESSION_CONCURRENCY`` session writes
+and a few short authorization reads at once, each holding one connection for a few
+milliseconds, so a small pool suffices; PostgreSQL's ``max_connections`` (100 by
+default) must exceed ``processes x (POOL_SIZE + POOL_MAX_OVERFLOW)``."""
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -39,12 +49,44 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def _install_idle_ping(engine: Engine, idle_s: float) -> None:
+    """Ping a pooled connection on checkout only when it sat idle for ``idle_s`` seconds.
+
+    SQLAlchemy's ``pool_pre_ping`` pings on *every* checkout: one more round trip per
+    request, which was a sixth of the answer call's wall time. Under load a connection
+    is back in use within milliseconds and cannot have been cut by a server restart
+    unnoticed for long; after a pause it is checked. A dead connection raises
+    :class:`DisconnectionError`, on which the pool discards it and connects anew (up to
+    three times), so a restarted server still does not surface as an error on the first
+    request after a pause.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        record.info["priorly_checked_in"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("priorly_checked_in")
+        if since is None or time.monotonic() - since < idle_s:
+            return
+        try:
+            cur = dbapi_conn.cursor()
+            cur.execute("SELECT 1")
+            cur.close()
+            dbapi_conn.rollback()
+        except Exception as exc:  # any failure means the connection is unusable
+            raise DisconnectionError(f"stale pooled connection: {exc}") from exc
+
+
+def make_engine(url: str, *, ping_after_idle_s: float = PING_AFTER_IDLE_S, **kwargs: Any) -> Engine:
     """An engine for ``url`` with the project's connection settings.
 
     SQLite: WAL, ``foreign_keys=ON``, a busy timeout, and connections usable from the
-    threads of the web server. PostgreSQL: ``pool_pre_ping`` so a restarted server does not
-    surface as an error on the first request.
+    threads of the web server. PostgreSQL: a pool of ``PRIORLY_DB_POOL_SIZE`` (+
+    ``PRIORLY_DB_MAX_OVERFLOW``) connections, pinged on checkout only after
+    ``ping_after_idle_s`` of idleness (:func:`_install_idle_ping`), so a restarted server
+    does not surface as an error on the first request.
     """
     sa_url = make_url(url)
     if sa_url.get_backend_name() == "sqlite":
@@ -55,7 +97,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, **kwargs)
+    kwargs.setdefault("pool_size", POOL_SIZE)
+    kwargs.setdefault("max_overflow", POOL_MAX_OVERFLOW)
+    engine = create_engine(url, **kwargs)
+    _install_idle_ping(engine, ping_after_idle_s)
+    return engine
 
 
 def session_scope(engine: Engine) -> Iterator[Session]:

@@ -48,6 +48,7 @@ from app.tables import (  # noqa: E402
     FittedModel,
     Item,
     Respondent,
+    SelectionDecision,
     Study,
 )
 
@@ -184,12 +185,17 @@ def serve(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]:
             "--log-level",
             "warning",
             "--no-access-log",
+            # uvicorn's supervisor kills a worker that does not answer its health ping
+            # within 5 s (the ping is answered by a thread that needs the GIL): on a
+            # saturated 2-core machine that killed busy workers mid-request.
+            "--timeout-worker-healthcheck",
+            "60",
         ],
         cwd=REPO,
         env=env,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600
     while True:
         try:
             if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
@@ -216,13 +222,26 @@ def warm_up(base: str, slug: str, key: str, workers: int) -> None:
         r.raise_for_status()
 
 
-def run_locust(base: str, slug: str, key: str, users: int, out: Path) -> None:
+def run_locust(
+    base: str,
+    slug: str,
+    key: str,
+    users: int,
+    out: Path,
+    *,
+    think_s: float,
+    duration_s: float,
+    spawn_rate: float,
+) -> subprocess.Popen[bytes]:
+    """Start locust headless (the caller waits for it: its CPU is sampled meanwhile)."""
     env = {
         **os.environ,
         "PRIORLY_LOADTEST_STUDY": slug,
         "PRIORLY_LOADTEST_KEY": key,
         "PRIORLY_LOADTEST_OUT": str(out),
         "PRIORLY_LOADTEST_USERS": str(users),
+        "PRIORLY_LOADTEST_THINK_S": str(think_s),
+        "PRIORLY_LOADTEST_DURATION_S": str(duration_s),
     }
     cmd = [
         sys.executable,
@@ -236,16 +255,154 @@ def run_locust(base: str, slug: str, key: str, users: int, out: Path) -> None:
         "--users",
         str(users),
         "--spawn-rate",
-        str(users),
+        str(spawn_rate),
         "--run-time",
-        "600s",
+        f"{int(max(600, duration_s + 300))}s",
         "--stop-timeout",
-        "30",
+        "60",
         "--loglevel",
         "WARNING",
         "--only-summary",
     ]
-    subprocess.run(cmd, env=env, cwd=REPO, check=False)
+    return subprocess.Popen(cmd, env=env, cwd=REPO)
+
+
+# ----- resource accounting (Linux /proc) --------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+
+
+def _postgres_backends(database: str) -> list[int]:
+    """PostgreSQL backend processes connected to ``database`` (by their process title)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as fh:
+                title = fh.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        if title.startswith("postgres: ") and f" {database} " in title:
+            out.append(int(d))
+    return out
+
+
+class ResourceSampler:
+    """Samples, once a second, the CPU seconds of the app workers, of PostgreSQL's backends
+    for the test database and of the load generator, and the workers' resident memory."""
+
+    def __init__(self, server_pid: int, database: str | None) -> None:
+        self.server_pid = server_pid
+        self.database = database
+        self.generator_pid: int | None = None
+        self.cpu: dict[str, dict[int, float]] = {"workers": {}, "postgres": {}, "generator": {}}
+        self.start_cpu: dict[str, dict[int, float]] = {
+            "workers": {},
+            "postgres": {},
+            "generator": {},
+        }
+        self.rss_max: dict[int, float] = {}
+        self.rss_last: dict[int, float] = {}
+        self._stop = False
+        import threading
+
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _groups(self) -> dict[str, list[int]]:
+        workers = [self.server_pid, *_children(self.server_pid)]
+        return {
+            "workers": workers,
+            "postgres": _postgres_backends(self.database) if self.database else [],
+            "generator": [self.generator_pid, *_children(self.generator_pid)]
+            if self.generator_pid
+            else [],
+        }
+
+    def sample(self) -> None:
+        for group, pids in self._groups().items():
+            for pid in pids:
+                cpu = _cpu_s(pid)
+                self.start_cpu[group].setdefault(pid, cpu)
+                self.cpu[group][pid] = max(cpu, self.cpu[group].get(pid, 0.0))
+        for pid in _children(self.server_pid):
+            rss = _rss_mib(pid)
+            self.rss_last[pid] = rss
+            self.rss_max[pid] = max(rss, self.rss_max.get(pid, 0.0))
+
+    def _run(self) -> None:
+        while not self._stop:
+            self.sample()
+            time.sleep(1.0)
+
+    def start(self) -> None:
+        self.sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._thread.join()
+        self.sample()
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used per group since :meth:`start` (processes seen at any sample)."""
+        return {
+            g: sum(self.cpu[g][p] - self.start_cpu[g].get(p, 0.0) for p in self.cpu[g])
+            for g in self.cpu
+        }
+
+
+def _timing_lock(path: Path | None) -> Any:
+    """An open file holding an exclusive flock on ``path`` (``None`` without a path)."""
+    if path is None:
+        return None
+    import fcntl
+
+    fh = open(path, "a")  # noqa: SIM115 (closed by the caller, which releases the lock)
+    print(f"  waiting for the timing lock {path} ...", flush=True)
+    fcntl.flock(fh, fcntl.LOCK_EX)
+    print(f"  timing lock taken; load average {os.getloadavg()}", flush=True)
+    return fh
+
+
+def pin_workers(server_pid: int) -> dict[int, int]:
+    """Pin each uvicorn worker process to its own core (``taskset``); ``{pid: core}``."""
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = {}
+    for i, pid in enumerate(sorted(_children(server_pid))):
+        core = cores[i % len(cores)]
+        os.sched_setaffinity(pid, {core})
+        pinned[pid] = core
+    return pinned
 
 
 def verify(url: str, results: dict[str, Any], max_questions: int) -> dict[str, Any]:
@@ -266,6 +423,13 @@ def verify(url: str, results: dict[str, Any], max_questions: int) -> dict[str, A
                     select(Answer.session_id, func.count(func.distinct(Answer.item_id)))
                     .where(Answer.session_id.in_(sids))  # type: ignore[attr-defined]
                     .group_by(Answer.session_id)
+                ).all()
+            )
+            decisions = dict(
+                db.exec(
+                    select(SelectionDecision.session_id, func.count())
+                    .where(SelectionDecision.session_id.in_(sids))  # type: ignore[attr-defined]
+                    .group_by(SelectionDecision.session_id)
                 ).all()
             )
             total = sum(per_session.values())
@@ -301,6 +465,9 @@ def verify(url: str, results: dict[str, Any], max_questions: int) -> dict[str, A
             1 for s in sids if distinct_items.get(s, 0) != per_session.get(s, 0)
         ),
         "sessions_completed": int(completed),
+        "sessions_decisions_not_answers_plus_1": sum(
+            1 for s in sids if decisions.get(s, 0) != per_session.get(s, 0) + 1
+        ),
         "state_replay_mismatches": mismatched,
     }
 
@@ -314,26 +481,74 @@ def main() -> int:
     parser.add_argument("--dataset", type=Path, default=REPO / "datasets" / "ces")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "loadtest")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
+    parser.add_argument(
+        "--think-time",
+        type=float,
+        default=0.0,
+        help="mean seconds a respondent takes between answers (0: back to back, closed loop)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=0.0,
+        help="seconds to keep every user starting new sessions (0: one session per user)",
+    )
+    parser.add_argument(
+        "--spawn-rate", type=float, default=0.0, help="users started per second (0: all at once)"
+    )
+    parser.add_argument(
+        "--pin", action="store_true", help="pin each uvicorn worker to its own core (taskset)"
+    )
+    parser.add_argument(
+        "--timing-lock",
+        type=Path,
+        default=None,
+        help="hold flock(2) on this file while serving and measuring (not while preparing), "
+        "so that timing runs on a shared machine do not overlap",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
     for backend in args.backends.split(","):
         print(
             f"== {backend}: {args.users} respondents x {args.questions} questions, "
-            f"{args.workers} uvicorn workers",
+            f"{args.workers} uvicorn workers, think time {args.think_time} s, "
+            f"duration {args.duration or 'one session each'}",
             flush=True,
         )
         url, drop = _fresh_database(backend)
         proc = None
+        lock = None
         try:
             slug, key = prepare(url, args.dataset, args.questions)
+            lock = _timing_lock(args.timing_lock)
             proc, base = serve(url, args.workers)
+            pinned = pin_workers(proc.pid) if args.pin else {}
             warm_up(base, slug, key, args.workers)
             raw = args.out / f"{backend}-raw.json"
-            run_locust(base, slug, key, args.users, raw)
+            database = make_url(url).database if backend != "sqlite" else None
+            sampler = ResourceSampler(proc.pid, database)
+            load_before = os.getloadavg()
+            sampler.start()
+            gen = run_locust(
+                base,
+                slug,
+                key,
+                args.users,
+                raw,
+                think_s=args.think_time,
+                duration_s=args.duration,
+                spawn_rate=args.spawn_rate or args.users,
+            )
+            sampler.generator_pid = gen.pid
+            gen.wait()
+            sampler.stop()
+            load_after = os.getloadavg()
             results = json.loads(raw.read_text())
             ms = results["answer_ms"]
             q = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else [0] * 99
+            cpu = sampler.cpu_seconds()
+            n_ans = max(1, len(ms))
             figures = {
                 "answers": len(ms),
                 "answers_per_s": len(ms) / results["answer_window_s"]
@@ -344,14 +559,32 @@ def main() -> int:
                 "max_ms": max(ms) if ms else 0,
                 "client_errors": results["n_errors"],
                 "finished_users": results["finished_users"],
+                "users": args.users,
+                "workers": args.workers,
+                "think_time_s": args.think_time,
+                "duration_s": args.duration,
+                "answer_window_s": results["answer_window_s"],
+                "p90_ms": q[89],
+                "p95_ms": q[94],
+                "client_retries": results.get("retries", 0),
+                "sessions": len(results["sessions"]),
+                "cpu_s": cpu,
+                "cpu_ms_per_answer": {g: 1000 * v / n_ans for g, v in cpu.items()},
+                "worker_rss_mib_max": {str(p): round(v, 1) for p, v in sampler.rss_max.items()},
+                "worker_rss_mib_end": {str(p): round(v, 1) for p, v in sampler.rss_last.items()},
+                "pinned": {str(p): c for p, c in pinned.items()},
+                "loadavg_before": load_before,
+                "loadavg_after": load_after,
                 **verify(url, results, args.questions),
             }
             summary[backend] = figures
-            print(json.dumps(figures, indent=2), flush=True)
+            print(json.dumps({k: v for k, v in figures.items()}, indent=2), flush=True)
         finally:
             if proc is not None:
                 proc.terminate()
                 proc.wait(timeout=30)
+            if lock is not None:
+                lock.close()  # releases the flock
             if not args.keep:
                 drop()
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -361,6 +594,7 @@ def main() -> int:
         and f["sessions_not_max_questions"] == 0
         and f["sessions_with_repeated_item"] == 0
         and f["state_replay_mismatches"] == 0
+        and f["sessions_decisions_not_answers_plus_1"] == 0
         and f["answers_in_db"] == f["answers_acknowledged"]
         for f in summary.values()
     )

@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -116,6 +117,12 @@ class ApiRoute(APIRoute):
                     return error_response(422, "invalid_input", f"request body: {exc.detail}")
                 code = "not_found" if exc.status_code == 404 else "http_error"
                 return error_response(exc.status_code, code, str(exc.detail))
+            except PoolTimeoutError:
+                # every pooled connection stayed busy for the pool timeout: overload, not
+                # a bug; the client may retry (the answer call is idempotent)
+                return error_response(
+                    503, "database_unavailable", "the server is overloaded; retry shortly"
+                )
 
         return route
 
@@ -365,9 +372,37 @@ def _authorized_session(
     return sess, study
 
 
+def get_answer_target(
+    session_id: SessionIdPath, engine: EngineDep, authorization: AuthHeader = None
+) -> svc.SessionSnapshot:
+    """The answer call's authorization, read together with the session's state.
+
+    Same rules as :func:`get_authorized_session`. A session token (the respondent's
+    client: the hot path) costs one statement that returns the session row, its cached
+    state and its study's head, which the answer path then uses as its (unlocked) read;
+    an API key goes through the general check first.
+    """
+    credential = _bearer(authorization)
+    not_found = svc.SessionNotFoundError(f"no session {session_id}")
+    if credential.startswith(KEY_PREFIX):
+        with Session(engine) as session:
+            _authorized_session(session_id, session, authorization)
+        snap = svc.read_session(session_id, engine=engine)
+        if snap is None:
+            raise not_found
+        return snap
+    snap = svc.read_session_by_token(credential, engine=engine)
+    if snap is None:
+        raise AuthenticationError("unknown session token")
+    if snap.id != session_id:
+        raise not_found
+    return snap
+
+
 ApiResearcher = Annotated[Researcher, Depends(get_api_researcher)]
 OwnedStudy = Annotated[Study, Depends(get_owned_study)]
 AuthorizedSession = Annotated[tuple[ElicitationSession, Study], Depends(get_authorized_session)]
+AnswerTarget = Annotated[svc.SessionSnapshot, Depends(get_answer_target)]
 
 
 # ----- routes -------------------------------------------------------------------------------------
@@ -454,20 +489,19 @@ def get_session(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
     "it) and returns the next question or completion. Retrying with the same idempotency_key "
     "returns the same result; answering an item again with another option is 409.",
 )
-def post_answer(
-    body: AnswerIn, auth: AuthorizedSession, engine: EngineDep, session: SessionDep
-) -> dict[str, Any]:
-    sess, study = auth
-    release(session)
+def post_answer(body: AnswerIn, target: AnswerTarget, engine: EngineDep) -> Response:
     view = svc.submit_answer(
-        study,
-        sess.id or 0,
+        target.study,
+        target.id,
         item_key=body.item,
         option=body.option,
         idempotency_key=body.idempotency_key,
         engine=engine,
+        snapshot=target,
     )
-    return _session_out(view)
+    # Built by this module (the shape of SessionOut, which documents it): returned as a
+    # Response so it is not validated a second time on the hot path.
+    return JSONResponse(_session_out(view))
 
 
 @router.get(
