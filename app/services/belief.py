@@ -100,31 +100,29 @@ def fit_study_model(
     n_classes: Sequence[int] = DEFAULT_N_CLASSES,
     n_restarts: int = DEFAULT_RESTARTS,
     seed: int = 0,
+    belief_model: str | None = None,
+    fit_options: dict[str, dict[str, object]] | None = None,
 ) -> FittedModel:
-    """Fit the default belief model on the study's history and store it as the active one.
+    """Fit the study's belief model on its history and store it as the active one.
 
+    ``belief_model`` (default: the study's ``settings["belief_model"]``, else
+    ``"default"``) is one of :data:`elicitation.model_choice.BELIEF_MODEL_CHOICES`:
+    latent classes, ``auto`` (a stacked mixture of latent classes and the CAPE models,
+    whose comparison table lands in ``metrics["model_choice"]``), a CAPE family, or the
+    study's persona prior (:func:`persona_prior_model`). A study without historical
+    respondents gets the persona prior (or a uniform prior when no persona distributions
+    are stored), with ``metrics["notice"]`` saying so.
     Previously active models of the study are deactivated in the same transaction.
 
     Raises:
-        NoModelError: the study has no imported respondents.
+        InvalidInputError: ``auto`` on a study without target or question items.
     """
-    from models.latent_class import fit_latent_classes
-
     assert study.id is not None
     items = _study_items(study.id, session=session)
     train, val = historical_matrix(study.id, items, session=session)
-    if train.shape[0] == 0:
-        raise NoModelError(
-            f"study {study.slug!r} has no historical respondents to fit a belief model from"
-        )
-    bank = item_bank_of(items)
-    model = fit_latent_classes(
-        train,
-        bank,
-        val_responses=val if val.shape[0] else None,
-        n_classes=n_classes,
-        n_restarts=n_restarts,
-        seed=seed,
+    kind = belief_model or str((study.settings or {}).get("belief_model") or "default")
+    model = _fit_by_kind(
+        kind, study, items, train, val, session, n_classes, n_restarts, seed, fit_options
     )
     for old in session.exec(
         select(FittedModel).where(FittedModel.study_id == study.id, FittedModel.is_active)  # type: ignore[arg-type]
@@ -143,6 +141,151 @@ def fit_study_model(
     session.commit()
     session.refresh(row)
     return row
+
+
+def _fit_by_kind(  # type: ignore[no-untyped-def]
+    kind: str,
+    study: Study,
+    items: Sequence[Item],
+    train: torch.Tensor,
+    val: torch.Tensor,
+    session: Session,
+    n_classes: Sequence[int],
+    n_restarts: int,
+    seed: int,
+    fit_options: dict[str, dict[str, object]] | None = None,
+):
+    """The fitted model of :func:`fit_study_model` (logic in ``elicitation.model_choice``)."""
+    from app.errors import InvalidInputError
+    from app.tables import ItemRole
+    from elicitation.errors import ElicitationError
+    from elicitation.model_choice import BELIEF_MODEL_CHOICES, fit_belief_model
+
+    if kind not in BELIEF_MODEL_CHOICES:
+        raise InvalidInputError(
+            f"belief_model: unknown {kind!r} (known: {', '.join(BELIEF_MODEL_CHOICES)})"
+        )
+    history = torch.cat([train, val]) if val.shape[0] else train
+    if history.shape[0] == 0 or kind == "persona_mixture":
+        return persona_prior_model(study, items, session=session, history=history)
+    role = {r: [j for j, it in enumerate(items) if it.role == r.value] for r in ItemRole}
+    try:
+        return fit_belief_model(
+            kind,
+            train,
+            val,
+            item_bank_of(items),
+            demographics=role[ItemRole.attribute],
+            candidates=role[ItemRole.question],
+            targets=role[ItemRole.target],
+            seed=seed,
+            latent_class_options={"n_classes": tuple(n_classes), "n_restarts": n_restarts},
+            fit_options=fit_options,
+        )
+    except ElicitationError as exc:
+        raise InvalidInputError(f"belief_model {kind!r}: {exc}") from None
+
+
+def persona_prior_model(  # type: ignore[no-untyped-def]
+    study: Study, items: Sequence[Item], *, session: Session, history: torch.Tensor | None = None
+):
+    """The study's persona prior: a :class:`models.PersonaMixture` over its personas.
+
+    ``mu[persona, item]`` is the stored language-model distribution
+    (``persona_distribution``, matched by the persona's text hash and the item wording's
+    hash; the ``(model, template)`` with the most stored pairs is used); items without one
+    (attributes, unscored pairs) are uniform over their options. The prior over personas
+    is the personas' weights, or fitted by EM on ``history`` when the study has any
+    (:func:`models.persona.fit_prior_em`). Without stored distributions the model is a
+    single uniform persona: every prediction is uniform until the study has history.
+    ``metrics["notice"]`` says which, for the researcher and the JSON API.
+    """
+    import hashlib
+
+    from app.tables import PersonaDistribution, StudyPersona
+    from inference_server.prompts import PromptItem
+    from models.persona import PersonaMixture, fit_prior_em
+
+    bank = item_bank_of(items)
+    mask = bank.option_mask().to(torch.float64)
+    uniform = mask / mask.sum(-1, keepdim=True)
+    personas = list(
+        session.exec(
+            select(StudyPersona).where(StudyPersona.study_id == study.id).order_by(StudyPersona.id)  # type: ignore[arg-type]
+        ).all()
+    )
+    item_hash: dict[str, int] = {}
+    for j, it in enumerate(items):
+        try:
+            item_hash[PromptItem(it.key, it.question, tuple(o[1] for o in it.options)).hash] = j
+        except Exception:  # an item the prompt builder refuses was never scored
+            continue
+    rows = []
+    if personas and item_hash:
+        rows = list(
+            session.exec(
+                select(PersonaDistribution).where(
+                    PersonaDistribution.persona_hash.in_([p.text_hash for p in personas]),  # type: ignore[attr-defined]
+                    PersonaDistribution.item_hash.in_(list(item_hash)),  # type: ignore[attr-defined]
+                )
+            ).all()
+        )
+    n_hist = int(history.shape[0]) if history is not None else 0
+    why = "no historical respondents" if n_hist == 0 else "the belief_model setting"
+    if not rows:
+        mu = uniform.unsqueeze(0)
+        model = PersonaMixture(bank, mu)
+        model.metrics = {
+            "prior": "uniform",
+            "notice": (
+                f"Uniform prior ({why}; no persona distributions stored): every prediction "
+                "is uniform and answers do not change it. Import historical respondents or "
+                "generate persona distributions, then fit the model again."
+            ),
+        }
+    else:
+        groups: dict[tuple[str, str], int] = {}
+        for r in rows:
+            groups[(r.model_id, r.template_version)] = (
+                groups.get((r.model_id, r.template_version), 0) + 1
+            )
+        model_id, version = max(groups, key=lambda g: (groups[g], g))
+        index = {p.text_hash: k for k, p in enumerate(personas)}
+        mu = uniform.unsqueeze(0).repeat(len(personas), 1, 1)
+        filled = 0
+        for r in rows:
+            if (r.model_id, r.template_version) != (model_id, version):
+                continue
+            j = item_hash[r.item_hash]
+            probs = torch.tensor(r.probs, dtype=torch.float64)
+            if probs.numel() != bank.n_options[j] or float(probs.sum()) <= 0:
+                continue
+            mu[index[r.persona_hash], j, : probs.numel()] = probs / probs.sum()
+            filled += 1
+        weights = torch.tensor([max(p.weight, 0.0) for p in personas], dtype=torch.float64)
+        log_prior = (weights / weights.sum()).log() if float(weights.sum()) > 0 else None
+        model = PersonaMixture(bank, mu, log_prior, labels=[p.key for p in personas])
+        prior_from = "the personas' weights"
+        if n_hist:
+            log_prior, _ = fit_prior_em(model, history)
+            model = PersonaMixture(bank, mu, log_prior, labels=[p.key for p in personas])
+            prior_from = f"EM on {n_hist} historical respondents"
+        model.metrics = {
+            "prior": "persona",
+            "n_personas": len(personas),
+            "distributions": filled,
+            "llm": model_id,
+            "template_version": version,
+            "notice": (
+                f"Persona prior ({why}): {len(personas)} language-model personas "
+                f"({model_id}), {filled} persona x item distributions, prior from "
+                f"{prior_from}; other items uniform."
+            ),
+        }
+    model.training_hash = (
+        "prior:" + hashlib.sha256(mu.numpy().tobytes() + repr(model.metrics).encode()).hexdigest()
+    )
+    return model
 
 
 def _jsonable(metrics: dict[str, object]) -> dict[str, object]:
