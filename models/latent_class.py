@@ -38,6 +38,9 @@ from models.base import DTYPE, ItemBank, ModelError, ShapeError, responses_hash
 from models.persona import PersonaMixture
 
 DEFAULT_N_CLASSES: tuple[int, ...] = (4, 8, 16, 32, 48, 64)
+DEFAULT_RESTARTS = 3
+"""The default fit (classes tried, restarts per K): the benchmark's ``default`` and a live
+study's model both use these, so the benchmark measures what the app serves."""
 
 
 @dataclass
@@ -176,7 +179,7 @@ def fit_latent_classes(
     val_responses: Tensor | None = None,
     n_classes: Sequence[int] = DEFAULT_N_CLASSES,
     alpha: float = 0.5,
-    n_restarts: int = 3,
+    n_restarts: int = DEFAULT_RESTARTS,
     max_iter: int = 300,
     tol: float = 1e-5,
     refit_with_validation: bool = True,
