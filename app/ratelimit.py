@@ -27,12 +27,13 @@ import hashlib
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from anyio import to_thread
-from sqlalchemy import delete, select, text
+from sqlalchemy import create_engine, delete, event, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -96,6 +97,71 @@ def hit(
                     RateLimitCounter.expires_at <= now,  # type: ignore[arg-type]
                 )
             )
+    return count, expires
+
+
+_FAST_SQL = {
+    "postgresql": (
+        _UPSERT.text.replace(":key", "%(key)s")
+        .replace(":now", "%(now)s")
+        .replace(":expires", "%(expires)s"),
+        "DELETE FROM rate_limit_counter WHERE expires_at <= %(now)s",
+    ),
+    "sqlite": (_UPSERT.text, "DELETE FROM rate_limit_counter WHERE expires_at <= :now"),
+}
+_limiter_engines: dict[str, Engine] = {}
+_limiter_lock = threading.Lock()
+
+
+def _limiter_engine(engine: Engine) -> Engine:
+    """The engine the API limiter writes with.
+
+    PostgreSQL: a small pool of its own per database URL (so the limiter never waits for,
+    nor takes, a connection of the request pool; a checkout waits at most 1 s), in
+    autocommit with ``synchronous_commit = off`` (a counter increment lost in a crash is
+    harmless; the call does not wait for the WAL flush). SQLite: the app's engine.
+    """
+    if engine.dialect.name != "postgresql":
+        return engine
+    url = engine.url.render_as_string(hide_password=False)
+    with _limiter_lock:
+        limiter = _limiter_engines.get(url)
+        if limiter is None:
+            limiter = create_engine(url, pool_size=4, max_overflow=4, pool_timeout=1.0)
+
+            @event.listens_for(limiter, "connect")
+            def _fast(dbapi_conn: Any, _record: Any) -> None:
+                dbapi_conn.autocommit = True
+                with dbapi_conn.cursor() as cur:
+                    cur.execute("SET synchronous_commit = off")
+
+            _limiter_engines[url] = limiter
+    return limiter
+
+
+def hit_fast(
+    engine: Engine, key: str, window_s: float, *, now: float | None = None
+) -> tuple[int, float]:
+    """:func:`hit` for the API hot path: the same statement on a raw DB-API connection
+    (no ORM/Core overhead; see :func:`_limiter_engine` for the PostgreSQL settings)."""
+    now = time.time() if now is None else now
+    limiter = _limiter_engine(engine)
+    upsert, cleanup = _FAST_SQL[limiter.dialect.name]
+    params = {"key": key, "now": now, "expires": now + window_s}
+    fairy = limiter.raw_connection()
+    try:
+        cur = fairy.cursor()
+        try:
+            cur.execute(upsert, params)
+            row = cur.fetchone()
+            count, expires = int(row[0]), float(row[1])
+            if count == 1:
+                cur.execute(cleanup, {"now": now})
+        finally:
+            cur.close()
+        fairy.commit()
+    finally:
+        fairy.close()
     return count, expires
 
 
@@ -187,6 +253,23 @@ def api_counter_key(scope: Scope) -> tuple[str, bool]:
     return counter_key("api-ip", str(client[0])), False
 
 
+def _dbapi_errors() -> tuple[type[BaseException], ...]:
+    """The DB-API drivers' base errors (raw connections raise these, not SQLAlchemy's)."""
+    import sqlite3
+
+    errors: list[type[BaseException]] = [sqlite3.Error]
+    try:
+        import psycopg
+
+        errors.append(psycopg.Error)
+    except ImportError:  # pragma: no cover - PostgreSQL support not installed
+        pass
+    return tuple(errors)
+
+
+_DBAPI_ERRORS = _dbapi_errors()
+
+
 class ApiRateLimitMiddleware:
     """Refuse ``/api/v1`` calls over a per-minute limit per credential with 429 (pure ASGI).
 
@@ -216,8 +299,8 @@ class ApiRateLimitMiddleware:
         engine = getattr(scope["app"].state, "engine", None)
         if limit > 0 and engine is not None:
             try:
-                count, expires = await to_thread.run_sync(hit, engine, key, API_WINDOW_S)
-            except SQLAlchemyError as exc:
+                count, expires = await to_thread.run_sync(hit_fast, engine, key, API_WINDOW_S)
+            except (SQLAlchemyError, OSError, *_DBAPI_ERRORS) as exc:
                 log.warning("rate limiter unavailable, call let through: %s", type(exc).__name__)
             else:
                 if count > limit:

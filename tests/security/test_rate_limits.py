@@ -52,14 +52,24 @@ def test_counter_windows_and_cleanup(engine) -> None:  # type: ignore[no-untyped
     assert ratelimit.peek(engine, "k", now=111.0) == (0, 111.0)
 
 
-def test_concurrent_hits_are_counted_exactly(engine) -> None:  # type: ignore[no-untyped-def]
+def test_fast_hit_equals_hit(engine) -> None:  # type: ignore[no-untyped-def]
+    """The API path's raw-connection counter gives the same counts and windows."""
+    assert [ratelimit.hit_fast(engine, "f", 10.0, now=100.0)[0] for _ in range(3)] == [1, 2, 3]
+    assert ratelimit.hit(engine, "f", 10.0, now=105.0) == (4, 110.0)
+    assert ratelimit.hit_fast(engine, "f", 10.0, now=111.0) == (1, 121.0)
+    assert ratelimit.peek(engine, "f", now=111.0) == (1, 121.0)
+
+
+@pytest.mark.parametrize("counter", ["hit", "hit_fast"])
+def test_concurrent_hits_are_counted_exactly(engine, counter: str) -> None:  # type: ignore[no-untyped-def]
     n_threads, per_thread = 8, 10
     errors: list[BaseException] = []
+    count = getattr(ratelimit, counter)
 
     def worker() -> None:
         try:
             for _ in range(per_thread):
-                ratelimit.hit(engine, "shared", 3600.0)
+                count(engine, "shared", 3600.0)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
