@@ -528,10 +528,11 @@ def fit_belief_model(
     if kind == "default":
         return fit_latent_classes(train, item_bank, val_responses=val_t, seed=seed, **lc)
     if kind in CAPE_FAMILIES:
-        cls = {"cape_cooccurrence": CapeCooccurrence, "cape_linear": CapeLinear}.get(kind)
         kw = opts.get(kind, {})
-        if cls is not None:
-            return cls.fit(train, item_bank, validation=val_t, seed=seed, **kw)
+        if kind == "cape_cooccurrence":
+            return CapeCooccurrence.fit(train, item_bank, validation=val_t, seed=seed, **kw)
+        if kind == "cape_linear":
+            return CapeLinear.fit(train, item_bank, validation=val_t, seed=seed, **kw)
         return CapeFactor.fit(train, item_bank, validation=val_t, seed=seed, progress=False, **kw)
     if kind != "auto":
         raise ElicitationError(

@@ -270,7 +270,7 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
         log_prior = (weights / weights.sum()).log() if float(weights.sum()) > 0 else None
         model = PersonaMixture(bank, mu, log_prior, labels=[p.key for p in personas])
         prior_from = "the personas' weights"
-        if n_hist:
+        if n_hist and history is not None:
             log_prior, _ = fit_prior_em(model, history)
             model = PersonaMixture(bank, mu, log_prior, labels=[p.key for p in personas])
             prior_from = f"EM on {n_hist} historical respondents"
