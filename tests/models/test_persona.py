@@ -315,3 +315,23 @@ def test_batched_lookahead_in_several_chunks(
         p_x, p_t = m.lookahead(s, cands, targets)
         torch.testing.assert_close(parts[0][b], p_x)
         torch.testing.assert_close(parts[1][b], p_t)
+
+
+def test_to_batch_and_branch_batch_equal_single_updates() -> None:
+    m = random_mixture((2, 3, 4, 2), k=5, seed=11)
+    state = m.update(m.initial_state({0: 1}), 2, 3)
+    one = m.to_batch(state)
+    assert one.batch_size == 1
+    torch.testing.assert_close(one.log_post[0], state.log_post, rtol=0, atol=0)
+    assert one.responses.tolist() == [[1, -1, 3, -1]]
+    # rows 0, 0, 0 of the batch branch on item 1 (each option), row 0 of a 2-row batch
+    batch = m.initial_batch(torch.tensor([[1, -1, 3, -1], [0, 2, -1, -1]]))
+    br = m.branch_batch(
+        batch, torch.tensor([0, 0, 0, 1]), torch.tensor([1, 1, 1, 3]), torch.tensor([0, 1, 2, -1])
+    )
+    for r, k in enumerate(range(3)):
+        torch.testing.assert_close(br.log_post[r], m.update(state, 1, k).log_post)
+        assert br.responses[r].tolist() == [1, k, 3, -1]
+    torch.testing.assert_close(br.log_post[3], batch.log_post[1], rtol=0, atol=0)  # -1: no update
+    with pytest.raises(ModelError, match="already has an answer"):
+        m.branch_batch(batch, torch.tensor([0]), torch.tensor([2]), torch.tensor([0]))
