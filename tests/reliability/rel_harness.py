@@ -280,6 +280,10 @@ class FloodLog:
     gets: int = 0
     shed: int = 0
     """503 ``database_unavailable`` answers (the server shedding load), each retried."""
+    transport: list[str] = field(default_factory=list)
+    """Transport errors that were retried (exception type names)."""
+    retry_transport: bool = True
+    """Whether a broken connection is retried (False while waiting for a crash)."""
 
     def acked(self) -> list[Posted]:
         return [p for p in self.posts if 200 <= p.status < 300]
@@ -299,6 +303,8 @@ class FloodLog:
             "retries": sum(p.retry for p in self.posts),
             "gets": self.gets,
             "503_shed_and_retried": self.shed,
+            "transport_errors_retried": len(self.transport),
+            **{f"transport_{k}": v for k, v in Counter(self.transport).items()},
             **dict(c),
             **{f"409_{k}": v for k, v in c409.items()},
             "unexpected": len(self.unexpected),
@@ -330,6 +336,23 @@ def create_sessions(base_url: str, slug: str, api_key: str, n: int) -> list[Live
 
 TRANSPORT_ERRORS = (httpx.TransportError,)
 OVERLOAD_RETRIES = 12
+TRANSPORT_RETRIES = 3
+
+
+async def _send(
+    http: httpx.AsyncClient, method: str, url: str, log: FloodLog, **kw: Any
+) -> httpx.Response:
+    """One request; a broken connection (e.g. a keep-alive connection the server closed
+    just as the client reused it) is retried unchanged when ``log.retry_transport``; the
+    idempotency key makes that safe for an answer that was stored before the break."""
+    for attempt in range(TRANSPORT_RETRIES + 1):
+        try:
+            return await http.request(method, url, **kw)
+        except TRANSPORT_ERRORS as exc:
+            if not log.retry_transport or attempt == TRANSPORT_RETRIES:
+                raise
+            log.transport.append(type(exc).__name__)
+    raise AssertionError("unreachable")
 
 
 async def _request(
@@ -338,13 +361,13 @@ async def _request(
     """Send a request; a 503 ``database_unavailable`` (the server shedding load: nothing was
     acknowledged) is sent again, unchanged, after a client back-off of 0.1 * 2^k s (at
     most 2 s), as the API documents. Other responses are returned as they are."""
-    resp = await http.request(method, url, **kw)
+    resp = await _send(http, method, url, log, **kw)
     for attempt in range(OVERLOAD_RETRIES):
         if resp.status_code != 503 or _code(resp) != "database_unavailable":
             return resp
         log.shed += 1
         await asyncio.sleep(min(2.0, 0.1 * 2**attempt))  # the client's retry policy
-        resp = await http.request(method, url, **kw)
+        resp = await _send(http, method, url, log, **kw)
     return resp
 
 
@@ -448,6 +471,7 @@ def flood(
     on_ack: Callable[[FloodLog], None] | None = None,
     max_steps: int = 200,
     timeout: float = 120.0,
+    retry_transport: bool = True,
 ) -> FloodLog:
     """Run ``clients`` concurrent clients (client ``c`` on session ``c % len(sessions)``).
 
@@ -455,8 +479,10 @@ def flood(
         stop: when set, clients stop after their request in flight.
         on_ack: called (in the event loop) after every response; the crash test kills the
             server from here once enough answers were acknowledged.
+        retry_transport: retry a request whose connection broke (off in the crash test,
+            where a broken connection means the server is dead and ends the client).
     """
-    log = FloodLog()
+    log = FloodLog(retry_transport=retry_transport)
     stop = stop or threading.Event()
     rng = random.Random(seed)
 

@@ -10,7 +10,9 @@ or with conflicting options), and 30 % of the requests are sent twice with the s
 
 * no 5xx and no response other than 2xx or the documented 409 conflicts, except the
   documented 503 ``database_unavailable`` of a server shedding load (nothing stored), which
-  the clients send again unchanged (counted and reported);
+  the clients send again unchanged (counted and reported); likewise a request whose
+  connection broke (a keep-alive connection closed by the server as it was reused) is sent
+  again with the same idempotency key;
 * every acknowledged answer is stored exactly once, with its option, and every stored
   answer was acknowledged (no extra rows);
 * what each acknowledged response said comes next is the stored next decision, and a

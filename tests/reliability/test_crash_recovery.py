@@ -99,7 +99,13 @@ def test_kill9_during_answer_flood_loses_nothing(
             stop.set()
 
     log1 = flood(
-        server.base_url, sessions, clients=N_CLIENTS, seed=4, stop=stop, on_ack=kill_when_enough
+        server.base_url,
+        sessions,
+        clients=N_CLIENTS,
+        seed=4,
+        stop=stop,
+        on_ack=kill_when_enough,
+        retry_transport=False,
     )
     assert killed, f"the flood ended before {KILL_AFTER[backend]} answers were acknowledged"
     assert killed["processes"] >= 3  # the supervisor and both workers
