@@ -219,6 +219,7 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
         base_url=p.get("base_url"),
         model=p.get("model"),
         batch_size=int(p.get("batch_size", 8)),
+        concurrency=int(p.get("concurrency", 4)),
         threshold=float(p.get("threshold", 0.5)),
         threads=1,
     )
