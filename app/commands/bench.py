@@ -85,6 +85,11 @@ def _add_individual(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the model fits (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument(
+        "--no-cape-measures",
+        action="store_true",
+        help="skip questions_to_90pct and adaptivity (they refit each method once more per run)",
+    )
 
 
 def _individual(args: argparse.Namespace) -> int:
@@ -109,6 +114,14 @@ def _individual(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=not args.no_progress,
         )
+        if not args.no_cape_measures:
+            # CAPE's measures (issue 6): questions_to_90pct, log_loss_all_candidates,
+            # adaptivity and adaptivity_pairs, added to each adaptive method's entry.
+            measures = elicitation.model_choice.cape_measures(
+                args.dataset, result, n_runs=args.runs, seed=args.seed
+            )
+            for name, extra in measures.items():
+                result["methods"][name].update(extra)
     except _user_errors() as exc:
         raise InvalidInputError(str(exc)) from None
     _write_json(args.out, result)

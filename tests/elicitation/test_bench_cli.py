@@ -91,3 +91,11 @@ def test_individual_writes_result_and_plot(
     assert len(res["methods"]["random"]["accuracy"]) == 3
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert "random" in capsys.readouterr().out
+    # CAPE's measures: for the adaptive method, not for ``full`` (all candidates observed).
+    rnd = res["methods"]["random"]
+    assert rnd["log_loss_all_candidates"] <= rnd["log_loss"][0] + 1e-9
+    q = rnd["questions_to_90pct"]
+    assert q is None or 0 <= q <= 2
+    assert rnd["adaptivity_pairs"] >= 0
+    assert rnd["adaptivity"] is None or 0.0 <= rnd["adaptivity"] <= 1.0
+    assert "questions_to_90pct" not in res["methods"]["full"]
