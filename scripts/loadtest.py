@@ -381,6 +381,24 @@ class ResourceSampler:
         }
 
 
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """Stop uvicorn and its workers: SIGTERM, then SIGKILL of every worker and the
+    supervisor after 30 s (a graceful shutdown can wait on open client connections
+    forever; a server left running kept 48 PostgreSQL connections)."""
+    workers = _children(proc.pid)
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        for pid in workers:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def _timing_lock(path: Path | None) -> Any:
     """An open file holding an exclusive flock on ``path`` (``None`` without a path)."""
     if path is None:
@@ -398,7 +416,9 @@ def pin_workers(server_pid: int) -> dict[int, int]:
     """Pin each uvicorn worker process to its own core (``taskset``); ``{pid: core}``."""
     cores = sorted(os.sched_getaffinity(0))
     pinned = {}
-    for i, pid in enumerate(sorted(_children(server_pid))):
+    # ``--workers 1``: uvicorn serves from the one process (no supervisor, no children)
+    workers = [p for p in _children(server_pid) if _rss_mib(p) > 100] or [server_pid]
+    for i, pid in enumerate(sorted(workers)):
         core = cores[i % len(cores)]
         os.sched_setaffinity(pid, {core})
         pinned[pid] = core
@@ -580,13 +600,14 @@ def main() -> int:
             summary[backend] = figures
             print(json.dumps({k: v for k, v in figures.items()}, indent=2), flush=True)
         finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(timeout=30)
-            if lock is not None:
-                lock.close()  # releases the flock
-            if not args.keep:
-                drop()
+            try:
+                if proc is not None:
+                    stop_server(proc)
+            finally:
+                if lock is not None:
+                    lock.close()  # releases the flock
+                if not args.keep:
+                    drop()
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary written to {args.out / 'summary.json'}")
     ok = all(
