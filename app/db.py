@@ -33,7 +33,7 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 PING_AFTER_IDLE_S = 2.0
 """A pooled PostgreSQL connection idle for longer than this is pinged before use."""
 POOL_SIZE = int(os.environ.get("PRIORLY_DB_POOL_SIZE", "8"))
-POOL_MAX_OVERFLOW = int(os.environ.get("PRIORLY_DB_MAX_OVERFLOW", "16"))
+POOL_MAX_OVERFLOW = int(os.environ.get("PRIORLY_DB_MAX_OVERFLOW", "8"))
 """Per process: a web process runs at most ``PRIORLY_SESSION_CONCURRENCY`` session writes
 and a few short authorization reads at once, each holding one connection for a few
 milliseconds, so a small pool suffices; PostgreSQL's ``max_connections`` (100 by

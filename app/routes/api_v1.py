@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import OperationalError as SAOperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -68,6 +69,25 @@ ERROR_CODES: dict[str, str] = {
     "payload_too_large": "413: the request body is larger than the limit (app/limits.py)",
     "rate_limited": "429: too many calls per minute with this credential (see Retry-After)",
 }
+
+
+def _db_unavailable_errors() -> tuple[type[BaseException], ...]:
+    """Driver and SQLAlchemy errors that mean "the database cannot serve now" (503): a
+    refused or dropped connection, a locked SQLite file. The answer path's raw DB-API
+    statements raise the drivers' own classes, the ORM SQLAlchemy's."""
+    import sqlite3
+
+    errors: list[type[BaseException]] = [SAOperationalError, sqlite3.OperationalError]
+    try:
+        import psycopg
+
+        errors.append(psycopg.OperationalError)
+    except ImportError:  # pragma: no cover (psycopg is a dependency)
+        pass
+    return tuple(errors)
+
+
+DB_UNAVAILABLE = _db_unavailable_errors()
 
 
 def _code_of(exc: PriorlyError) -> str:
@@ -122,6 +142,14 @@ class ApiRoute(APIRoute):
                 # a bug; the client may retry (the answer call is idempotent)
                 return error_response(
                     503, "database_unavailable", "the server is overloaded; retry shortly"
+                )
+            except DB_UNAVAILABLE as exc:
+                # the database refused or dropped the connection (e.g. PostgreSQL "too many
+                # clients", a restart) or stayed locked: transient, retryable
+                return error_response(
+                    503,
+                    "database_unavailable",
+                    f"the database is unavailable ({type(exc).__name__}); retry shortly",
                 )
 
         return route

@@ -200,3 +200,18 @@ def test_stale_snapshot_from_authorization_is_not_trusted(live: LiveStudy) -> No
     assert [d.item_id for d in decisions[:2]] == [q1.item_id, q2.item_id]
     assert sess.state_version == 2
     assert svc.states_equal(svc._load_state(sess.state), replayed)
+
+
+def test_unreachable_database_is_503_database_unavailable() -> None:
+    """A database that refuses connections (here: nothing listens on port 1) is a
+    retryable 503 with the documented code on the answer call, never a 500."""
+    from live_study import app_client
+
+    with app_client("postgresql+psycopg://postgres@127.0.0.1:1/nowhere") as client:
+        r = client.post(
+            "/api/v1/sessions/1/answers",
+            json={"item": "x", "option": "A", "idempotency_key": "k"},
+            headers={"Authorization": "Bearer some-session-token"},
+        )
+    assert r.status_code == 503, r.text
+    assert r.json()["code"] == "database_unavailable"
