@@ -281,7 +281,8 @@ def load_runtime(
     previous one; without any cached runtime, concurrent requests wait for the one build.
 
     Raises:
-        NoModelError: no fitted model and no history to fit one (409 ``no_model``).
+        NoModelError: no active fitted model and ``fit_if_missing`` is false (or only a
+            study head was given) (409 ``no_model``).
     """
     assert study.id is not None
     bind = engine if engine is not None else session.get_bind().engine  # type: ignore[union-attr]
