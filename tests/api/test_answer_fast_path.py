@@ -215,3 +215,10 @@ def test_unreachable_database_is_503_database_unavailable() -> None:
         )
     assert r.status_code == 503, r.text
     assert r.json()["code"] == "database_unavailable"
+
+
+def test_session_token_never_looks_like_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token drawn with the API-key prefix is redrawn (the API routes credentials by it)."""
+    draws = iter(["pk_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "pk_b", "Zx_fine-token"])
+    monkeypatch.setattr(svc.secrets, "token_urlsafe", lambda _n: next(draws))
+    assert svc.new_token() == "Zx_fine-token"
