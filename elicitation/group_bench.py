@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from elicitation.bench.defaults import DEFAULT_GROUP_METHODS as _DEFAULT_GROUP_METHODS
 from elicitation.bench.metrics import MetricSums, score_predictions
 from elicitation.datasets import Dataset, load_dataset
 from elicitation.errors import BenchmarkError
@@ -74,13 +75,7 @@ GROUP_METHODS: dict[str, GroupMethod] = {
 }
 # methods that use the best validation weight as it is (see "eig_eig_pool_val")
 VALIDATION_WEIGHT_METHODS = frozenset({"eig_eig_pool_val"})
-DEFAULT_GROUP_METHODS = (
-    "random_random",
-    "greedy_random",
-    "greedy_random_selfimpute",
-    "greedy_relational_gnn",
-    "default",
-)
+DEFAULT_GROUP_METHODS = _DEFAULT_GROUP_METHODS  # defined where the CLI can read it cheaply
 REPORTED = ("accuracy", "brier_sum", "perplexity", "log_loss")
 
 

@@ -191,7 +191,7 @@ def _speed(args: argparse.Namespace) -> int:
 
 # ---- group (logic in elicitation/group_bench.py) -----------------------------------------
 def _add_group(p: argparse.ArgumentParser) -> None:
-    from elicitation.group_bench import DEFAULT_GROUP_METHODS
+    from elicitation.bench.defaults import DEFAULT_GROUP_METHODS
 
     p.add_argument("--dataset", required=True, type=Path, metavar="DIR", help="dataset folder")
     p.add_argument(
