@@ -17,31 +17,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.deps import EngineDep, SessionDep, TemplatesDep
 from app.errors import PriorlyError
+from app.routes.respondent import message_page
 from app.services import group_rounds as rounds
 from app.services import sessions as svc
-from app.tables import Study, StudyStatus
+from app.tables import StudyStatus
 
 router = APIRouter(prefix="/g", include_in_schema=False)
 
 
-def _message(
-    request: Request,
-    templates: Any,
-    title: str,
-    text: str,
-    status_code: int,
-    study: Study | None = None,
-) -> HTMLResponse:
-    return templates.TemplateResponse(  # type: ignore[no-any-return]
-        request,
-        "pages/respondent_message.html",
-        {"title": title, "text": text, "study": study},
-        status_code=status_code,
-    )
-
-
 def _closed(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLResponse:
-    return _message(
+    return message_page(
         request,
         templates,
         "This round is closed",
@@ -53,7 +38,7 @@ def _closed(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLRe
 
 
 def _unknown(request: Request, templates: Any) -> HTMLResponse:
-    return _message(
+    return message_page(
         request,
         templates,
         "Link not valid",
@@ -91,7 +76,7 @@ def _question_page(
 
 
 def _thanks(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLResponse:
-    return _message(
+    return message_page(
         request,
         templates,
         "Thank you!",
@@ -167,7 +152,7 @@ async def link_answer(
             request, templates, link, view, token, error=exc.message, status_code=422
         )
     except svc.AnswerConflictError as exc:
-        return _message(request, templates, "Already answered", exc.message, 409, link.study)
+        return message_page(request, templates, "Already answered", exc.message, 409, link.study)
     url = str(request.url_for("group_round_link", token=token))
     if request.headers.get("HX-Request") == "true":
         return Response(status_code=200, headers={"HX-Redirect": url})

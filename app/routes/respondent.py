@@ -102,7 +102,7 @@ def _see(url: str) -> RedirectResponse:
     return RedirectResponse(url, status_code=303)
 
 
-def _message(
+def message_page(
     request: Request,
     templates: Any,
     title: str,
@@ -110,6 +110,7 @@ def _message(
     status_code: int = 200,
     study: Study | None = None,
 ) -> HTMLResponse:
+    """A respondent-facing message page (also used by the group-round links)."""
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "pages/respondent_message.html",
@@ -119,7 +120,7 @@ def _message(
 
 
 def _not_open(request: Request, templates: Any) -> HTMLResponse:
-    return _message(
+    return message_page(
         request,
         templates,
         "Survey not available",
@@ -183,7 +184,7 @@ def start_page(
     try:
         panel = svc.clean_panel_params(dict(request.query_params)) or {}
     except InvalidInputError as exc:
-        return _message(request, templates, "Invalid link", exc.message, 422, study)
+        return message_page(request, templates, "Invalid link", exc.message, 422, study)
     return templates.TemplateResponse(
         request, "pages/respondent_consent.html", {"study": study, "panel": panel}
     )
@@ -218,7 +219,7 @@ async def consent(
             study, engine=engine, panel_params=panel, ask_attributes=settings_.ask_attributes
         )
     except PriorlyError as exc:
-        return _message(request, templates, "Cannot start the survey", exc.message, 409, study)
+        return message_page(request, templates, "Cannot start the survey", exc.message, 409, study)
     response = _see(str(request.url_for("respondent_question", slug=slug)))
     _set_cookie(response, study, started.session_id, started.token, settings)
     return response
@@ -230,7 +231,7 @@ def declined(slug: str, request: Request, session: SessionDep, templates: Templa
         study = _open_study(slug, session)
     except NotFoundError:
         return _not_open(request, templates)
-    return _message(
+    return message_page(
         request,
         templates,
         "No problem",
@@ -255,7 +256,7 @@ def resume(
         if sess.study_id != study.id:
             raise svc.SessionNotFoundError("not this study")
     except NotFoundError:
-        return _message(
+        return message_page(
             request,
             templates,
             "Link not valid",
@@ -424,18 +425,15 @@ async def about(
             missing.append(item.question)
     htmx = _is_htmx(request)
     if missing:
-        view = svc.session_view(study, sess, session=session)
-        return _render_view(
+        return _render_error(
             request,
             templates,
             study,
             sess,
-            view,
             session=session,
             settings=settings,
             error="Please answer every question.",
-            status_code=200 if htmx else 422,
-            partial=htmx,
+            htmx=htmx,
         )
     session.close()  # one pooled connection per request at a time
     try:
