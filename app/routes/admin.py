@@ -27,6 +27,7 @@ from fastapi.responses import (
     Response,
     StreamingResponse,
 )
+from sqlalchemy import func
 from sqlmodel import col, select
 from starlette.background import BackgroundTask
 
@@ -38,7 +39,7 @@ from app.jobs.kinds import LABELS, kind_names
 from app.schemas import StudySettings
 from app.services import apikeys, designer, export, jobs
 from app.services.studies import list_study_summaries
-from app.tables import ApiKey, Job, JobStatus, Researcher, StudyShare
+from app.tables import ApiKey, Job, JobStatus, Researcher, StudyPersona, StudyShare
 from elicitation.datasets import DatasetError
 
 # HTML pages and forms, not an API: kept out of the OpenAPI schema (/api/docs documents
@@ -544,16 +545,37 @@ def _job_view(job: Job) -> dict[str, Any]:
     }
 
 
+PERSONAS_SHOWN = 200
+"""Personas listed on the jobs page (the count covers all of them)."""
+
+
 @router.get("/studies/{slug}/jobs", response_class=HTMLResponse, name="admin_jobs")
 def jobs_page(
     request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
 ) -> Response:
     rows = [_job_view(j) for j in jobs.study_jobs(study, session=session)]
+    # The study's persona dictionary (texts a researcher entered or generated from
+    # attribute profiles), shown where persona generation is started; text is escaped.
+    personas = session.exec(
+        select(StudyPersona)
+        .where(StudyPersona.study_id == study.id)
+        .order_by(col(StudyPersona.id))
+        .limit(PERSONAS_SHOWN)
+    ).all()
+    n_personas = session.exec(
+        select(func.count()).select_from(StudyPersona).where(StudyPersona.study_id == study.id)
+    ).one()
     return _render(
         request,
         templates,
         "admin/jobs.html",
-        {"study": study, "jobs": rows, "kinds": [(k, LABELS[k]) for k in kind_names()]},
+        {
+            "study": study,
+            "jobs": rows,
+            "kinds": [(k, LABELS[k]) for k in kind_names()],
+            "personas": personas,
+            "n_personas": n_personas,
+        },
     )
 
 

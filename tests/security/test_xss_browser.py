@@ -154,6 +154,23 @@ def test_admin_pages_escape_hostile_text(
     assert_escaped(page, path, literal=literal)
 
 
+def test_persona_text_is_listed_escaped_on_the_jobs_page(
+    server: tuple[LiveServer, str], page: Any
+) -> None:
+    """The persona dictionary on the jobs page shows the stored persona text verbatim."""
+    srv, slug = server
+    if not any(c["name"] == "priorly_session" for c in page.context.cookies()):
+        page.goto(f"{srv.base}/admin/login")
+        page.fill("input[name=email]", "owner@example.org")
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{srv.base}/admin")
+    page.goto(f"{srv.base}/admin/studies/{slug}/jobs")
+    assert_escaped(page, "jobs page")
+    cells = page.locator("td.persona-text").all_inner_texts()
+    assert cells == [f"Persona {PAYLOAD}"]
+
+
 def test_the_check_catches_an_unescaped_page(page: Any) -> None:
     """The same check on a page that embeds the payload raw fails (it can detect XSS)."""
     page.set_content(f"<html><body><p>{PAYLOAD}</p></body></html>")
