@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,3 +129,39 @@ def app_client(db_url: str) -> Any:
     from app.settings import load_settings
 
     return TestClient(create_app(load_settings(database_url=db_url, env="dev")))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for a server subprocess)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(
+    base: str,
+    proc: subprocess.Popen[bytes],
+    what: str,
+    *,
+    log: Path | None = None,
+    timeout: float = 90.0,
+    every: float = 0.2,
+) -> None:
+    """Poll ``GET {base}/healthz`` until it answers 200.
+
+    Raises RuntimeError (with the server's log when given) as soon as ``proc`` exits or
+    ``timeout`` seconds pass: the readiness condition, not a fixed sleep, ends the wait.
+    """
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            detail = f": {log.read_text(errors='replace')}" if log is not None else ""
+            raise RuntimeError(f"{what} did not start{detail}")
+        time.sleep(every)

@@ -14,28 +14,21 @@ in a second tab, tracked (the table updates itself) and closed.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from live_study import free_port, wait_healthy
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = REPO_ROOT / "results" / "e2e" / "admin"
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 EMAIL, PASSWORD = "admin@example.org", "e2e admin password"
 N_RESPONDENTS = 200
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +49,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     engine = make_engine(url)
     with Session(engine) as db:
         create_account(EMAIL, PASSWORD, session=db, is_admin=True)
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PRIORLY_DATABASE_URL": url,
@@ -75,20 +68,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
-        deadline = time.monotonic() + 90
-        while True:  # readiness poll
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    "priorly serve did not start: " + (folder / "server.log").read_text()
-                )
-            time.sleep(0.2)
+        wait_healthy(base, proc, "priorly serve", log=folder / "server.log")
         yield {"base": base, "engine": engine, "log": folder / "server.log"}
     finally:
         proc.terminate()

@@ -11,16 +11,14 @@ a SQLite file prepared with a small CES study.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
-from live_study import make_live_study
+from live_study import free_port, make_live_study, wait_healthy
 
 CHROMIUM = "/usr/bin/chromium"
 AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
@@ -45,12 +43,6 @@ def browser_ready() -> None:
     assert AXE_JS.is_file(), "scripts/setup-browser did not install axe-core"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """A uvicorn process serving a prepared study; yields ``(base_url, slug)``."""
@@ -62,7 +54,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
         settings={"budgets": {"max_questions": MAX_QUESTIONS}},
     )
     live.engine.dispose()
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PRIORLY_DATABASE_URL": url, "PRIORLY_ENV": "dev"}
     proc = subprocess.Popen(
         [
@@ -83,18 +75,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while True:  # readiness poll: the server answers /healthz
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.2)
+        wait_healthy(base, proc, "uvicorn", timeout=60)
         yield base, live.slug
     finally:
         proc.terminate()

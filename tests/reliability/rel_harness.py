@@ -25,7 +25,6 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from live_study import free_port
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -63,12 +63,6 @@ def poll_until(cond: Callable[[], Any], timeout: float, what: str, every: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(every)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def group_pids(pgid: int) -> list[int]:

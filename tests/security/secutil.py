@@ -8,24 +8,17 @@ read the log lines; readiness is polled on ``/healthz`` with a deadline.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from conftest import REPO_ROOT
+from live_study import free_port, wait_healthy
 
 SECRET = "s" * 48
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -48,7 +41,6 @@ def live_server(
     db_url: str, log: Path, *, env_extra: dict[str, str] | None = None, log_level: str = "info"
 ) -> Iterator[LiveServer]:
     """Serve the app on ``db_url`` (already migrated) in a uvicorn subprocess."""
-    import httpx
 
     port = free_port()
     env = {
@@ -81,16 +73,7 @@ def live_server(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:  # readiness poll
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start: " + log.read_text(errors="replace"))
-            time.sleep(0.1)
+        wait_healthy(base, proc, "uvicorn", log=log, every=0.1)
         yield LiveServer(base=base, port=port, pid=proc.pid, log=log)
     finally:
         proc.terminate()
