@@ -684,13 +684,15 @@ def cape_measures(
     *,
     n_runs: int | None = None,
     seed: int = 0,
+    cache: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``questions_to_90pct`` and ``adaptivity`` for each method of a ``result.json``.
 
     Recomputes, per run, each method's model with every candidate observed (the
     reference of ``questions_to_90pct``) and a 2-question replay (for ``adaptivity``) —
     the same protocol and fits as :func:`~elicitation.bench.individual.run_individual`
-    (fits are rebuilt; CAPE and latent-class fits are deterministic given the seed).
+    (fits come from ``cache`` when the benchmark's fit cache is passed, else they are
+    rebuilt; CAPE and latent-class fits are deterministic given the seed).
 
     Returns:
         ``{method: {"questions_to_90pct": int | None, "log_loss_all_candidates": float,
@@ -706,7 +708,7 @@ def cape_measures(
     test = torch.as_tensor(ds.matrix(users=ds.split["test_users"]), dtype=torch.long)
     demo = bank.indices(ds.demographics)
     n_opt = torch.tensor(bank.n_options, dtype=torch.long)
-    cache: dict[str, Any] = {}
+    cache = {} if cache is None else cache  # the benchmark's own fit cache, when given
     acc: dict[str, dict[str, Any]] = {}
     runs = ds.runs[: n_runs or len(ds.runs)]
     for run in runs:
@@ -781,8 +783,11 @@ def run_with_cape_measures(
     ds = load_dataset(dataset)
     if first_run:  # a later slice of runs.csv (to split a long benchmark; see ``merge``)
         ds = dataclasses.replace(ds, runs=ds.runs[first_run:])
-    result = run_individual(ds, budget, list(methods), n_runs=n_runs, seed=seed, progress=progress)
-    for name, extra in cape_measures(ds, result, n_runs=n_runs, seed=seed).items():
+    fits: dict[str, Any] = {}
+    result = run_individual(
+        ds, budget, list(methods), n_runs=n_runs, seed=seed, progress=progress, cache=fits
+    )
+    for name, extra in cape_measures(ds, result, n_runs=n_runs, seed=seed, cache=fits).items():
         result["methods"][name].update(extra)
     return result
 

@@ -157,6 +157,7 @@ def run_individual(
     seed: int = 0,
     progress: bool = True,
     fit_options: Mapping[str, Mapping[str, Any]] | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the individual benchmark and return the ``result.json`` object.
 
@@ -169,6 +170,8 @@ def run_individual(
         progress: show a tqdm progress bar on stderr.
         fit_options: keyword arguments per fit (see :class:`FitContext` ``options``),
             e.g. a shorter list of class numbers for a quick run.
+        cache: the fit cache (:meth:`FitContext.cached`); pass the same dict to a later
+            pass over the same dataset and seed (e.g. ``cape_measures``) to reuse the fits.
 
     Returns:
         ``{"dataset", "budget", "methods": {name: {"accuracy": [T+1], "log_loss",
@@ -192,7 +195,7 @@ def run_individual(
         val = val.reshape(0, bank.n_items)
     demo = bank.indices(ds.demographics)
     n_opt = torch.tensor(bank.n_options, dtype=torch.long)
-    cache: dict[str, Any] = {}
+    cache = {} if cache is None else cache
     options = {k: dict(v) for k, v in (fit_options or {}).items()}
     per_method: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     info: dict[str, Any] = {}
