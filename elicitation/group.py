@@ -24,7 +24,13 @@ Pieces (each a small family with a registry, like :mod:`elicitation.criteria`):
   joins the member's history; ``gnn`` — the GNN's most likely answer joins the history
   (the paper); ``gnn_only`` — target predictions come from the GNN alone; ``pool`` —
   the calibrated log-linear pool ``p ∝ p_belief^(1-w) * p_gnn^w`` of the belief model
-  and the GNN, ``w`` fitted on validation members (:func:`fit_pool_weight`).
+  and the GNN, ``w`` fitted on validation members (:func:`fit_pool_weight`); ``stack`` —
+  the stacked log-linear pool ``p ∝ p_belief^a * p_gnn^c * p_imputed^d`` of the belief
+  model, the GNN and the belief model with the GNN's guesses imputed, weights ``>= 0``
+  (free sum: they set the temperature too) fitted per round by maximum likelihood on
+  validation members (:func:`fit_stack_weights`); it holds ``none`` ``(1, 0, 0)``,
+  ``pool`` ``(1 - w, w, 0)``, ``gnn_only`` ``(0, 1, 0)`` and the target predictions of GNN
+  imputation ``(0, 0, 1)`` as special cases.
 
 A round in which nobody answers changes nothing: no new information arrived, so no
 imputation is made and every prediction stays as it was.
@@ -460,7 +466,7 @@ RESPONDENT_SELECTORS: dict[str, Callable[..., RespondentSelector]] = {
     "eig": EIGRespondents,
 }
 
-IMPUTATIONS = ("none", "self", "gnn", "gnn_only", "pool")
+IMPUTATIONS = ("none", "self", "gnn", "gnn_only", "pool", "stack")
 
 
 # ----------------------------------------------------------------------------------------
@@ -631,6 +637,159 @@ def choose_pool_weight(
 
 
 # ----------------------------------------------------------------------------------------
+# stacking: a log-linear pool with free weights (weight and temperature)
+
+STACK_COMPONENTS = ("belief", "gnn", "belief_gnn_imputed")
+"""The predictives the ``stack`` imputation combines, in the order of its weights."""
+
+
+def stacked_pool(probs: Tensor, weights: Tensor | Sequence[float]) -> Tensor:
+    """``p ∝ prod_k probs[k]^weights[k]`` along the last axis.
+
+    Args:
+        probs: ``[K, ..., O]`` predictives of the same pairs (zeros outside an item's
+            options; an option no component supports gets probability 0).
+        weights: ``[K]`` exponents ``>= 0`` (not normalised: their sum acts as an
+            inverse temperature).
+
+    Returns:
+        ``[..., O]``.
+    """
+    a = torch.as_tensor(weights, dtype=probs.dtype).reshape(-1, *([1] * (probs.dim() - 1)))
+    if a.shape[0] != probs.shape[0]:
+        raise GroupError(f"{probs.shape[0]} predictives but {a.shape[0]} weights")
+    logit = (a * probs.clamp_min(1e-12).log()).sum(0)
+    support = (probs > 0).any(0)
+    return torch.softmax(logit.masked_fill(~support, float("-inf")), -1)
+
+
+def _stack_nll(logp: Tensor, support: Tensor, y: Tensor, a: Tensor) -> Tensor:
+    """Summed negative log likelihood of the stacked pool (``logp [K, P, O]``, ``y [P]``)."""
+    logit = torch.einsum("k,kpo->po", a, logp).masked_fill(~support, float("-inf"))
+    return -(logit.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logit, -1)).sum()
+
+
+def fit_stack_weights(
+    probs: Tensor,
+    truth: Tensor,
+    *,
+    init: Sequence[float] | None = None,
+    max_iter: int = 100,
+    tol: float = 1e-9,
+) -> tuple[Tensor, dict[str, Any]]:
+    """Maximum-likelihood weights ``a >= 0`` of :func:`stacked_pool` on held-out answers.
+
+    Minimises ``L(a) = -sum_{(v,t) scored} log softmax_o(sum_k a_k log p_k[v, t, o])[y_vt]``,
+    a convex function of ``a`` (log-sum-exp of a linear map minus a linear map), by a
+    projected Newton method: gradient and Hessian of ``L`` in closed form
+    (``dL/da_k = sum (E_pool[log p_k] - log p_k[y])``, Hessian = summed covariance of the
+    ``log p_k`` under the pool), a Newton step on the weights that are free (positive, or
+    at 0 with a negative gradient), a backtracking line search that keeps ``a >= 0``. A
+    small ridge (1e-9 of the trace) makes identical components (e.g. the belief model and
+    its imputed copy before any answer) solvable; their total weight is what matters.
+
+    Args:
+        probs: ``[K, M, T, O]`` predictives of the same (member, target) pairs.
+        truth: ``[M, T]`` true options (``-1`` = not scored).
+        init: starting weights (default: ``1`` for the first component, ``0`` else,
+            i.e. the first predictor alone).
+        max_iter: Newton iterations.
+        tol: stop when the largest projected gradient per answer is below ``tol``.
+
+    Returns:
+        ``(a [K] float64, {"nll": mean NLL at a, "nll_first": mean NLL of the first
+        component alone, "answers": scored answers, "iterations": n})``.
+    """
+    k = int(probs.shape[0])
+    ok = truth >= 0
+    n = int(ok.sum())
+    a = torch.zeros(k, dtype=torch.float64)
+    a[0] = 1.0
+    if init is not None:
+        a = torch.as_tensor(init, dtype=torch.float64).clamp_min(0.0).clone()
+    if n == 0:
+        return a, {"nll": float("nan"), "nll_first": float("nan"), "answers": 0, "iterations": 0}
+    p = probs.to(torch.float64)[:, ok]  # [K, P, O]
+    support = (p > 0).any(0)
+    logp = p.clamp_min(1e-12).log().masked_fill(~support, 0.0)
+    y = truth[ok].long()
+    ly = logp.gather(-1, y.expand(k, -1)[..., None]).squeeze(-1)  # [K, P]
+    first = torch.zeros(k, dtype=torch.float64)
+    first[0] = 1.0
+    nll0 = float(_stack_nll(logp, support, y, first)) / n
+    f = _stack_nll(logp, support, y, a)
+    it = 0
+    while it < max_iter:
+        it += 1
+        logit = torch.einsum("k,kpo->po", a, logp).masked_fill(~support, float("-inf"))
+        q = torch.softmax(logit, -1)  # [P, O]
+        mean = torch.einsum("po,kpo->kp", q, logp)  # E_pool[log p_k]
+        grad = (mean - ly).sum(1)  # [K]
+        cen = logp - mean[..., None]
+        hess = torch.einsum("po,kpo,jpo->kj", q, cen, cen)
+        free = (a > 0) | (grad < 0)
+        if not bool(free.any()) or float(grad[free].abs().max()) / n < tol:
+            break
+        h = hess[free][:, free]
+        h = h + (1e-9 * float(h.diagonal().sum()) + 1e-12) * torch.eye(len(h), dtype=h.dtype)
+        step = torch.zeros(k, dtype=torch.float64)
+        step[free] = -torch.linalg.solve(h, grad[free])
+        t, improved = 1.0, False
+        for _ in range(40):
+            cand = (a + t * step).clamp_min(0.0)
+            fc = _stack_nll(logp, support, y, cand)
+            if float(fc) < float(f):
+                a, f, improved = cand, fc, True
+                break
+            t *= 0.5
+        if not improved:
+            break
+    return a, {"nll": float(f) / n, "nll_first": nll0, "answers": n, "iterations": it}
+
+
+def shrunk_stack_weights(direction: Tensor, lam: float) -> Tensor:
+    """``lam * a + (1 - lam) * (1, 0, ..., 0)``: the stack shrunk toward the first
+    predictor alone (``lam = 0``: the belief model, ``lam = 1``: the fitted stack)."""
+    base = torch.zeros_like(direction)
+    base[0] = 1.0
+    return lam * direction + (1.0 - lam) * base
+
+
+def stack_gain_rows(
+    probs: Tensor, truth: Tensor, direction: Tensor, *, grid: int = POOL_GRID
+) -> tuple[Tensor, Tensor]:
+    """Per-unit log-score gains of the shrunk stack over the first predictor alone.
+
+    ``S[v, g] = sum_{t scored} [log stack(shrunk(a, lam_g))(y_vt) - log probs[0, v, t, y_vt]]``
+    with ``lam_g = g / (grid - 1)`` (:func:`shrunk_stack_weights`), ``n[v]`` = the unit's
+    scored answers; units without a scored answer are left out. Same layout as
+    :func:`pool_gain_rows`, for :func:`pool_weight_from_gains` (which then picks the
+    shrinkage ``lam`` with the highest lower confidence bound).
+
+    Args:
+        probs: ``[K, M, T, O]`` predictives (component 0 = the belief model).
+        truth: ``[M, T]`` true options (``-1`` = not scored).
+        direction: ``[K]`` fitted stack weights.
+
+    Returns:
+        ``(S [M', grid], n [M'])`` float64.
+    """
+    ok = truth >= 0
+    y = truth.clamp_min(0).unsqueeze(-1)
+    n = ok.sum(-1)
+    rows = n > 0
+    lb = probs[0].gather(-1, y).squeeze(-1).clamp_min(1e-12).log()
+    direction = torch.as_tensor(direction, dtype=torch.float64)
+    cols = []
+    for j in range(grid):
+        w = shrunk_stack_weights(direction, j / (grid - 1))
+        lp = stacked_pool(probs, w).gather(-1, y).squeeze(-1).clamp_min(1e-12).log()
+        d = torch.where(ok, lp - lb, torch.zeros((), dtype=lb.dtype))
+        cols.append(d.sum(-1)[rows])
+    return torch.stack(cols, 1).double(), n[rows].double()
+
+
+# ----------------------------------------------------------------------------------------
 # group-level prior
 
 
@@ -700,7 +859,11 @@ class GroupMethod:
     (:func:`adapt_mixture_prior`) at the start and after every round with answers; only
     for mixture models (with ``log_prior``, ``log_likelihood_matrix`` and ``with_prior``).
 
-    ``online_pool`` (``pool`` imputation only): the pool weight is re-chosen after every
+    ``online_pool`` (``pool`` or ``stack`` imputation): for ``stack``, the fitted stack
+    of the round is shrunk toward the belief model by the factor ``lam`` with the
+    highest lower confidence bound on its gain over the validation members of that
+    round (``stack_evidence``) and every answer of the group so far, each scored by the
+    components predicted before it arrived. For ``pool``, the pool weight is re-chosen after every
     round from the held-out evidence given to :class:`GroupElicitation`
     (``pool_evidence``, e.g. validation members) plus the group's own answers, each
     scored by the predictions made *before* it arrived (prequential evidence from the
@@ -727,8 +890,8 @@ class GroupMethod:
             )
         if self.imputation not in IMPUTATIONS:
             raise GroupError(f"unknown imputation {self.imputation!r} (known: {list(IMPUTATIONS)})")
-        if self.online_pool and self.imputation != "pool":
-            raise GroupError("online_pool needs the 'pool' imputation")
+        if self.online_pool and self.imputation not in ("pool", "stack"):
+            raise GroupError("online_pool needs the 'pool' or 'stack' imputation")
 
     def question_selector(self) -> QuestionSelector:
         if self.question == "eig":
@@ -757,6 +920,13 @@ class GroupElicitation:
             (:func:`pool_gain_rows` on validation members), used with the group's
             answers (one unit per answer) by ``online_pool``.
         pool_z: standard errors the pool's gain must clear (:func:`pool_weight_from_gains`).
+        stack_weights: weights of the ``stack`` imputation (:data:`STACK_COMPONENTS`
+            order), one ``[3]`` row per number of rounds with answers so far (``0`` =
+            before any answer; the last row is used beyond); default
+            ``(1 - pool_weight, pool_weight, 0)``.
+        stack_evidence: with ``online_pool`` and ``stack``: one ``(sums [R, G], counts
+            [R])`` per row of ``stack_weights``, the held-out gains of that round's
+            shrunk stack (:func:`stack_gain_rows` on validation members).
         response_prob: ``[N]`` chance each member answers (default: 1).
         seed: seed of the random choices.
     """
@@ -774,6 +944,8 @@ class GroupElicitation:
         pool_weight: float = 0.5,
         pool_evidence: tuple[Tensor, Tensor] | None = None,
         pool_z: float = 2.0,
+        stack_weights: Sequence[Sequence[float]] | Tensor | None = None,
+        stack_evidence: Sequence[tuple[Tensor, Tensor]] | None = None,
         response_prob: Tensor | None = None,
         seed: int = 0,
     ) -> None:
@@ -795,6 +967,7 @@ class GroupElicitation:
             "gnn",
             "gnn_only",
             "pool",
+            "stack",
         )
         if needs_gnn and gnn is None:
             raise GroupError(f"method {method} needs a trained GNN")
@@ -813,6 +986,34 @@ class GroupElicitation:
             if ev_sums.dim() != 2 or ev_sums.shape[1] < 2 or ev_sums.shape[0] != len(ev_counts):
                 raise GroupError("pool_evidence must be (sums [R, G >= 2], counts [R])")
         self.pool_evidence = (ev_sums, ev_counts)
+        if stack_weights is None:
+            sw = torch.tensor([[1.0 - self.pool_weight, self.pool_weight, 0.0]], dtype=DTYPE)
+        else:
+            sw = torch.as_tensor(stack_weights, dtype=DTYPE)
+            if sw.dim() == 1:
+                sw = sw.reshape(1, -1)
+        if sw.dim() != 2 or sw.shape[0] < 1 or sw.shape[1] != len(STACK_COMPONENTS):
+            raise GroupError(f"stack_weights must be [rounds, {len(STACK_COMPONENTS)}]")
+        if bool((sw < 0).any()) or not bool(torch.isfinite(sw).all()):
+            raise GroupError("stack_weights must be finite and >= 0")
+        self.stack_weights = sw
+        if stack_evidence is not None and len(stack_evidence) != sw.shape[0]:
+            raise GroupError("stack_evidence needs one (sums, counts) per row of stack_weights")
+        self.stack_evidence = (
+            [
+                (torch.as_tensor(a, dtype=DTYPE), torch.as_tensor(b, dtype=DTYPE))
+                for a, b in stack_evidence
+            ]
+            if stack_evidence is not None
+            else None
+        )
+        # the group's answers with the stack components predicted before they arrived
+        self.stack_group: list[tuple[Tensor, Tensor]] = []  # ([3, n, 1, O], answers [n, 1])
+        self.stack_lambda = 1.0
+        self.stack_info: dict[str, Any] = {}
+        # questions of the rounds in which somebody answered (a round without answers
+        # changes nothing, so it is not counted by the ``stack`` imputation either)
+        self.answered_items: list[int] = []
         self.pool_group_gains = torch.zeros(0, ev_sums.shape[1], dtype=DTYPE)
         self.pool_info: dict[str, Any] = {}
         self._gnn_cache: tuple[int, Tensor] | None = None
@@ -834,6 +1035,8 @@ class GroupElicitation:
         if method.adapt_prior:
             self.model = adapt_mixture_prior(model, self.observed)
         self._state = self.model.initial_batch(self._history())
+        if method.online_pool and method.imputation == "stack":
+            self._choose_stack_lambda()
 
     # ----- state ------------------------------------------------------------
     def _history(self) -> Tensor:
@@ -928,13 +1131,20 @@ class GroupElicitation:
                 )
         got = answers >= 0
         if self.method.online_pool and bool(got.any()):
-            self._pool_evidence(question, asked[got], answers[got])
+            if self.method.imputation == "stack":
+                comps = self.stack_components([question])[:, asked[got]]
+                self.stack_group.append((comps, answers[got].reshape(-1, 1)))
+            else:
+                self._pool_evidence(question, asked[got], answers[got])
         self.observed[asked[got], question] = answers[got]
         self._observed_version += 1
         self.n_asked[asked] += 1
         self.answers_used += len(asked)
         self.asked_items.append(question)
         if bool(got.any()):
+            self.answered_items.append(question)
+            if self.method.online_pool and self.method.imputation == "stack":
+                self._choose_stack_lambda()
             if self.method.adapt_prior:
                 self.model = adapt_mixture_prior(self.base_model, self.observed)
             self._impute(question)
@@ -985,9 +1195,77 @@ class GroupElicitation:
         self.imputed[missing, question] = guess[missing]
 
     # ----- predictions ------------------------------------------------------
+    def stack_components(
+        self, items: Sequence[int] | None = None, *, model: BeliefModel | None = None
+    ) -> Tensor:
+        """``[3, N, T, O]`` the predictives :data:`STACK_COMPONENTS` of ``items``
+        (default: the targets): the belief model on the members' histories, the GNN on
+        the observed graph, and the belief model on the histories in which every member
+        without an answer to a question answered in an earlier round gets the GNN's
+        most likely answer to it (what GNN imputation would condition on, from the
+        GNN's current predictions; it does not change the state or the selections).
+        ``model``: another belief model for the two belief components (e.g. a fit for
+        which these members are held out); default: the group's own."""
+        items = self.targets if items is None else [int(i) for i in items]
+        if model is None:
+            model = self.model
+            p_b = self.model.predict_batch(self._state, items)
+        else:
+            p_b = model.predict_batch(model.initial_batch(self._history()), items)
+        gnn_all = self._gnn_predict()
+        p_g = gnn_all[:, items][..., : p_b.shape[-1]]
+        if not self.answered_items:
+            return torch.stack([p_b, p_g, p_b])
+        hist = self._history().clone()
+        for q in self.answered_items:
+            miss = hist[:, q] < 0
+            n_opt = self.model.item_bank.n_options[q]
+            hist[miss, q] = gnn_all[miss, q, :n_opt].argmax(-1)
+        p_i = model.predict_batch(model.initial_batch(hist), items)
+        return torch.stack([p_b, p_g, p_i])
+
+    def _stack_row(self) -> int:
+        return min(len(self.answered_items), self.stack_weights.shape[0] - 1)
+
+    def _choose_stack_lambda(self) -> None:
+        """Shrinkage of this round's stack (``online_pool``): the highest lower confidence
+        bound of the gain over validation members of the round + every group answer
+        (:func:`pool_weight_from_gains`; ``0`` = the belief model alone)."""
+        r = self._stack_row()
+        direction = self.stack_weights[r]
+        parts_s: list[Tensor] = []
+        parts_n: list[Tensor] = []
+        if self.stack_evidence is not None:
+            parts_s.append(self.stack_evidence[r][0])
+            parts_n.append(self.stack_evidence[r][1])
+        for comps, ans in self.stack_group:
+            s_rows, n_rows = stack_gain_rows(comps, ans, direction)
+            parts_s.append(s_rows)
+            parts_n.append(n_rows)
+        if not parts_s:
+            self.stack_lambda, self.stack_info = 1.0, {}
+            return
+        lam, info = pool_weight_from_gains(torch.cat(parts_s), torch.cat(parts_n), z=self.pool_z)
+        self.stack_lambda, self.stack_info = lam, info
+
+    def current_stack_weights(self) -> Tensor:
+        """``[3]`` the ``stack`` weights in use: the row for the number of rounds with
+        answers so far, shrunk by ``stack_lambda`` with ``online_pool``."""
+        direction = self.stack_weights[self._stack_row()]
+        if not self.method.online_pool:
+            return direction
+        return shrunk_stack_weights(direction, self.stack_lambda)
+
     def predict_targets(self) -> Tensor:
         """``[N, T, O]`` predictions of every member's target answers."""
         mode = self.method.imputation
+        if mode == "stack":
+            a = self.current_stack_weights()
+            if float(a[2]) == 0.0 and float(a[1]) == 0.0:
+                return stacked_pool(
+                    self.model.predict_batch(self._state, self.targets)[None], a[:1]
+                )
+            return stacked_pool(self.stack_components(), a)
         p_b = self.model.predict_batch(self._state, self.targets)
         if mode in ("none", "self", "gnn"):
             return p_b

@@ -15,7 +15,10 @@ Protocol (arXiv 2602.14279, on a canonical dataset with a user split and runs):
   the mean over the runs.
 
 Methods (:data:`GROUP_METHODS`): the paper's baselines and method with our predictor,
-the product's ``default``, and imputation variants of the default for comparison.
+the product's ``default`` (the stacked pool of the belief model, the GNN and the belief
+model with GNN-imputed answers, weights fitted per round on validation members run
+through the same rounds, shrunk online toward the belief model by a lower confidence
+bound), and imputation variants of the default for comparison.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from elicitation.group import (
     GroupElicitation,
     GroupMethod,
     choose_pool_weight,
+    fit_stack_weights,
+    stack_gain_rows,
 )
 from gnn.graph import GraphSchema
 from gnn.train import GNNConfig, TrainedGNN, train_gnn
@@ -58,7 +63,18 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # belief model and the GNN with the weight of highest lower confidence bound on its
     # gain, on validation members and, after each round, the group's own answers (0 =
     # the belief model alone unless the GNN demonstrably helps)
-    "default": GroupMethod("eig_budget", "eig", "pool", online_pool=True),
+    # (session 3) the stacked pool: p ∝ p_belief^a * p_gnn^c * p_imputed^d with
+    # weights fitted per round by maximum likelihood on validation members run through
+    # the same rounds (see :func:`fit_stack_on_validation`; it holds none, pool,
+    # gnn_only and the targets of GNN imputation as special cases), shrunk toward the
+    # belief model by the factor with the highest lower confidence bound on its gain
+    # over those validation members and the group's own answers (online)
+    "default": GroupMethod("eig_budget", "eig", "stack", online_pool=True),
+    # the fitted stack used as it is (no shrinkage)
+    "eig_eig_stack": GroupMethod("eig_budget", "eig", "stack"),
+    # the session-2 default: the pool at the weight with the highest lower confidence
+    # bound on its gain (validation members + the group's own answers, re-chosen online)
+    "default_lcb": GroupMethod("eig_budget", "eig", "pool", online_pool=True),
     # the pool with the weight that is best on validation members, used whatever the
     # evidence (no standard-error rule, not re-chosen online): what trusting validation
     # alone gives
@@ -77,6 +93,7 @@ GROUP_METHODS: dict[str, GroupMethod] = {
 VALIDATION_WEIGHT_METHODS = frozenset({"eig_eig_pool_val"})
 DEFAULT_GROUP_METHODS = _DEFAULT_GROUP_METHODS  # defined where the CLI can read it cheaply
 REPORTED = ("accuracy", "brier_sum", "perplexity", "log_loss")
+STACK_FOLDS = 5  # cross-fitting folds of the validation users for the ``stack`` weights
 
 
 class Fitted:
@@ -90,6 +107,9 @@ class Fitted:
         pool_weight: float,
         info: dict[str, Any],
         pool_gains: tuple[Tensor, Tensor] | None = None,
+        calib: BeliefModel | None = None,
+        val_responses: Tensor | None = None,
+        val_folds: list[tuple[BeliefModel, Tensor]] | None = None,
     ) -> None:
         self.model = model
         self.gnn = gnn
@@ -97,6 +117,13 @@ class Fitted:
         self.pool_weight = pool_weight
         self.info = info
         self.pool_gains = pool_gains  # (sums [members, weights], counts) (pool_gain_rows)
+        # the train-only fit of the same settings and the validation users' answers
+        # ([V, I]): held-out evidence for the ``stack`` weights (fit_stack_on_validation)
+        self.calib = calib
+        self.val_responses = val_responses
+        # cross-fitted belief models: (fit on train + the other folds of the validation
+        # users, rows of ``val_responses`` it holds out), see :func:`prepare`
+        self.val_folds = val_folds or []
 
 
 def gnn_schema(ds: Dataset) -> GraphSchema:
@@ -225,6 +252,31 @@ def prepare(
         )
         if calib_path is not None:
             calib_path.write_bytes(calib.to_bytes())
+    # Cross-fitted belief models for the ``stack`` weights: at test time the belief
+    # model is fitted on train + all validation users, so a train-only fit would make
+    # the belief model look weaker on validation than it is on the group (and the GNN,
+    # trained on train users only in both cases, relatively stronger). Fold f's model
+    # is fitted like the final one — structure chosen on the other validation folds,
+    # refit on train + those folds — and holds fold f out.
+    perm = torch.randperm(len(va), generator=torch.Generator().manual_seed(seed + 23))
+    folds: list[tuple[BeliefModel, Tensor]] = []
+    for f in range(STACK_FOLDS):
+        held = perm[f::STACK_FOLDS].sort().values
+        rest = perm[torch.arange(len(perm)) % STACK_FOLDS != f].sort().values
+        fpath = cache / f"{key}.lc_fold{f}of{STACK_FOLDS}" if cache is not None else None
+        fm = load_model(fpath.read_bytes()) if fpath is not None and fpath.is_file() else None
+        if fm is None:
+            fm = fit_latent_classes(
+                y[tr],
+                bank,
+                val_responses=y[va[rest]],
+                n_classes=n_classes,
+                n_restarts=2,
+                seed=seed,
+            )
+            if fpath is not None:
+                fpath.write_bytes(fm.to_bytes())
+        folds.append((fm, held))
     gen = torch.Generator().manual_seed(seed + 17)
     obs, truth = _calibration_sample(ds, y, va, gen)
     p_b = calib.predict_batch(calib.initial_batch(obs), list(range(bank.n_items)))
@@ -252,7 +304,114 @@ def prepare(
             "pool_val_log_loss": losses,
         }
     )
-    return Fitted(model, gnn, view, w, info, (pool_info["gain_sums"], pool_info["gain_counts"]))
+    return Fitted(
+        model,
+        gnn,
+        view,
+        w,
+        info,
+        (pool_info["gain_sums"], pool_info["gain_counts"]),
+        calib=calib,
+        val_responses=y[va],
+        val_folds=folds,
+    )
+
+
+def fit_stack_on_validation(
+    fitted: Fitted,
+    n_demographics: int,
+    candidates: Sequence[int],
+    targets: Sequence[int],
+    method: GroupMethod,
+    respondents: float | int,
+    n_group: int,
+    rounds: int,
+    *,
+    nonresponse: float = 0.0,
+    seed: int = 0,
+) -> tuple[Tensor, dict[str, Any]]:
+    """Weights of the ``stack`` imputation per round, fitted on validation members.
+
+    The validation users are run through the study's own rounds as a group — same
+    candidate and target questions, same selectors, the same respondent share (a count
+    is scaled by ``V / n_group``), demographics observed, answers from their data — with
+    the train-only belief model (``fitted.calib``, for which they are held out; the GNN
+    used them only for early stopping) choosing the questions and respondents. After
+    ``r`` rounds with answers, the three :data:`~elicitation.group.STACK_COMPONENTS` of
+    their target predictions and their true target answers give the weights of round
+    ``r`` by maximum likelihood (:func:`~elicitation.group.fit_stack_weights`). The two
+    belief components of a member come from the cross-fitted model of its fold
+    (``fitted.val_folds``: fitted like the final model, on train + the other validation
+    folds), so the belief model is held out but nearly as strong as the one the group
+    gets. The selections of a ``stack`` method do not depend on its weights, so one pass
+    gives every round's evidence. No test user is involved.
+
+    Returns:
+        ``(weights [r + 1, 3], {"nll": [...], "nll_belief": [...], "answers": [...],
+        "seconds": s, "evidence": [(sums, counts)] * (r + 1)})`` (``r`` = rounds with
+        answers; mean validation NLL per round at the fitted weights and of the belief
+        model alone; ``evidence`` = each round's :func:`~elicitation.group.stack_gain_rows`
+        per validation member, for the online shrinkage of ``default``).
+    """
+    if fitted.calib is None or fitted.val_responses is None:
+        raise BenchmarkError("stack weights need the train-only fit and validation answers")
+    t0 = time.perf_counter()
+    yv = fitted.val_responses
+    n_val = int(yv.shape[0])
+    share: float | int
+    if isinstance(respondents, float):
+        share = respondents
+    else:
+        share = max(1, min(n_val, int(round(respondents * n_val / max(1, n_group)))))
+    start = torch.full_like(yv, -1)
+    start[:, :n_demographics] = yv[:, :n_demographics]
+    sim = GroupMethod(method.question, method.respondents, "stack", subsample=method.subsample)
+    ge = GroupElicitation(
+        fitted.calib,
+        start,
+        candidates,
+        targets,
+        sim,
+        GroupBudget(share, rounds),
+        gnn=fitted.view,
+        response_prob=torch.full((n_val,), 1.0 - nonresponse, dtype=DTYPE),
+        seed=seed,
+    )
+    gen = torch.Generator().manual_seed(seed + 31)
+    truth = yv[:, list(targets)]
+    weights: list[Tensor] = []
+    evidence: list[tuple[Tensor, Tensor]] = []
+    info: dict[str, Any] = {"nll": [], "nll_belief": [], "answers": []}
+
+    def fit_now() -> None:
+        comps = ge.stack_components()
+        for fold_model, held in fitted.val_folds:  # belief components from held-out fits
+            fc = ge.stack_components(model=fold_model)
+            comps[0, held] = fc[0, held]
+            comps[2, held] = fc[2, held]
+        a, fi = fit_stack_weights(comps, truth)
+        weights.append(a)
+        evidence.append(stack_gain_rows(comps, truth, a))
+        info["nll"].append(fi["nll"])
+        info["nll_belief"].append(fi["nll_first"])
+        info["answers"].append(fi["answers"])
+
+    fit_now()
+    for _ in range(rounds):
+        q, who, _ = ge.plan()
+        ans = yv[who, q].clone()
+        if nonresponse > 0:
+            ans[torch.rand(len(who), generator=gen) < nonresponse] = -1
+        had = len(ge.answered_items)
+        ge.apply(q, who, ans)
+        if len(ge.answered_items) > had:
+            fit_now()
+        else:  # nobody answered: the weights stay those of the rounds with answers
+            for k in ("nll", "nll_belief", "answers"):
+                info[k].append(info[k][-1])
+    info["seconds"] = time.perf_counter() - t0
+    info["evidence"] = evidence
+    return torch.stack(weights), info
 
 
 def _score(
@@ -345,6 +504,21 @@ def run_group(
         tgt_truth = truth[:, tgt]
         for name in methods:
             rgen = torch.Generator().manual_seed(seed * 1000 + run.seed)
+            stack_w: Tensor | None = None
+            stack_info: dict[str, Any] = {}
+            if GROUP_METHODS[name].imputation == "stack":
+                stack_w, stack_info = fit_stack_on_validation(
+                    fitted,
+                    n_demo,
+                    cand,
+                    tgt,
+                    GROUP_METHODS[name],
+                    share,
+                    len(te),
+                    rounds,
+                    nonresponse=nonresponse,
+                    seed=seed * 1000 + run.seed,
+                )
             ge = GroupElicitation(
                 model,
                 start,
@@ -359,6 +533,8 @@ def run_group(
                     else fitted.pool_weight
                 ),
                 pool_evidence=fitted.pool_gains,
+                stack_weights=stack_w,
+                stack_evidence=stack_info["evidence"] if stack_w is not None else None,
                 seed=seed * 1000 + run.seed,
                 response_prob=torch.full((len(te),), 1.0 - nonresponse, dtype=DTYPE),
             )
@@ -366,6 +542,12 @@ def run_group(
             pooled = GROUP_METHODS[name].imputation == "pool"
             if pooled:
                 curves["pool_weight"] = [ge.pool_weight]
+            if stack_w is not None:
+                curves["stack_fit_seconds"] = [stack_info["seconds"]]
+                curves["stack_val_nll"] = list(stack_info["nll"])
+                curves["stack_val_nll_belief"] = list(stack_info["nll_belief"])
+                curves["stack_weights"] = [ge.current_stack_weights().tolist()]
+                curves["stack_lambda"] = [ge.stack_lambda]
             _score(ge, tgt_truth, n_opt[tgt], curves)
             for _ in range(rounds):
                 t0 = time.perf_counter()
@@ -378,6 +560,9 @@ def run_group(
                 curves["plan_seconds"].append(dt)
                 if pooled:
                     curves["pool_weight"].append(ge.pool_weight)
+                if stack_w is not None:
+                    curves["stack_weights"].append(ge.current_stack_weights().tolist())
+                    curves["stack_lambda"].append(ge.stack_lambda)
                 _score(ge, tgt_truth, n_opt[tgt], curves)
             for k, v in curves.items():
                 per[name].setdefault(k, []).append(v)

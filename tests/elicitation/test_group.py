@@ -17,10 +17,14 @@ from elicitation.group import (
     GroupMethod,
     choose_pool_weight,
     fit_pool_weight,
+    fit_stack_weights,
     log_linear_pool,
     member_eig,
     pool_gain_rows,
     pool_weight_from_gains,
+    shrunk_stack_weights,
+    stack_gain_rows,
+    stacked_pool,
 )
 from gnn.graph import GraphSchema
 from gnn.train import GNNConfig, train_gnn
@@ -273,6 +277,8 @@ def test_budget_eig_question_on_a_member_subsample_estimates_the_exact_score() -
         ("gnn_only", False),
         ("pool", False),
         ("pool", True),
+        ("stack", False),
+        ("stack", True),
     ],
 )
 def test_round_without_answers_leaves_predictions_unchanged(
@@ -289,15 +295,21 @@ def test_round_without_answers_leaves_predictions_unchanged(
         gnn=gnn_view,
         pool_weight=0.5,
         pool_z=0.0,
+        stack_weights=[[0.6, 0.3, 0.2], [0.5, 0.3, 0.4], [0.4, 0.2, 0.6], [0.3, 0.3, 0.5]],
     )
     q, who, _ = ge.plan()
     ge.apply(q, who, truth[who, q])  # a first real round
     before = ge.predict_targets()
     w_before, rows_before = ge.pool_weight, ge.pool_group_gains.shape[0]
+    stack_before, lam_before = ge.current_stack_weights(), ge.stack_lambda
     q2, who2, _ = ge.plan()
     ge.apply(q2, who2, torch.full_like(who2, -1))  # nobody answers
     assert torch.equal(ge.predict_targets(), before)
     assert ge.pool_weight == w_before and ge.pool_group_gains.shape[0] == rows_before
+    assert torch.equal(ge.current_stack_weights(), stack_before)
+    assert ge.stack_lambda == lam_before and len(ge.stack_group) == int(
+        online and imputation == "stack"
+    )
     assert ge.answers_used == 20 and len(ge.records) == 2
     # and a round with answers does change them
     q3, who3, _ = ge.plan()
@@ -348,6 +360,134 @@ def test_log_linear_pool_exact() -> None:
     torch.testing.assert_close(p[0], (expected / expected.sum()).double())
     torch.testing.assert_close(log_linear_pool(a, b, 0.0), a)
     torch.testing.assert_close(log_linear_pool(a, b, 1.0), b)
+
+
+def test_stacked_pool_exact_and_special_cases() -> None:
+    a = torch.tensor([[0.5, 0.3, 0.2, 0.0]], dtype=torch.float64)
+    b = torch.tensor([[0.1, 0.6, 0.3, 0.0]], dtype=torch.float64)
+    c = torch.tensor([[0.2, 0.2, 0.6, 0.0]], dtype=torch.float64)
+    probs = torch.stack([a, b, c])
+    p = stacked_pool(probs, [2.0, 0.5, 1.0])
+    expected = a[0] ** 2 * b[0] ** 0.5 * c[0]
+    torch.testing.assert_close(p[0], expected / expected.sum())
+    assert float(p[0, 3]) == 0.0  # an option no component supports stays impossible
+    torch.testing.assert_close(stacked_pool(probs, [1.0, 0.0, 0.0]), a)
+    torch.testing.assert_close(stacked_pool(probs, [0.0, 0.0, 1.0]), c)
+    torch.testing.assert_close(stacked_pool(probs, [0.7, 0.3, 0.0]), log_linear_pool(a, b, 0.3))
+    torch.testing.assert_close(
+        shrunk_stack_weights(torch.tensor([0.2, 0.6, 0.4], dtype=torch.float64), 0.25),
+        torch.tensor([0.8, 0.15, 0.1], dtype=torch.float64),
+    )
+    with pytest.raises(GroupError, match="weights"):
+        stacked_pool(probs, [1.0, 0.0])
+
+
+def _stack_case(weights: list[float], n: int = 3000, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Three random predictors and answers drawn from their stack with ``weights``."""
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.randn(3, n, 2, 4, generator=g, dtype=torch.float64).softmax(-1)
+    probs[..., 3] = 0.0  # a padded option
+    probs = probs / probs.sum(-1, keepdim=True)
+    truth = torch.multinomial(stacked_pool(probs, weights).reshape(-1, 4), 1, generator=g)
+    return probs, truth.reshape(n, 2)
+
+
+def test_fit_stack_weights_recovers_the_generating_weights() -> None:
+    # answers drawn from p ∝ p0^1.5 * p1^0.5: maximum likelihood finds (1.5, 0.5) and
+    # puts exactly 0 (the bound) on the third, irrelevant predictor
+    probs, truth = _stack_case([1.5, 0.5, 0.0])
+    a, info = fit_stack_weights(probs, truth)
+    torch.testing.assert_close(
+        a[:2], torch.tensor([1.5, 0.5], dtype=torch.float64), atol=0.12, rtol=0
+    )
+    assert float(a[2]) < 0.05
+    assert info["answers"] == truth.numel() and info["nll"] < info["nll_first"]
+
+    # the optimum: no other weights (each predictor alone, the pool of the first two at
+    # any weight, the generating weights) give a lower log loss on these answers
+    def nll(w: list[float] | torch.Tensor) -> float:
+        p = stacked_pool(probs, w).gather(-1, truth[..., None]).squeeze(-1)
+        return float(-p.log().mean())
+
+    assert nll(a) == pytest.approx(info["nll"], abs=1e-9)
+    for w in ([1, 0, 0], [0, 1, 0], [0, 0, 1], [1.5, 0.5, 0.0], [0.7, 0.3, 0.0], [1.2, 0.6, 0.1]):
+        assert info["nll"] <= nll(w) + 1e-12
+    # and the gradient vanishes at the free weights (a stationary point of a convex loss)
+    x = a.clone().requires_grad_(True)
+    logit = torch.einsum("k,kpto->pto", x, probs.clamp_min(1e-12).log())
+    logit = logit.masked_fill(probs[0] == 0, float("-inf"))
+    loss = -torch.log_softmax(logit, -1).gather(-1, truth[..., None]).sum()
+    (grad,) = torch.autograd.grad(loss, x)
+    assert float(grad[:2].abs().max()) / truth.numel() < 1e-6
+    assert float(grad[2]) >= -1e-6 or float(a[2]) > 0  # at the bound only if it pushes out
+
+
+def test_fit_stack_weights_gives_the_belief_model_alone_when_it_is_the_truth() -> None:
+    probs, truth = _stack_case([1.0, 0.0, 0.0], n=4000, seed=3)
+    a, _ = fit_stack_weights(probs, truth)
+    torch.testing.assert_close(
+        a, torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), atol=0.08, rtol=0
+    )
+    # identical components: only their sum is identified, and it is found
+    same = torch.stack([probs[0], probs[0], probs[1]])
+    a2, _ = fit_stack_weights(same, truth)
+    assert float(a2[0] + a2[1]) == pytest.approx(float(a[0]), abs=1e-3)
+
+
+def test_stack_gain_rows_by_hand() -> None:
+    probs, truth = _stack_case([1.0, 0.4, 0.2], n=50, seed=5)
+    truth[0] = -1  # a unit without scored answers is left out
+    truth[1, 0] = -1
+    direction = torch.tensor([0.8, 0.5, 0.3], dtype=torch.float64)
+    sums, counts = stack_gain_rows(probs, truth, direction, grid=5)
+    assert sums.shape == (49, 5) and counts[0] == 1 and float(counts[1:].min()) == 2
+    assert float(sums[:, 0].abs().max()) < 1e-12  # lam = 0: the belief model itself
+    for j, lam in enumerate((0.0, 0.25, 0.5, 0.75, 1.0)):
+        w = lam * direction + (1 - lam) * torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+        p = stacked_pool(probs[:, 1], w)  # member 1: only its second target is scored
+        expected = math.log(float(p[1, truth[1, 1]])) - math.log(float(probs[0, 1, 1, truth[1, 1]]))
+        assert float(sums[0, j]) == pytest.approx(expected, abs=1e-9)
+
+
+def test_online_stack_shrinkage_is_the_rule_on_validation_and_group_units(
+    gnn_view: GNNView,
+) -> None:
+    truth, observed = _group()
+    g = torch.Generator().manual_seed(2)
+    direction = [[0.6, 0.5, 0.1], [0.5, 0.4, 0.4]]
+    evidence = [
+        (
+            torch.randn(30, 21, generator=g, dtype=torch.float64) * 0.05 + 0.02,
+            torch.full((30,), 5.0),
+        )
+        for _ in direction
+    ]
+    ge = GroupElicitation(
+        _toy_model(),
+        observed,
+        [2, 3, 4],
+        [5],
+        GroupMethod("eig", "random", "stack", online_pool=True),
+        GroupBudget(10, 2),
+        gnn=gnn_view,
+        stack_weights=direction,
+        stack_evidence=evidence,
+        pool_z=1.0,
+    )
+    lam0, _ = pool_weight_from_gains(*evidence[0], z=1.0)
+    assert ge.stack_lambda == lam0
+    q, who, _ = ge.plan()
+    comps = ge.stack_components([q])[:, who]  # predicted before the answers arrive
+    ge.apply(q, who, truth[who, q])
+    rows, n = stack_gain_rows(comps, truth[who, q].reshape(-1, 1), torch.tensor(direction[1]))
+    lam1, _ = pool_weight_from_gains(
+        torch.cat([evidence[1][0], rows]), torch.cat([evidence[1][1], n]), z=1.0
+    )
+    assert ge.stack_lambda == lam1
+    a = torch.tensor(direction[1], dtype=torch.float64)
+    torch.testing.assert_close(ge.current_stack_weights(), shrunk_stack_weights(a, lam1))
+    expected = stacked_pool(ge.stack_components(), shrunk_stack_weights(a, lam1))
+    torch.testing.assert_close(ge.predict_targets(), expected)
 
 
 def test_fit_pool_weight_prefers_the_better_predictor() -> None:
