@@ -20,6 +20,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -215,6 +216,94 @@ class ExpectedInformationGain(SelectionCriterion):
 
 
 # --------------------------------------------------------------------------------------
+def _selection_state(
+    model: BeliefModel, state: Any, tau: float, prior_weight: float, anchor: str = "uniform"
+) -> Any:
+    """The state a robust criterion *selects* with (predictions keep the exact posterior).
+
+    With ``π(θ | h)`` the posterior over personas, ``π(θ)`` the model's population prior,
+    ``τ`` = ``tau`` and ``w`` = ``prior_weight``:
+
+    ``π_τ(θ) ∝ π(θ | h)^τ`` (``anchor = "uniform"``: the posterior flattened towards
+    the uniform distribution over personas) or ``π_τ(θ) ∝ π(θ | h)^τ π(θ)^(1-τ)
+    = π(θ) L(h | θ)^τ`` (``anchor = "prior"``: the power posterior, between the prior at
+    ``τ = 0`` and the posterior at ``τ = 1``), then ``π_sel = (1 - w) π_τ + w π(θ)``.
+
+    A less confident belief about who the respondent is. Needs a state with a normalised
+    ``log_post`` (``[K]`` or ``[B, K]``) and, for ``w > 0`` or the prior anchor, a model
+    with ``log_prior [K]``.
+    """
+    if tau == 1.0 and prior_weight == 0.0:
+        return state
+    log_post = getattr(state, "log_post", None)
+    log_prior = getattr(model, "log_prior", None)
+    need_prior = prior_weight > 0 or anchor == "prior"
+    if not isinstance(log_post, Tensor) or (need_prior and not isinstance(log_prior, Tensor)):
+        raise CriterionNotApplicableError(
+            f"a tempered criterion needs a state with a persona posterior 'log_post' and a "
+            f"model with 'log_prior'; {type(model).__name__} (family {model.family!r}) has none"
+        )
+    lp = log_post * tau
+    if anchor == "prior":
+        lp = lp + (1 - tau) * log_prior
+    lp = lp - torch.logsumexp(lp, dim=-1, keepdim=True)
+    if prior_weight > 0:
+        lp = torch.logaddexp(lp + math.log1p(-prior_weight), log_prior + math.log(prior_weight))
+        lp = lp - torch.logsumexp(lp, dim=-1, keepdim=True)
+    return dataclasses.replace(state, log_post=lp)
+
+
+@register_criterion
+class TemperedInformationGain(ExpectedInformationGain):
+    """``eig`` computed under a less confident belief (selection only).
+
+    ``score(x) = EIG(x)`` of :class:`ExpectedInformationGain` with the persona posterior
+    replaced by ``π_sel`` (see :func:`_selection_state`: posterior to the power ``tau``,
+    mixed with the population prior with weight ``prior_weight``). The respondent's state
+    and every prediction stay exact Bayes; only the choice of the next question hedges
+    against a posterior that is overconfident because the model is misspecified (a
+    finite mixture of independent categoricals; respondents from another population than
+    the training users). ``tau = 1, prior_weight = 0`` is ``eig`` exactly. The score is
+    a gain in nats under ``π_sel``, not under the posterior, so it is not used by the
+    expected-gain stopping rule.
+    """
+
+    name = "eig_tempered"
+    description = "expected target-entropy reduction under a flattened posterior (selection only)"
+    scores_are_target_gains = False
+
+    def __init__(
+        self, tau: float = 0.5, prior_weight: float = 0.0, anchor: str = "uniform"
+    ) -> None:
+        if not 0 < tau <= 1:
+            raise ElicitationError(f"criterion {self.name!r}: tau must be in (0, 1]")
+        if not 0 <= prior_weight < 1:
+            raise ElicitationError(f"criterion {self.name!r}: prior_weight must be in [0, 1)")
+        if anchor not in ("uniform", "prior"):
+            raise ElicitationError(
+                f"criterion {self.name!r}: anchor must be 'uniform' or 'prior', got {anchor!r}"
+            )
+        self.tau = float(tau)
+        self.prior_weight = float(prior_weight)
+        self.anchor = anchor
+
+    def params(self) -> dict[str, Any]:
+        return {"tau": self.tau, "prior_weight": self.prior_weight, "anchor": self.anchor}
+
+    def score(
+        self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        sel = _selection_state(model, state, self.tau, self.prior_weight, self.anchor)
+        return super().score(model, sel, candidates, targets)
+
+    def score_batch(
+        self, model: BeliefModel, states: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        sel = _selection_state(model, states, self.tau, self.prior_weight, self.anchor)
+        return super().score_batch(model, sel, candidates, targets)
+
+
+# --------------------------------------------------------------------------------------
 @register_criterion
 class TwoStepInformationGain(SelectionCriterion):
     """Expected information gain about the targets over the next two questions.
@@ -259,21 +348,36 @@ class TwoStepInformationGain(SelectionCriterion):
     scores_are_target_gains = False
 
     def __init__(
-        self, top_k: int = 3, follow_k: int = 8, chunk_rows: int = 256, first_weight: float = 0.5
+        self,
+        top_k: int = 3,
+        follow_k: int = 8,
+        chunk_rows: int = 256,
+        first_weight: float = 0.5,
+        follow_up: str = "adaptive",
     ) -> None:
         if top_k < 1 or follow_k < 2 or chunk_rows < 1:
             raise ElicitationError(
-                "criterion 'eig2': top_k and chunk_rows must be >= 1, follow_k >= 2"
+                f"criterion {self.name!r}: top_k and chunk_rows must be >= 1, follow_k >= 2"
             )
         self.top_k = int(top_k)
         self.follow_k = int(follow_k)
         self.chunk_rows = int(chunk_rows)
         if not 0 <= first_weight <= 1:
-            raise ElicitationError("criterion 'eig2': first_weight must be in [0, 1]")
+            raise ElicitationError(f"criterion {self.name!r}: first_weight must be in [0, 1]")
         self.first_weight = float(first_weight)
+        if follow_up not in ("adaptive", "fixed"):
+            raise ElicitationError(
+                f"criterion {self.name!r}: follow_up must be 'adaptive' or 'fixed', got {follow_up!r}"
+            )
+        self.follow_up = follow_up
 
     def params(self) -> dict[str, Any]:
-        return {"top_k": self.top_k, "follow_k": self.follow_k, "first_weight": self.first_weight}
+        return {
+            "top_k": self.top_k,
+            "follow_k": self.follow_k,
+            "first_weight": self.first_weight,
+            "follow_up": self.follow_up,
+        }
 
     def score(
         self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
@@ -343,16 +447,30 @@ class TwoStepInformationGain(SelectionCriterion):
         f_mask &= askable
         f_cols = f_mask.any(0).nonzero().flatten()  # candidate columns needed by some row
         f_items = cand_t[f_cols].tolist()
-        best = torch.empty(rb.numel(), dtype=DTYPE)
+        weight = p_x[rb, rc, ro]
+        if self.follow_up == "adaptive":
+            best = torch.empty(rb.numel(), dtype=DTYPE)
+        else:  # E(x, x') = sum_k p(k) E(x' | h, Y_x = k), accumulated per (b, top x, x')
+            joint = torch.zeros(b, k_n, f_cols.numel(), dtype=DTYPE)
         for s in range(0, rb.numel(), self.chunk_rows):
             sl = slice(s, s + self.chunk_rows)
             st = branch(states, rb[sl], cand_t[rc[sl]], ro[sl])
             px2, pt2 = model.lookahead_batch(st, f_items, tgt)
             e2 = expected_target_entropy(px2, pt2)  # [rows, |f_cols|]
             allowed = f_mask[rb[sl]][:, f_cols] & (f_cols.unsqueeze(0) != rc[sl].unsqueeze(1))
-            best[sl] = e2.masked_fill(~allowed, math.inf).min(1).values
-        weight = p_x[rb, rc, ro]
-        two = torch.zeros(b, k_n, dtype=DTYPE).index_put_((rb, rj), weight * best, accumulate=True)
+            if self.follow_up == "adaptive":
+                best[sl] = e2.masked_fill(~allowed, math.inf).min(1).values
+            else:
+                e2 = e2.masked_fill(~allowed, math.inf) * weight[sl].unsqueeze(1)
+                joint.index_put_(
+                    (rb[sl], rj[sl]), torch.nan_to_num(e2, nan=math.inf), accumulate=True
+                )
+        if self.follow_up == "adaptive":
+            two = torch.zeros(b, k_n, dtype=DTYPE).index_put_(
+                (rb, rj), weight * best, accumulate=True
+            )
+        else:
+            two = joint.min(2).values if f_cols.numel() else torch.zeros(b, k_n, dtype=DTYPE)
         scored = torch.zeros(b, k_n, dtype=torch.bool)
         scored[rb, rj] = True
         rows_s, cols_s = scored.nonzero(as_tuple=True)

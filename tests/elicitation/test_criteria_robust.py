@@ -1,0 +1,157 @@
+"""The robust selection variants: ``eig_tempered`` and ``eig2`` with a fixed follow-up.
+
+Checked against enumeration from the raw tables (``mu``, the prior) as the other
+criterion tests are, and on the constructed case with one perfectly informative item.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from elicitation_cases import informative_mixture, random_mixture
+from test_criteria import _enumerated, _mean_target_entropy, brute_force_eig
+
+from elicitation.criteria import best_index, get_criterion
+from elicitation.errors import ElicitationError
+from models.base import DTYPE
+from models.persona import PersonaMixture
+
+
+def _selection_prior(
+    model: PersonaMixture, answers: list[tuple[int, int]], tau: float, w: float
+) -> torch.Tensor:
+    """``log((1 - w) post^tau / Z + w prior)`` with the posterior from the raw tables."""
+    prior = model.log_prior.exp()
+    post = prior.clone()
+    for item, opt in answers:
+        post = post * model.mu[:, item, opt]
+    post = post / post.sum()
+    flat = post**tau
+    flat = flat / flat.sum()
+    return ((1 - w) * flat + w * prior / prior.sum()).log()
+
+
+@pytest.mark.parametrize(("tau", "w"), [(0.5, 0.0), (0.7, 0.3), (1.0, 0.5)])
+def test_tempered_eig_equals_enumeration_under_the_selection_belief(tau: float, w: float) -> None:
+    model = random_mixture((2, 3, 2, 4, 3, 2), k=5, seed=3)
+    answers = [(1, 2), (0, 1)]
+    targets, cands = [4, 5], [3, 2]
+    state = model.replay(answers)
+    got = get_criterion("eig_tempered", tau=tau, prior_weight=w).score(model, state, cands, targets)
+    # the EIG of a model whose prior is the selection belief, with nothing answered
+    sel = model.with_prior(_selection_prior(model, answers, tau, w))
+    want = torch.tensor([brute_force_eig(sel, [], x, targets) for x in cands], dtype=DTYPE)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    # it is not eig (the test can fail): the flattened belief changes the scores
+    plain = get_criterion("eig").score(model, state, cands, targets)
+    assert float((got - plain).abs().max()) > 1e-4
+    # batched: the same respondent twice and a fresh one
+    obs = torch.full((3, 6), -1, dtype=torch.long)
+    obs[0, 1], obs[0, 0] = 2, 1
+    obs[1, 1], obs[1, 0] = 2, 1
+    got_b = get_criterion("eig_tempered", tau=tau, prior_weight=w).score_batch(
+        model, model.initial_batch(obs), cands, targets
+    )
+    torch.testing.assert_close(got_b[0], want, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(got_b[1], want, rtol=1e-9, atol=1e-12)
+    fresh = model.with_prior(_selection_prior(model, [], tau, w))
+    want_2 = torch.tensor([brute_force_eig(fresh, [], x, targets) for x in cands], dtype=DTYPE)
+    torch.testing.assert_close(got_b[2], want_2, rtol=1e-9, atol=1e-12)
+
+
+def test_tempered_eig_with_tau_one_is_eig() -> None:
+    model = random_mixture((2, 3, 2, 4, 3, 2), k=6, seed=5)
+    state = model.replay([(2, 1)])
+    a = get_criterion("eig_tempered", tau=1.0, prior_weight=0.0).score(model, state, [0, 1, 3], [5])
+    b = get_criterion("eig").score(model, state, [0, 1, 3], [5])
+    assert torch.equal(a, b)
+
+
+def brute_force_pair(
+    model: PersonaMixture,
+    answers: list[tuple[int, int]],
+    x: int,
+    pool: list[int],
+    targets: list[int],
+) -> float:
+    """``H_now - min_{x' != x} sum_{k, j} p(Y_x = k, Y_x' = j) H(targets | answers, k, j)``."""
+    n_opt = model.item_bank.n_options
+    best = math.inf
+    for y in pool:
+        if y == x:
+            continue
+        p_xy = _enumerated(model, answers, [x, y])
+        e = sum(
+            p_xy[(k, j)] * _mean_target_entropy(model, [*answers, (x, k), (y, j)], targets)
+            for k in range(n_opt[x])
+            for j in range(n_opt[y])
+        )
+        best = min(best, e)
+    return _mean_target_entropy(model, answers, targets) - best
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fixed_follow_up_equals_enumeration(seed: int) -> None:
+    model = random_mixture((2, 3, 2, 4, 3, 2, 3), k=5, seed=seed)
+    answers = [(1, 2)]
+    targets, cands = [5, 6], [3, 0, 2, 4]
+    state = model.replay(answers)
+    crit = get_criterion("eig2", top_k=4, follow_k=4, follow_up="fixed")
+    got, gains = crit.score_with_gains(model, state, cands, targets)
+    one = [brute_force_eig(model, answers, x, targets) for x in cands]
+    pair = [brute_force_pair(model, answers, x, cands, targets) for x in cands]
+    want = 0.5 * torch.tensor(one, dtype=DTYPE) + 0.5 * torch.tensor(pair, dtype=DTYPE)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    assert gains is not None
+    # a fixed follow-up is never better than an adaptive one: pair <= two-step value
+    adaptive = get_criterion("eig2", top_k=4, follow_k=4).score(model, state, cands, targets)
+    assert bool((got <= adaptive + 1e-12).all())
+    # batched, with a respondent who already answered candidate 0 (never a follow-up)
+    obs = torch.full((2, 7), -1, dtype=torch.long)
+    obs[0, 1] = 2
+    obs[1, 0] = 1
+    got_b = crit.score_batch(model, model.initial_batch(obs), cands, targets)
+    torch.testing.assert_close(got_b[0], want, rtol=1e-9, atol=1e-12)
+    rest = [3, 2, 4]
+    want_1 = [
+        0.5 * brute_force_eig(model, [(0, 1)], x, targets)
+        + 0.5 * brute_force_pair(model, [(0, 1)], x, rest, targets)
+        for x in rest
+    ]
+    torch.testing.assert_close(
+        got_b[1, [0, 2, 3]], torch.tensor(want_1, dtype=DTYPE), rtol=1e-9, atol=1e-12
+    )
+
+
+CANDIDATES = [3, 1, 0, 2]  # the informative item 0 is neither first nor last
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"name": "eig_tempered", "tau": 0.5},
+        {"name": "eig_tempered", "tau": 0.8, "prior_weight": 0.3},
+        {"name": "eig2", "follow_up": "fixed"},
+    ],
+)
+def test_robust_variants_pick_the_perfectly_informative_item(kwargs: dict) -> None:
+    kw = dict(kwargs)
+    crit = get_criterion(kw.pop("name"), **kw)
+    model = informative_mixture()
+    for state in (model.initial_state(), model.replay([(1, 0)])):
+        scores = crit.score(model, state, CANDIDATES, [4])
+        assert CANDIDATES[best_index(scores)] == 0
+        assert float(scores[2]) > float(scores[[0, 1, 3]].max()) + 1e-6
+    batch = model.initial_batch(torch.full((3, 5), -1, dtype=torch.long))
+    assert (crit.score_batch(model, batch, CANDIDATES, [4]).argmax(1) == 2).all()
+
+
+def test_tempered_errors() -> None:
+    with pytest.raises(ElicitationError, match="tau"):
+        get_criterion("eig_tempered", tau=0.0)
+    with pytest.raises(ElicitationError, match="prior_weight"):
+        get_criterion("eig_tempered", prior_weight=1.0)
+    with pytest.raises(ElicitationError, match="follow_up"):
+        get_criterion("eig2", follow_up="sometimes")
