@@ -592,6 +592,13 @@ def run_group(
     return out
 
 
+# one distinct colour per method for up to 12 methods (matplotlib's default cycle has 10)
+_PLOT_COLOURS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+    "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8",
+)  # fmt: skip
+
+
 def plot_group(result: dict[str, Any], path: str | Path) -> Path:
     """A PNG with accuracy and perplexity against rounds, one line per method."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -604,13 +611,14 @@ def plot_group(result: dict[str, Any], path: str | Path) -> Path:
     for ax, (metric, label) in zip(
         axes, (("accuracy", "target accuracy"), ("perplexity", "target perplexity")), strict=True
     ):
-        for name, res in result["methods"].items():
+        for i, (name, res) in enumerate(result["methods"].items()):
             ax.plot(
                 x,
                 res[metric],
                 marker="o",
                 markersize=3,
                 label=name,
+                color=_PLOT_COLOURS[i % len(_PLOT_COLOURS)],
                 linewidth=2.5 if name == "default" else 1.2,
             )
         ax.set_xlabel("round")
