@@ -253,6 +253,12 @@ def _selection_state(
     return dataclasses.replace(state, log_post=lp)
 
 
+DEFAULT_TAU = 0.5
+"""Default power of :class:`TemperedInformationGain` (the benchmark's ``default``):
+chosen by 5-fold cross-validation over the training and validation users of the shipped
+datasets, one value for every dataset (docs/benchmarks.md, "Tempered selection")."""
+
+
 @register_criterion
 class TemperedInformationGain(ExpectedInformationGain):
     """``eig`` computed under a less confident belief (selection only).
@@ -273,7 +279,7 @@ class TemperedInformationGain(ExpectedInformationGain):
     scores_are_target_gains = False
 
     def __init__(
-        self, tau: float = 0.5, prior_weight: float = 0.0, anchor: str = "uniform"
+        self, tau: float = DEFAULT_TAU, prior_weight: float = 0.0, anchor: str = "uniform"
     ) -> None:
         if not 0 < tau <= 1:
             raise ElicitationError(f"criterion {self.name!r}: tau must be in (0, 1]")
@@ -758,6 +764,79 @@ class FixedOrder(SelectionCriterion):
                 obs[:, x] = torch.multinomial(px, 1, generator=gen).squeeze(1)
         order.extend(remaining)
         return order, modes
+
+
+# --------------------------------------------------------------------------------------
+@register_criterion
+class AnchoredInformationGain(SelectionCriterion):
+    """``eig`` anchored to the non-adaptive ``fixed`` order: adapt only when it pays.
+
+    With ``G(x)`` the expected target-entropy reduction of ``x`` (``eig``, or
+    ``eig_tempered`` with ``tau < 1``) and ``r(x)`` the number of candidates not yet
+    answered by the respondent that come before ``x`` in the :class:`FixedOrder` list
+    (``r = 0`` for the next question of the fixed order):
+
+    ``score(x) = G(x) - delta * r(x)``
+
+    so the respondent leaves the fixed order only where the model expects a question to
+    tell more than the fixed order's next one by ``delta`` nats per position skipped.
+    ``delta = 0`` is ``eig``; a very large ``delta`` is ``fixed``. The fixed order is a
+    jointly good set under the population prior; the greedy adaptive pick is only
+    greedy and trusts the posterior of a misspecified model, so the anchor hedges. The
+    fixed order is computed in :meth:`prepare` (cached for a model, pool and targets).
+    """
+
+    name = "eig_anchored"
+    description = "eig minus delta per position skipped in the non-adaptive fixed order"
+
+    def __init__(
+        self, delta: float = 0.002, tau: float = 1.0, seed: int = 0, **fixed_kwargs: Any
+    ) -> None:
+        if delta < 0:
+            raise ElicitationError(f"criterion {self.name!r}: delta must be >= 0")
+        self.delta = float(delta)
+        self._gain: SelectionCriterion = (
+            ExpectedInformationGain() if tau == 1.0 else TemperedInformationGain(tau=tau)
+        )
+        self.tau = float(tau)
+        self._fixed = FixedOrder(seed=seed, **fixed_kwargs)
+
+    def params(self) -> dict[str, Any]:
+        return {"delta": self.delta, "tau": self.tau, **self._fixed.params()}
+
+    def prepare(self, model: BeliefModel, pool: ItemList, targets: ItemList) -> None:
+        self._fixed.prepare(model, pool, targets)
+
+    def _ranks(self, model: BeliefModel, cand: list[int], tgt: list[int], asked: Tensor) -> Tensor:
+        """``r [B, C]``: unanswered candidates before each candidate in the fixed order."""
+        pos = -self._fixed.score(model, None, cand, tgt)  # [C] positions in the order
+        before = (pos.unsqueeze(0) < pos.unsqueeze(1)).to(DTYPE)  # [C, C]: j before i
+        return (~asked).to(DTYPE) @ before.T  # [B, C]
+
+    def score(
+        self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        cand, tgt = _as_items(candidates), _as_items(targets)
+        _check_targets(self.name, tgt)
+        if not cand:
+            return torch.zeros(0, dtype=DTYPE)
+        done = getattr(state, "observed_items", frozenset())
+        asked = torch.tensor([[c in done for c in cand]])
+        gains = self._gain.score(model, state, cand, tgt)
+        return gains - self.delta * self._ranks(model, cand, tgt, asked)[0]
+
+    def score_batch(
+        self, model: BeliefModel, states: Any, candidates: ItemList, targets: ItemList
+    ) -> Tensor:
+        cand, tgt = _as_items(candidates), _as_items(targets)
+        _check_targets(self.name, tgt)
+        gains = self._gain.score_batch(model, states, cand, tgt)
+        responses = getattr(states, "responses", None)
+        if isinstance(responses, Tensor) and responses.dim() == 2:
+            asked = responses[:, torch.tensor(cand, dtype=torch.long)] >= 0
+        else:
+            asked = torch.zeros(gains.shape, dtype=torch.bool)
+        return gains - self.delta * self._ranks(model, cand, tgt, asked)
 
 
 # --------------------------------------------------------------------------------------
