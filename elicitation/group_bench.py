@@ -460,10 +460,12 @@ def run_group(
 
     Returns:
         ``{"methods": {name: {"accuracy": [rounds + 1], "brier_sum": [...],
-        "perplexity": [...], "log_loss": [...], "plan_seconds": [...]}}, ...}`` with
-        metrics averaged over runs (``pool`` methods also give ``pool_weight``, the
-        GNN's weight in use after each round) (each run's metric is the mean over all scored
-        (member, target) pairs).
+        "perplexity": [...], "log_loss": [...], "plan_seconds": [...],
+        "accuracy_runs": [runs][rounds + 1]}}, ...}`` with metrics averaged over runs
+        (``pool`` methods also give ``pool_weight``, the GNN's weight in use after each
+        round; ``stack`` methods ``stack_weights``, ``stack_lambda``, ``stack_val_nll``,
+        ``stack_val_nll_belief``, ``stack_fit_seconds``) (each run's metric is the mean
+        over all scored (member, target) pairs).
     """
     unknown = [m for m in methods if m not in GROUP_METHODS]
     if unknown:
@@ -588,6 +590,8 @@ def run_group(
             res[k] = t.mean(0).tolist() if t.numel() else []
             if k == "accuracy":
                 res["accuracy_sd"] = t.std(0).tolist() if len(runs_v) > 1 else []
+                # per run (runs.csv order) and round, for paired comparisons of methods
+                res["accuracy_runs"] = t.tolist()
         out["methods"][name] = res
     return out
 

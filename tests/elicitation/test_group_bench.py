@@ -38,6 +38,7 @@ def test_group_protocol_on_a_small_copy(small_dataset_factory: Callable[..., Pat
         for metric in ("accuracy", "brier_sum", "perplexity"):
             assert len(res[metric]) == 3
         assert all(0.0 <= a <= 1.0 for a in res["accuracy"])
+        assert res["accuracy_runs"] == [res["accuracy"]]  # one run: its curve is the mean
         assert all(p >= 1.0 for p in res["perplexity"])
     # all methods but the default share the predictor and start from the same state
     base = {round(r["accuracy"][0], 12) for n, r in result["methods"].items() if n != "default"}
