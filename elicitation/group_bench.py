@@ -15,10 +15,10 @@ Protocol (arXiv 2602.14279, on a canonical dataset with a user split and runs):
   the mean over the runs.
 
 Methods (:data:`GROUP_METHODS`): the paper's baselines and method with our predictor,
-the product's ``default`` (the stacked pool of the belief model, the GNN and the belief
-model with GNN-imputed answers, weights fitted per round on validation members run
-through the same rounds, shrunk online toward the belief model by a lower confidence
-bound), and imputation variants of the default for comparison.
+the product's ``default`` (the pool of the belief model and the GNN at the weight with
+the highest lower confidence bound on its gain, re-chosen online), the stacked pools of
+session 3 (``eig_eig_stack``, ``eig_eig_stack_lcb``), and imputation variants of the
+default for comparison.
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ from elicitation.group import (
     GroupElicitation,
     GroupMethod,
     choose_pool_weight,
+    fit_pool_weight,
     fit_stack_weights,
     stack_gain_rows,
+    stacked_pool,
 )
 from gnn.graph import GraphSchema
 from gnn.train import GNNConfig, TrainedGNN, train_gnn
@@ -62,19 +64,20 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # the product's choice: budget-aware question, EIG respondents, the pool of the
     # belief model and the GNN with the weight of highest lower confidence bound on its
     # gain, on validation members and, after each round, the group's own answers (0 =
-    # the belief model alone unless the GNN demonstrably helps)
+    # the belief model alone unless the GNN demonstrably helps). Session 3 compared it
+    # with the stacked pool below on held-out validation members
+    # (:func:`stack_holdout_check`): the stack's two extra weights did not hold up out of
+    # sample, so the one-weight pool stays the default.
+    "default": GroupMethod("eig_budget", "eig", "pool", online_pool=True),
     # (session 3) the stacked pool: p ∝ p_belief^a * p_gnn^c * p_imputed^d with
     # weights fitted per round by maximum likelihood on validation members run through
     # the same rounds (see :func:`fit_stack_on_validation`; it holds none, pool,
     # gnn_only and the targets of GNN imputation as special cases), shrunk toward the
     # belief model by the factor with the highest lower confidence bound on its gain
     # over those validation members and the group's own answers (online)
-    "default": GroupMethod("eig_budget", "eig", "stack", online_pool=True),
+    "eig_eig_stack_lcb": GroupMethod("eig_budget", "eig", "stack", online_pool=True),
     # the fitted stack used as it is (no shrinkage)
     "eig_eig_stack": GroupMethod("eig_budget", "eig", "stack"),
-    # the session-2 default: the pool at the weight with the highest lower confidence
-    # bound on its gain (validation members + the group's own answers, re-chosen online)
-    "default_lcb": GroupMethod("eig_budget", "eig", "pool", online_pool=True),
     # the pool with the weight that is best on validation members, used whatever the
     # evidence (no standard-error rule, not re-chosen online): what trusting validation
     # alone gives
@@ -329,6 +332,7 @@ def fit_stack_on_validation(
     *,
     nonresponse: float = 0.0,
     seed: int = 0,
+    keep_components: bool = False,
 ) -> tuple[Tensor, dict[str, Any]]:
     """Weights of the ``stack`` imputation per round, fitted on validation members.
 
@@ -351,7 +355,8 @@ def fit_stack_on_validation(
         "seconds": s, "evidence": [(sums, counts)] * (r + 1)})`` (``r`` = rounds with
         answers; mean validation NLL per round at the fitted weights and of the belief
         model alone; ``evidence`` = each round's :func:`~elicitation.group.stack_gain_rows`
-        per validation member, for the online shrinkage of ``default``).
+        per validation member, for the online shrinkage of ``default``; with
+        ``keep_components`` also ``components``: each round's ``[3, V, T, O]``).
     """
     if fitted.calib is None or fitted.val_responses is None:
         raise BenchmarkError("stack weights need the train-only fit and validation answers")
@@ -392,6 +397,8 @@ def fit_stack_on_validation(
         a, fi = fit_stack_weights(comps, truth)
         weights.append(a)
         evidence.append(stack_gain_rows(comps, truth, a))
+        if keep_components:
+            info.setdefault("components", []).append(comps)
         info["nll"].append(fi["nll"])
         info["nll_belief"].append(fi["nll_first"])
         info["answers"].append(fi["answers"])
@@ -412,6 +419,100 @@ def fit_stack_on_validation(
     info["seconds"] = time.perf_counter() - t0
     info["evidence"] = evidence
     return torch.stack(weights), info
+
+
+def stack_holdout_check(
+    dataset: str | Path | Dataset,
+    respondent_budget: float,
+    rounds: int,
+    *,
+    cache: Path | None = None,
+    n_runs: int | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Out-of-sample check of the stack on validation users only (no test user is read).
+
+    For each run, the validation users go through the study's rounds as in
+    :func:`fit_stack_on_validation`; their members are split in two halves (cross-fit
+    folds 0, 2, 4 and 1, 3); weights fitted on one half are scored on the other (and
+    the other way round). Scored per round: mean log loss and accuracy of the held-out
+    half's targets under the belief model alone ``(1, 0, 0)``, the GNN alone, the
+    belief model with GNN guesses imputed ``(0, 0, 1)``, the pool ``(1 - w, w, 0)`` at
+    the ``w`` of the grid ``{0, 0.05, ..., 1}`` best on the fitting half, and the fitted
+    stack. Shows whether the stack's gain on validation holds out of sample within the
+    validation population (it cannot show a shift to the group's population).
+
+    Returns:
+        ``{"rules": {name: {"log_loss": [rounds + 1], "accuracy": [rounds + 1]}}, ...}``
+        (means over runs and both halves, weighted by scored answers).
+    """
+    ds = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
+    fitted = prepare(ds, seed=seed, cache=cache, log=log)
+    bank = fitted.model.item_bank
+    n_demo = len(ds.demographics)
+    n_test = len(ds.user_indices("test_users"))
+    n_val = int(fitted.val_responses.shape[0]) if fitted.val_responses is not None else 0
+    half = torch.zeros(n_val, dtype=torch.bool)
+    for f, (_, held) in enumerate(fitted.val_folds):
+        if f % 2 == 0:
+            half[held] = True
+    rules = ("belief", "gnn_only", "gnn_imputed", "pool_best_w", "stack")
+    sums = {r: torch.zeros(rounds + 1, 2, dtype=torch.float64) for r in rules}
+    count = torch.zeros(rounds + 1, dtype=torch.float64)
+    runs = ds.runs[:n_runs] if n_runs else ds.runs
+    for run in runs:
+        cand, tgt = bank.indices(run.cand_qids), bank.indices(run.eval_qids)
+        _, info = fit_stack_on_validation(
+            fitted,
+            n_demo,
+            cand,
+            tgt,
+            GROUP_METHODS["default"],
+            respondent_budget,
+            n_test,
+            rounds,
+            seed=seed * 1000 + run.seed,
+            keep_components=True,
+        )
+        assert fitted.val_responses is not None
+        truth = fitted.val_responses[:, list(tgt)]
+        for r, comps in enumerate(info["components"]):
+            for fit_rows in (half, ~half):
+                ev_rows = ~fit_rows
+                y_fit = truth.clone()
+                y_fit[~fit_rows] = -1
+                y_ev = truth.clone()
+                y_ev[~ev_rows] = -1
+                a, _ = fit_stack_weights(comps, y_fit)
+                w_pool, _ = fit_pool_weight(comps[0], comps[1], y_fit)
+                weights = {
+                    "belief": [1.0, 0.0, 0.0],
+                    "gnn_only": [0.0, 1.0, 0.0],
+                    "gnn_imputed": [0.0, 0.0, 1.0],
+                    "pool_best_w": [1.0 - w_pool, w_pool, 0.0],
+                    "stack": a.tolist(),
+                }
+                ok = y_ev >= 0
+                yy = y_ev.clamp_min(0)[..., None]
+                for name, w in weights.items():
+                    p = stacked_pool(comps, w)
+                    lp = p.gather(-1, yy).squeeze(-1).clamp_min(1e-12).log()
+                    hit = (p.argmax(-1) == y_ev).double()
+                    sums[name][r, 0] += float(-(lp[ok]).sum())
+                    sums[name][r, 1] += float(hit[ok].sum())
+                count[r] += float(ok.sum())
+        log(f"run {run.seed}: stack holdout done")
+    out: dict[str, Any] = {"dataset": ds.name, "respondent_budget": respondent_budget}
+    out["rules"] = {
+        name: {
+            "log_loss": (sums[name][:, 0] / count).tolist(),
+            "accuracy": (sums[name][:, 1] / count).tolist(),
+        }
+        for name in rules
+    }
+    out["answers_per_round"] = count.tolist()
+    return out
 
 
 def _score(
