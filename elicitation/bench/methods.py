@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from elicitation.criteria import DEFAULT_TAU, SelectionCriterion, get_criterion
+from elicitation.criteria import DEFAULT_DELTA, DEFAULT_TAU, SelectionCriterion, get_criterion
 from elicitation.errors import BenchmarkError
 from models.base import MISSING, BeliefModel, ItemBank
 
@@ -173,9 +173,18 @@ register_method(
     Method(
         "default",
         fit_latent_class_model,
-        _criterion("eig_tempered", tau=DEFAULT_TAU),
+        _criterion("eig_anchored", delta=DEFAULT_DELTA, seed=_SEED),
         "latent classes (K chosen on validation) + expected information gain about the "
-        f"targets under the posterior to the power {DEFAULT_TAU} (selection only)",
+        f"targets minus {DEFAULT_DELTA} nats per position skipped in the fixed order",
+    )
+)
+register_method(
+    Method(
+        "eig_tempered",
+        fit_latent_class_model,
+        _criterion("eig_tempered", tau=DEFAULT_TAU),
+        "latent classes + expected information gain about the targets under the "
+        f"posterior to the power {DEFAULT_TAU} (selection only)",
     )
 )
 register_method(
