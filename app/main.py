@@ -17,6 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from app.db import head_revision, make_engine
 from app.errors import PriorlyError
+from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware
 from app.middleware import install_log_redaction
 from app.ratelimit import ApiRateLimitMiddleware
@@ -37,6 +38,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # worker pay this import (seconds) while holding pooled connections, and a burst of
         # clients times out on the pool with 500s (tests/reliability, docs/reliability.md).
         import models  # noqa: F401
+
+        freeze_long_lived()  # everything imported so far lives as long as the process
         try:
             yield
         finally:

@@ -33,6 +33,7 @@ import torch
 from sqlmodel import Session, select
 
 from app.errors import ConflictError
+from app.gcfreeze import freeze_long_lived
 from app.tables import FittedModel, Item, Respondent, RespondentSource, Study
 from models.latent_class import DEFAULT_N_CLASSES as LC_DEFAULT_N_CLASSES
 from models.latent_class import DEFAULT_RESTARTS as LC_DEFAULT_RESTARTS
@@ -373,7 +374,10 @@ def model_from_blob(ref: ActiveModelRef, blob: bytes):  # type: ignore[no-untype
     with _CACHE_LOCK:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.pop(next(iter(_CACHE)))
-        return _CACHE.setdefault((ref.id, ref.training_hash), loaded)
+        cached = _CACHE.setdefault((ref.id, ref.training_hash), loaded)
+    if cached is loaded:
+        freeze_long_lived()  # the model lives as long as the process (or until evicted)
+    return cached
 
 
 _THREADS_SET = False
