@@ -1,4 +1,9 @@
-"""FastAPI dependencies and their ``Annotated`` aliases (``SessionDep``, ``SettingsDep``)."""
+"""FastAPI dependencies and their ``Annotated`` aliases (``SessionDep``, ``SettingsDep``).
+
+Dependencies that only read ``request.app.state`` are ``async def``: FastAPI runs a plain
+``def`` dependency in the thread pool, and that hop (a queue put, a thread wake-up, a GIL
+hand-off) cost more than the attribute read on every request (measured on the answer
+call under load, docs/respondents.md)."""
 
 from __future__ import annotations
 
@@ -13,17 +18,17 @@ from sqlmodel import Session
 from app.settings import Settings
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     """The engine created by the app's lifespan."""
     return request.app.state.engine  # type: ignore[no-any-return]
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
     """The settings the app was created with (not necessarily the process-wide ones)."""
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def get_templates(request: Request) -> Jinja2Blocks:
+async def get_templates(request: Request) -> Jinja2Blocks:
     return request.app.state.templates  # type: ignore[no-any-return]
 
 

@@ -22,6 +22,7 @@ from app.limits import BodyLimitMiddleware
 from app.middleware import install_log_redaction
 from app.ratelimit import ApiRateLimitMiddleware
 from app.routes import admin, api_v1, health, pages, respondent
+from app.services import answer_async
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
 
@@ -34,6 +35,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.database_url)
         app.state.engine = engine
+        answers_db = None
+        if answer_async.enabled_for(engine):
+            answers_db = answer_async.AsyncAnswerDatabase(engine)
+            await answers_db.open()
+        app.state.answers_db = answers_db
         # Import the model families before serving. Otherwise the first requests of a cold
         # worker pay this import (seconds) while holding pooled connections, and a burst of
         # clients times out on the pool with 500s (tests/reliability, docs/reliability.md).
@@ -43,6 +49,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if answers_db is not None:
+                await answers_db.close()
             engine.dispose()
 
     app = FastAPI(title="priorly", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)

@@ -165,6 +165,19 @@ def hit_fast(
     return count, expires
 
 
+async def hit_async(
+    answers_db: Any, key: str, window_s: float, *, now: float | None = None
+) -> tuple[int, float]:
+    """:func:`hit_fast` on PostgreSQL through the app's asyncio pool
+    (:class:`app.services.answer_async.AsyncAnswerDatabase`, ``synchronous_commit = off``)."""
+    now = time.time() if now is None else now
+    upsert, cleanup = _FAST_SQL["postgresql"]
+    row = await answers_db.rate_hit(
+        upsert, cleanup, {"key": key, "now": now, "expires": now + window_s}
+    )
+    return int(row[0]), float(row[1])
+
+
 def peek(engine: Engine, key: str, *, now: float | None = None) -> tuple[int, float]:
     """``(count, window end)`` of ``key`` without counting; ``(0, now)`` outside a window."""
     now = time.time() if now is None else now
@@ -298,8 +311,12 @@ class ApiRateLimitMiddleware:
         limit = self.key_limit if is_api_key else self.session_limit
         engine = getattr(scope["app"].state, "engine", None)
         if limit > 0 and engine is not None:
+            answers_db = getattr(scope["app"].state, "answers_db", None)
             try:
-                count, expires = await to_thread.run_sync(hit_fast, engine, key, API_WINDOW_S)
+                if answers_db is not None:  # PostgreSQL: in the event loop, no thread hop
+                    count, expires = await hit_async(answers_db, key, API_WINDOW_S)
+                else:
+                    count, expires = await to_thread.run_sync(hit_fast, engine, key, API_WINDOW_S)
             except (SQLAlchemyError, OSError, *_DBAPI_ERRORS) as exc:
                 log.warning("rate limiter unavailable, call let through: %s", type(exc).__name__)
             else:

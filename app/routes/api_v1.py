@@ -22,9 +22,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError as SAOperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.auth import can_see_study
@@ -37,6 +39,7 @@ from app.errors import (
     NotFoundError,
     PriorlyError,
 )
+from app.services import answer_async
 from app.services import sessions as svc
 from app.services.apikeys import (
     KEY_PREFIX,
@@ -419,18 +422,21 @@ def get_answer_target(
         if snap is None:
             raise not_found
         return snap
-    snap = svc.read_session_by_token(credential, engine=engine)
+    return _token_snapshot(svc.read_session_by_token(credential, engine=engine), session_id)
+
+
+def _token_snapshot(snap: svc.SessionSnapshot | None, session_id: int) -> svc.SessionSnapshot:
+    """The snapshot read by a session token, checked against the session in the path."""
     if snap is None:
         raise AuthenticationError("unknown session token")
     if snap.id != session_id:
-        raise not_found
+        raise svc.SessionNotFoundError(f"no session {session_id}")
     return snap
 
 
 ApiResearcher = Annotated[Researcher, Depends(get_api_researcher)]
 OwnedStudy = Annotated[Study, Depends(get_owned_study)]
 AuthorizedSession = Annotated[tuple[ElicitationSession, Study], Depends(get_authorized_session)]
-AnswerTarget = Annotated[svc.SessionSnapshot, Depends(get_answer_target)]
 
 
 # ----- routes -------------------------------------------------------------------------------------
@@ -517,8 +523,42 @@ def get_session(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
     "it) and returns the next question or completion. Retrying with the same idempotency_key "
     "returns the same result; answering an item again with another option is 409.",
 )
-def post_answer(body: AnswerIn, target: AnswerTarget, engine: EngineDep) -> Response:
-    view = svc.submit_answer(
+async def post_answer(
+    session_id: SessionIdPath,
+    body: AnswerIn,
+    request: Request,
+    engine: EngineDep,
+    authorization: AuthHeader = None,
+) -> Response:
+    # The hottest call. With a session token on PostgreSQL its common case runs in the
+    # event loop (app/services/answer_async.py); otherwise the authorization and the
+    # answer run in ONE thread-pool hop (a ``def`` dependency would be a hop of its own).
+    db = getattr(request.app.state, "answers_db", None)
+    credential = _bearer(authorization)
+    if db is not None and not credential.startswith(KEY_PREFIX):
+        snap = _token_snapshot(
+            await answer_async.read_session_by_token(db, credential), session_id
+        )
+        view = await answer_async.submit_answer(
+            db,
+            snap,
+            item_key=body.item,
+            option=body.option,
+            idempotency_key=body.idempotency_key,
+            engine=engine,
+        )
+    else:
+        view = await run_in_threadpool(_post_answer_sync, session_id, body, engine, authorization)
+    # Built by this module (the shape of SessionOut, which documents it): returned as a
+    # Response so it is not validated a second time on the hot path.
+    return JSONResponse(_session_out(view))
+
+
+def _post_answer_sync(
+    session_id: int, body: AnswerIn, engine: Engine, authorization: str | None
+) -> svc.SessionView:
+    target = get_answer_target(session_id, engine, authorization)
+    return svc.submit_answer(
         target.study,
         target.id,
         item_key=body.item,
@@ -527,9 +567,6 @@ def post_answer(body: AnswerIn, target: AnswerTarget, engine: EngineDep) -> Resp
         engine=engine,
         snapshot=target,
     )
-    # Built by this module (the shape of SessionOut, which documents it): returned as a
-    # Response so it is not validated a second time on the hot path.
-    return JSONResponse(_session_out(view))
 
 
 @router.get(

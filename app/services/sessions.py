@@ -297,11 +297,7 @@ def load_runtime(
     """
     assert study.id is not None
     bind = engine if engine is not None else session.get_bind().engine  # type: ignore[union-attr]
-    key = (
-        str(bind.url),  # one process may serve (or test) several databases
-        study.id,
-        json.dumps(study.settings, sort_keys=True) + study.status + study.slug,
-    )
+    key = _runtime_key(bind, study)
     with _RUNTIME_LOCK:
         hit = _RUNTIME_CACHE.get(key)
         build_lock = _BUILD_LOCKS.setdefault(key, threading.Lock())
@@ -334,6 +330,27 @@ def load_runtime(
         return rt
     finally:
         build_lock.release()
+
+
+def _runtime_key(bind: Engine, study: StudyHead | Study) -> tuple[str, int, str]:
+    return (
+        str(bind.url),  # one process may serve (or test) several databases
+        study.id or 0,
+        json.dumps(study.settings, sort_keys=True) + study.status + study.slug,
+    )
+
+
+def peek_runtime(
+    study: StudyHead | Study, *, engine: Engine
+) -> tuple[StudyRuntime | None, bool]:
+    """``(the study's cached runtime or None, whether it is fresh)``: no I/O, never
+    blocks. A stale runtime may still serve while :func:`load_runtime` rebuilds it (the
+    same rule as :func:`load_runtime`'s own single flight)."""
+    with _RUNTIME_LOCK:
+        hit = _RUNTIME_CACHE.get(_runtime_key(engine, study))
+    if hit is None:
+        return None, False
+    return hit[1], time.monotonic() - hit[0] < RUNTIME_TTL_S
 
 
 def _runtime_rows(
@@ -1030,19 +1047,9 @@ def submit_answer(
         option, skip not allowed, bad key); AnswerConflictError, NotCurrentQuestionError,
         SessionClosedError (409).
     """
-    if idempotency_key is not None and not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX:
-        raise InvalidAnswerError(f"idempotency_key must be 1 to {IDEMPOTENCY_KEY_MAX} characters")
+    check_idempotency_key(idempotency_key)
     rt = load_runtime(study, engine=engine, fit_if_missing=False)
-    item = rt.by_key.get(item_key)
-    if item is None:
-        raise ItemNotFoundError(f"item {item_key!r} is not an item of study {study.slug!r}")
-    if option is not None and option not in [o[0] for o in item.options]:
-        letters = ", ".join(o[0] for o in item.options)
-        raise InvalidAnswerError(
-            f"option {option!r} is not an option of item {item_key!r} ({letters})"
-        )
-    if option is None and not rt.allow_skip:
-        raise InvalidAnswerError(f"study {study.slug!r} does not allow skipping a question")
+    item = answered_item(rt, item_key, option)
     with _WORK:
         view = _submit_fast(rt, session_id, item, option, idempotency_key, engine, snapshot)
         if view is not None:
@@ -1057,6 +1064,31 @@ def submit_answer(
                 if attempt == 1:
                     raise
     raise AssertionError("unreachable")
+
+
+def check_idempotency_key(idempotency_key: str | None) -> None:
+    """Raise :class:`InvalidAnswerError` for an idempotency key of a bad length."""
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX:
+        raise InvalidAnswerError(f"idempotency_key must be 1 to {IDEMPOTENCY_KEY_MAX} characters")
+
+
+def answered_item(rt: StudyRuntime, item_key: str, option: str | None) -> ItemInfo:
+    """The item ``item_key`` of the study, checked against ``option`` (``None`` = skip).
+
+    Raises:
+        ItemNotFoundError (404); InvalidAnswerError (422: unknown option, skip not allowed).
+    """
+    item = rt.by_key.get(item_key)
+    if item is None:
+        raise ItemNotFoundError(f"item {item_key!r} is not an item of study {rt.slug!r}")
+    if option is not None and option not in [o[0] for o in item.options]:
+        letters = ", ".join(o[0] for o in item.options)
+        raise InvalidAnswerError(
+            f"option {option!r} is not an option of item {item_key!r} ({letters})"
+        )
+    if option is None and not rt.allow_skip:
+        raise InvalidAnswerError(f"study {rt.slug!r} does not allow skipping a question")
+    return item
 
 
 # ----- the fast path: two reads, the model step, one conditional write ------------------------
@@ -1106,7 +1138,7 @@ _SNAPSHOT_SQL = """
 _SNAPSHOT_BY_ID = _SNAPSHOT_SQL.format(where="s.id = :sid")
 _SNAPSHOT_BY_TOKEN = _SNAPSHOT_SQL.format(where="s.token_hash = :token_hash")
 # The answers of a session (kind 0, in order) and its decision at ``pos`` (kind 1).
-_HISTORY = """
+HISTORY = """
     SELECT 0 AS kind, id AS n, item_id, option, idempotency_key
     FROM answer WHERE session_id = :sid
     UNION ALL
@@ -1132,7 +1164,7 @@ _INSERT_DECISION = """
 # PostgreSQL: the conditional update and both inserts in ONE statement (one round trip,
 # atomic without BEGIN/COMMIT): the inserts select from the update's RETURNING, so nothing
 # is inserted when the session changed since it was read.
-_PG_WRITE = """
+PG_WRITE = """
     WITH s AS (
         UPDATE elicitation_session
         SET state = :state, state_version = :v1, status = :new_status,
@@ -1270,6 +1302,9 @@ def _submit_fast(
        IMMEDIATE`` and three short statements. When the condition fails (a concurrent
        answer won) or a unique constraint fires, nothing was written and ``None`` is
        returned.
+
+    Steps 2-3 are :func:`fast_step` (shared with the event-loop path of
+    :mod:`app.services.answer_async`).
     """
     with _dbapi(engine) as (raw, dialect):
         if snap is None or snap.id != session_id:
@@ -1277,19 +1312,83 @@ def _submit_fast(
             if row is None:
                 return None
             snap = _snapshot_of(row)
-        n0 = snap.state_version
-        if (
-            snap.study_id != rt.study_id
-            or snap.status != SessionStatus.active.value
-            or snap.state is None
-        ):
+        if not fast_snapshot_usable(rt, snap):
             return None
         cur = raw.cursor()
         try:
-            cur.execute(_sql(dialect, _HISTORY), {"sid": session_id, "pos": n0})
+            cur.execute(_sql(dialect, HISTORY), {"sid": session_id, "pos": snap.state_version})
             history = cur.fetchall()
         finally:
             cur.close()
+    step = fast_step(rt, snap, item, option, idempotency_key, history, dialect)
+    if step is None:
+        return None
+    with _dbapi(engine) as (raw, dialect):
+        cur = raw.cursor()
+        try:
+            if dialect == "postgresql":
+                cur.execute(_sql(dialect, PG_WRITE), step.params)
+                if cur.fetchone() is None:
+                    return None
+            else:
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    cur.execute(_UPDATE_IF_UNCHANGED, step.params)
+                    if cur.rowcount != 1:
+                        raw.rollback()
+                        return None
+                    cur.execute(_INSERT_ANSWER, step.params)
+                    cur.execute(_INSERT_DECISION, step.params)
+                    raw.commit()
+                except BaseException:
+                    raw.rollback()
+                    raise
+        except engine.dialect.dbapi.IntegrityError:  # type: ignore[union-attr]
+            return None
+        finally:
+            cur.close()
+    return step.view(rt)
+
+
+def fast_snapshot_usable(rt: StudyRuntime, snap: SessionSnapshot) -> bool:
+    """Whether the fast path may start from ``snap`` (an active session of this study
+    with a cached state); otherwise the locked path answers."""
+    return (
+        snap.study_id == rt.study_id
+        and snap.status == SessionStatus.active.value
+        and snap.state is not None
+    )
+
+
+@dataclass(frozen=True)
+class FastStep:
+    """The outcome of the fast path's model step: the write's parameters (for
+    :data:`PG_WRITE` or the SQLite statements) and what to show once it succeeded."""
+
+    params: dict[str, Any]
+    session_id: int
+    next_item_id: int | None
+    stop_reason: str | None
+    n_posed: int
+
+    def view(self, rt: StudyRuntime) -> SessionView:
+        return _plain_view(rt, self.session_id, self.next_item_id, self.stop_reason, self.n_posed)
+
+
+def fast_step(
+    rt: StudyRuntime,
+    snap: SessionSnapshot,
+    item: ItemInfo,
+    option: str | None,
+    idempotency_key: str | None,
+    history: Sequence[Sequence[Any]],
+    dialect: str,
+) -> FastStep | None:
+    """Steps 2-3 of :func:`_submit_fast` (no I/O): check ``history`` (the rows of
+    :data:`HISTORY` read after ``snap``), update the cached state with the answer, choose
+    the next item, and build the conditional write; ``None`` when anything is unusual
+    (the locked path answers it)."""
+    n0 = snap.state_version
     answers = [_AnswerRow(r[2], r[3], r[4]) for r in history if r[0] == 0]
     pending = [r[2] for r in history if r[0] == 1]
     if (
@@ -1302,56 +1401,33 @@ def _submit_fast(
         )
     ):
         return None
+    assert snap.state is not None
     state = _load_state(snap.state)
     if option is not None:
         idx = [o[0] for o in item.options].index(option)
         state = rt.model.update(state, rt.model_index[item.id], idx)
     answers.append(_AnswerRow(item.id, option, idempotency_key))
-    decision = _decide(rt, state, session_id, answers)
+    decision = _decide(rt, state, snap.id, answers)
     n1 = n0 + 1
     done = decision.item_id is None
-    with _dbapi(engine) as (raw, dialect):
-        now = _timestamp(dialect, utcnow())
-        params = {
-            "sid": session_id,
-            "v0": n0,
-            "v1": n1,
-            "state": _dump_state(state),
-            "new_status": SessionStatus.completed.value if done else SessionStatus.active.value,
-            "now": now,
-            "completed_at": now if done else None,
-            "item_id": item.id,
-            "option": option,
-            "idempotency_key": idempotency_key,
-            "d_item_id": decision.item_id,
-            "criterion": decision.criterion,
-            "scores": json.dumps(decision.scores),
-            "stop_reason": decision.stop_reason,
-        }
-        cur = raw.cursor()
-        try:
-            if dialect == "postgresql":
-                cur.execute(_sql(dialect, _PG_WRITE), params)
-                if cur.fetchone() is None:
-                    return None
-            else:
-                cur.execute("BEGIN IMMEDIATE")
-                try:
-                    cur.execute(_UPDATE_IF_UNCHANGED, params)
-                    if cur.rowcount != 1:
-                        raw.rollback()
-                        return None
-                    cur.execute(_INSERT_ANSWER, params)
-                    cur.execute(_INSERT_DECISION, params)
-                    raw.commit()
-                except BaseException:
-                    raw.rollback()
-                    raise
-        except engine.dialect.dbapi.IntegrityError:  # type: ignore[union-attr]
-            return None
-        finally:
-            cur.close()
-    return _plain_view(rt, session_id, decision.item_id, decision.stop_reason, n1)
+    now = _timestamp(dialect, utcnow())
+    params = {
+        "sid": snap.id,
+        "v0": n0,
+        "v1": n1,
+        "state": _dump_state(state),
+        "new_status": SessionStatus.completed.value if done else SessionStatus.active.value,
+        "now": now,
+        "completed_at": now if done else None,
+        "item_id": item.id,
+        "option": option,
+        "idempotency_key": idempotency_key,
+        "d_item_id": decision.item_id,
+        "criterion": decision.criterion,
+        "scores": json.dumps(decision.scores),
+        "stop_reason": decision.stop_reason,
+    }
+    return FastStep(params, snap.id, decision.item_id, decision.stop_reason, n1)
 
 
 def _plain_view(

@@ -1,0 +1,213 @@
+"""The answer call on PostgreSQL without the thread pool: the common case in the event loop.
+
+Why: the answer call is the hottest path of the product (a respondent waits for the next
+question). Run as a plain ``def`` route, each call crossed into the thread pool two or
+three times (rate limiter, authorization, the route), and the threads of one process
+then queued for the GIL behind each other on every database round trip: under 200
+answers/s on a 2-core machine an answer spent ~12 ms waiting for ~2.5 ms of work, and
+the slowest percent waited for hundreds of milliseconds (docs/respondents.md). Here the
+same statements go through psycopg's asyncio connections, so a process serves its
+answers one model step at a time in its event loop and overlaps only the waits.
+
+What runs here is exactly the fast path of :mod:`app.services.sessions` (the same SQL,
+the same :func:`~app.services.sessions.fast_step`): read the session by its token, read
+its answers and pending decision, update the state and choose the next item, and write
+answer + decision + state in one statement conditional on ``state_version``. Anything
+unusual (a retry, a conflict, a concurrent answer, a stale cached state, an API key
+instead of a session token, a study runtime to rebuild) goes to the thread pool and the
+synchronous code, which stays the single source of those rules. Both paths write with
+the same conditional statement, so they may run side by side in any number of processes.
+
+Only for PostgreSQL with ``psycopg_pool`` installed; ``PRIORLY_ASYNC_ANSWERS=0`` turns it
+off (everything then runs the synchronous code). SQLite always uses the thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from sqlalchemy.engine import Engine, make_url
+from starlette.concurrency import run_in_threadpool
+
+from app.services import sessions as svc
+
+log = logging.getLogger(__name__)
+
+_PG = "postgresql"
+
+STATS = {"fast": 0, "handed_over": 0}
+"""Per process: answers stored by the event-loop path, and answers it handed to the
+synchronous code (a retry, a conflict, a lost race, a cold runtime). Read by tests and
+by the load test's breakdown; never reset by the app."""
+
+
+def enabled_for(engine: Engine) -> bool:
+    """Whether the app should open an :class:`AsyncAnswerDatabase` for ``engine``."""
+    if engine.dialect.name != _PG or os.environ.get("PRIORLY_ASYNC_ANSWERS", "1") == "0":
+        return False
+    try:
+        import psycopg_pool  # noqa: F401
+    except ImportError:  # pragma: no cover - the postgres extra installs it
+        return False
+    return True
+
+
+def conninfo(engine: Engine) -> str:
+    """libpq connection URI of ``engine`` (the SQLAlchemy URL without the driver name)."""
+    return make_url(engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class AsyncAnswerDatabase:
+    """Two small asyncio connection pools of one process (opened in the app's lifespan).
+
+    * ``pool``: autocommit connections for the answer call's reads and its one write
+      (durable: the write commits with the server's ``synchronous_commit``).
+    * ``limiter_pool``: autocommit connections with ``synchronous_commit = off`` for the
+      API rate limiter's counter (a counter increment lost in a crash is harmless, and
+      the call does not wait for the WAL flush), as in :mod:`app.ratelimit`.
+
+    A checkout waits at most ``timeout`` seconds (then ``PoolTimeout``, a
+    ``psycopg.OperationalError``: 503 ``database_unavailable``, like the synchronous pool).
+    """
+
+    def __init__(self, engine: Engine, *, max_size: int = 4, timeout: float = 5.0) -> None:
+        from psycopg_pool import AsyncConnectionPool
+
+        info = conninfo(engine)
+
+        async def _sync_off(conn: Any) -> None:
+            await conn.execute("SET synchronous_commit = off")
+
+        self.pool = AsyncConnectionPool(
+            info,
+            min_size=1,
+            max_size=max_size,
+            timeout=timeout,
+            kwargs={"autocommit": True},
+            open=False,
+            name="answers",
+        )
+        self.limiter_pool = AsyncConnectionPool(
+            info,
+            min_size=1,
+            max_size=2,
+            timeout=timeout,
+            kwargs={"autocommit": True},
+            configure=_sync_off,
+            open=False,
+            name="limiter",
+        )
+
+    async def open(self) -> None:
+        # wait=False: a database that is down at start-up is reported per call (503), as
+        # with the synchronous engine, instead of failing the start.
+        await self.pool.open(wait=False)
+        await self.limiter_pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self.pool.close()
+        await self.limiter_pool.close()
+
+    async def fetchone(self, statement: str, params: dict[str, Any]) -> Any:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(svc._sql(_PG, statement), params)
+            return await cur.fetchone()
+
+    async def fetchall(self, statement: str, params: dict[str, Any]) -> list[Any]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(svc._sql(_PG, statement), params)
+            return await cur.fetchall()
+
+    async def rate_hit(self, upsert: str, cleanup: str, params: dict[str, Any]) -> Any:
+        """The rate limiter's counter statement (and its cleanup when a window starts)."""
+        async with self.limiter_pool.connection() as conn:
+            cur = await conn.execute(upsert, params)
+            row = await cur.fetchone()
+            if int(row[0]) == 1:
+                await conn.execute(cleanup, {"now": params["now"]})
+            return row
+
+
+async def read_session_by_token(
+    db: AsyncAnswerDatabase, token: str
+) -> svc.SessionSnapshot | None:
+    """:func:`app.services.sessions.read_session_by_token` in the event loop."""
+    if not token or len(token) > 200:
+        return None
+    row = await db.fetchone(svc._SNAPSHOT_BY_TOKEN, {"token_hash": svc.hash_token(token)})
+    return None if row is None else svc._snapshot_of(row)
+
+
+async def submit_answer(
+    db: AsyncAnswerDatabase,
+    snap: svc.SessionSnapshot,
+    *,
+    item_key: str,
+    option: str | None,
+    idempotency_key: str | None,
+    engine: Engine,
+) -> svc.SessionView:
+    """:func:`app.services.sessions.submit_answer` for the session ``snap`` (read by the
+    caller's authorization): the fast path here, everything else in the thread pool.
+
+    Raises: what :func:`app.services.sessions.submit_answer` raises.
+    """
+    study = snap.study
+    svc.check_idempotency_key(idempotency_key)
+    rt, fresh = svc.peek_runtime(study, engine=engine)
+    if rt is not None and not fresh:
+        _refresh_runtime(study, engine)
+    if rt is not None:
+        item = svc.answered_item(rt, item_key, option)
+        if svc.fast_snapshot_usable(rt, snap):
+            history = await db.fetchall(svc.HISTORY, {"sid": snap.id, "pos": snap.state_version})
+            step = svc.fast_step(rt, snap, item, option, idempotency_key, history, _PG)
+            if step is not None and await _write(db, step):
+                STATS["fast"] += 1
+                return step.view(rt)
+    STATS["handed_over"] += 1
+    return await run_in_threadpool(
+        svc.submit_answer,
+        study,
+        snap.id,
+        item_key=item_key,
+        option=option,
+        idempotency_key=idempotency_key,
+        engine=engine,
+    )
+
+
+_REFRESHING: dict[tuple[str, int, str], asyncio.Task[None]] = {}
+
+
+def _refresh_runtime(study: svc.StudyHead, engine: Engine) -> None:
+    """Rebuild the study's runtime in the thread pool, once at a time per study, while
+    answers go on with the stale one (it is at most :data:`~app.services.sessions.
+    RUNTIME_TTL_S` old, as with the synchronous path)."""
+    key = svc._runtime_key(engine, study)
+    if key in _REFRESHING:
+        return
+
+    async def refresh() -> None:
+        try:
+            await run_in_threadpool(svc.load_runtime, study, engine=engine, fit_if_missing=False)
+        except Exception as exc:  # the next answer retries; the call itself is unaffected
+            log.warning("study runtime refresh failed: %s", type(exc).__name__)
+        finally:
+            _REFRESHING.pop(key, None)
+
+    _REFRESHING[key] = asyncio.get_running_loop().create_task(refresh())
+
+
+async def _write(db: AsyncAnswerDatabase, step: svc.FastStep) -> bool:
+    """The conditional write; ``False`` when it wrote nothing (another answer was stored
+    since the read, or a unique constraint fired): the synchronous path then decides."""
+    import psycopg
+
+    try:
+        return await db.fetchone(svc.PG_WRITE, step.params) is not None
+    except psycopg.IntegrityError:
+        return False

@@ -1,0 +1,167 @@
+"""The answer call's event-loop path on PostgreSQL (``app/services/answer_async.py``).
+
+Through the real app (TestClient, lifespan opens the asyncio pools) on a fresh PostgreSQL
+database: a whole questionnaire goes through the event-loop path (counted, so a silent
+fall-back to the thread pool fails the test) and leaves exactly what the synchronous path
+would (one answer per item, one decision per position, cached state = replay); a
+competing answer that lands between its read and its write makes its conditional write
+refuse, and the synchronous path answers the retry from the stored row (stored once);
+a stale study runtime is refreshed in the background without handing answers over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from conftest import DATASETS_DIR, write_small_dataset
+from live_study import LiveStudy, app_client, fresh_database_url, make_live_study
+from sqlmodel import select
+
+from app.services import answer_async
+from app.services import sessions as svc
+from app.tables import Answer, ElicitationSession, Respondent, SelectionDecision, Study
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStudy]:
+    folder = tmp_path_factory.mktemp("answer_async")
+    for url in fresh_database_url("postgresql", folder):
+        svc.clear_runtime_cache()
+        data = write_small_dataset(DATASETS_DIR / "ces", folder / "ces60", 60)
+        study = make_live_study(url, data)
+        yield study
+        study.engine.dispose()
+
+
+@pytest.fixture
+def client(live: LiveStudy) -> Iterator[Any]:
+    with app_client(live.url) as c:
+        assert c.app.state.answers_db is not None, "PostgreSQL app without its asyncio pool"
+        yield c
+
+
+def _bearer(credential: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {credential}"}
+
+
+def _create(client: Any, live: LiveStudy) -> dict[str, Any]:
+    r = client.post(
+        f"/api/v1/studies/{live.slug}/sessions", json={}, headers=_bearer(live.owner_key)
+    )
+    assert r.status_code == 201, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def _answer(client: Any, body: dict[str, Any], option: str, key: str | None = None) -> Any:
+    return client.post(
+        f"/api/v1/sessions/{body['session_id']}/answers",
+        json={"item": body["question"]["item"], "option": option, "idempotency_key": key},
+        headers=_bearer(body["token"]),
+    )
+
+
+def _check_stored(live: LiveStudy, sid: int, n_answers: int) -> None:
+    with live.session() as db:
+        answers = list(db.exec(select(Answer).where(Answer.session_id == sid).order_by(Answer.id)))
+        decisions = list(
+            db.exec(select(SelectionDecision).where(SelectionDecision.session_id == sid))
+        )
+        sess = db.get(ElicitationSession, sid)
+        assert sess is not None
+        assert len(answers) == n_answers
+        assert len({a.item_id for a in answers}) == n_answers
+        assert sorted(d.position for d in decisions) == list(range(n_answers + 1))
+        assert sess.state_version == n_answers
+        study = db.get(Study, live.study_id)
+        respondent = db.get(Respondent, sess.respondent_id)
+        rt = svc.load_runtime(study, session=db, fit_if_missing=False)  # type: ignore[arg-type]
+        replayed = svc.replay(rt, respondent, answers)  # type: ignore[arg-type]
+    cached = svc._load_state(sess.state)  # type: ignore[arg-type]
+    assert svc._dump_state(cached) == svc._dump_state(replayed)
+
+
+def test_questionnaire_runs_in_the_event_loop(client: Any, live: LiveStudy) -> None:
+    body = _create(client, live)
+    before = dict(answer_async.STATS)
+    n = 0
+    while body.get("question"):
+        options = body["question"]["options"]
+        r = _answer(client, body, options[n % len(options)]["letter"], f"k{n}")
+        assert r.status_code == 200, r.text
+        n += 1
+        body = {**body, **r.json()}
+    assert body["status"] == "completed"
+    assert n >= 2
+    assert answer_async.STATS["fast"] - before["fast"] == n
+    assert answer_async.STATS["handed_over"] == before["handed_over"]
+    _check_stored(live, body["session_id"], n)
+
+
+def test_retry_is_answered_by_the_sync_path(client: Any, live: LiveStudy) -> None:
+    body = _create(client, live)
+    option = body["question"]["options"][0]["letter"]
+    first = _answer(client, body, option, "same-key")
+    before = dict(answer_async.STATS)
+    again = _answer(client, body, option, "same-key")
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json()
+    assert answer_async.STATS["handed_over"] == before["handed_over"] + 1
+    other = body["question"]["options"][1]["letter"]
+    conflict = _answer(client, body, other, "another-key")
+    assert conflict.status_code == 409
+    assert conflict.json()["code"] == "answer_conflict"
+    _check_stored(live, body["session_id"], 1)
+
+
+def test_answer_landing_between_read_and_write(
+    client: Any, live: LiveStudy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same answer (same idempotency key) is stored by another process between this
+    call's reads and its write: the conditional write refuses, the call is handed over
+    and returns the stored result; one answer row."""
+    body = _create(client, live)
+    option = body["question"]["options"][0]["letter"]
+    real_step = svc.fast_step
+    competitor: dict[str, Any] = {}
+
+    def step_after_competitor(*args: Any, **kwargs: Any) -> Any:
+        if not competitor:
+            competitor["started"] = True  # the competitor's own fast_step runs plainly
+            with ThreadPoolExecutor(1) as pool:  # the synchronous path, as another worker
+                competitor["view"] = pool.submit(
+                    svc.submit_answer,
+                    svc.read_session(body["session_id"], engine=live.engine).study,  # type: ignore[union-attr]
+                    body["session_id"],
+                    item_key=body["question"]["item"],
+                    option=option,
+                    idempotency_key="raced",
+                    engine=live.engine,
+                ).result()
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(svc, "fast_step", step_after_competitor)
+    before = dict(answer_async.STATS)
+    r = _answer(client, body, option, "raced")
+    assert r.status_code == 200, r.text
+    assert competitor["view"].n_posed == 1
+    assert answer_async.STATS["fast"] == before["fast"]
+    assert answer_async.STATS["handed_over"] == before["handed_over"] + 1
+    assert r.json()["question"]["item"] == competitor["view"].question.key
+    _check_stored(live, body["session_id"], 1)
+
+
+def test_stale_runtime_is_refreshed_without_handing_over(
+    client: Any, live: LiveStudy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = _create(client, live)
+    monkeypatch.setattr(svc, "RUNTIME_TTL_S", 0.0)  # every cached runtime is stale at once
+    before = dict(answer_async.STATS)
+    option = body["question"]["options"][0]["letter"]
+    r = _answer(client, body, option, "stale")
+    assert r.status_code == 200, r.text
+    assert answer_async.STATS["fast"] == before["fast"] + 1
+    assert answer_async.STATS["handed_over"] == before["handed_over"]
+    _check_stored(live, body["session_id"], 1)
