@@ -593,6 +593,8 @@ def main() -> int:
                 "worker_rss_mib_max": {str(p): round(v, 1) for p, v in sampler.rss_max.items()},
                 "worker_rss_mib_end": {str(p): round(v, 1) for p, v in sampler.rss_last.items()},
                 "pinned": {str(p): c for p, c in pinned.items()},
+                "generator_loop_lag_ms": results.get("generator_loop_lag_ms"),
+                "generator_gc_ms": results.get("generator_gc_ms"),
                 "loadavg_before": load_before,
                 "loadavg_after": load_after,
                 **verify(url, results, args.questions),

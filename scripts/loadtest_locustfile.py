@@ -22,6 +22,7 @@ same two cores as the server.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -53,6 +54,33 @@ _finished = 0
 _errors: list[str] = []
 _retries = 0
 _started = time.monotonic()
+_lag_ms: list[float] = []
+_gc_ms: list[float] = []
+_gc_start = [0.0]
+
+
+def _gc_timer(phase: str, _info: dict[str, Any]) -> None:
+    if phase == "start":
+        _gc_start[0] = time.perf_counter()
+    else:
+        _gc_ms.append((time.perf_counter() - _gc_start[0]) * 1000)
+
+
+gc.callbacks.append(_gc_timer)
+
+
+def _loop_lag_monitor() -> None:
+    """How late the generator's event loop wakes a 5 ms sleep: a stalled generator sends
+    no requests and then a burst, which the server sees as a load spike."""
+    while True:
+        t = time.perf_counter()
+        gevent.sleep(0.005)
+        _lag_ms.append((time.perf_counter() - t) * 1000 - 5.0)
+
+
+@events.init.add_listener
+def _start_monitor(environment: Any, **_kw: Any) -> None:
+    gevent.spawn(_loop_lag_monitor)
 
 
 class Respondent(FastHttpUser):
@@ -147,6 +175,19 @@ class Respondent(FastHttpUser):
         raise StopUser()
 
 
+def _summary(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    if not xs:
+        return {"n": 0}
+    return {
+        "n": len(xs),
+        "p50": xs[len(xs) // 2],
+        "p99": xs[min(len(xs) - 1, int(0.99 * len(xs)))],
+        "max": xs[-1],
+        "sum": sum(xs),
+    }
+
+
 @events.quitting.add_listener
 def _write_results(environment: Any, **_kw: Any) -> None:
     with _lock:
@@ -166,6 +207,8 @@ def _write_results(environment: Any, **_kw: Any) -> None:
             "retries": _retries,
             "errors": _errors[:50],
             "n_errors": len(_errors),
+            "generator_loop_lag_ms": _summary(_lag_ms),
+            "generator_gc_ms": _summary(_gc_ms),
         }
     with open(OUT, "w", encoding="utf-8") as fh:
         json.dump(data, fh)
