@@ -173,9 +173,19 @@ register_method(
     Method(
         "default",
         fit_latent_class_model,
-        _criterion("eig_anchored", delta=DEFAULT_DELTA, seed=_SEED),
+        _criterion("eig"),
         "latent classes (K chosen on validation) + expected information gain about the "
-        f"targets minus {DEFAULT_DELTA} nats per position skipped in the fixed order",
+        "targets under the exact posterior: the app's default criterion, what a live study uses",
+    )
+)
+register_method(
+    Method(
+        "eig_anchored",
+        fit_latent_class_model,
+        _criterion("eig_anchored", delta=DEFAULT_DELTA, seed=_SEED),
+        "latent classes + expected information gain about the targets minus "
+        f"{DEFAULT_DELTA} nats per position skipped in the fixed order (not the app's "
+        "criterion: a live study would need the fixed order cached per study and model)",
     )
 )
 register_method(
@@ -185,15 +195,6 @@ register_method(
         _criterion("eig_tempered", tau=DEFAULT_TAU),
         "latent classes + expected information gain about the targets under the "
         f"posterior to the power {DEFAULT_TAU} (selection only)",
-    )
-)
-register_method(
-    Method(
-        "eig",
-        fit_latent_class_model,
-        _criterion("eig"),
-        "latent classes + expected information gain about the targets under the exact "
-        "posterior (the default until the tempered selection)",
     )
 )
 register_method(

@@ -211,17 +211,20 @@ def test_anchored_picks_the_perfectly_informative_item() -> None:
 
 
 def test_default_method_selects_with_the_registered_defaults() -> None:
-    """The benchmark's ``default`` and ``eig_tempered`` methods are what ``get_criterion``
-    builds with the registered defaults, so a live study that names the criterion gets the
-    rule the benchmark measured (the run's seed only seeds the fixed order's simulation)."""
+    """The benchmark's ``default`` is the app's default criterion (``StudySettings``), and
+    ``eig_anchored`` / ``eig_tempered`` are what ``get_criterion`` builds with the
+    registered defaults (the run's seed only seeds the fixed order's simulation)."""
+    from app.schemas import StudySettings
     from elicitation.bench.methods import FitContext, get_method
 
     bank = informative_mixture().item_bank
     ctx = FitContext(bank, torch.zeros(0, 5), torch.zeros(0, 5), [], [0, 1, 2, 3], [4], seed=0)
     crit = get_method("default").criterion(ctx)  # type: ignore[misc]
-    assert crit.name == "eig_anchored"
-    assert crit.params() == get_criterion("eig_anchored").params()
-    assert crit.params()["delta"] > 0
+    assert crit.name == StudySettings().criterion == "eig"
+    assert crit.params() == get_criterion("eig").params()
+    anchored = get_method("eig_anchored").criterion(ctx)  # type: ignore[misc]
+    assert anchored.params() == get_criterion("eig_anchored").params()
+    assert anchored.params()["delta"] > 0
     tempered = get_method("eig_tempered").criterion(ctx)  # type: ignore[misc]
     assert tempered.params() == get_criterion("eig_tempered").params()
     assert tempered.params()["tau"] < 1.0
