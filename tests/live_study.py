@@ -165,3 +165,21 @@ def wait_healthy(
             detail = f": {log.read_text(errors='replace')}" if log is not None else ""
             raise RuntimeError(f"{what} did not start{detail}")
         time.sleep(every)
+
+
+def ces_sample_study(backend: str, folder: Path, n_rows: int, **study_kwargs: Any) -> Iterator[LiveStudy]:
+    """A prepared study of the first ``n_rows`` CES respondents on a fresh database of
+    ``backend`` (``sqlite`` or ``postgresql``): a generator for module fixtures
+    (``yield from``); the runtime cache is cleared first and the engine disposed after."""
+    from conftest import DATASETS_DIR, write_small_dataset
+
+    from app.services import sessions as svc
+
+    for url in fresh_database_url(backend, folder):
+        svc.clear_runtime_cache()
+        data = write_small_dataset(DATASETS_DIR / "ces", folder / f"ces{n_rows}", n_rows)
+        study = make_live_study(url, data, **study_kwargs)
+        try:
+            yield study
+        finally:
+            study.engine.dispose()

@@ -16,8 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from conftest import DATASETS_DIR, write_small_dataset
-from live_study import LiveStudy, app_client, fresh_database_url, make_live_study
+from live_study import LiveStudy, app_client, ces_sample_study
 from sqlmodel import select
 
 from app.services import answer_async
@@ -28,12 +27,7 @@ from app.tables import Answer, ElicitationSession, Respondent, SelectionDecision
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStudy]:
     folder = tmp_path_factory.mktemp("answer_async")
-    for url in fresh_database_url("postgresql", folder):
-        svc.clear_runtime_cache()
-        data = write_small_dataset(DATASETS_DIR / "ces", folder / "ces60", 60)
-        study = make_live_study(url, data)
-        yield study
-        study.engine.dispose()
+    yield from ces_sample_study("postgresql", folder, 60)
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import DATASETS_DIR, write_small_dataset
-from live_study import LiveStudy, fresh_database_url, make_live_study
+from live_study import LiveStudy, ces_sample_study
 from sqlmodel import select
 
 from app.services import sessions as svc
@@ -28,12 +27,7 @@ def live(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveStudy]:
     folder = tmp_path_factory.mktemp("fast")
-    for url in fresh_database_url(request.param, folder):
-        svc.clear_runtime_cache()
-        data = write_small_dataset(DATASETS_DIR / "ces", folder / "ces60", 60)
-        study = make_live_study(url, data)
-        yield study
-        study.engine.dispose()
+    yield from ces_sample_study(request.param, folder, 60)
 
 
 def _study(live: LiveStudy) -> Study:

@@ -13,8 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from conftest import DATASETS_DIR, write_small_dataset
-from live_study import LiveStudy, app_client, fresh_database_url, make_live_study
+from live_study import LiveStudy, app_client, ces_sample_study
 from sqlalchemy import func
 from sqlmodel import select
 
@@ -37,12 +36,7 @@ def live(
 ) -> Iterator[LiveStudy]:
     """One prepared study per backend for this module (each test makes its own sessions)."""
     folder = tmp_path_factory.mktemp("api")
-    for url in fresh_database_url(request.param, folder):
-        svc.clear_runtime_cache()
-        data = write_small_dataset(DATASETS_DIR / "ces", folder / "ces120", 120)
-        study = make_live_study(url, data)
-        yield study
-        study.engine.dispose()
+    yield from ces_sample_study(request.param, folder, 120)
 
 
 @pytest.fixture

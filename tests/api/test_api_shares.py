@@ -12,24 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATASETS_DIR, write_small_dataset
-from live_study import LiveStudy, app_client, fresh_database_url, make_live_study
+from live_study import LiveStudy, app_client, ces_sample_study
 from sqlmodel import select
 
 from app.auth import share_study
-from app.services import sessions as svc
 from app.services.apikeys import create_api_key, create_researcher
 from app.tables import Study, StudyShare
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def live(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveStudy]:
-    for url in fresh_database_url(request.param, tmp_path):
-        svc.clear_runtime_cache()
-        data = write_small_dataset(DATASETS_DIR / "ces", tmp_path / "ces60", 60)
-        study = make_live_study(url, data, n_classes=(2,))
-        yield study
-        study.engine.dispose()
+    yield from ces_sample_study(request.param, tmp_path, 60, n_classes=(2,))
 
 
 def bearer(key: str) -> dict[str, str]:
