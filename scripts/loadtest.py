@@ -164,17 +164,28 @@ def prepare(url: str, dataset: Path, max_questions: int) -> tuple[str, str]:
         engine.dispose()
 
 
-def serve(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+def serve(
+    url: str, workers: int, probe_dir: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``uvicorn --workers N`` on the app (wrapped by ``scripts/loadtest_probe.py``
+    when ``probe_dir`` is given: each worker writes its probe figures there)."""
     import httpx
 
     port = _free_port()
     env = {**os.environ, "PRIORLY_DATABASE_URL": url, "PRIORLY_ENV": "dev"}
+    factory = ["app.main:create_app"]
+    if probe_dir is not None:
+        probe_dir.mkdir(parents=True, exist_ok=True)
+        for old in probe_dir.glob("worker-*.json"):
+            old.unlink()
+        env["PRIORLY_LOADTEST_PROBE_DIR"] = str(probe_dir)
+        factory = ["loadtest_probe:create_app", "--app-dir", str(REPO / "scripts")]
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "uvicorn",
-            "app.main:create_app",
+            *factory,
             "--factory",
             "--host",
             "127.0.0.1",
@@ -526,6 +537,12 @@ def main() -> int:
         help="hold flock(2) on this file while serving and measuring (not while preparing), "
         "so that timing runs on a shared machine do not overlap",
     )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="measure inside the server too (scripts/loadtest_probe.py): server-side latency "
+        "of the answer call, event-loop lag, GC pauses, answers served in the event loop",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
@@ -542,7 +559,8 @@ def main() -> int:
         try:
             slug, key = prepare(url, args.dataset, args.questions)
             lock = _timing_lock(args.timing_lock)
-            proc, base = serve(url, args.workers)
+            probe_dir = args.out / f"{backend}-probe" if args.probe else None
+            proc, base = serve(url, args.workers, probe_dir)
             pinned = pin_workers(proc.pid) if args.pin else {}
             warm_up(base, slug, key, args.workers)
             raw = args.out / f"{backend}-raw.json"
@@ -610,6 +628,13 @@ def main() -> int:
                     lock.close()  # releases the flock
                 if not args.keep:
                     drop()
+    if args.probe:  # the workers write their last probe figures when they stop
+        sys.path.insert(0, str(REPO / "scripts"))
+        from loadtest_probe import summarise
+
+        for backend, figures in summary.items():
+            figures["server_probe"] = summarise(str(args.out / f"{backend}-probe"))
+            print(backend, "server probe:", json.dumps(figures["server_probe"]), flush=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary written to {args.out / 'summary.json'}")
     ok = all(
