@@ -172,10 +172,13 @@ async def hit_async(
     (:class:`app.services.answer_async.AsyncAnswerDatabase`, ``synchronous_commit = off``)."""
     now = time.time() if now is None else now
     upsert, cleanup = _FAST_SQL["postgresql"]
-    row = await answers_db.rate_hit(
-        upsert, cleanup, {"key": key, "now": now, "expires": now + window_s}
-    )
-    return int(row[0]), float(row[1])
+    async with answers_db.limiter_connection() as conn:
+        cur = await conn.execute(upsert, {"key": key, "now": now, "expires": now + window_s})
+        row = await cur.fetchone()
+        count, expires = int(row[0]), float(row[1])
+        if count == 1:
+            await conn.execute(cleanup, {"now": now})
+    return count, expires
 
 
 def peek(engine: Engine, key: str, *, now: float | None = None) -> tuple[int, float]:

@@ -121,14 +121,10 @@ class AsyncAnswerDatabase:
             cur = await conn.execute(svc._sql(_PG, statement), params)
             return await cur.fetchall()
 
-    async def rate_hit(self, upsert: str, cleanup: str, params: dict[str, Any]) -> Any:
-        """The rate limiter's counter statement (and its cleanup when a window starts)."""
-        async with self.limiter_pool.connection() as conn:
-            cur = await conn.execute(upsert, params)
-            row = await cur.fetchone()
-            if int(row[0]) == 1:
-                await conn.execute(cleanup, {"now": params["now"]})
-            return row
+    def limiter_connection(self) -> Any:
+        """A connection of the limiter's pool (``async with``): the rate limiter's
+        statements and their rules stay in :func:`app.ratelimit.hit_async`."""
+        return self.limiter_pool.connection()
 
 
 async def read_session_by_token(
