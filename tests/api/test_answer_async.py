@@ -159,3 +159,28 @@ def test_stale_runtime_is_refreshed_without_handing_over(
     assert answer_async.STATS["fast"] == before["fast"] + 1
     assert answer_async.STATS["handed_over"] == before["handed_over"]
     _check_stored(live, body["session_id"], 1)
+
+
+def test_rate_limit_counts_in_the_event_loop(live: LiveStudy) -> None:
+    """On PostgreSQL the API rate limiter counts through the asyncio pool: a session token
+    gets ``session_rate_limit_per_minute`` calls, then 429 with Retry-After; every call
+    is counted in the database."""
+    from fastapi.testclient import TestClient
+
+    from app import ratelimit
+    from app.main import create_app
+    from app.settings import load_settings
+    from app.tables import RateLimitCounter
+
+    settings = load_settings(database_url=live.url, env="dev", session_rate_limit_per_minute=3)
+    with TestClient(create_app(settings)) as c:
+        assert c.app.state.answers_db is not None
+        body = _create(c, live)
+        sid, token = body["session_id"], body["token"]
+        responses = [c.get(f"/api/v1/sessions/{sid}", headers=_bearer(token)) for _ in range(5)]
+    assert [r.status_code for r in responses] == [200, 200, 200, 429, 429]
+    assert responses[3].json()["code"] == "rate_limited"
+    assert 1 <= int(responses[3].headers["retry-after"]) <= 60
+    with live.session() as db:
+        row = db.get(RateLimitCounter, ratelimit.counter_key("api", token))
+    assert row is not None and row.count == 5
