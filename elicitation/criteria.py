@@ -91,12 +91,18 @@ class SelectionCriterion(ABC):
         scores_are_target_gains: true when a score is the expected information gain about
             the targets (nats), so a stopping rule on the expected gain can use it directly.
         adaptive: false for a criterion whose order ignores the respondent's answers.
+        uses_fixed_order: true for a criterion that needs the non-adaptive
+            :class:`FixedOrder` list of the pool (``fixed``, ``eig_anchored``): the list
+            is expensive (a greedy search under the prior), so a live study computes it
+            once per fitted model, pool and targets and hands it over with
+            ``set_fixed_order`` instead of letting :meth:`prepare` compute it.
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     scores_are_target_gains: ClassVar[bool] = False
     adaptive: ClassVar[bool] = True
+    uses_fixed_order: ClassVar[bool] = False
 
     def prepare(self, model: BeliefModel, pool: ItemList, targets: ItemList) -> None:
         """Precompute what does not depend on the respondent (default: nothing).
@@ -632,6 +638,7 @@ class FixedOrder(SelectionCriterion):
     name = "fixed"
     description = "one non-adaptive order chosen greedily under the prior (score = -position)"
     adaptive = False
+    uses_fixed_order = True
 
     def __init__(
         self,
@@ -657,6 +664,7 @@ class FixedOrder(SelectionCriterion):
         self._targets: tuple[int, ...] = ()
         self._order: list[int] = []
         self._modes: list[str] = []
+        self._rank: dict[int, int] = {}
 
     def params(self) -> dict[str, Any]:
         return {
@@ -677,20 +685,65 @@ class FixedOrder(SelectionCriterion):
         """The cached order (empty before :meth:`prepare`)."""
         return list(self._order)
 
+    @property
+    def expectation(self) -> list[str]:
+        """How each pick's expectation was computed (``exact`` / ``simulated(M)``)."""
+        return list(self._modes)
+
     def prepare(self, model: BeliefModel, pool: ItemList, targets: ItemList) -> None:
         pool_t, tgt = tuple(_as_items(pool)), tuple(_as_items(targets))
         if self._model is model and self._pool == pool_t and self._targets == tgt:
             return
         _check_targets(self.name, list(tgt))
-        self._order, self._modes = self._greedy(model, list(pool_t), list(tgt))
-        self._model, self._pool, self._targets = model, pool_t, tgt
+        order, modes = self._greedy(model, list(pool_t), list(tgt))
+        self._set(model, pool_t, tgt, order, modes)
+
+    def set_fixed_order(
+        self,
+        model: BeliefModel,
+        pool: ItemList,
+        targets: ItemList,
+        order: ItemList,
+        expectation: Sequence[str] = (),
+    ) -> None:
+        """Use a precomputed ``order`` of ``pool`` (e.g. stored with a fitted model).
+
+        Afterwards :meth:`prepare` with the same ``model`` object, ``pool`` (same items in
+        the same order) and ``targets`` does nothing, and scoring never runs the greedy
+        search. ``order`` must be a permutation of ``pool`` (what :meth:`prepare` would
+        cache); the caller is responsible for it having been computed for this model,
+        pool, targets and :meth:`params`.
+
+        Raises:
+            ElicitationError: ``order`` is not a permutation of ``pool``, or no targets.
+        """
+        pool_t, tgt, order_l = tuple(_as_items(pool)), tuple(_as_items(targets)), _as_items(order)
+        _check_targets(self.name, list(tgt))
+        if sorted(order_l) != sorted(pool_t) or len(set(order_l)) != len(order_l):
+            raise ElicitationError(
+                f"criterion {self.name!r}: a stored order must list every item of the pool "
+                f"exactly once (pool {list(pool_t)}, order {order_l})"
+            )
+        self._set(model, pool_t, tgt, order_l, list(expectation))
+
+    def _set(
+        self,
+        model: BeliefModel,
+        pool: tuple[int, ...],
+        tgt: tuple[int, ...],
+        order: list[int],
+        modes: list[str],
+    ) -> None:
+        self._order, self._modes = order, modes
+        self._rank = {item: pos for pos, item in enumerate(order)}
+        self._model, self._pool, self._targets = model, pool, tgt
 
     def _positions(self, model: BeliefModel, cand: list[int], tgt: list[int]) -> Tensor:
         if not (
             self._model is model and self._targets == tuple(tgt) and set(cand) <= set(self._pool)
         ):
             self.prepare(model, cand, tgt)
-        rank = {item: pos for pos, item in enumerate(self._order)}
+        rank = self._rank
         return torch.tensor([-float(rank[c]) for c in cand], dtype=DTYPE)
 
     def score(
@@ -769,10 +822,10 @@ class FixedOrder(SelectionCriterion):
 
 # --------------------------------------------------------------------------------------
 DEFAULT_DELTA = 0.0005
-"""Default ``delta`` (nats per position) of :class:`AnchoredInformationGain` (the
-benchmark's ``default``): chosen by 5-fold cross-validation over the training and
-validation users of the shipped datasets, one value for every dataset (docs/benchmarks.md,
-"Selection rule of `default`")."""
+"""Default ``delta`` (nats per position) of :class:`AnchoredInformationGain`, the app's
+default criterion (``StudySettings.criterion``) and so the benchmark's ``default``: chosen
+by 5-fold cross-validation over the training and validation users of the shipped
+datasets, one value for every dataset (docs/benchmarks.md, "Selection rule")."""
 
 
 @register_criterion
@@ -791,11 +844,17 @@ class AnchoredInformationGain(SelectionCriterion):
     ``delta = 0`` is ``eig``; a very large ``delta`` is ``fixed``. The fixed order is a
     jointly good set under the population prior; the greedy adaptive pick is only
     greedy and trusts the posterior of a misspecified model, so the anchor hedges. The
-    fixed order is computed in :meth:`prepare` (cached for a model, pool and targets).
+    fixed order is computed in :meth:`prepare` (cached for a model, pool and targets), or
+    handed over precomputed with :meth:`set_fixed_order` (a live study stores it with its
+    fitted model; computing it costs seconds to a minute, scoring with it microseconds).
+
+    With ``tau = 1`` the gains ``G`` are the exact one-step target gains, returned by
+    :meth:`score_with_gains` so that a stopping rule needs no second lookahead.
     """
 
     name = "eig_anchored"
     description = "eig minus delta per position skipped in the non-adaptive fixed order"
+    uses_fixed_order = True
 
     def __init__(
         self, delta: float = DEFAULT_DELTA, tau: float = 1.0, seed: int = 0, **fixed_kwargs: Any
@@ -812,8 +871,38 @@ class AnchoredInformationGain(SelectionCriterion):
     def params(self) -> dict[str, Any]:
         return {"delta": self.delta, "tau": self.tau, **self._fixed.params()}
 
+    @property
+    def fixed(self) -> FixedOrder:
+        """The anchoring :class:`FixedOrder` (its ``params()`` identify the order)."""
+        return self._fixed
+
     def prepare(self, model: BeliefModel, pool: ItemList, targets: ItemList) -> None:
         self._fixed.prepare(model, pool, targets)
+
+    def set_fixed_order(
+        self,
+        model: BeliefModel,
+        pool: ItemList,
+        targets: ItemList,
+        order: ItemList,
+        expectation: Sequence[str] = (),
+    ) -> None:
+        """Anchor to a precomputed fixed ``order`` (see :meth:`FixedOrder.set_fixed_order`)."""
+        self._fixed.set_fixed_order(model, pool, targets, order, expectation)
+
+    def score_with_gains(
+        self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
+    ) -> tuple[Tensor, Tensor | None]:
+        cand, tgt = _as_items(candidates), _as_items(targets)
+        _check_targets(self.name, tgt)
+        if not cand:
+            empty = torch.zeros(0, dtype=DTYPE)
+            return empty, (empty if self.tau == 1.0 else None)
+        done = getattr(state, "observed_items", frozenset())
+        asked = torch.tensor([[c in done for c in cand]])
+        gains = self._gain.score(model, state, cand, tgt)
+        scores = gains - self.delta * self._ranks(model, cand, tgt, asked)[0]
+        return scores, (gains if self.tau == 1.0 else None)
 
     def _ranks(self, model: BeliefModel, cand: list[int], tgt: list[int], asked: Tensor) -> Tensor:
         """``r [B, C]``: unanswered candidates before each candidate in the fixed order."""
@@ -824,14 +913,7 @@ class AnchoredInformationGain(SelectionCriterion):
     def score(
         self, model: BeliefModel, state: Any, candidates: ItemList, targets: ItemList
     ) -> Tensor:
-        cand, tgt = _as_items(candidates), _as_items(targets)
-        _check_targets(self.name, tgt)
-        if not cand:
-            return torch.zeros(0, dtype=DTYPE)
-        done = getattr(state, "observed_items", frozenset())
-        asked = torch.tensor([[c in done for c in cand]])
-        gains = self._gain.score(model, state, cand, tgt)
-        return gains - self.delta * self._ranks(model, cand, tgt, asked)[0]
+        return self.score_with_gains(model, state, candidates, targets)[0]
 
     def score_batch(
         self, model: BeliefModel, states: Any, candidates: ItemList, targets: ItemList
