@@ -434,8 +434,29 @@ def _token_snapshot(snap: svc.SessionSnapshot | None, session_id: int) -> svc.Se
     return snap
 
 
+async def get_start_study(
+    slug: str, request: Request, engine: EngineDep, authorization: AuthHeader = None
+) -> Study | svc.StudyHead:
+    """The session start's authorization: :func:`get_api_researcher` and
+    :func:`get_owned_study` (same rules, same errors), in the event loop on PostgreSQL
+    (one statement, a :class:`~app.services.sessions.StudyHead`), else in one thread-pool
+    hop (the study's row)."""
+    credential = _bearer(authorization)
+    db = getattr(request.app.state, "answers_db", None)
+    if db is not None:
+        return await answer_async.owned_study(db, credential, slug)
+    return await run_in_threadpool(_owned_study_sync, slug, engine, authorization)
+
+
+def _owned_study_sync(slug: str, engine: Engine, authorization: str | None) -> Study:
+    with Session(engine) as session:
+        researcher = get_api_researcher(session, authorization)
+    with Session(engine) as session:
+        return get_owned_study(slug, researcher, session)
+
+
 ApiResearcher = Annotated[Researcher, Depends(get_api_researcher)]
-OwnedStudy = Annotated[Study, Depends(get_owned_study)]
+StartStudy = Annotated[Study | svc.StudyHead, Depends(get_start_study)]
 AuthorizedSession = Annotated[tuple[ElicitationSession, Study], Depends(get_authorized_session)]
 
 
@@ -473,21 +494,28 @@ def _session_out(view: svc.SessionView) -> dict[str, Any]:
     "attributes) and its adaptive session, and chooses the first question. Needs an API key "
     "of the study's owner. The returned token is shown once.",
 )
-def create_session(
+async def create_session(
     request: Request,
     body: CreateSessionIn,
-    study: OwnedStudy,
+    study: StartStudy,
     engine: EngineDep,
-    session: SessionDep,
 ) -> dict[str, Any]:
-    release(session)
-    started = svc.start_session(
-        study,
-        engine=engine,
-        attributes=body.attributes,
-        external_id=body.external_id,
-        allow_draft=True,
-    )
+    # On PostgreSQL the API key, the study and (with the study's runtime cached) the start
+    # itself run in the event loop (app/services/answer_async.py); otherwise one hop.
+    db = getattr(request.app.state, "answers_db", None)
+    if db is not None and isinstance(study, svc.StudyHead):
+        started = await answer_async.start_session(
+            db, study, engine=engine, attributes=body.attributes, external_id=body.external_id
+        )
+    else:
+        started = await run_in_threadpool(
+            svc.start_session,
+            study,
+            engine=engine,
+            attributes=body.attributes,
+            external_id=body.external_id,
+            allow_draft=True,
+        )
     resume = request.url_for("respondent_resume", slug=study.slug, token=started.token)
     return {
         **_session_out(started.view),

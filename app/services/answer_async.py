@@ -1,4 +1,5 @@
-"""The answer call on PostgreSQL without the thread pool: the common case in the event loop.
+"""The answer call and the API's session start on PostgreSQL without the thread pool: the
+common case of each in the event loop.
 
 Why: the answer call is the hottest path of the product (a respondent waits for the next
 question). Run as a plain ``def`` route, each call crossed into the thread pool two or
@@ -18,6 +19,12 @@ instead of a session token, a study runtime to rebuild) goes to the thread pool 
 synchronous code, which stays the single source of those rules. Both paths write with
 the same conditional statement, so they may run side by side in any number of processes.
 
+Session starts through the API (``POST /api/v1/studies/{slug}/sessions``) follow the same
+pattern: the API key and the study are checked in one statement (:func:`owned_study`),
+and with the study's runtime cached the first decision and the one insert statement run
+here (:func:`start_session`). Under load, bursts of starts run in the thread pool made
+the slowest answers of the 1,000-respondent run wait behind them (docs/reliability.md).
+
 Only for PostgreSQL with ``psycopg_pool`` installed; ``PRIORLY_ASYNC_ANSWERS=0`` turns it
 off (everything then runs the synchronous code). SQLite always uses the thread pool.
 """
@@ -25,6 +32,7 @@ off (everything then runs the synchronous code). SQLite always uses the thread p
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from typing import Any
@@ -33,15 +41,17 @@ from sqlalchemy.engine import Engine, make_url
 from starlette.concurrency import run_in_threadpool
 
 from app.services import sessions as svc
+from app.services.apikeys import KEY_PREFIX, AuthenticationError, hash_key
 
 log = logging.getLogger(__name__)
 
 _PG = "postgresql"
 
-STATS = {"fast": 0, "handed_over": 0}
+STATS = {"fast": 0, "handed_over": 0, "start_fast": 0, "start_handed_over": 0}
 """Per process: answers stored by the event-loop path, and answers it handed to the
-synchronous code (a retry, a conflict, a lost race, a cold runtime). Read by tests and
-by the load test's breakdown; never reset by the app."""
+synchronous code (a retry, a conflict, a lost race, a cold runtime); the same for
+session starts (``start_*``). Read by tests and by the load test's breakdown; never reset
+by the app."""
 
 
 def enabled_for(engine: Engine) -> bool:
@@ -125,6 +135,112 @@ class AsyncAnswerDatabase:
         """A connection of the limiter's pool (``async with``): the rate limiter's
         statements and their rules stay in :func:`app.ratelimit.hit_async`."""
         return self.limiter_pool.connection()
+
+
+# The API key's researcher and the study ``slug`` with what :func:`app.auth.can_see_study`
+# needs (owner, shared with, admin): the rules of ``get_api_researcher`` and
+# ``get_owned_study`` of app/routes/api_v1.py in one round trip.
+_KEY_AND_STUDY = """
+    SELECT k.revoked_at, r.id, r.is_active, r.is_admin,
+           st.id, st.slug, st.status, st.settings, st.owner_id,
+           EXISTS (SELECT 1 FROM study_share sh
+                   WHERE sh.study_id = st.id AND sh.researcher_id = r.id)
+    FROM api_key k JOIN researcher r ON r.id = k.researcher_id
+    LEFT JOIN study st ON st.slug = :slug
+    WHERE k.key_hash = :key_hash
+"""
+
+
+async def owned_study(db: AsyncAnswerDatabase, credential: str, slug: str) -> svc.StudyHead:
+    """The study ``slug`` if the API key ``credential`` may use it, in the event loop.
+
+    The same rules and messages as the synchronous dependencies (``authenticate_api_key``,
+    ``can_see_study``): 401 for a missing, unknown or revoked key or a deactivated
+    researcher; 404 ``study_not_found`` for a study that does not exist or is not theirs
+    (never 403, so a key cannot learn which studies exist).
+    """
+    if not credential.startswith(KEY_PREFIX):
+        raise AuthenticationError("this call needs a researcher's API key")
+    if len(credential) > 200:
+        raise AuthenticationError("invalid API key")
+    row = await db.fetchone(_KEY_AND_STUDY, {"key_hash": hash_key(credential), "slug": slug})
+    if row is None:
+        raise AuthenticationError("invalid API key")
+    revoked_at, researcher_id, active, admin, study_id, st_slug, status, settings, owner, shared = (
+        row
+    )
+    if revoked_at is not None:
+        raise AuthenticationError("this API key was revoked")
+    if not active:
+        raise AuthenticationError("the researcher of this API key is deactivated")
+    if study_id is None or not (admin or (owner is not None and owner == researcher_id) or shared):
+        raise svc.StudyNotFoundError(f"no study {slug!r} among your studies")
+    if isinstance(settings, str | bytes):
+        settings = json.loads(settings)
+    return svc.StudyHead(
+        id=int(study_id),
+        slug=str(st_slug),
+        status=str(status),
+        settings=dict(settings or {}),
+        owner_id=owner,
+    )
+
+
+async def start_session(
+    db: AsyncAnswerDatabase,
+    study: svc.StudyHead,
+    *,
+    engine: Engine,
+    attributes: dict[str, str] | None,
+    external_id: str | None,
+) -> svc.StartedSession:
+    """:func:`app.services.sessions.start_session` (API form: drafts allowed, attributes
+    given) with the study's runtime cached: the prior state and first decision in the
+    event loop and respondent + session + decision in one statement (the same
+    :func:`~app.services.sessions.plan_start` and :data:`~app.services.sessions.PG_START`
+    as the synchronous code). A study whose runtime this process has not built yet goes
+    to the thread pool (the build may fit a model).
+
+    Raises: what :func:`app.services.sessions.start_session` raises.
+    """
+    import psycopg
+
+    params = svc.check_start(study, external_id, None, True)
+    rt, fresh = svc.peek_runtime(study, engine=engine)
+    if rt is None:
+        STATS["start_handed_over"] += 1
+        return await run_in_threadpool(_start_sync, study, engine, attributes, external_id)
+    if not fresh:
+        _refresh_runtime(study, engine)
+    plan = svc.plan_start(rt, study.id, attributes, external_id, params, False, _PG)
+    try:
+        row = await db.fetchone(svc.PG_START, plan.values)
+    except psycopg.IntegrityError:
+        if external_id is None:
+            raise
+        raise svc.external_id_taken(external_id) from None
+    STATS["start_fast"] += 1
+    return plan.started(int(row[0]), int(row[1]))
+
+
+def _start_sync(
+    head: svc.StudyHead,
+    engine: Engine,
+    attributes: dict[str, str] | None,
+    external_id: str | None,
+) -> svc.StartedSession:
+    """The synchronous start with the study's ORM row (a first runtime build may fit)."""
+    from sqlmodel import Session
+
+    from app.tables import Study
+
+    with Session(engine) as db:
+        study = db.get(Study, head.id)
+    if study is None:  # deleted between the two reads
+        raise svc.StudyNotFoundError(f"no study {head.slug!r} among your studies")
+    return svc.start_session(
+        study, engine=engine, attributes=attributes, external_id=external_id, allow_draft=True
+    )
 
 
 async def read_session_by_token(

@@ -797,15 +797,26 @@ def start_session(
     Raises:
         StudyClosedError, ExternalIdTakenError, InvalidAttributesError, NoModelError.
     """
+    params = check_start(study, external_id, panel_params, allow_draft)
+    with _WORK:
+        return _start(study, engine, attributes, external_id, params, ask_attributes)
+
+
+def check_start(
+    study: Study | StudyHead,
+    external_id: str | None,
+    panel_params: Mapping[str, str] | None,
+    allow_draft: bool,
+) -> dict[str, str] | None:
+    """The checks of :func:`start_session` that need no model; returns the cleaned panel
+    parameters. Raises: StudyClosedError, InvalidInputError."""
     allowed = {StudyStatus.published.value} | ({StudyStatus.draft.value} if allow_draft else set())
     if study.status not in allowed:
         raise StudyClosedError(f"study {study.slug!r} is {study.status}, not open for responses")
     max_ext = Respondent.__table__.c.external_id.type.length  # type: ignore[attr-defined]
     if external_id is not None and (not external_id.strip() or len(external_id) > max_ext):
         raise InvalidInputError(f"external_id must be 1 to {max_ext} characters")
-    params = clean_panel_params(panel_params or {})
-    with _WORK:
-        return _start(study, engine, attributes, external_id, params, ask_attributes)
+    return clean_panel_params(panel_params or {})
 
 
 _INSERT_RESPONDENT = """
@@ -825,7 +836,7 @@ _INSERT_FIRST_DECISION = """
     VALUES (:sid, 0, :d_item_id, :criterion, :scores, :stop_reason, :now)
 """
 # PostgreSQL: respondent, session and (when chosen) the first decision in one statement.
-_PG_START = """
+PG_START = """
     WITH r AS (
         INSERT INTO respondent
             (study_id, external_id, attributes, answers, panel_params, source, split,
@@ -849,6 +860,85 @@ _PG_START = """
 """
 
 
+@dataclass
+class StartPlan:
+    """A session start prepared before its write: what :func:`_start` and the event-loop
+    start of :mod:`app.services.answer_async` store with :data:`PG_START` (or the SQLite
+    statements), then turn into a :class:`StartedSession` with :meth:`started`."""
+
+    rt: StudyRuntime
+    token: str
+    decision: DecisionRow | None
+    values: dict[str, Any]
+
+    def started(self, sid: int, rid: int) -> StartedSession:
+        rt, decision = self.rt, self.decision
+        if decision is None:
+            view = SessionView(
+                session_id=sid,
+                study_slug=rt.slug,
+                status=SessionStatus.active.value,
+                phase="attributes",
+                n_posed=0,
+                max_questions=rt.max_questions,
+                allow_skip=rt.allow_skip,
+                question=None,
+                stop_reason=None,
+            )
+        else:
+            view = _plain_view(rt, sid, decision.item_id, decision.stop_reason, 0)
+        return StartedSession(sid, rid, self.token, view)
+
+
+def plan_start(
+    rt: StudyRuntime,
+    study_id: int,
+    attributes: Mapping[str, Any] | None,
+    external_id: str | None,
+    params: dict[str, str] | None,
+    ask_attributes: bool,
+    dialect: str,
+) -> StartPlan:
+    """Validate the attributes, compute the prior state and the first decision (model work,
+    before any write: SQLite has one writer) and the statement's parameters.
+
+    Raises:
+        InvalidAttributesError: see :func:`validate_attributes`.
+    """
+    attrs = validate_attributes(rt, attributes or {})
+    first = None
+    if not (ask_attributes and rt.attributes):
+        first = _first_state_and_decision(rt, attrs)
+    state, decision = first if first is not None else (None, None)
+    done = decision is not None and decision.item_id is None
+    token = new_token()
+    now = _timestamp(dialect, utcnow())
+    values = {
+        "study_id": study_id,
+        "external_id": external_id,
+        "attributes": json.dumps(attrs),
+        "panel_params": json.dumps(params) if params is not None else None,
+        "now": now,
+        "token_hash": hash_token(token),
+        "status": SessionStatus.completed.value if done else SessionStatus.active.value,
+        "state": _dump_state(state) if first is not None else None,
+        "completed_at": now if done else None,
+        "has_decision": decision is not None,
+        "d_item_id": decision.item_id if decision is not None else None,
+        "criterion": decision.criterion if decision is not None else "",
+        "scores": json.dumps(decision.scores if decision is not None else {}),
+        "stop_reason": decision.stop_reason if decision is not None else None,
+    }
+    return StartPlan(rt, token, decision, values)
+
+
+def external_id_taken(external_id: str | None) -> ExternalIdTakenError:
+    """The error of a start whose insert hit the unique (study, external id) constraint."""
+    return ExternalIdTakenError(
+        f"a respondent with external_id {external_id!r} already exists in this study"
+    )
+
+
 def _start(
     study: Study,
     engine: Engine,
@@ -859,37 +949,16 @@ def _start(
 ) -> StartedSession:
     """Respondent, session and first decision in one transaction (raw statements: this is
     once per session, a tenth of the load of a 10-question session)."""
-    token = new_token()
     rt = load_runtime(study, engine=engine)
-    attrs = validate_attributes(rt, attributes or {})
-    first = None
-    if not (ask_attributes and rt.attributes):
-        # the model work happens before the write transaction (SQLite has one writer)
-        first = _first_state_and_decision(rt, attrs)
-    state, decision = first if first is not None else (None, None)
-    done = decision is not None and decision.item_id is None
+    plan = plan_start(
+        rt, study.id or 0, attributes, external_id, params, ask_attributes, engine.dialect.name
+    )
+    values = plan.values
     with _dbapi(engine) as (raw, dialect):
-        now = _timestamp(dialect, utcnow())
-        values = {
-            "study_id": study.id,
-            "external_id": external_id,
-            "attributes": json.dumps(attrs),
-            "panel_params": json.dumps(params) if params is not None else None,
-            "now": now,
-            "token_hash": hash_token(token),
-            "status": SessionStatus.completed.value if done else SessionStatus.active.value,
-            "state": _dump_state(state) if first is not None else None,
-            "completed_at": now if done else None,
-            "has_decision": decision is not None,
-            "d_item_id": decision.item_id if decision is not None else None,
-            "criterion": decision.criterion if decision is not None else "",
-            "scores": json.dumps(decision.scores if decision is not None else {}),
-            "stop_reason": decision.stop_reason if decision is not None else None,
-        }
         cur = raw.cursor()
         try:
             if dialect == "postgresql":
-                cur.execute(_sql(dialect, _PG_START), values)
+                cur.execute(_sql(dialect, PG_START), values)
                 sid, rid = cur.fetchone()
             else:
                 cur.execute("BEGIN IMMEDIATE")
@@ -898,7 +967,7 @@ def _start(
                     rid = cur.lastrowid
                     cur.execute(_INSERT_SESSION, {**values, "respondent_id": rid})
                     sid = cur.lastrowid
-                    if decision is not None:
+                    if plan.decision is not None:
                         cur.execute(_INSERT_FIRST_DECISION, {**values, "sid": sid})
                     raw.commit()
                 except BaseException:
@@ -907,26 +976,10 @@ def _start(
         except engine.dialect.dbapi.IntegrityError:  # type: ignore[union-attr]
             if external_id is None:
                 raise
-            raise ExternalIdTakenError(
-                f"a respondent with external_id {external_id!r} already exists in this study"
-            ) from None
+            raise external_id_taken(external_id) from None
         finally:
             cur.close()
-    if decision is None:
-        view = SessionView(
-            session_id=int(sid),
-            study_slug=rt.slug,
-            status=SessionStatus.active.value,
-            phase="attributes",
-            n_posed=0,
-            max_questions=rt.max_questions,
-            allow_skip=rt.allow_skip,
-            question=None,
-            stop_reason=None,
-        )
-    else:
-        view = _plain_view(rt, int(sid), decision.item_id, decision.stop_reason, 0)
-    return StartedSession(int(sid), int(rid), token, view)
+    return plan.started(int(sid), int(rid))
 
 
 def _first_state_and_decision(

@@ -184,3 +184,107 @@ def test_rate_limit_counts_in_the_event_loop(live: LiveStudy) -> None:
     with live.session() as db:
         row = db.get(RateLimitCounter, ratelimit.counter_key("api", token))
     assert row is not None and row.count == 5
+
+
+def test_session_start_runs_in_the_event_loop(client: Any, live: LiveStudy) -> None:
+    """With the study's runtime cached, an API session start (key check, prior state,
+    first decision, the insert) runs in the event loop and stores what the synchronous
+    start stores: one respondent with its attributes and external id, an active session
+    whose cached state is the replay of no answers, the decision at position 0 for the
+    question returned. Without a cached runtime the start is handed to the thread pool."""
+    svc.clear_runtime_cache()
+    before = dict(answer_async.STATS)
+    cold = _create(client, live)
+    assert answer_async.STATS["start_handed_over"] == before["start_handed_over"] + 1
+    assert answer_async.STATS["start_fast"] == before["start_fast"]
+
+    with live.session() as db:
+        study = db.get(Study, live.study_id)
+        rt = svc.load_runtime(study, session=db, fit_if_missing=False)  # type: ignore[arg-type]
+    attribute = rt.attributes[0]
+    letter = attribute.options[-1][0]
+    r = client.post(
+        f"/api/v1/studies/{live.slug}/sessions",
+        json={"external_id": "loop-start-1", "attributes": {attribute.key: letter}},
+        headers=_bearer(live.owner_key),
+    )
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert answer_async.STATS["start_fast"] == before["start_fast"] + 1
+    assert answer_async.STATS["start_handed_over"] == before["start_handed_over"] + 1
+    assert body["question"]["number"] == 1 and body["questions_answered"] == 0
+    assert body["token"] != cold["token"]
+    with live.session() as db:
+        sess = db.get(ElicitationSession, body["session_id"])
+        assert sess is not None and sess.status == "active" and sess.state_version == 0
+        assert sess.token_hash == svc.hash_token(body["token"])
+        respondent = db.get(Respondent, sess.respondent_id)
+        assert respondent is not None and respondent.id == body["respondent_id"]
+        assert respondent.external_id == "loop-start-1"
+        assert respondent.attributes == {attribute.key: letter}
+        decisions = list(
+            db.exec(
+                select(SelectionDecision).where(SelectionDecision.session_id == sess.id)
+            )
+        )
+        replayed = svc.replay(rt, respondent, [])
+    assert [d.position for d in decisions] == [0]
+    assert rt.by_id[decisions[0].item_id].key == body["question"]["item"]  # type: ignore[index]
+    assert svc._dump_state(svc._load_state(sess.state)) == svc._dump_state(replayed)  # type: ignore[arg-type]
+
+    # the same external id again: 409 from the event-loop path, nothing written
+    with live.session() as db:
+        n_respondents = len(list(db.exec(select(Respondent.id))))
+    again = client.post(
+        f"/api/v1/studies/{live.slug}/sessions",
+        json={"external_id": "loop-start-1"},
+        headers=_bearer(live.owner_key),
+    )
+    assert again.status_code == 409 and again.json()["code"] == "external_id_taken"
+    with live.session() as db:
+        assert len(list(db.exec(select(Respondent.id)))) == n_respondents
+    bad = client.post(
+        f"/api/v1/studies/{live.slug}/sessions",
+        json={"attributes": {attribute.key: "Z"}},
+        headers=_bearer(live.owner_key),
+    )
+    assert bad.status_code == 422 and bad.json()["code"] == "invalid_attributes"
+    assert f"attributes.{attribute.key}" in bad.json()["message"]
+    assert answer_async.STATS["start_handed_over"] == before["start_handed_over"] + 1
+
+
+def test_session_start_authorization_in_the_event_loop(client: Any, live: LiveStudy) -> None:
+    """The event-loop key check keeps the synchronous rules: another researcher's key and
+    an unknown study get 404 study_not_found, an admin's key may start, a session token
+    or an unknown key gets 401, a deactivated researcher's key gets 401."""
+    from app.tables import Researcher
+
+    url = f"/api/v1/studies/{live.slug}/sessions"
+    other = client.post(url, json={}, headers=_bearer(live.other_key))
+    assert other.status_code == 404 and other.json()["code"] == "study_not_found"
+    missing = client.post(
+        "/api/v1/studies/no-such-study/sessions", json={}, headers=_bearer(live.owner_key)
+    )
+    assert missing.status_code == 404 and missing.json()["code"] == "study_not_found"
+    assert client.post(url, json={}, headers=_bearer(live.admin_key)).status_code == 201
+    created = _create(client, live)
+    assert client.post(url, json={}, headers=_bearer(created["token"])).status_code == 401
+    assert client.post(url, json={}, headers=_bearer(live.owner_key + "x")).status_code == 401
+    with live.session() as db:
+        other_researcher = db.exec(
+            select(Researcher).where(Researcher.email == "other@example.org")
+        ).one()
+        other_researcher.is_active = False
+        db.add(other_researcher)
+        db.commit()
+    try:
+        off = client.post(url, json={}, headers=_bearer(live.other_key))
+        assert off.status_code == 401 and "deactivated" in off.json()["message"]
+    finally:
+        with live.session() as db:
+            other_researcher = db.exec(
+                select(Researcher).where(Researcher.email == "other@example.org")
+            ).one()
+            other_researcher.is_active = True
+            db.add(other_researcher)
+            db.commit()
