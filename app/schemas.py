@@ -58,6 +58,13 @@ class GroupSettings(BaseModel):
 class StudySettings(BaseModel):
     """``study.settings``: the selection criterion by name, budgets and group protocol.
 
+    ``criterion``: a name of :mod:`elicitation.criteria`'s registry. The default
+    ``eig_anchored`` (expected information gain about the targets minus 0.0005 nats per
+    position skipped in the study's non-adaptive ``fixed`` order) is the benchmark's
+    ``default`` (docs/benchmarks.md); it needs the fixed order, which is computed with the
+    model fit and stored with the model (see :mod:`app.services.belief`). Studies keep the
+    criterion they stored (``eig`` for studies created before it became the default).
+
     ``ask_attributes``: the browser flow asks the study's attribute items (demographics)
     before the first adaptive question (API clients pass known attributes instead).
     ``belief_model``: what the "fit model" job fits (``default`` latent classes, ``auto``,
@@ -67,7 +74,7 @@ class StudySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    criterion: str = "eig"
+    criterion: str = "eig_anchored"
     ask_attributes: bool = True
     belief_model: Literal[
         "default", "auto", "cape_cooccurrence", "cape_linear", "cape_factor", "persona_mixture"

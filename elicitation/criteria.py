@@ -898,7 +898,7 @@ class AnchoredInformationGain(SelectionCriterion):
         if not cand:
             empty = torch.zeros(0, dtype=DTYPE)
             return empty, (empty if self.tau == 1.0 else None)
-        done = getattr(state, "observed_items", frozenset())
+        done: frozenset[int] = getattr(state, "observed_items", frozenset())
         asked = torch.tensor([[c in done for c in cand]])
         gains = self._gain.score(model, state, cand, tgt)
         scores = gains - self.delta * self._ranks(model, cand, tgt, asked)[0]

@@ -8,7 +8,12 @@ progress through ``ctx.progress`` (which also raises when the job was cancelled)
 Kinds:
 
 * ``fit_model``: fit the study's default belief model on its history and activate it
-  (:func:`app.services.belief.fit_study_model`).
+  (:func:`app.services.belief.fit_study_model`; it also computes the fixed question order
+  that ``eig_anchored`` and ``fixed`` need).
+* ``fixed_order``: compute and store the fixed question order of the study's active model
+  for its current candidates and targets (:func:`app.services.belief.ensure_fixed_order`);
+  queued by the live loop when a study needs an order that is not stored (roles edited
+  after the fit).
 * ``simulation``: "how many questions do I need?"
   (:func:`app.services.simulation.run_study_simulation`).
 * ``train_gnn``: train the relational GNN (:func:`gnn.train.train_gnn`) on the study's
@@ -83,6 +88,19 @@ def fit_model(ctx: JobContext) -> dict[str, Any]:
             "training_hash": row.training_hash,
             "metrics": row.metrics,
         }
+
+
+@register_kind("fixed_order", "Compute the fixed question order")
+def fixed_order(ctx: JobContext) -> dict[str, Any]:
+    """Store the fixed order of the study's active model, pool and targets (idempotent)."""
+    from app.services.belief import ensure_fixed_order
+
+    ctx.progress(0.05, "computing the fixed question order")
+    with Session(ctx.engine) as db:
+        result = ensure_fixed_order(_study(ctx, db), session=db)
+    if result.status == "failed":
+        raise InvalidInputError(f"no fixed order: {result.message}")
+    return {"status": result.status, "key": result.key, "cpu_seconds": result.cpu_seconds}
 
 
 @register_kind("simulation", "Simulate before fielding")

@@ -21,13 +21,32 @@ a worker reads a model blob once, and a newly activated model (new id) is picked
 the next request without any invalidation message between processes.
 
 The job queue (another part of the app) can call :func:`fit_study_model` the same way.
+
+**The fixed order.** The criteria ``eig_anchored`` (the default of new studies) and
+``fixed`` need the study's non-adaptive question order
+(:class:`elicitation.criteria.FixedOrder`: a greedy search under the model's prior, from
+a fraction of a second for a small model to ~42 s of CPU for 86 candidates and 2,058
+personas). It is never computed while a respondent waits: :func:`ensure_fixed_order`
+computes it when the model is fitted (:func:`fit_study_model`, so the ``fit_model`` job)
+and when a study is prepared for fielding (the bundled demo), and stores it in the model
+row's ``metrics["fixed_orders"]`` under :func:`fixed_order_key` (the model's
+``training_hash``, the candidate pool and the target set in study order, and the order's
+parameters), so a change of roles after the fit finds no stored order. The live loop
+(:mod:`app.services.sessions`) loads it into the cached study runtime; when it is missing
+the study is served with ``eig`` meanwhile (recorded in every decision) and
+:func:`request_fixed_order` queues a ``fixed_order`` job that computes and stores it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from sqlmodel import Session, select
@@ -145,6 +164,7 @@ def fit_study_model(
     session.add(row)
     session.commit()
     session.refresh(row)
+    ensure_fixed_order(study, session=session, row=row, model=model)
     return row
 
 
@@ -404,3 +424,245 @@ def clear_model_cache() -> None:
     """Forget every cached model (tests)."""
     with _CACHE_LOCK:
         _CACHE.clear()
+
+
+# ----- the fixed question order, stored with the model ----------------------------------------
+
+log = logging.getLogger("priorly.belief")
+
+ORDER_CRITERIA: frozenset[str] = frozenset({"fixed", "eig_anchored"})
+"""Criteria that need the study's fixed order (``uses_fixed_order`` in the registry)."""
+FIXED_ORDERS_KEY = "fixed_orders"
+"""Where the orders live in ``fitted_model.metrics``: ``{key: entry}``."""
+MAX_STORED_ORDERS = 8
+"""Orders kept per model row (the oldest is dropped): role edits each add one."""
+
+
+class _ItemLike(Protocol):
+    @property
+    def key(self) -> str: ...
+    @property
+    def options(self) -> Any: ...
+    @property
+    def role(self) -> str: ...
+
+
+def order_roles(bank: Any, items: Sequence[_ItemLike]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(pool, targets)``: the keys of the study's question and target items that the model
+    knows (same key, same number of options), in study order: exactly the candidates and
+    targets a live session uses (:func:`app.services.sessions.load_runtime`)."""
+    from app.tables import ItemRole
+
+    known = dict(zip(bank.keys, bank.n_options, strict=True))
+    in_model = [it for it in items if known.get(it.key) == len(it.options)]
+    pool = tuple(it.key for it in in_model if it.role == ItemRole.question.value)
+    targets = tuple(it.key for it in in_model if it.role == ItemRole.target.value)
+    return pool, targets
+
+
+def fixed_order_params(criterion: Any) -> dict[str, Any]:
+    """The :class:`elicitation.criteria.FixedOrder` parameters behind an order-based
+    criterion object (``fixed`` itself, or the anchor of ``eig_anchored``)."""
+    return dict(getattr(criterion, "fixed", criterion).params())
+
+
+def fixed_order_key(
+    training_hash: str, pool: Sequence[str], targets: Sequence[str], params: Mapping[str, Any]
+) -> str:
+    """The key of a stored order: sha256 of the model's training hash, the candidate pool
+    and the targets (item keys, study order) and the order's parameters."""
+    blob = json.dumps(
+        {"model": training_hash, "pool": list(pool), "targets": list(targets), "params": params},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def stored_fixed_orders(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``{key: entry}`` orders stored in a model row's metrics (empty if none)."""
+    orders = (metrics or {}).get(FIXED_ORDERS_KEY)
+    return dict(orders) if isinstance(orders, dict) else {}
+
+
+def compute_fixed_order(
+    model: Any, pool: Sequence[str], targets: Sequence[str], params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Run the greedy :class:`elicitation.criteria.FixedOrder` search (CPU work: seconds
+    to a minute); returns the entry stored under :func:`fixed_order_key`:
+    ``{"order": [item keys], "expectation": [...], "params", "targets", "cpu_seconds"}``.
+
+    Raises:
+        elicitation.errors.ElicitationError: the model cannot be searched (no targets...).
+    """
+    from elicitation.criteria import FixedOrder
+
+    bank = model.item_bank
+    fixed = FixedOrder(**params)
+    started = time.thread_time()
+    fixed.prepare(model, [bank.index(k) for k in pool], [bank.index(k) for k in targets])
+    return {
+        "order": [bank.keys[i] for i in fixed.order],
+        "expectation": fixed.expectation,
+        "params": dict(params),
+        "targets": list(targets),
+        "cpu_seconds": round(time.thread_time() - started, 3),
+    }
+
+
+@dataclass(frozen=True)
+class FixedOrderResult:
+    """What :func:`ensure_fixed_order` did.
+
+    Attributes:
+        status: ``computed`` / ``stored`` (already there) / ``not_needed`` (the study's
+            criterion needs no order) / ``not_applicable`` (no model, no candidates or no
+            targets) / ``failed`` (the search refused the model; ``message`` says why).
+        key: the order's key (``None`` unless an order applies).
+        cpu_seconds: the search's CPU time when ``computed``.
+        message: why, for ``failed``.
+    """
+
+    status: str
+    key: str | None = None
+    cpu_seconds: float | None = None
+    message: str = ""
+
+
+def ensure_fixed_order(
+    study: Study, *, session: Session, row: FittedModel | None = None, model: Any = None
+) -> FixedOrderResult:
+    """Compute and store the fixed order of the study's active model (or ``row``) for its
+    current pool and targets, when its criterion needs one and it is not stored yet.
+
+    ``model`` is ``row``'s deserialised model when the caller has it (the fit). Commits.
+    """
+    from app.schemas import StudySettings
+    from elicitation.criteria import get_criterion
+    from elicitation.errors import ElicitationError
+
+    assert study.id is not None
+    try:
+        criterion = StudySettings.model_validate(study.settings or {}).criterion
+    except ValueError:
+        return FixedOrderResult("not_needed")
+    if criterion not in ORDER_CRITERIA:
+        return FixedOrderResult("not_needed")
+    row = row if row is not None else active_model_row(study.id, session=session)
+    if row is None or row.id is None:
+        return FixedOrderResult("not_applicable")
+    if model is None:
+        model = load_cached_model(ActiveModelRef(row.id, row.training_hash), session=session)
+    pool, targets = order_roles(model.item_bank, _study_items(study.id, session=session))
+    if not pool or not targets:
+        return FixedOrderResult("not_applicable")
+    params = fixed_order_params(get_criterion(criterion))
+    key = fixed_order_key(row.training_hash, pool, targets, params)
+    if key in stored_fixed_orders(row.metrics):
+        return FixedOrderResult("stored", key)
+    try:
+        entry = compute_fixed_order(model, pool, targets, params)
+    except ElicitationError as exc:
+        log.warning("study %s: no fixed order for model %s: %s", study.id, row.id, exc)
+        return FixedOrderResult("failed", key, message=str(exc))
+    # Read-modify-write of the JSON column under the row's lock (another job may store the
+    # order of another pool at the same time).
+    fresh = session.exec(
+        select(FittedModel).where(FittedModel.id == row.id).with_for_update()
+    ).one()
+    session.refresh(fresh)
+    orders = stored_fixed_orders(fresh.metrics)
+    orders[key] = entry
+    while len(orders) > MAX_STORED_ORDERS:
+        orders.pop(next(iter(orders)))
+    fresh.metrics = {**(fresh.metrics or {}), FIXED_ORDERS_KEY: orders}
+    session.add(fresh)
+    session.commit()
+    session.refresh(fresh)
+    return FixedOrderResult("computed", key, entry["cpu_seconds"])
+
+
+FIXED_ORDER_JOB = "fixed_order"
+_REQUESTED: set[tuple[str, int, str]] = set()
+_PENDING: list[threading.Thread] = []
+_REQUESTED_LOCK = threading.Lock()
+
+
+def request_fixed_order(study_id: int, key: str, *, engine: Any) -> threading.Thread | None:
+    """Queue a ``fixed_order`` job for the study (a missing order seen by the live loop).
+
+    Never blocks the caller (it may hold a session's lock): a daemon thread writes the job
+    row with its own connection and puts it on the queue of the process settings
+    (:func:`app.settings.get_settings`, pointed at ``engine``'s database). Once per
+    ``(database, study, key)`` per process; no second job while one is queued or running.
+    Returns the thread (``None`` when already requested), so a caller can wait for it.
+    """
+    url = engine.url.render_as_string(hide_password=False)
+    marker = (url, study_id, key)
+    with _REQUESTED_LOCK:
+        if marker in _REQUESTED:
+            return None
+        _REQUESTED.add(marker)
+    thread = threading.Thread(
+        target=_queue_fixed_order_job,
+        args=(study_id, key, engine, url),
+        daemon=True,
+        name=f"fixed-order-{study_id}",
+    )
+    with _REQUESTED_LOCK:
+        _PENDING.append(thread)
+    thread.start()
+    return thread
+
+
+def wait_for_fixed_order_requests(timeout: float = 30.0) -> bool:
+    """Join the threads started by :func:`request_fixed_order`; true when all finished
+    within ``timeout`` seconds (tests, and a clean shutdown)."""
+    deadline = time.monotonic() + timeout
+    with _REQUESTED_LOCK:
+        threads = list(_PENDING)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with _REQUESTED_LOCK:
+        _PENDING[:] = [t for t in _PENDING if t.is_alive()]
+        return not _PENDING
+
+
+def _queue_fixed_order_job(study_id: int, key: str, engine: Any, url: str) -> None:
+    from app.services.jobs import ACTIVE, start_job
+    from app.settings import get_settings
+    from app.tables import Job
+
+    try:
+        settings = get_settings()
+        if settings.database_url != url:
+            settings = settings.model_copy(update={"database_url": url})
+        with Session(engine) as db:
+            study = db.get(Study, study_id)
+            if study is None:
+                return
+            active = db.exec(
+                select(Job.id).where(
+                    Job.study_id == study_id,
+                    Job.kind == FIXED_ORDER_JOB,
+                    Job.status.in_(ACTIVE),  # type: ignore[attr-defined]
+                )
+            ).first()
+            if active is None:
+                start_job(
+                    FIXED_ORDER_JOB,
+                    study,
+                    payload={"key": key},
+                    researcher=None,
+                    settings=settings,
+                    session=db,
+                )
+    except Exception:  # a request must never fail because of this; the log says why
+        log.exception("could not queue the fixed-order job of study %s", study_id)
+        with _REQUESTED_LOCK:
+            _REQUESTED.discard((url, study_id, key))
+
+
+def forget_fixed_order_requests() -> None:
+    """Forget which orders this process requested (tests)."""
+    with _REQUESTED_LOCK:
+        _REQUESTED.clear()

@@ -70,13 +70,19 @@ from app.services.belief import (
     active_model_ref,
     cached_model,
     ensure_fitted_model,
+    fixed_order_key,
+    fixed_order_params,
     model_blob,
     model_from_blob,
+    order_roles,
+    request_fixed_order,
+    stored_fixed_orders,
 )
 from app.tables import (
     Answer,
     ElicitationSession,
     ErasureRecord,
+    FittedModel,
     Item,
     ItemRole,
     Respondent,
@@ -95,6 +101,12 @@ PANEL_VALUE_MAX = 500
 FALLBACK_CRITERION = "posterior_entropy"
 """Used instead of a target-based criterion when a study has no target items (recorded as
 the decision's criterion, so it is visible in every explanation)."""
+TARGET_CRITERIA = frozenset({"eig", "eig_anchored", "eig_tempered", "eig2", "fixed"})
+"""Criteria that score the targets: replaced by :data:`FALLBACK_CRITERION` without any."""
+ORDER_FALLBACK_CRITERION = "eig"
+"""Used while an order-based criterion (``eig_anchored``, ``fixed``) has no stored fixed
+order for the study's model, pool and targets (the order is being computed by a
+``fixed_order`` job); the decision records ``eig`` and ``requested_criterion``."""
 TOP_PERSONAS = 5
 SESSION_CONCURRENCY = max(1, int(os.environ.get("PRIORLY_SESSION_CONCURRENCY", "4")))
 """How many session writes (model work + transaction) one process runs at once.
@@ -220,8 +232,15 @@ class StudyRuntime:
         attributes: attribute items the model knows (asked first in the browser).
         candidates: askable question items the model knows, in study order.
         targets: target items the model knows.
-        criterion: the criterion name used (``FALLBACK_CRITERION`` without targets).
+        criterion: the criterion name used (``FALLBACK_CRITERION`` without targets,
+            ``ORDER_FALLBACK_CRITERION`` while a needed fixed order is missing).
         settings: the study's validated settings.
+        selector: the criterion object, built once per runtime (an order-based one holds
+            the stored fixed order); ``None`` for ``random`` (seeded per decision) or a
+            criterion that could not be built (the decision raises the error).
+        requested_criterion: the study's criterion when ``criterion`` replaces it for a
+            missing fixed order, else ``None``.
+        missing_order_key: the key of that missing order (:func:`belief.fixed_order_key`).
     """
 
     study_id: int
@@ -237,6 +256,9 @@ class StudyRuntime:
     settings: StudySettings
     by_id: dict[int, ItemInfo] = field(default_factory=dict)
     by_key: dict[str, ItemInfo] = field(default_factory=dict)
+    selector: Any = None
+    requested_criterion: str | None = None
+    missing_order_key: str | None = None
 
     @property
     def max_questions(self) -> int:
@@ -317,16 +339,18 @@ def load_runtime(
             return again[1]
         if session is None:
             with Session(bind) as db:
-                ref, model, blob, items = _runtime_rows(study, db, fit_if_missing)
+                ref, model, blob, items, orders = _runtime_rows(study, db, fit_if_missing)
         else:
-            ref, model, blob, items = _runtime_rows(study, session, fit_if_missing)
+            ref, model, blob, items, orders = _runtime_rows(study, session, fit_if_missing)
         if model is None:  # deserialised with no connection held (CPU work)
             model = model_from_blob(ref, blob)  # type: ignore[arg-type]
-        rt = _build_runtime(study, ref, model, items)
+        rt = _build_runtime(study, ref, model, items, orders)
         with _RUNTIME_LOCK:
             if len(_RUNTIME_CACHE) > 256:
                 _RUNTIME_CACHE.clear()
             _RUNTIME_CACHE[key] = (time.monotonic(), rt)
+        if rt.missing_order_key is not None:
+            request_fixed_order(rt.study_id, rt.missing_order_key, engine=bind)
         return rt
     finally:
         build_lock.release()
@@ -340,9 +364,7 @@ def _runtime_key(bind: Engine, study: StudyHead | Study) -> tuple[str, int, str]
     )
 
 
-def peek_runtime(
-    study: StudyHead | Study, *, engine: Engine
-) -> tuple[StudyRuntime | None, bool]:
+def peek_runtime(study: StudyHead | Study, *, engine: Engine) -> tuple[StudyRuntime | None, bool]:
     """``(the study's cached runtime or None, whether it is fresh)``: no I/O, never
     blocks. A stale runtime may still serve while :func:`load_runtime` rebuilds it (the
     same rule as :func:`load_runtime`'s own single flight)."""
@@ -355,10 +377,10 @@ def peek_runtime(
 
 def _runtime_rows(
     study: Study | StudyHead, session: Session, fit_if_missing: bool
-) -> tuple[Any, Any, bytes | None, list[ItemInfo]]:
+) -> tuple[Any, Any, bytes | None, list[ItemInfo], dict[str, Any]]:
     """The active model's reference (fitting one first if allowed and needed), the model
-    if this process has it already or else its blob, and the study's items: everything
-    read from the database for a runtime."""
+    if this process has it already or else its blob, the study's items and the fixed
+    orders stored with the model: everything read from the database for a runtime."""
     ref = active_model_ref(study.id, session=session)
     if ref is None:
         if not fit_if_missing or not isinstance(study, Study):
@@ -374,11 +396,16 @@ def _runtime_rows(
             select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
         ).all()
     ]
-    return ref, model, blob, items
+    metrics = session.exec(select(FittedModel.metrics).where(FittedModel.id == ref.id)).first()
+    return ref, model, blob, items, stored_fixed_orders(metrics)
 
 
 def _build_runtime(
-    study: Study | StudyHead, ref: Any, model: Any, items: list[ItemInfo]
+    study: Study | StudyHead,
+    ref: Any,
+    model: Any,
+    items: list[ItemInfo],
+    orders: Mapping[str, Any] | None = None,
 ) -> StudyRuntime:
     bank = model.item_bank
     known = dict(zip(bank.keys, bank.n_options, strict=True))
@@ -391,8 +418,12 @@ def _build_runtime(
     targets = [it for it in in_model if it.role == ItemRole.target.value]
     settings = study_settings(study)
     criterion = settings.criterion
-    if not targets and criterion in ("eig",):
+    if not targets and criterion in TARGET_CRITERIA:
         criterion = FALLBACK_CRITERION
+    candidates = [it for it in in_model if it.role == ItemRole.question.value]
+    selector, used, missing = _selector(
+        criterion, model, ref, items, candidates, targets, model_index, orders or {}
+    )
     return StudyRuntime(
         study_id=study.id or 0,
         slug=study.slug,
@@ -401,13 +432,64 @@ def _build_runtime(
         model_id=ref.id,
         model_index=model_index,
         attributes=[it for it in in_model if it.role == ItemRole.attribute.value],
-        candidates=[it for it in in_model if it.role == ItemRole.question.value],
+        candidates=candidates,
         targets=targets,
-        criterion=criterion,
+        criterion=used,
         settings=settings,
         by_id={it.id: it for it in items if it.id is not None},
         by_key={it.key: it for it in items},
+        selector=selector,
+        requested_criterion=None if used == criterion else criterion,
+        missing_order_key=missing,
     )
+
+
+def _selector(
+    criterion: str,
+    model: Any,
+    ref: Any,
+    items: list[ItemInfo],
+    candidates: list[ItemInfo],
+    targets: list[ItemInfo],
+    model_index: dict[int, int],
+    orders: Mapping[str, Any],
+) -> tuple[Any, str, str | None]:
+    """``(criterion object or None, name used, key of a missing fixed order or None)``.
+
+    Built once per runtime, so nothing expensive runs per decision. An order-based
+    criterion gets the order stored with the model under the key of this model, pool and
+    targets; without one the runtime uses :data:`ORDER_FALLBACK_CRITERION` and reports the
+    missing key (the caller queues its computation). ``random`` is seeded per decision
+    (``None`` here); a name the registry refuses is left to the decision to report.
+    """
+    from elicitation.criteria import get_criterion
+    from elicitation.errors import ElicitationError
+
+    if criterion == "random":
+        return None, criterion, None
+    try:
+        selector: Any = get_criterion(criterion)
+    except ElicitationError:
+        return None, criterion, None
+    if not selector.uses_fixed_order or not candidates or not targets:
+        return selector, criterion, None
+    pool, tgt = order_roles(model.item_bank, items)
+    key = fixed_order_key(ref.training_hash, pool, tgt, fixed_order_params(selector))
+    entry = orders.get(key)
+    bank = model.item_bank
+    if isinstance(entry, dict):
+        try:
+            selector.set_fixed_order(
+                model,
+                [model_index[c.id] for c in candidates],  # type: ignore[index]
+                [model_index[t.id] for t in targets],  # type: ignore[index]
+                [bank.index(k) for k in entry.get("order", [])],
+                entry.get("expectation", []),
+            )
+            return selector, criterion, None
+        except (ElicitationError, KeyError, ValueError):
+            pass  # a corrupt entry is treated as missing (the job stores a new one)
+    return get_criterion(ORDER_FALLBACK_CRITERION), ORDER_FALLBACK_CRITERION, key
 
 
 # ----- views returned to the routes ------------------------------------------------------------
@@ -608,14 +690,17 @@ def _budget(rt: StudyRuntime) -> Any:
 
 
 def _criterion(rt: StudyRuntime, session_id: int, position: int, seed: int | None = None) -> Any:
-    """The study's criterion; ``random`` gets a seed per session and position (recorded in
-    the decision's ``criterion_params``, so every order can be reproduced)."""
+    """The study's criterion: the runtime's object (built once, holding any stored fixed
+    order); ``random`` gets a seed per session and position (recorded in the decision's
+    ``criterion_params``, so every order can be reproduced)."""
     from elicitation.criteria import get_criterion
 
     if rt.criterion == "random":
         return get_criterion(
             "random", seed=seed if seed is not None else session_id * 1009 + position
         )
+    if rt.selector is not None:
+        return rt.selector
     return get_criterion(rt.criterion)
 
 
@@ -683,6 +768,11 @@ def _decide(
             "best_gain": detail["best_gain"],
             "criterion_params": detail["criterion_params"],
             "model_id": rt.model_id,
+            **(
+                {"requested_criterion": rt.requested_criterion}
+                if rt.requested_criterion is not None
+                else {}
+            ),
         },
         stop_reason=detail["stop_reason"],
     )

@@ -97,7 +97,13 @@ def _split_of(rid: int, seed: int) -> str:
 
 
 def _study_method(criterion: str) -> tuple[str, Any]:
-    """The benchmark method name and factory for the study's criterion."""
+    """The benchmark method name and factory for the study's criterion.
+
+    A criterion that is a benchmark method of the same name (``eig_anchored``, the default,
+    which is also the benchmark's ``default``; ``eig``; ``eig_tempered``; ``eig2``) uses
+    that method, so the simulation selects exactly as the benchmark measured; others get
+    a method built from the registry with the criterion's defaults.
+    """
     from elicitation.bench.methods import (
         Method,
         fit_irt_model,
@@ -107,8 +113,6 @@ def _study_method(criterion: str) -> tuple[str, Any]:
     )
     from elicitation.criteria import get_criterion
 
-    if criterion == "eig":
-        return "eig (study)", get_method("default")
     if criterion in method_names() and criterion not in BASELINES:
         return f"{criterion} (study)", get_method(criterion)
     fit = fit_irt_model if criterion == "irt" else fit_latent_class_model
@@ -252,6 +256,7 @@ def run_study_simulation(
             model = method.fit(ctx)
             done += 1
             sums: list[Any] = [None] * (budget + 1)
+            crit: Any = None
             for part in chunks:
                 report(done / steps, f"{name}: respondents {part.start + 1}-{part.stop}")
                 if method.observe_all:
@@ -261,7 +266,10 @@ def run_study_simulation(
                     preds = [full_pred] * (budget + 1)
                 else:
                     assert method.criterion is not None
-                    crit = method.criterion(ctx)
+                    if crit is None or not crit.uses_fixed_order:
+                        # an order-based criterion keeps its fixed order for every chunk
+                        # (searched once); others are built per chunk as before
+                        crit = method.criterion(ctx)
                     preds, _ = simulate(
                         model, crit, observed[part], cand, answers[part], tgt, budget
                     )

@@ -173,9 +173,19 @@ register_method(
     Method(
         "default",
         fit_latent_class_model,
+        _criterion("eig_anchored", delta=DEFAULT_DELTA, seed=_SEED),
+        "latent classes (K chosen on validation) + eig_anchored: expected information gain "
+        f"about the targets minus {DEFAULT_DELTA} nats per position skipped in the fixed "
+        "order; the app's default criterion (StudySettings.criterion), what a live study uses",
+    )
+)
+register_method(
+    Method(
+        "eig",
+        fit_latent_class_model,
         _criterion("eig"),
-        "latent classes (K chosen on validation) + expected information gain about the "
-        "targets under the exact posterior: the app's default criterion, what a live study uses",
+        "latent classes + expected information gain about the targets under the exact "
+        "posterior (greedy one-step lookahead; the app's default until session 4)",
     )
 )
 register_method(
@@ -184,8 +194,8 @@ register_method(
         fit_latent_class_model,
         _criterion("eig_anchored", delta=DEFAULT_DELTA, seed=_SEED),
         "latent classes + expected information gain about the targets minus "
-        f"{DEFAULT_DELTA} nats per position skipped in the fixed order (not the app's "
-        "criterion: a live study would need the fixed order cached per study and model)",
+        f"{DEFAULT_DELTA} nats per position skipped in the fixed order (the same rule as "
+        "default, kept by name)",
     )
 )
 register_method(

@@ -19,15 +19,18 @@ from sqlmodel import select
 
 from app.services import sessions as svc
 from app.services.apikeys import create_api_key, revoke_api_key
+from app.services.belief import stored_fixed_orders
 from app.tables import (
     Answer,
     ElicitationSession,
     ErasureRecord,
+    FittedModel,
     Item,
     Respondent,
     SelectionDecision,
     Study,
 )
+from elicitation.criteria import DEFAULT_DELTA
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -128,18 +131,27 @@ def test_full_questionnaire_matches_database_and_brute_force(client: Any, live: 
         assert sess.state_version == 10
         assert svc.states_equal(svc._load_state(sess.state), replayed)
 
-        # every stored score is the brute-force EIG of that candidate, and the chosen item
-        # is the best one (the policy is not random)
+        # every stored score is the brute-force EIG of that candidate minus delta per
+        # unasked candidate before it in the fixed order stored with the model (the default
+        # criterion eig_anchored), and the chosen item is the best one (not random)
         model = rt.model
         targets = [rt.model_index[t.id] for t in rt.targets]
         assert len(targets) == 5
+        model_row = db.get(FittedModel, rt.model_id)
+        assert model_row is not None
+        (stored,) = stored_fixed_orders(model_row.metrics).values()
+        order = stored["order"]
         for d in decisions[:3]:
+            assert d.criterion == "eig_anchored"
             state = svc.replay(rt, respondent, answers[: d.position])
             scores = d.scores["scores"]
             assert len(scores) == len(rt.candidates) - d.position
             for key, score in scores.items():
+                rank = sum(1 for k in order[: order.index(key)] if k in scores)
                 assert score == pytest.approx(
-                    brute_force_eig(model, state, model.item_bank.index(key), targets), abs=1e-9
+                    brute_force_eig(model, state, model.item_bank.index(key), targets)
+                    - DEFAULT_DELTA * rank,
+                    abs=1e-9,
                 )
             assert keys[d.item_id] == max(scores, key=lambda k: scores[k])
 

@@ -13,7 +13,7 @@ import torch
 from elicitation_cases import informative_mixture, random_mixture
 from test_criteria import _enumerated, _mean_target_entropy, brute_force_eig
 
-from elicitation.criteria import best_index, get_criterion
+from elicitation.criteria import DEFAULT_DELTA, best_index, get_criterion
 from elicitation.errors import ElicitationError
 from models.base import DTYPE
 from models.persona import PersonaMixture
@@ -220,11 +220,94 @@ def test_default_method_selects_with_the_registered_defaults() -> None:
     bank = informative_mixture().item_bank
     ctx = FitContext(bank, torch.zeros(0, 5), torch.zeros(0, 5), [], [0, 1, 2, 3], [4], seed=0)
     crit = get_method("default").criterion(ctx)  # type: ignore[misc]
-    assert crit.name == StudySettings().criterion == "eig"
-    assert crit.params() == get_criterion("eig").params()
+    assert crit.name == StudySettings().criterion == "eig_anchored"
+    assert crit.params() == get_criterion(StudySettings().criterion).params()
+    assert crit.params()["delta"] == DEFAULT_DELTA > 0
+    # the old default stays measured under its own name
+    eig = get_method("eig").criterion(ctx)  # type: ignore[misc]
+    assert eig.name == "eig" and eig.params() == get_criterion("eig").params()
     anchored = get_method("eig_anchored").criterion(ctx)  # type: ignore[misc]
     assert anchored.params() == get_criterion("eig_anchored").params()
     assert anchored.params()["delta"] > 0
     tempered = get_method("eig_tempered").criterion(ctx)  # type: ignore[misc]
     assert tempered.params() == get_criterion("eig_tempered").params()
     assert tempered.params()["tau"] < 1.0
+
+
+# ---- a fixed order handed over precomputed (what a live study stores with its model) ------
+@pytest.mark.parametrize("name", ["fixed", "eig_anchored"])
+def test_stored_fixed_order_is_used_and_never_recomputed(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from elicitation.criteria import FixedOrder
+
+    model = random_mixture((2, 3, 2, 4, 3, 2, 3), k=6, seed=4)
+    pool, targets = [3, 0, 2, 4, 1], [5, 6]
+    computed = get_criterion(name)
+    computed.prepare(model, pool, targets)
+    order = computed.fixed.order if name == "eig_anchored" else computed.order
+    # a deliberately different order (reversed), so the test fails if it were ignored
+    stored_order = list(reversed(order))
+    calls: list[int] = []
+
+    def no_greedy(self: FixedOrder, *args: object) -> tuple[list[int], list[str]]:
+        calls.append(1)
+        raise AssertionError("the greedy order was recomputed")
+
+    monkeypatch.setattr(FixedOrder, "_greedy", no_greedy)
+    stored = get_criterion(name)
+    stored.set_fixed_order(model, pool, targets, stored_order)
+    stored.prepare(model, pool, targets)  # same model, pool, targets: nothing to do
+    state = model.replay([(stored_order[1], 0)])
+    rest = [c for c in pool if c != stored_order[1]]
+    got = stored.score(model, state, rest, targets)
+    if name == "fixed":
+        want = torch.tensor([-float(stored_order.index(c)) for c in rest], dtype=DTYPE)
+    else:
+        eig = get_criterion("eig").score(model, state, rest, targets)
+        r = torch.tensor(
+            [sum(1 for y in stored_order[: stored_order.index(c)] if y in rest) for c in rest],
+            dtype=DTYPE,
+        )
+        want = eig - get_criterion("eig_anchored").delta * r  # type: ignore[attr-defined]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    batch = model.initial_batch(torch.full((2, 7), -1, dtype=torch.long))
+    stored.score_batch(model, batch, pool, targets)
+    assert calls == []
+    with pytest.raises(ElicitationError, match="exactly once"):
+        get_criterion(name).set_fixed_order(model, pool, targets, order[:-1])
+    with pytest.raises(ElicitationError, match="exactly once"):
+        get_criterion(name).set_fixed_order(model, pool, targets, [*order[:-1], order[0]])
+
+
+def test_anchored_returns_the_exact_gains_for_the_stopping_rule() -> None:
+    from elicitation.budget import Budget
+    from elicitation.session import decide
+
+    model = random_mixture((2, 3, 2, 4, 3, 2, 3), k=6, seed=5)
+    pool, targets = [3, 0, 2, 4, 1], [5, 6]
+    crit = get_criterion("eig_anchored", delta=0.01)
+    crit.prepare(model, pool, targets)
+    state = model.replay([(2, 1)])
+    rest = [3, 0, 4, 1]
+    scores, gains = crit.score_with_gains(model, state, rest, targets)
+    eig = get_criterion("eig").score(model, state, rest, targets)
+    assert gains is not None
+    torch.testing.assert_close(gains, eig, rtol=0, atol=0)
+    assert torch.equal(scores, crit.score(model, state, rest, targets))
+    # tempered gains are not target gains: none are returned
+    assert (
+        get_criterion("eig_anchored", tau=0.5).score_with_gains(model, state, rest, targets)[1]
+        is None
+    )
+    d = decide(
+        model,
+        state,
+        asked=[2],
+        candidates=pool,
+        targets=targets,
+        criterion=crit,
+        budget=Budget(max_questions=5, stop_eig_threshold=0.0),
+    )
+    assert d.item == rest[best_index(scores)]
+    assert d.best_gain == pytest.approx(float(eig.max()), abs=1e-12)
