@@ -164,7 +164,7 @@ def fit_study_model(
     session.add(row)
     session.commit()
     session.refresh(row)
-    ensure_fixed_order(study, session=session, row=row, model=model)
+    try_ensure_fixed_order(study, session=session, row=row, model=model)
     return row
 
 
@@ -579,6 +579,21 @@ def ensure_fixed_order(
     session.commit()
     session.refresh(fresh)
     return FixedOrderResult("computed", key, entry["cpu_seconds"])
+
+
+def try_ensure_fixed_order(
+    study: Study, *, session: Session, row: FittedModel | None = None, model: Any = None
+) -> FixedOrderResult:
+    """:func:`ensure_fixed_order` for a caller whose own work is done (a fit, the demo's
+    preparation): an unexpected error is logged and reported as ``failed`` instead of
+    failing that work; the live loop then serves ``eig`` and queues a ``fixed_order`` job,
+    whose failure is stored in the job row where a researcher sees it."""
+    try:
+        return ensure_fixed_order(study, session=session, row=row, model=model)
+    except Exception as exc:
+        session.rollback()
+        log.exception("study %s: computing the fixed order failed", study.id)
+        return FixedOrderResult("failed", message=f"{type(exc).__name__}: {exc}")
 
 
 FIXED_ORDER_JOB = "fixed_order"

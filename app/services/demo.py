@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlmodel import Session, select
 
-from app.services.belief import ensure_fitted_model, ensure_fixed_order
+from app.services.belief import ensure_fitted_model, try_ensure_fixed_order
 from app.tables import Item, ItemRole, Study, StudyStatus
 
 DEFAULT_CONSENT = (
@@ -38,7 +38,7 @@ class PreparedStudy:
 
 def prepare_study_for_fielding(study: Study, *, session: Session) -> PreparedStudy:
     """Choose targets (when none are chosen), add a consent text, fit a model, store its
-    fixed question order (:func:`app.services.belief.ensure_fixed_order`), publish.
+    fixed question order (:func:`app.services.belief.try_ensure_fixed_order`), publish.
 
     Idempotent: a study that already has targets, a consent text, an active model or is
     published keeps them.
@@ -60,7 +60,7 @@ def prepare_study_for_fielding(study: Study, *, session: Session) -> PreparedStu
     row = ensure_fitted_model(study, session=session)
     # The targets may have been chosen just now, after the fit: store the fixed order of
     # this pool and these targets too, so the first respondent finds it.
-    ensure_fixed_order(study, session=session, row=row)
+    try_ensure_fixed_order(study, session=session, row=row)
     published = False
     if study.status == StudyStatus.draft.value:
         study.status = StudyStatus.published.value

@@ -360,3 +360,35 @@ def test_simulation_maps_the_study_criterion_to_the_same_bench_rule() -> None:
         crit = method.criterion(ctx)
         assert label == f"{name} (study)"
         assert crit.name == name and crit.params() == get_criterion(name).params()
+
+
+def test_a_failed_order_search_does_not_fail_the_fit(
+    fresh_live: LiveStudy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fit is stored and activated; the study serves eig, and the queued job fails
+    with the search's error stored in the job row (visible to the researcher)."""
+    from app.jobs.runner import execute_job
+
+    def broken(self: FixedOrder, *args: Any) -> Any:
+        raise RuntimeError("order search exploded")
+
+    monkeypatch.setattr(FixedOrder, "_greedy", broken)
+    live = fresh_live
+    with live.session() as db:
+        row = belief.fit_study_model(
+            _study(db, live.study_id), session=db, n_classes=(4,), n_restarts=1
+        )
+        assert row.is_active and belief.stored_fixed_orders(row.metrics) == {}
+    svc.clear_runtime_cache()
+    with live.session() as db:
+        rt = svc.load_runtime(_study(db, live.study_id), session=db, fit_if_missing=False)
+    assert rt.model_id == row.id
+    assert rt.criterion == "eig" and rt.requested_criterion == "eig_anchored"
+    assert belief.wait_for_fixed_order_requests(30.0)
+    with live.session() as db:
+        (job,) = db.exec(select(Job).where(Job.study_id == live.study_id)).all()
+    execute_job(live.engine, job.id or 0, stale_after_s=30.0)
+    with live.session() as db:
+        failed = db.get(Job, job.id)
+        assert failed is not None and failed.status == JobStatus.failed.value
+        assert "order search exploded" in (failed.error or "")
