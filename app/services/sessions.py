@@ -53,7 +53,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -241,6 +241,8 @@ class StudyRuntime:
         requested_criterion: the study's criterion when ``criterion`` replaces it for a
             missing fixed order, else ``None``.
         missing_order_key: the key of that missing order (:func:`belief.fixed_order_key`).
+        first_decisions: the prior state and first decision per set of known attributes
+            (:func:`_first_state_and_decision`; lives as long as this runtime).
     """
 
     study_id: int
@@ -259,6 +261,9 @@ class StudyRuntime:
     selector: Any = None
     requested_criterion: str | None = None
     missing_order_key: str | None = None
+    first_decisions: dict[tuple[tuple[str, str], ...], tuple[Any, DecisionRow]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def max_questions(self) -> int:
@@ -1075,11 +1080,31 @@ def _start(
 def _first_state_and_decision(
     rt: StudyRuntime, attributes: Mapping[str, str]
 ) -> tuple[Any, DecisionRow]:
-    """The prior state given the attributes, and the first decision (not stored yet)."""
+    """The prior state given the attributes, and the first decision (not stored yet).
+
+    Both are a function of the runtime (model, items, criterion, budget) and the known
+    attributes only, so they are computed once per attribute set and runtime and then
+    copied (:data:`FIRST_DECISIONS_MAX` sets per runtime): a burst of session starts then
+    costs no model work. Not for ``random``, whose first pick is seeded per session.
+    """
     from elicitation.session import replay_state
 
+    key = tuple(sorted(attributes.items()))
+    cache = rt.criterion != "random"
+    hit = rt.first_decisions.get(key) if cache else None
+    if hit is not None:
+        state, decision = hit
+        return state, replace(decision, scores=dict(decision.scores))
     state = replay_state(rt.model, _attribute_indices(rt, attributes), [])
-    return state, _decide(rt, state, 0, [], seed=secrets.randbelow(2**31))
+    decision = _decide(rt, state, 0, [], seed=secrets.randbelow(2**31))
+    if cache and len(rt.first_decisions) < FIRST_DECISIONS_MAX:
+        rt.first_decisions[key] = (state, replace(decision, scores=dict(decision.scores)))
+    return state, decision
+
+
+FIRST_DECISIONS_MAX = 1024
+"""Attribute sets whose first decision one study runtime keeps (beyond it, computed each
+time; the runtime itself is rebuilt every :data:`RUNTIME_TTL_S` seconds)."""
 
 
 def _store_first_decision(
