@@ -162,8 +162,13 @@ def _add_speed(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--seed", type=int, default=0)
+    from app.schemas import StudySettings
+
+    live = StudySettings().criterion
     p.add_argument(
-        "--criterion", default="eig", help="selection criterion of the live step (default eig)"
+        "--criterion",
+        default=live,
+        help=f"selection criterion of the live step (default: a new study's, {live})",
     )
 
 
