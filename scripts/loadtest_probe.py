@@ -11,7 +11,10 @@ microseconds per request, and each worker process writes them to
 * ``gc``: ``[generation, wall ms, CPU ms, objects left in generation 2]`` of every
   cyclic-GC collection (a full collection over a large heap stalls the process);
 * ``answer_paths``: :data:`app.services.answer_async.STATS` (answers stored in the
-  event loop vs handed to the thread pool).
+  event loop vs handed to the thread pool);
+* ``pools``: ``psycopg_pool`` statistics of the asyncio pools (PostgreSQL): requests that
+  had to wait for a connection (``requests_queued``) and their total wait
+  (``requests_wait_ms``).
 
 Used to find the tail of the answer call (docs/respondents.md, "Where the tail came
 from"); not part of the app.
@@ -33,6 +36,14 @@ _answers: list[tuple[float, float]] = []
 _lag_ms: list[float] = []
 _gc: list[tuple[int, float, float, int]] = []
 _gc_start = [0.0, 0.0]
+_apps: list[Any] = []
+
+
+def _pool_stats() -> dict[str, Any]:
+    db = getattr(_apps[0].state, "answers_db", None) if _apps else None
+    if db is None:
+        return {}
+    return {"answers": db.pool.get_stats(), "limiter": db.limiter_pool.get_stats()}
 
 
 def _gc_probe(phase: str, info: dict[str, Any]) -> None:
@@ -58,7 +69,14 @@ def _dump() -> None:
     path = os.path.join(_DIR, f"worker-{os.getpid()}.json")
     with open(path + ".tmp", "w", encoding="utf-8") as fh:
         json.dump(
-            {"answers": _answers, "loop_lag_ms": _lag_ms, "gc": _gc, "answer_paths": STATS}, fh
+            {
+                "answers": _answers,
+                "loop_lag_ms": _lag_ms,
+                "gc": _gc,
+                "answer_paths": STATS,
+                "pools": _pool_stats(),
+            },
+            fh,
         )
     os.replace(path + ".tmp", path)
 
@@ -76,6 +94,7 @@ async def _monitor() -> None:
 
 def create_app() -> Any:
     inner = app.main.create_app()
+    _apps.append(inner)
     gc.callbacks.append(_gc_probe)
     tasks: list[asyncio.Task[None]] = []
 
@@ -132,6 +151,7 @@ def summarise(folder: str) -> dict[str, Any]:
             "full_gc_max_ms": round(max((g[1] for g in full), default=0.0), 1),
             "full_gc_max_objects": max((g[3] for g in full), default=0),
             "answer_paths": data["answer_paths"],
+            "pools": data.get("pools", {}),
         }
     out["server_p50_ms"] = q(everything, 0.5)
     out["server_p90_ms"] = q(everything, 0.9)

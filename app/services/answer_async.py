@@ -70,6 +70,17 @@ def conninfo(engine: Engine) -> str:
     return make_url(engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+POOL_MAX = int(os.environ.get("PRIORLY_ASYNC_POOL_SIZE", "4"))
+LIMITER_POOL_MAX = int(os.environ.get("PRIORLY_ASYNC_LIMITER_POOL_SIZE", "2"))
+"""Most connections of a process's two asyncio pools (answers; rate limiter). A coroutine
+holds its connection until the event loop resumes it, so under load some statements wait
+for a connection (in the 1,000-respondent load test with 4 + 2: 2 % of the answer
+statements, ~10 ms on average, and 10 % of the limiter's, ~18 ms). Larger pools did not
+help there: one run with 8 + 4 had more waiting and more CPU per answer (more backends
+competing for the same 2 cores; docs/reliability.md). PostgreSQL's ``max_connections``
+must exceed ``processes x (POOL_MAX + LIMITER_POOL_MAX + the synchronous pools)``."""
+
+
 class AsyncAnswerDatabase:
     """Two small asyncio connection pools of one process (opened in the app's lifespan).
 
@@ -83,7 +94,14 @@ class AsyncAnswerDatabase:
     ``psycopg.OperationalError``: 503 ``database_unavailable``, like the synchronous pool).
     """
 
-    def __init__(self, engine: Engine, *, max_size: int = 4, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_size: int = POOL_MAX,
+        limiter_max_size: int = LIMITER_POOL_MAX,
+        timeout: float = 5.0,
+    ) -> None:
         from psycopg_pool import AsyncConnectionPool
 
         info = conninfo(engine)
@@ -103,7 +121,7 @@ class AsyncAnswerDatabase:
         self.limiter_pool = AsyncConnectionPool(
             info,
             min_size=1,
-            max_size=2,
+            max_size=limiter_max_size,
             timeout=timeout,
             kwargs={"autocommit": True},
             configure=_sync_off,
