@@ -303,6 +303,27 @@ def _study_context(study: Any, session: Any) -> dict[str, Any]:
         # the active belief model and its comparison table / notice (issue 6, owner C)
         "fitted_model": _active_model_row(study.id, session=session),
         "belief_models": _belief_model_choices(),
+        "serving": _serving(study, session),
+    }
+
+
+def _serving(study: Any, session: Any) -> dict[str, Any] | None:
+    """What live sessions are chosen with now: the criterion in use, the one the settings
+    ask for when it waits for a fixed order (``requested``), and the stored order's
+    length. ``None`` without a fitted model (or settings a runtime cannot be built from)."""
+    from app.errors import PriorlyError
+    from app.services import sessions as svc
+
+    try:
+        rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    except PriorlyError:
+        return None
+    fixed = getattr(rt.selector, "fixed", rt.selector)
+    order = getattr(fixed, "order", None) if rt.requested_criterion is None else None
+    return {
+        "criterion": rt.criterion,
+        "requested": rt.requested_criterion,
+        "order_length": len(order) if order else None,
     }
 
 

@@ -223,9 +223,7 @@ def test_session_start_runs_in_the_event_loop(client: Any, live: LiveStudy) -> N
         assert respondent.external_id == "loop-start-1"
         assert respondent.attributes == {attribute.key: letter}
         decisions = list(
-            db.exec(
-                select(SelectionDecision).where(SelectionDecision.session_id == sess.id)
-            )
+            db.exec(select(SelectionDecision).where(SelectionDecision.session_id == sess.id))
         )
         replayed = svc.replay(rt, respondent, [])
     assert [d.position for d in decisions] == [0]
@@ -270,21 +268,17 @@ def test_session_start_authorization_in_the_event_loop(client: Any, live: LiveSt
     created = _create(client, live)
     assert client.post(url, json={}, headers=_bearer(created["token"])).status_code == 401
     assert client.post(url, json={}, headers=_bearer(live.owner_key + "x")).status_code == 401
-    with live.session() as db:
-        other_researcher = db.exec(
-            select(Researcher).where(Researcher.email == "other@example.org")
-        ).one()
-        other_researcher.is_active = False
-        db.add(other_researcher)
-        db.commit()
+
+    def set_active(active: bool) -> None:
+        with live.session() as db:
+            other = db.exec(select(Researcher).where(Researcher.email == "other@example.org")).one()
+            other.is_active = active
+            db.add(other)
+            db.commit()
+
+    set_active(False)
     try:
         off = client.post(url, json={}, headers=_bearer(live.other_key))
         assert off.status_code == 401 and "deactivated" in off.json()["message"]
     finally:
-        with live.session() as db:
-            other_researcher = db.exec(
-                select(Researcher).where(Researcher.email == "other@example.org")
-            ).one()
-            other_researcher.is_active = True
-            db.add(other_researcher)
-            db.commit()
+        set_active(True)

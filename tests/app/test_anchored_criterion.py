@@ -235,6 +235,8 @@ def test_missing_order_serves_eig_and_queues_the_job_that_stores_it(
         rt = svc.load_runtime(_study(db, live.study_id), session=db, fit_if_missing=False)
     assert rt.criterion == "eig" and rt.requested_criterion == "eig_anchored"
     assert rt.missing_order_key is not None and rt.missing_order_key != old_key
+    status = _admin_criterion_status(live)
+    assert "chosen with eig until the fixed question order that eig_anchored needs" in status
     assert belief.wait_for_fixed_order_requests(30.0)
     with live.session() as db:
         jobs = db.exec(select(Job).where(Job.study_id == live.study_id)).all()
@@ -282,6 +284,10 @@ def test_missing_order_serves_eig_and_queues_the_job_that_stores_it(
     with live.session() as db:
         rt2 = svc.load_runtime(_study(db, live.study_id), session=db, fit_if_missing=False)
     assert rt2.criterion == "eig_anchored" and rt2.missing_order_key is None
+    n_order = len(rt2.selector.fixed.order)
+    assert n_order == len(rt2.candidates)
+    status = _admin_criterion_status(live)
+    assert f"chosen with eig_anchored, anchored to the stored fixed order of {n_order}" in status
     # the same session continues with the stored order (recorded as eig_anchored)
     view = svc.submit_answer(
         study,
@@ -296,6 +302,41 @@ def test_missing_order_serves_eig_and_queues_the_job_that_stores_it(
         last = _decisions(db, sid)[-1]
         assert last.criterion == "eig_anchored" and "requested_criterion" not in last.scores
     assert len(count_greedy) == 1  # nothing recomputed after the job
+
+
+def _admin_criterion_status(live: LiveStudy) -> str:
+    """The study page's "criterion in use" line, as its owner sees it (text, no tags)."""
+    import re
+
+    from fastapi.testclient import TestClient
+
+    from app.auth import set_password
+    from app.main import create_app
+    from app.settings import load_settings
+    from app.tables import Researcher
+
+    with live.session() as db:
+        owner = db.exec(select(Researcher).where(Researcher.email == "owner@example.org")).one()
+        set_password(owner, "a long enough password 1", session=db)
+        slug = _study(db, live.study_id).slug
+    settings = load_settings(database_url=live.url, env="dev")
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
+        client.get("/admin/login")
+        r = client.post(
+            "/admin/login",
+            data={
+                "email": "owner@example.org",
+                "password": "a long enough password 1",
+                "csrf_token": client.cookies.get("priorly_csrf"),
+            },
+            follow_redirects=False,
+        )
+        assert r.status_code == 303, r.text
+        page = client.get(f"/admin/studies/{slug}")
+    assert page.status_code == 200
+    found = re.search(r'id="criterion-status">(.*?)</p>', page.text, re.S)
+    assert found is not None, "no criterion status on the study page"
+    return " ".join(re.sub(r"<[^>]+>", "", found.group(1)).split())
 
 
 def _decisions_item(live: LiveStudy, sid: int) -> str:
