@@ -131,6 +131,39 @@ def app_client(db_url: str) -> Any:
     return TestClient(create_app(load_settings(database_url=db_url, env="dev")))
 
 
+def login_researcher(client: Any, email: str, password: str) -> None:
+    """Log ``client`` (a TestClient) in through the admin login form, with the CSRF token
+    the login page set."""
+    page = client.get("/admin/login")
+    assert page.status_code == 200
+    r = client.post(
+        "/admin/login",
+        data={
+            "email": email,
+            "password": password,
+            "csrf_token": client.cookies.get("priorly_csrf"),
+        },
+        follow_redirects=False,
+    )
+    assert r.status_code == 303, r.text
+
+
+def admin_study_page(db_url: str, slug: str, email: str, password: str) -> str:
+    """The admin study page of ``slug`` as the researcher ``email`` sees it (real login
+    form, real session cookie); asserts it answers 200."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+
+    settings = load_settings(database_url=db_url, env="dev")
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
+        login_researcher(client, email, password)
+        page = client.get(f"/admin/studies/{slug}")
+    assert page.status_code == 200, page.text
+    return str(page.text)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (for a server subprocess)."""
     with socket.socket() as s:
@@ -167,7 +200,9 @@ def wait_healthy(
         time.sleep(every)
 
 
-def ces_sample_study(backend: str, folder: Path, n_rows: int, **study_kwargs: Any) -> Iterator[LiveStudy]:
+def ces_sample_study(
+    backend: str, folder: Path, n_rows: int, **study_kwargs: Any
+) -> Iterator[LiveStudy]:
     """A prepared study of the first ``n_rows`` CES respondents on a fresh database of
     ``backend`` (``sqlite`` or ``postgresql``): a generator for module fixtures
     (``yield from``); the runtime cache is cleared first and the engine disposed after."""

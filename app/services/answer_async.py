@@ -109,25 +109,20 @@ class AsyncAnswerDatabase:
         async def _sync_off(conn: Any) -> None:
             await conn.execute("SET synchronous_commit = off")
 
-        self.pool = AsyncConnectionPool(
-            info,
-            min_size=1,
-            max_size=max_size,
-            timeout=timeout,
-            kwargs={"autocommit": True},
-            open=False,
-            name="answers",
-        )
-        self.limiter_pool = AsyncConnectionPool(
-            info,
-            min_size=1,
-            max_size=limiter_max_size,
-            timeout=timeout,
-            kwargs={"autocommit": True},
-            configure=_sync_off,
-            open=False,
-            name="limiter",
-        )
+        def pool(name: str, size: int, **kw: Any) -> Any:
+            return AsyncConnectionPool(
+                info,
+                min_size=1,
+                max_size=size,
+                timeout=timeout,
+                kwargs={"autocommit": True},
+                open=False,
+                name=name,
+                **kw,
+            )
+
+        self.pool = pool("answers", max_size)
+        self.limiter_pool = pool("limiter", limiter_max_size, configure=_sync_off)
 
     async def open(self) -> None:
         # wait=False: a database that is down at start-up is reported per call (503), as
@@ -261,9 +256,7 @@ def _start_sync(
     )
 
 
-async def read_session_by_token(
-    db: AsyncAnswerDatabase, token: str
-) -> svc.SessionSnapshot | None:
+async def read_session_by_token(db: AsyncAnswerDatabase, token: str) -> svc.SessionSnapshot | None:
     """:func:`app.services.sessions.read_session_by_token` in the event loop."""
     if not token or len(token) > 200:
         return None

@@ -430,8 +430,6 @@ def clear_model_cache() -> None:
 
 log = logging.getLogger("priorly.belief")
 
-ORDER_CRITERIA: frozenset[str] = frozenset({"fixed", "eig_anchored"})
-"""Criteria that need the study's fixed order (``uses_fixed_order`` in the registry)."""
 FIXED_ORDERS_KEY = "fixed_orders"
 """Where the orders live in ``fitted_model.metrics``: ``{key: entry}``."""
 MAX_STORED_ORDERS = 8
@@ -542,10 +540,10 @@ def ensure_fixed_order(
 
     assert study.id is not None
     try:
-        criterion = StudySettings.model_validate(study.settings or {}).criterion
-    except ValueError:
+        selector = get_criterion(StudySettings.model_validate(study.settings or {}).criterion)
+    except (ValueError, ElicitationError):
         return FixedOrderResult("not_needed")
-    if criterion not in ORDER_CRITERIA:
+    if not selector.uses_fixed_order:
         return FixedOrderResult("not_needed")
     row = row if row is not None else active_model_row(study.id, session=session)
     if row is None or row.id is None:
@@ -555,7 +553,7 @@ def ensure_fixed_order(
     pool, targets = order_roles(model.item_bank, _study_items(study.id, session=session))
     if not pool or not targets:
         return FixedOrderResult("not_applicable")
-    params = fixed_order_params(get_criterion(criterion))
+    params = fixed_order_params(selector)
     key = fixed_order_key(row.training_hash, pool, targets, params)
     if key in stored_fixed_orders(row.metrics):
         return FixedOrderResult("stored", key)

@@ -74,7 +74,6 @@ from app.services.belief import (
     fixed_order_params,
     model_blob,
     model_from_blob,
-    order_roles,
     request_fixed_order,
     stored_fixed_orders,
 )
@@ -427,7 +426,7 @@ def _build_runtime(
         criterion = FALLBACK_CRITERION
     candidates = [it for it in in_model if it.role == ItemRole.question.value]
     selector, used, missing = _selector(
-        criterion, model, ref, items, candidates, targets, model_index, orders or {}
+        criterion, model, ref, candidates, targets, model_index, orders or {}
     )
     return StudyRuntime(
         study_id=study.id or 0,
@@ -453,7 +452,6 @@ def _selector(
     criterion: str,
     model: Any,
     ref: Any,
-    items: list[ItemInfo],
     candidates: list[ItemInfo],
     targets: list[ItemInfo],
     model_index: dict[int, int],
@@ -478,7 +476,8 @@ def _selector(
         return None, criterion, None
     if not selector.uses_fixed_order or not candidates or not targets:
         return selector, criterion, None
-    pool, tgt = order_roles(model.item_bank, items)
+    # the runtime's candidates and targets are belief.order_roles of the study's items
+    pool, tgt = [c.key for c in candidates], [t.key for t in targets]
     key = fixed_order_key(ref.training_hash, pool, tgt, fixed_order_params(selector))
     entry = orders.get(key)
     bank = model.item_bank

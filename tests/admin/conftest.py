@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from live_study import login_researcher
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -66,15 +67,7 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 def login(client: TestClient, email: str, password: str = PASSWORD) -> None:
     """Log ``client`` in through the login form (CSRF token from the login page)."""
-    page = client.get("/admin/login")
-    assert page.status_code == 200
-    token = client.cookies.get("priorly_csrf")
-    r = client.post(
-        "/admin/login",
-        data={"email": email, "password": password, "csrf_token": token},
-        follow_redirects=False,
-    )
-    assert r.status_code == 303, r.text
+    login_researcher(client, email, password)
     assert client.cookies.get("priorly_session")
 
 

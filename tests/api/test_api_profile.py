@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import DATASETS_DIR, write_small_dataset
-from live_study import LiveStudy, app_client, ces_sample_study
+from live_study import LiveStudy, admin_study_page, app_client, ces_sample_study
 from sqlmodel import select
 
 from app.tables import Item
@@ -141,34 +141,16 @@ def _new_study(db: Any, folder: Any, n: int) -> Any:
 
 def _admin_page(url: str, slug: str) -> str:
     """The admin study page as an admin sees it (real login form, real session cookie)."""
-    from fastapi.testclient import TestClient
     from sqlmodel import Session as DbSession
 
     from app.auth import create_account
     from app.db import make_engine
-    from app.main import create_app
-    from app.settings import load_settings
 
     engine = make_engine(url)
     with DbSession(engine) as db:
         create_account("c-admin@example.org", "correct horse battery", session=db, is_admin=True)
     engine.dispose()
-    settings = load_settings(database_url=url, env="dev")
-    with TestClient(create_app(settings), base_url="http://localhost") as c:
-        c.get("/admin/login")
-        r = c.post(
-            "/admin/login",
-            data={
-                "email": "c-admin@example.org",
-                "password": "correct horse battery",
-                "csrf_token": c.cookies.get("priorly_csrf"),
-            },
-            follow_redirects=False,
-        )
-        assert r.status_code == 303, r.text
-        page = c.get(f"/admin/studies/{slug}")
-        assert page.status_code == 200, page.text
-        return page.text
+    return admin_study_page(url, slug, "c-admin@example.org", "correct horse battery")
 
 
 def test_study_without_history_falls_back_to_persona_prior_with_notice(

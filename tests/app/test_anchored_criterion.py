@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 import torch
 from conftest import DATASETS_DIR, write_small_dataset
-from live_study import LiveStudy, ces_sample_study, fresh_database_url, make_live_study
+from live_study import (
+    LiveStudy,
+    admin_study_page,
+    ces_sample_study,
+    fresh_database_url,
+    make_live_study,
+)
 from sqlmodel import Session, select
 
 from app.schemas import StudySettings
@@ -308,33 +314,15 @@ def _admin_criterion_status(live: LiveStudy) -> str:
     """The study page's "criterion in use" line, as its owner sees it (text, no tags)."""
     import re
 
-    from fastapi.testclient import TestClient
-
     from app.auth import set_password
-    from app.main import create_app
-    from app.settings import load_settings
     from app.tables import Researcher
 
     with live.session() as db:
         owner = db.exec(select(Researcher).where(Researcher.email == "owner@example.org")).one()
         set_password(owner, "a long enough password 1", session=db)
         slug = _study(db, live.study_id).slug
-    settings = load_settings(database_url=live.url, env="dev")
-    with TestClient(create_app(settings), base_url="http://localhost") as client:
-        client.get("/admin/login")
-        r = client.post(
-            "/admin/login",
-            data={
-                "email": "owner@example.org",
-                "password": "a long enough password 1",
-                "csrf_token": client.cookies.get("priorly_csrf"),
-            },
-            follow_redirects=False,
-        )
-        assert r.status_code == 303, r.text
-        page = client.get(f"/admin/studies/{slug}")
-    assert page.status_code == 200
-    found = re.search(r'id="criterion-status">(.*?)</p>', page.text, re.S)
+    page = admin_study_page(live.url, slug, "owner@example.org", "a long enough password 1")
+    found = re.search(r'id="criterion-status">(.*?)</p>', page, re.S)
     assert found is not None, "no criterion status on the study page"
     return " ".join(re.sub(r"<[^>]+>", "", found.group(1)).split())
 
