@@ -193,7 +193,10 @@ class ExpectedInformationGain(SelectionCriterion):
     the answer to ``x`` (METHODS.md section 1, "Algorithm 2"; the subtraction of a
     constant does not change the argmax but makes the score a gain in nats, >= 0 for a
     coherent Bayesian model, usable by a stopping threshold). Computed from
-    ``model.lookahead`` / ``model.lookahead_batch`` only.
+    ``model.lookahead`` / ``model.lookahead_batch``, or for one respondent from
+    ``model.target_entropy_lookahead(state, candidates, targets) -> (H_now, E [C])`` when
+    the model has it (the same two quantities without materialising ``p_t``; see
+    :meth:`models.persona.PersonaMixture.target_entropy_lookahead`).
     """
 
     name = "eig"
@@ -207,6 +210,10 @@ class ExpectedInformationGain(SelectionCriterion):
         _check_targets(self.name, tgt)
         if not cand:
             return torch.zeros(0, dtype=DTYPE)
+        compact = getattr(model, "target_entropy_lookahead", None)
+        if compact is not None:  # the same numbers without the [C, O, T, O] padding
+            now, expected = compact(state, cand, tgt)
+            return (now - expected).to(DTYPE)
         p_x, p_t = model.lookahead(state, cand, tgt)
         now = mean_target_entropy(model.predict(state, tgt))
         return (now - expected_target_entropy(p_x, p_t)).to(DTYPE)

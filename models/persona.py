@@ -428,6 +428,95 @@ class PersonaMixture(BeliefModel):
         p_x, p_t = self._lookahead_core(w, cand, tgt)
         return p_x[0], p_t[0]
 
+    def target_entropy_lookahead(
+        self,
+        state: PersonaState,
+        candidates: Sequence[int] | Tensor,
+        targets: Sequence[int] | Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """``(H_now, E [C])``: what ``eig`` needs from :meth:`lookahead`, without padding.
+
+        ``H_now = (1/T) Σ_t H(p(Y_t | h))`` and
+        ``E[c] = Σ_k p_x[c, k] (1/T) Σ_t H(p_t[c, k, t, :])``, the same numbers as
+        ``mean_target_entropy(predict(state, targets))`` and
+        ``expected_target_entropy(*lookahead(state, candidates, targets))`` (up to
+        floating-point rounding), computed on the valid (item, option) columns only.
+
+        Why: :meth:`lookahead` returns ``[C, O, T, O]`` padded to the bank's largest
+        option count ``O``. One 16-option attribute makes that 64 times the real work for
+        two-option questions (the CES demo: a 320 x 80 block of which 40 x 10 is real),
+        and the padding, not the product, was most of a live step's time. Here:
+
+            A = [μ[:, valid target columns] | 1]          [K, V_t + 1]   (cached per targets)
+            R = (A^T ⊙ w) @ L[:, valid candidate columns]   [V_t + 1, V_c]
+            den = R[V_t],  cond = R[:V_t] / den
+            h[j] = -(1/T) Σ_rows xlogy(cond, cond)[:, j]   (the sum over a target's
+                   options and the mean over targets are one column sum)
+            E = segment_sum_over_candidates(p_x ⊙ h),  p_x = den (μ when the floor is active)
+
+        Persona dictionaries whose target rows group well (:meth:`_target_groups`) keep
+        the grouped :meth:`lookahead`, which is cheaper for them.
+        """
+        self._check_state(state)
+        cand = self._items(candidates) if len(candidates) else torch.zeros(0, dtype=torch.long)
+        tgt = self._items(targets) if len(targets) else torch.zeros(0, dtype=torch.long)
+        c_n, t_n = int(cand.numel()), int(tgt.numel())
+        if t_n == 0:
+            raise ModelError("target_entropy_lookahead needs at least one target item")
+        if c_n == 0:
+            h_now = -torch.special.xlogy(p := self.predict(state, tgt), p).sum() / t_n
+            return h_now, torch.zeros(0, dtype=DTYPE)
+        if self._target_groups(tgt).order is not None:
+            p_x, p_t = self.lookahead(state, cand, tgt)
+            p_now = self.predict(state, tgt)
+            h_now = -torch.special.xlogy(p_now, p_now).sum() / t_n
+            h = -torch.special.xlogy(p_t, p_t).sum((-1, -2)) / t_n  # [C, O]
+            return h_now, (p_x * h).sum(-1)
+        a_t = self._target_table(tgt)  # [V_t + 1, K]
+        v_cols, seg = self._valid_columns(cand)
+        w = state.log_post.exp()  # [K]
+        r = (a_t * w) @ self._lik_flat[:, v_cols]  # [V_t + 1, V_c]
+        den = r[-1]
+        cond = r[:-1] / torch.where(den > 0, den, torch.ones((), dtype=DTYPE))
+        h = -torch.special.xlogy(cond, cond).sum(0) / t_n  # [V_c]
+        p_x = w @ self._mu_flat[:, v_cols] if self._floor_active else den
+        expected = torch.zeros(c_n, dtype=DTYPE).index_add_(0, seg, p_x * h)
+        p_now = a_t[:-1] @ w  # [V_t]
+        return -torch.special.xlogy(p_now, p_now).sum() / t_n, expected
+
+    def _target_table(self, tgt: Tensor) -> Tensor:
+        """``[V_t + 1, K]``: ``μ`` of the targets' valid options, then a row of ones
+        (cached per target tuple; see :meth:`target_entropy_lookahead`)."""
+        key = ("targets",) + tuple(tgt.tolist())
+        cache = self.__dict__.setdefault("_compact_cache", {})
+        hit = cache.get(key)
+        if hit is None:
+            cols, _ = self._valid_columns(tgt)
+            hit = torch.cat(
+                [self._mu_flat[:, cols].T, torch.ones(1, self.n_personas, dtype=DTYPE)]
+            ).contiguous()
+            if len(cache) >= 16:
+                cache.clear()
+            cache[key] = hit
+        return hit
+
+    def _valid_columns(self, items: Tensor) -> tuple[Tensor, Tensor]:
+        """``(columns [V], position [V])``: the flat ``[., I*O]`` columns of each item's
+        valid options, and the index in ``items`` each column belongs to."""
+        per_item = self.__dict__.get("_item_columns")
+        if per_item is None:
+            o_n = self.item_bank.max_options
+            per_item = [
+                [i * o_n + k for k in range(int(n))] for i, n in enumerate(self._n_opt.tolist())
+            ]
+            self.__dict__["_item_columns"] = per_item
+        cols: list[int] = []
+        pos: list[int] = []
+        for p, i in enumerate(items.tolist()):
+            cols.extend(per_item[i])
+            pos.extend([p] * len(per_item[i]))
+        return torch.tensor(cols, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
+
     def _target_groups(self, tgt: Tensor) -> _Groups:
         """Personas that share the same target distributions, for a cheaper lookahead.
 

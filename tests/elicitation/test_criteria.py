@@ -71,6 +71,18 @@ def brute_force_eig(
     return h_now - expected
 
 
+class _WithoutCompactLookahead:
+    """A model seen without ``target_entropy_lookahead`` (criteria then use ``lookahead``)."""
+
+    def __init__(self, model: PersonaMixture) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> object:
+        if name == "target_entropy_lookahead":
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_eig_equals_enumeration(seed: int) -> None:
     model = random_mixture((2, 3, 2, 4, 3, 2), k=5, seed=seed)
@@ -83,6 +95,9 @@ def test_eig_equals_enumeration(seed: int) -> None:
     want = torch.tensor([brute_force_eig(model, answers, x, targets) for x in cands], dtype=DTYPE)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
     assert bool((got > 0).all())
+    # the same model without its compact single-respondent form: lookahead + predict
+    generic = crit.score(_WithoutCompactLookahead(model), state, cands, targets)
+    torch.testing.assert_close(generic, want, rtol=1e-9, atol=1e-12)
     # batched form: two respondents with different histories
     obs = torch.full((2, 6), -1, dtype=torch.long)
     obs[0, 1] = 2

@@ -335,3 +335,66 @@ def test_to_batch_and_branch_batch_equal_single_updates() -> None:
     torch.testing.assert_close(br.log_post[3], batch.log_post[1], rtol=0, atol=0)  # -1: no update
     with pytest.raises(ModelError, match="already has an answer"):
         m.branch_batch(batch, torch.tensor([0]), torch.tensor([2]), torch.tensor([0]))
+
+
+def _enumerated_target_entropies(
+    m: PersonaMixture, state: PersonaState, cands: list[int], targets: list[int]
+) -> tuple[float, list[float]]:
+    """``(H_now, E[c])`` by updating the state with every answer of every candidate."""
+
+    def mean_h(p: torch.Tensor) -> float:
+        return float(-torch.special.xlogy(p, p).sum(-1).mean())
+
+    now = mean_h(m.predict(state, targets))
+    p_x = m.predict(state, cands)
+    expected = []
+    for ci, x in enumerate(cands):
+        e = 0.0
+        for k in range(m.item_bank.n_options[x]):
+            e += float(p_x[ci, k]) * mean_h(m.predict(m.update(state, x, k), targets))
+        expected.append(e)
+    return now, expected
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_target_entropy_lookahead_equals_enumeration(seed: int) -> None:
+    # Mixed option counts (2..6): the padded lookahead carries 6 x 6 blocks per pair.
+    m = random_mixture((2, 6, 3, 2, 4, 2), 9, seed)
+    assert m._target_groups(torch.tensor([3, 5])).order is None  # the compact path
+    state = m.update(m.initial_state({1: 4}), 2, 1)
+    for cands, targets in (([0, 4], [3, 5]), ([4, 0], [5]), ([0], [3, 4, 5])):
+        now, expected = m.target_entropy_lookahead(state, cands, targets)
+        want_now, want = _enumerated_target_entropies(m, state, cands, targets)
+        assert expected.shape == (len(cands),)
+        assert float(now) == pytest.approx(want_now, rel=1e-12, abs=1e-14)
+        assert expected.tolist() == pytest.approx(want, rel=1e-12, abs=1e-14)
+
+
+def test_target_entropy_lookahead_with_active_floor_and_grouped_targets() -> None:
+    # A zero probability below the floor: updates use max(mu, floor), p_x uses mu itself.
+    bank = ItemBank(("a", "b", "c"), (3, 2, 2))
+    mu = torch.zeros(3, 3, 3, dtype=DTYPE)
+    mu[:, 0, :3] = torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5], [0.6, 0.4, 0.0]], dtype=DTYPE)
+    mu[:, 1, :2] = torch.tensor([[0.9, 0.1], [0.3, 0.7], [0.5, 0.5]], dtype=DTYPE)
+    mu[:, 2, :2] = torch.tensor([[0.2, 0.8], [0.6, 0.4], [0.7, 0.3]], dtype=DTYPE)
+    m = PersonaMixture(bank, mu, torch.tensor([0.1, -0.4, 0.3], dtype=DTYPE), floor=0.01)
+    assert m._floor_active
+    state = m.initial_state()
+    now, expected = m.target_entropy_lookahead(state, [0, 1], [2])
+    want_now, want = _enumerated_target_entropies(m, state, [0, 1], [2])
+    assert float(now) == pytest.approx(want_now, rel=1e-12)
+    assert expected.tolist() == pytest.approx(want, rel=1e-12)
+    # Personas sharing their target rows: the grouped lookahead serves, same numbers.
+    g = deterministic_mixture()
+    assert g._target_groups(torch.tensor([4, 5])).order is not None
+    gs = g.update(g.initial_state({0: 2}), 1, 0)
+    now, expected = g.target_entropy_lookahead(gs, [2, 3], [4, 5])
+    want_now, want = _enumerated_target_entropies(g, gs, [2, 3], [4, 5])
+    assert float(now) == pytest.approx(want_now, rel=1e-12)
+    assert expected.tolist() == pytest.approx(want, rel=1e-12)
+    # No candidates left: only the current entropy.
+    now, expected = m.target_entropy_lookahead(state, [], [2])
+    want_now, _ = _enumerated_target_entropies(m, state, [0], [2])
+    assert expected.shape == (0,) and float(now) == pytest.approx(want_now, rel=1e-12)
+    with pytest.raises(ModelError, match="at least one target"):
+        m.target_entropy_lookahead(state, [0], [])
