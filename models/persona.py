@@ -473,49 +473,61 @@ class PersonaMixture(BeliefModel):
             h = -torch.special.xlogy(p_t, p_t).sum((-1, -2)) / t_n  # [C, O]
             return h_now, (p_x * h).sum(-1)
         a_t = self._target_table(tgt)  # [V_t + 1, K]
-        v_cols, seg = self._valid_columns(cand)
+        lik_vt, mu_vt = self._valid_tables()
+        rows, seg = self._valid_rows(cand)
         w = state.log_post.exp()  # [K]
-        r = (a_t * w) @ self._lik_flat[:, v_cols]  # [V_t + 1, V_c]
+        r = (a_t * w) @ lik_vt[rows].T  # [V_t + 1, V_c]
         den = r[-1]
         cond = r[:-1] / torch.where(den > 0, den, torch.ones((), dtype=DTYPE))
         h = -torch.special.xlogy(cond, cond).sum(0) / t_n  # [V_c]
-        p_x = w @ self._mu_flat[:, v_cols] if self._floor_active else den
+        p_x = mu_vt[rows] @ w if self._floor_active else den
         expected = torch.zeros(c_n, dtype=DTYPE).index_add_(0, seg, p_x * h)
         p_now = a_t[:-1] @ w  # [V_t]
         return -torch.special.xlogy(p_now, p_now).sum() / t_n, expected
 
+    def _valid_tables(self) -> tuple[Tensor, Tensor]:
+        """``(L^T, μ^T)`` restricted to valid (item, option) rows, ``[V, K]`` contiguous
+        (``V = Σ_i O_i``), built once per model: one row per option, so gathering a
+        candidate's options copies contiguous ``K``-vectors instead of striding through
+        the padded ``[K, I*O]`` table (whose cache misses dominated a live step)."""
+        hit = self.__dict__.get("_valid_t")
+        if hit is None:
+            flat = self._valid.reshape(-1).nonzero().flatten()
+            lik_vt = self._lik_flat[:, flat].T.contiguous()
+            mu_vt = self._mu_flat[:, flat].T.contiguous() if self._floor_active else lik_vt
+            starts = [0]
+            for n in self._n_opt.tolist():
+                starts.append(starts[-1] + int(n))
+            hit = (lik_vt, mu_vt, starts)
+            self.__dict__["_valid_t"] = hit
+        return hit[0], hit[1]
+
     def _target_table(self, tgt: Tensor) -> Tensor:
         """``[V_t + 1, K]``: ``μ`` of the targets' valid options, then a row of ones
         (cached per target tuple; see :meth:`target_entropy_lookahead`)."""
-        key = ("targets",) + tuple(tgt.tolist())
-        cache = self.__dict__.setdefault("_compact_cache", {})
+        key = tuple(tgt.tolist())
+        cache = self.__dict__.setdefault("_target_tables", {})
         hit = cache.get(key)
         if hit is None:
-            cols, _ = self._valid_columns(tgt)
-            hit = torch.cat(
-                [self._mu_flat[:, cols].T, torch.ones(1, self.n_personas, dtype=DTYPE)]
-            ).contiguous()
+            mu_vt = self._valid_tables()[1]
+            rows, _ = self._valid_rows(tgt)
+            hit = torch.cat([mu_vt[rows], torch.ones(1, self.n_personas, dtype=DTYPE)])
             if len(cache) >= 16:
                 cache.clear()
-            cache[key] = hit
+            cache[key] = hit.contiguous()
         return hit
 
-    def _valid_columns(self, items: Tensor) -> tuple[Tensor, Tensor]:
-        """``(columns [V], position [V])``: the flat ``[., I*O]`` columns of each item's
-        valid options, and the index in ``items`` each column belongs to."""
-        per_item = self.__dict__.get("_item_columns")
-        if per_item is None:
-            o_n = self.item_bank.max_options
-            per_item = [
-                [i * o_n + k for k in range(int(n))] for i, n in enumerate(self._n_opt.tolist())
-            ]
-            self.__dict__["_item_columns"] = per_item
-        cols: list[int] = []
+    def _valid_rows(self, items: Tensor) -> tuple[Tensor, Tensor]:
+        """``(rows [V], position [V])``: the rows of :meth:`_valid_tables` that hold each
+        item's options, and the index in ``items`` each row belongs to."""
+        self._valid_tables()
+        starts = self.__dict__["_valid_t"][2]
+        rows: list[int] = []
         pos: list[int] = []
         for p, i in enumerate(items.tolist()):
-            cols.extend(per_item[i])
-            pos.extend([p] * len(per_item[i]))
-        return torch.tensor(cols, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
+            rows.extend(range(starts[i], starts[i + 1]))
+            pos.extend([p] * (starts[i + 1] - starts[i]))
+        return torch.tensor(rows, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
 
     def _target_groups(self, tgt: Tensor) -> _Groups:
         """Personas that share the same target distributions, for a cheaper lookahead.
