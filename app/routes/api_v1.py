@@ -564,9 +564,8 @@ async def post_answer(
     db = getattr(request.app.state, "answers_db", None)
     credential = _bearer(authorization)
     if db is not None and not credential.startswith(KEY_PREFIX):
-        snap = _token_snapshot(
-            await answer_async.read_session_by_token(db, credential), session_id
-        )
+        read = await answer_async.read_session_and_history(db, credential)
+        snap = _token_snapshot(None if read is None else read[0], session_id)
         view = await answer_async.submit_answer(
             db,
             snap,
@@ -574,6 +573,7 @@ async def post_answer(
             option=body.option,
             idempotency_key=body.idempotency_key,
             engine=engine,
+            history=None if read is None else read[1],
         )
     else:
         view = await run_in_threadpool(_post_answer_sync, session_id, body, engine, authorization)

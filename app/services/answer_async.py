@@ -264,6 +264,26 @@ async def read_session_by_token(db: AsyncAnswerDatabase, token: str) -> svc.Sess
     return None if row is None else svc._snapshot_of(row)
 
 
+async def read_session_and_history(
+    db: AsyncAnswerDatabase, token: str
+) -> tuple[svc.SessionSnapshot, list[Any]] | None:
+    """:func:`read_session_by_token` and the session's :data:`~app.services.sessions.HISTORY`
+    rows at its ``state_version``, in one statement
+    (:data:`~app.services.sessions.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN`); ``None`` for an
+    unknown token."""
+    if not token or len(token) > 200:
+        return None
+    row = await db.fetchone(
+        svc.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN, {"token_hash": svc.hash_token(token)}
+    )
+    if row is None:
+        return None
+    history = row[11]
+    if isinstance(history, str | bytes):
+        history = json.loads(history)
+    return svc._snapshot_of(row), list(history or [])
+
+
 async def submit_answer(
     db: AsyncAnswerDatabase,
     snap: svc.SessionSnapshot,
@@ -272,9 +292,12 @@ async def submit_answer(
     option: str | None,
     idempotency_key: str | None,
     engine: Engine,
+    history: list[Any] | None = None,
 ) -> svc.SessionView:
     """:func:`app.services.sessions.submit_answer` for the session ``snap`` (read by the
     caller's authorization): the fast path here, everything else in the thread pool.
+    ``history``: the session's HISTORY rows at ``snap.state_version`` when the caller
+    read them with the snapshot (:func:`read_session_and_history`); else they are read.
 
     Raises: what :func:`app.services.sessions.submit_answer` raises.
     """
@@ -286,7 +309,10 @@ async def submit_answer(
     if rt is not None:
         item = svc.answered_item(rt, item_key, option)
         if svc.fast_snapshot_usable(rt, snap):
-            history = await db.fetchall(svc.HISTORY, {"sid": snap.id, "pos": snap.state_version})
+            if history is None:
+                history = await db.fetchall(
+                    svc.HISTORY, {"sid": snap.id, "pos": snap.state_version}
+                )
             step = svc.fast_step(rt, snap, item, option, idempotency_key, history, _PG)
             if step is not None and await _write(db, step):
                 STATS["fast"] += 1

@@ -1313,6 +1313,25 @@ HISTORY = """
     FROM selection_decision WHERE session_id = :sid AND position = :pos
     ORDER BY 1, 2
 """
+# PostgreSQL: the snapshot by token and the rows of :data:`HISTORY` at the snapshot's
+# ``state_version`` in one round trip (column 11: a JSON array of ``[kind, n, item_id,
+# option, idempotency_key]``, ``null`` without rows). The answer call's two reads were two
+# statements; each costs the worker a few hundred microseconds of driver and event-loop
+# work, which at 200 answers/s on 2 cores is queueing (docs/reliability.md).
+PG_SNAPSHOT_AND_HISTORY_BY_TOKEN = """
+    SELECT s.id, s.study_id, s.respondent_id, s.token_hash, s.status, s.state,
+           s.state_version, st.slug, st.status, st.settings, st.owner_id,
+           (SELECT json_agg(json_build_array(h.kind, h.n, h.item_id, h.option,
+                                             h.idempotency_key) ORDER BY h.kind, h.n)
+            FROM (SELECT 0 AS kind, a.id AS n, a.item_id, a.option, a.idempotency_key
+                  FROM answer a WHERE a.session_id = s.id
+                  UNION ALL
+                  SELECT 1, d.position, d.item_id, NULL, NULL
+                  FROM selection_decision d
+                  WHERE d.session_id = s.id AND d.position = s.state_version) h)
+    FROM elicitation_session s JOIN study st ON st.id = s.study_id
+    WHERE s.token_hash = :token_hash
+"""
 _UPDATE_IF_UNCHANGED = """
     UPDATE elicitation_session
     SET state = :state, state_version = :v1, status = :new_status,

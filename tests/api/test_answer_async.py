@@ -94,6 +94,28 @@ def test_questionnaire_runs_in_the_event_loop(client: Any, live: LiveStudy) -> N
     _check_stored(live, body["session_id"], n)
 
 
+def test_snapshot_and_history_read_in_one_statement(client: Any, live: LiveStudy) -> None:
+    """The answer call's one read returns what the two reads it replaced return: the
+    session snapshot and the HISTORY rows (answers in order, the pending decision)."""
+    body = _create(client, live)
+    for n, key in enumerate(("first", "second")):
+        r = _answer(client, body, body["question"]["options"][n % 2]["letter"], key)
+        assert r.status_code == 200, r.text
+        body = {**body, **r.json()}
+    db = client.app.state.answers_db
+    merged = client.portal.call(answer_async.read_session_and_history, db, body["token"])
+    snap = client.portal.call(answer_async.read_session_by_token, db, body["token"])
+    history = client.portal.call(
+        db.fetchall, svc.HISTORY, {"sid": snap.id, "pos": snap.state_version}
+    )
+    assert merged is not None and merged[0] == snap
+    assert [tuple(r) for r in merged[1]] == [tuple(r) for r in history]
+    assert [r[0] for r in history] == [0, 0, 1]  # two answers, then the pending decision
+    assert [r[4] for r in history[:2]] == ["first", "second"]
+    assert history[2][2] is not None and history[2][2] not in {r[2] for r in history[:2]}
+    assert client.portal.call(answer_async.read_session_and_history, db, "no-such") is None
+
+
 def test_retry_is_answered_by_the_sync_path(client: Any, live: LiveStudy) -> None:
     body = _create(client, live)
     option = body["question"]["options"][0]["letter"]
