@@ -399,7 +399,14 @@ class PersonaMixture(BeliefModel):
         self._check_state(state)
         idx = self._items(items)
         w = state.log_post.exp()
-        return self._mu_t[idx] @ w
+        if idx.numel() * 4 > self.item_bank.n_items:
+            return self._mu_t[idx] @ w
+        # A few items (a live step's targets): gather their valid option rows only; the
+        # padded [n, O, K] gather copied up to O/O_i times more than it used.
+        rows, pos = self._valid_rows(idx)
+        out = torch.zeros(idx.numel() * self.item_bank.max_options, dtype=DTYPE)
+        out[self._padded_slots(idx)] = self._valid_tables()[1][rows] @ w
+        return out.reshape(idx.numel(), self.item_bank.max_options)
 
     def lookahead(
         self,
@@ -516,6 +523,15 @@ class PersonaMixture(BeliefModel):
                 cache.clear()
             cache[key] = hit.contiguous()
         return hit
+
+    def _padded_slots(self, items: Tensor) -> Tensor:
+        """``[V]``: where each valid option of ``items`` sits in a flat ``[n, O]`` block."""
+        o_n = self.item_bank.max_options
+        n_opt = self._n_opt.tolist()
+        return torch.tensor(
+            [p * o_n + k for p, i in enumerate(items.tolist()) for k in range(n_opt[i])],
+            dtype=torch.long,
+        )
 
     def _valid_rows(self, items: Tensor) -> tuple[Tensor, Tensor]:
         """``(rows [V], position [V])``: the rows of :meth:`_valid_tables` that hold each
