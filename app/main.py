@@ -20,7 +20,7 @@ from app.errors import PriorlyError
 from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware
 from app.middleware import install_log_redaction
-from app.ratelimit import ApiRateLimitMiddleware
+from app.ratelimit import ApiRateLimitMiddleware, RedisCounter
 from app.routes import admin, api_v1, health, pages, respondent
 from app.services import answer_async
 from app.settings import Settings, get_settings
@@ -40,6 +40,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             answers_db = answer_async.AsyncAnswerDatabase(engine)
             await answers_db.open()
         app.state.answers_db = answers_db
+        # The API limiter's counters go to Redis when the deployment has one.
+        app.state.limiter_redis = RedisCounter(settings.redis_url) if settings.redis_url else None
         # Import the model families before serving. Otherwise the first requests of a cold
         # worker pay this import (seconds) while holding pooled connections, and a burst of
         # clients times out on the pool with 500s (tests/reliability, docs/reliability.md).
@@ -51,6 +53,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if answers_db is not None:
                 await answers_db.close()
+            if app.state.limiter_redis is not None:
+                await app.state.limiter_redis.close()
             engine.dispose()
 
     app = FastAPI(title="priorly", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
@@ -69,7 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     admin.install(app)  # the admin UI (after the handlers: its error pages wrap them)
     install_log_redaction()  # tokens in resume/invitation/member-link paths stay out of logs
-    # Per-credential limit on /api/v1 calls (429), counters in the database.
+    # Per-credential limit on /api/v1 calls (429), counters in Redis or the database.
     app.add_middleware(
         ApiRateLimitMiddleware,
         key_limit=settings.api_rate_limit_per_minute,

@@ -50,6 +50,7 @@ class Settings(BaseSettings):
         redis_url: the job queue's Redis (``PRIORLY_REDIS_URL``) when workers run on
             several machines; unset: a SQLite queue file (``queue_path``, default
             ``priorly-queue.db`` next to a SQLite database, else in the working directory).
+            When set, the API rate limiter's counters live there too (app/ratelimit.py).
         job_stale_after_s: a running job whose worker sent no heartbeat for this long is
             retried by another worker.
         max_body_bytes: the largest request body accepted (JSON API, forms); larger ones

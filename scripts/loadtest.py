@@ -328,20 +328,34 @@ def _postgres_backends(database: str) -> list[int]:
     return out
 
 
+def _redis_servers() -> list[int]:
+    """``redis-server`` processes (their CPU is the rate limiter's when ``--redis-url``)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as fh:
+                title = fh.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        if title.startswith("redis-server") or "/redis-server" in title.split("\0", 1)[0]:
+            out.append(int(d))
+    return out
+
+
 class ResourceSampler:
     """Samples, once a second, the CPU seconds of the app workers, of PostgreSQL's backends
     for the test database and of the load generator, and the workers' resident memory."""
 
-    def __init__(self, server_pid: int, database: str | None) -> None:
+    def __init__(self, server_pid: int, database: str | None, redis: bool = False) -> None:
         self.server_pid = server_pid
         self.database = database
+        self.redis = redis
         self.generator_pid: int | None = None
-        self.cpu: dict[str, dict[int, float]] = {"workers": {}, "postgres": {}, "generator": {}}
-        self.start_cpu: dict[str, dict[int, float]] = {
-            "workers": {},
-            "postgres": {},
-            "generator": {},
-        }
+        groups = ["workers", "postgres", "generator"] + (["redis"] if redis else [])
+        self.cpu: dict[str, dict[int, float]] = {g: {} for g in groups}
+        self.start_cpu: dict[str, dict[int, float]] = {g: {} for g in groups}
         self.rss_max: dict[int, float] = {}
         self.rss_last: dict[int, float] = {}
         self._stop = False
@@ -357,6 +371,7 @@ class ResourceSampler:
             "generator": [self.generator_pid, *_children(self.generator_pid)]
             if self.generator_pid
             else [],
+            **({"redis": _redis_servers()} if self.redis else {}),
         }
 
     def sample(self) -> None:
@@ -538,12 +553,20 @@ def main() -> int:
         "so that timing runs on a shared machine do not overlap",
     )
     parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="serve with PRIORLY_REDIS_URL set to this (the API rate limiter then counts in "
+        "Redis, as in a several-machine deployment); its CPU is reported as 'redis'",
+    )
+    parser.add_argument(
         "--probe",
         action="store_true",
         help="measure inside the server too (scripts/loadtest_probe.py): server-side latency "
         "of the answer call, event-loop lag, GC pauses, answers served in the event loop",
     )
     args = parser.parse_args()
+    if args.redis_url:
+        os.environ["PRIORLY_REDIS_URL"] = args.redis_url  # inherited by uvicorn's workers
     args.out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
     for backend in args.backends.split(","):
@@ -565,7 +588,7 @@ def main() -> int:
             warm_up(base, slug, key, args.workers)
             raw = args.out / f"{backend}-raw.json"
             database = make_url(url).database if backend != "sqlite" else None
-            sampler = ResourceSampler(proc.pid, database)
+            sampler = ResourceSampler(proc.pid, database, redis=bool(args.redis_url))
             load_before = os.getloadavg()
             sampler.start()
             gen = run_locust(
@@ -599,6 +622,7 @@ def main() -> int:
                 "finished_users": results["finished_users"],
                 "users": args.users,
                 "workers": args.workers,
+                "redis_url": args.redis_url,
                 "think_time_s": args.think_time,
                 "duration_s": args.duration,
                 "answer_window_s": results["answer_window_s"],
