@@ -312,8 +312,8 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _postgres_backends(database: str) -> list[int]:
-    """PostgreSQL backend processes connected to ``database`` (by their process title)."""
+def _processes(matches: Any) -> list[int]:
+    """Processes whose command line (``\0``-separated, as in /proc) ``matches(title)``."""
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -323,25 +323,19 @@ def _postgres_backends(database: str) -> list[int]:
                 title = fh.read().decode("utf-8", "replace")
         except OSError:
             continue
-        if title.startswith("postgres: ") and f" {database} " in title:
+        if matches(title):
             out.append(int(d))
     return out
+
+
+def _postgres_backends(database: str) -> list[int]:
+    """PostgreSQL backend processes connected to ``database`` (by their process title)."""
+    return _processes(lambda t: t.startswith("postgres: ") and f" {database} " in t)
 
 
 def _redis_servers() -> list[int]:
     """``redis-server`` processes (their CPU is the rate limiter's when ``--redis-url``)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as fh:
-                title = fh.read().decode("utf-8", "replace")
-        except OSError:
-            continue
-        if title.startswith("redis-server") or "/redis-server" in title.split("\0", 1)[0]:
-            out.append(int(d))
-    return out
+    return _processes(lambda t: t.split("\0", 1)[0].split("/")[-1].startswith("redis-server"))
 
 
 class ResourceSampler:
