@@ -403,9 +403,9 @@ class PersonaMixture(BeliefModel):
             return self._mu_t[idx] @ w
         # A few items (a live step's targets): gather their valid option rows only; the
         # padded [n, O, K] gather copied up to O/O_i times more than it used.
-        rows, pos = self._valid_rows(idx)
+        rows, _, slots = self._valid_rows(idx)
         out = torch.zeros(idx.numel() * self.item_bank.max_options, dtype=DTYPE)
-        out[self._padded_slots(idx)] = self._valid_tables()[1][rows] @ w
+        out[slots] = self._valid_tables()[1][rows] @ w
         return out.reshape(idx.numel(), self.item_bank.max_options)
 
     def lookahead(
@@ -480,8 +480,8 @@ class PersonaMixture(BeliefModel):
             h = -torch.special.xlogy(p_t, p_t).sum((-1, -2)) / t_n  # [C, O]
             return h_now, (p_x * h).sum(-1)
         a_t = self._target_table(tgt)  # [V_t + 1, K]
-        lik_vt, mu_vt = self._valid_tables()
-        rows, seg = self._valid_rows(cand)
+        lik_vt, mu_vt, _ = self._valid_tables()
+        rows, seg, _ = self._valid_rows(cand)
         w = state.log_post.exp()  # [K]
         r = (a_t * w) @ lik_vt[rows].T  # [V_t + 1, V_c]
         den = r[-1]
@@ -492,11 +492,12 @@ class PersonaMixture(BeliefModel):
         p_now = a_t[:-1] @ w  # [V_t]
         return -torch.special.xlogy(p_now, p_now).sum() / t_n, expected
 
-    def _valid_tables(self) -> tuple[Tensor, Tensor]:
-        """``(L^T, μ^T)`` restricted to valid (item, option) rows, ``[V, K]`` contiguous
-        (``V = Σ_i O_i``), built once per model: one row per option, so gathering a
-        candidate's options copies contiguous ``K``-vectors instead of striding through
-        the padded ``[K, I*O]`` table (whose cache misses dominated a live step)."""
+    def _valid_tables(self) -> tuple[Tensor, Tensor, list[int]]:
+        """``(L^T, μ^T, starts)``: the tables restricted to valid (item, option) rows,
+        ``[V, K]`` contiguous (``V = Σ_i O_i``; item ``i``'s options are rows
+        ``starts[i] .. starts[i + 1] - 1``), built once per model: one row per option, so
+        gathering a candidate's options copies contiguous ``K``-vectors instead of striding
+        through the padded ``[K, I*O]`` table (whose cache misses dominated a live step)."""
         hit = self.__dict__.get("_valid_t")
         if hit is None:
             flat = self._valid.reshape(-1).nonzero().flatten()
@@ -507,7 +508,7 @@ class PersonaMixture(BeliefModel):
                 starts.append(starts[-1] + int(n))
             hit = (lik_vt, mu_vt, starts)
             self.__dict__["_valid_t"] = hit
-        return hit[0], hit[1]
+        return hit  # type: ignore[no-any-return]
 
     def _target_table(self, tgt: Tensor) -> Tensor:
         """``[V_t + 1, K]``: ``μ`` of the targets' valid options, then a row of ones
@@ -517,33 +518,32 @@ class PersonaMixture(BeliefModel):
         hit = cache.get(key)
         if hit is None:
             mu_vt = self._valid_tables()[1]
-            rows, _ = self._valid_rows(tgt)
+            rows, _, _ = self._valid_rows(tgt)
             hit = torch.cat([mu_vt[rows], torch.ones(1, self.n_personas, dtype=DTYPE)])
             if len(cache) >= 16:
                 cache.clear()
             cache[key] = hit.contiguous()
         return hit
 
-    def _padded_slots(self, items: Tensor) -> Tensor:
-        """``[V]``: where each valid option of ``items`` sits in a flat ``[n, O]`` block."""
+    def _valid_rows(self, items: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(rows, position, slot)``, each ``[V]``: the rows of :meth:`_valid_tables` that
+        hold each item's options, the index in ``items`` each row belongs to, and where
+        that option sits in a flat padded ``[len(items), O]`` block."""
+        starts = self._valid_tables()[2]
         o_n = self.item_bank.max_options
-        n_opt = self._n_opt.tolist()
-        return torch.tensor(
-            [p * o_n + k for p, i in enumerate(items.tolist()) for k in range(n_opt[i])],
-            dtype=torch.long,
-        )
-
-    def _valid_rows(self, items: Tensor) -> tuple[Tensor, Tensor]:
-        """``(rows [V], position [V])``: the rows of :meth:`_valid_tables` that hold each
-        item's options, and the index in ``items`` each row belongs to."""
-        self._valid_tables()
-        starts = self.__dict__["_valid_t"][2]
         rows: list[int] = []
         pos: list[int] = []
+        slots: list[int] = []
         for p, i in enumerate(items.tolist()):
+            n = starts[i + 1] - starts[i]
             rows.extend(range(starts[i], starts[i + 1]))
-            pos.extend([p] * (starts[i + 1] - starts[i]))
-        return torch.tensor(rows, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
+            pos.extend([p] * n)
+            slots.extend(range(p * o_n, p * o_n + n))
+        return (
+            torch.tensor(rows, dtype=torch.long),
+            torch.tensor(pos, dtype=torch.long),
+            torch.tensor(slots, dtype=torch.long),
+        )
 
     def _target_groups(self, tgt: Tensor) -> _Groups:
         """Personas that share the same target distributions, for a cheaper lookahead.

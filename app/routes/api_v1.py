@@ -566,6 +566,7 @@ async def post_answer(
     if db is not None and not credential.startswith(KEY_PREFIX):
         read = await answer_async.read_session_and_history(db, credential)
         snap = _token_snapshot(None if read is None else read[0], session_id)
+        assert read is not None  # _token_snapshot refused an unknown token
         view = await answer_async.submit_answer(
             db,
             snap,
@@ -573,7 +574,7 @@ async def post_answer(
             option=body.option,
             idempotency_key=body.idempotency_key,
             engine=engine,
-            history=None if read is None else read[1],
+            history=read[1],
         )
     else:
         view = await run_in_threadpool(_post_answer_sync, session_id, body, engine, authorization)

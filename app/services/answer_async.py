@@ -139,11 +139,6 @@ class AsyncAnswerDatabase:
             cur = await conn.execute(svc._sql(_PG, statement), params)
             return await cur.fetchone()
 
-    async def fetchall(self, statement: str, params: dict[str, Any]) -> list[Any]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(svc._sql(_PG, statement), params)
-            return await cur.fetchall()
-
     def limiter_connection(self) -> Any:
         """A connection of the limiter's pool (``async with``): the rate limiter's
         statements and their rules stay in :func:`app.ratelimit.hit_async`."""
@@ -256,19 +251,11 @@ def _start_sync(
     )
 
 
-async def read_session_by_token(db: AsyncAnswerDatabase, token: str) -> svc.SessionSnapshot | None:
-    """:func:`app.services.sessions.read_session_by_token` in the event loop."""
-    if not token or len(token) > 200:
-        return None
-    row = await db.fetchone(svc._SNAPSHOT_BY_TOKEN, {"token_hash": svc.hash_token(token)})
-    return None if row is None else svc._snapshot_of(row)
-
-
 async def read_session_and_history(
     db: AsyncAnswerDatabase, token: str
 ) -> tuple[svc.SessionSnapshot, list[Any]] | None:
-    """:func:`read_session_by_token` and the session's :data:`~app.services.sessions.HISTORY`
-    rows at its ``state_version``, in one statement
+    """:func:`app.services.sessions.read_session_by_token` and the session's
+    :data:`~app.services.sessions.HISTORY` rows at its ``state_version``, in one statement
     (:data:`~app.services.sessions.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN`); ``None`` for an
     unknown token."""
     if not token or len(token) > 200:
@@ -292,12 +279,12 @@ async def submit_answer(
     option: str | None,
     idempotency_key: str | None,
     engine: Engine,
-    history: list[Any] | None = None,
+    history: list[Any],
 ) -> svc.SessionView:
     """:func:`app.services.sessions.submit_answer` for the session ``snap`` (read by the
     caller's authorization): the fast path here, everything else in the thread pool.
-    ``history``: the session's HISTORY rows at ``snap.state_version`` when the caller
-    read them with the snapshot (:func:`read_session_and_history`); else they are read.
+    ``history``: the session's HISTORY rows at ``snap.state_version``, read with the
+    snapshot (:func:`read_session_and_history`).
 
     Raises: what :func:`app.services.sessions.submit_answer` raises.
     """
@@ -309,10 +296,6 @@ async def submit_answer(
     if rt is not None:
         item = svc.answered_item(rt, item_key, option)
         if svc.fast_snapshot_usable(rt, snap):
-            if history is None:
-                history = await db.fetchall(
-                    svc.HISTORY, {"sid": snap.id, "pos": snap.state_version}
-                )
             step = svc.fast_step(rt, snap, item, option, idempotency_key, history, _PG)
             if step is not None and await _write(db, step):
                 STATS["fast"] += 1

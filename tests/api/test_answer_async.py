@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from live_study import LiveStudy, app_client, ces_sample_study
+from sqlalchemy import text
 from sqlmodel import select
 
 from app.services import answer_async
@@ -104,10 +105,10 @@ def test_snapshot_and_history_read_in_one_statement(client: Any, live: LiveStudy
         body = {**body, **r.json()}
     db = client.app.state.answers_db
     merged = client.portal.call(answer_async.read_session_and_history, db, body["token"])
-    snap = client.portal.call(answer_async.read_session_by_token, db, body["token"])
-    history = client.portal.call(
-        db.fetchall, svc.HISTORY, {"sid": snap.id, "pos": snap.state_version}
-    )
+    snap = svc.read_session_by_token(body["token"], engine=live.engine)
+    assert snap is not None
+    with live.engine.connect() as conn:
+        history = conn.execute(text(svc.HISTORY), {"sid": snap.id, "pos": snap.state_version}).all()
     assert merged is not None and merged[0] == snap
     assert [tuple(r) for r in merged[1]] == [tuple(r) for r in history]
     assert [r[0] for r in history] == [0, 0, 1]  # two answers, then the pending decision

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 from conftest import REPO_ROOT
 from live_study import free_port, wait_healthy
 
@@ -27,6 +28,12 @@ class LiveServer:
     port: int
     pid: int
     log: Path
+
+    def api_get(self, credential: str, path: str = "/api/v1/sessions/1") -> httpx.Response:
+        """``GET path`` with ``Authorization: Bearer credential`` (rate-limit tests)."""
+        return httpx.get(
+            f"{self.base}{path}", headers={"Authorization": f"Bearer {credential}"}, timeout=60
+        )
 
     def rss_kib(self) -> int:
         """Resident memory of the server process (KiB, from /proc)."""

@@ -181,23 +181,16 @@ def test_api_rate_limit_per_credential_across_processes(servers: dict[str, objec
     key, other_key = servers["keys"]  # type: ignore[misc]
     assert isinstance(a, LiveServer) and isinstance(b, LiveServer)
 
-    def call(server: LiveServer, credential: str) -> httpx.Response:
-        return httpx.get(
-            f"{server.base}/api/v1/sessions/1",
-            headers={"Authorization": f"Bearer {credential}"},
-            timeout=60,
-        )
-
-    statuses = [call(server, key).status_code for server in (a, b, a, b, a)]
+    statuses = [server.api_get(key).status_code for server in (a, b, a, b, a)]
     assert statuses == [404] * API_LIMIT  # allowed (no session 1), counted on both
-    refused = call(b, key)
+    refused = b.api_get(key)
     assert refused.status_code == 429
     assert refused.json()["code"] == "rate_limited"
     assert 0 < int(refused.headers["retry-after"]) <= 60
-    assert call(a, other_key).status_code == 404  # another key has its own count
+    assert a.api_get(other_key).status_code == 404  # another key has its own count
     # A session token (here an unknown one) has its own, lower limit, per token.
-    assert [call(a, "not-a-token").status_code for _ in range(SESSION_LIMIT)] == [401] * 3
-    assert call(b, "not-a-token").status_code == 429
-    assert call(b, "another-token").status_code == 401
+    assert [a.api_get("not-a-token").status_code for _ in range(SESSION_LIMIT)] == [401] * 3
+    assert b.api_get("not-a-token").status_code == 429
+    assert b.api_get("another-token").status_code == 401
     # Pages are not limited by the API limit.
     assert httpx.get(f"{a.base}/healthz", timeout=30).status_code == 200

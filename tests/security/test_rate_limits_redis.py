@@ -16,7 +16,6 @@ import asyncio
 import secrets
 from collections.abc import Iterator
 
-import httpx
 import pytest
 from secutil import LiveServer, live_server
 from sqlalchemy import func, select
@@ -106,22 +105,15 @@ def test_api_rate_limit_in_redis_across_processes(servers: dict[str, object]) ->
     key, other_key = servers["keys"]  # type: ignore[misc]
     assert isinstance(a, LiveServer) and isinstance(b, LiveServer)
 
-    def call(server: LiveServer, credential: str) -> httpx.Response:
-        return httpx.get(
-            f"{server.base}/api/v1/sessions/1",
-            headers={"Authorization": f"Bearer {credential}"},
-            timeout=60,
-        )
-
-    assert [call(s, key).status_code for s in (a, b, a, b)] == [404] * API_LIMIT
-    refused = call(a, key)
+    assert [s.api_get(key).status_code for s in (a, b, a, b)] == [404] * API_LIMIT
+    refused = a.api_get(key)
     assert refused.status_code == 429
     assert refused.json()["code"] == "rate_limited"
     assert 0 < int(refused.headers["retry-after"]) <= 60
-    assert call(b, other_key).status_code == 404  # another key has its own count
+    assert b.api_get(other_key).status_code == 404  # another key has its own count
     token = f"not-a-token-{secrets.token_hex(6)}"
-    assert [call(b, token).status_code for _ in range(SESSION_LIMIT)] == [401] * SESSION_LIMIT
-    assert call(a, token).status_code == 429
+    assert [b.api_get(token).status_code for _ in range(SESSION_LIMIT)] == [401] * SESSION_LIMIT
+    assert a.api_get(token).status_code == 429
     # The counters are in Redis, with the window as their time to live; none in the database.
     ttl = _run(_ttl_ms(ratelimit.counter_key("api", key)))
     assert 0 < ttl <= 60_000
