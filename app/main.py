@@ -23,6 +23,7 @@ from app.middleware import install_log_redaction
 from app.ratelimit import ApiRateLimitMiddleware, RedisCounter
 from app.routes import admin, api_v1, health, pages, respondent
 from app.services import answer_async
+from app.services import sessions as sessions_service
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
 
@@ -30,6 +31,7 @@ from app.templating import STATIC_DIR, make_templates
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application for ``settings`` (default: :func:`get_settings`)."""
     settings = settings or get_settings()
+    sessions_service.configure_step_memo(settings.step_memo_size)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
             (429 beyond; 0 turns the limit off).
         session_rate_limit_per_minute: the same per session token, and per client
             address for calls without a credential.
+        step_memo_size: answer steps (state and answer -> new state and next question)
+            each process keeps per study design and reuses for respondents who gave the
+            same answers (``app.services.sessions.StepMemo``); 0 turns it off.
     """
 
     model_config = SettingsConfigDict(env_prefix="PRIORLY_", extra="ignore")
@@ -87,6 +90,8 @@ class Settings(BaseSettings):
     login_lockout_s: float = Field(default=900.0, gt=0)
     api_rate_limit_per_minute: int = Field(default=6000, ge=0)
     session_rate_limit_per_minute: int = Field(default=600, ge=0)
+    # Answer steps reused across respondents (app/services/sessions.py).
+    step_memo_size: int = Field(default=4096, ge=0)
 
     @field_validator("database_url")
     @classmethod

@@ -65,6 +65,7 @@ def _dump() -> None:
     if not _DIR:
         return
     from app.services.answer_async import STATS
+    from app.services.sessions import STEP_MEMO_STATS
 
     path = os.path.join(_DIR, f"worker-{os.getpid()}.json")
     with open(path + ".tmp", "w", encoding="utf-8") as fh:
@@ -74,6 +75,7 @@ def _dump() -> None:
                 "loop_lag_ms": _lag_ms,
                 "gc": _gc,
                 "answer_paths": STATS,
+                "step_memo": STEP_MEMO_STATS,
                 "pools": _pool_stats(),
             },
             fh,
@@ -151,6 +153,7 @@ def summarise(folder: str) -> dict[str, Any]:
             "full_gc_max_ms": round(max((g[1] for g in full), default=0.0), 1),
             "full_gc_max_objects": max((g[3] for g in full), default=0),
             "answer_paths": data["answer_paths"],
+            "step_memo": data.get("step_memo", {}),
             "pools": data.get("pools", {}),
         }
     out["server_p50_ms"] = q(everything, 0.5)

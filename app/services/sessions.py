@@ -242,6 +242,9 @@ class StudyRuntime:
         missing_order_key: the key of that missing order (:func:`belief.fixed_order_key`).
         first_decisions: the prior state and first decision per set of known attributes
             (:func:`_first_state_and_decision`; lives as long as this runtime).
+        step_memo: the answer steps already computed for this study design
+            (:class:`StepMemo`; shared by the runtimes of the same design, so it outlives
+            the :data:`RUNTIME_TTL_S` rebuilds); ``None`` for ``random`` or when off.
     """
 
     study_id: int
@@ -263,6 +266,7 @@ class StudyRuntime:
     first_decisions: dict[tuple[tuple[str, str], ...], tuple[Any, DecisionRow]] = field(
         default_factory=dict, repr=False, compare=False
     )
+    step_memo: StepMemo | None = field(default=None, repr=False, compare=False)
 
     @property
     def max_questions(self) -> int:
@@ -428,6 +432,19 @@ def _build_runtime(
     selector, used, missing = _selector(
         criterion, model, ref, candidates, targets, model_index, orders or {}
     )
+    design = (
+        ref.id,
+        ref.training_hash,
+        used,
+        criterion,
+        missing,
+        tuple(c.id for c in candidates),
+        tuple(t.id for t in targets),
+        tuple(sorted(model_index.items())),
+        tuple((it.id, tuple(o[0] for o in it.options)) for it in in_model),
+        settings.budgets.model_dump_json(),
+        json.dumps(orders or {}, sort_keys=True, default=str),
+    )
     return StudyRuntime(
         study_id=study.id or 0,
         slug=study.slug,
@@ -445,6 +462,7 @@ def _build_runtime(
         selector=selector,
         requested_criterion=None if used == criterion else criterion,
         missing_order_key=missing,
+        step_memo=None if selector is None else step_memo_for(design),
     )
 
 
@@ -494,6 +512,112 @@ def _selector(
         except (ElicitationError, KeyError, ValueError):
             pass  # a corrupt entry is treated as missing (the job stores a new one)
     return get_criterion(ORDER_FALLBACK_CRITERION), ORDER_FALLBACK_CRITERION, key
+
+
+# ----- the answer steps already computed ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoStep:
+    """What :func:`fast_step` computes from a state and an answer: the new state's bytes
+    and the next decision's stored columns (``scores`` already as JSON)."""
+
+    state: bytes
+    item_id: int | None
+    criterion: str
+    scores_json: str
+    stop_reason: str | None
+
+
+class StepMemo:
+    """The answer steps one process has computed for one study design, least recently
+    used first out beyond ``max_entries``.
+
+    Why: a step (update the state with the answer, choose the next question) is a pure
+    function of the state before, the answers so far and the answer: the model, items,
+    criterion and budgets are fixed by the design (the key of :func:`step_memo_for`), and
+    no criterion that uses the memo draws random numbers. Respondents who gave the same
+    answers share their steps (the adaptive design is a decision tree, grown here on
+    demand): with two-option questions a 10-question session has at most 2**k histories
+    at depth k, so a busy study soon computes none; with many options or many attribute
+    sets the deep steps rarely repeat and the memo costs one dictionary look-up and
+    ``max_entries`` x ~5 KB. The stored bytes are those the step computed, so a session's
+    cached state stays bit for bit the replay of its answers (tested).
+
+    Key: ``(blake2b of the state before, ((model item, option or None), ...) of the
+    answers so far and this one)``.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        from collections import OrderedDict
+
+        self.max_entries = max_entries
+        self._steps: OrderedDict[tuple[bytes, tuple[tuple[int, str | None], ...]], MemoStep] = (
+            OrderedDict()
+        )
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(
+        state: bytes, answers: Sequence[tuple[int, str | None]]
+    ) -> tuple[bytes, tuple[tuple[int, str | None], ...]]:
+        return hashlib.blake2b(state, digest_size=16).digest(), tuple(answers)
+
+    def get(self, key: tuple[bytes, tuple[tuple[int, str | None], ...]]) -> MemoStep | None:
+        with self._lock:
+            step = self._steps.get(key)
+            if step is None:
+                STEP_MEMO_STATS["misses"] += 1
+                return None
+            self._steps.move_to_end(key)
+            STEP_MEMO_STATS["hits"] += 1
+            return step
+
+    def put(self, key: tuple[bytes, tuple[tuple[int, str | None], ...]], step: MemoStep) -> None:
+        with self._lock:
+            self._steps[key] = step
+            self._steps.move_to_end(key)
+            while len(self._steps) > self.max_entries:
+                self._steps.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+
+STEP_MEMO_MAX = 4096
+"""Answer steps a process keeps per study design (``PRIORLY_STEP_MEMO_SIZE``; 0 = none):
+about 5 KB each with the CES demo's 516-class model."""
+STEP_MEMO_STATS = {"hits": 0, "misses": 0}
+_STEP_MEMOS: dict[tuple[Any, ...], StepMemo] = {}
+_STEP_MEMOS_MAX = 32
+
+
+def configure_step_memo(max_entries: int) -> None:
+    """Set :data:`STEP_MEMO_MAX` (the app's settings call this); a new size forgets the
+    memos and the runtimes holding them."""
+    global STEP_MEMO_MAX
+    with _RUNTIME_LOCK:
+        if max_entries == STEP_MEMO_MAX:
+            return
+        STEP_MEMO_MAX = max_entries
+        _STEP_MEMOS.clear()
+        _RUNTIME_CACHE.clear()
+
+
+def step_memo_for(design: tuple[Any, ...]) -> StepMemo | None:
+    """The process's memo for a study design (created on first use; ``None`` when the
+    memo is off). ``design`` holds everything a step depends on besides its inputs: the
+    model's id and training hash, the criterion, the pool, the targets, the items' options
+    and model positions, the budgets and the stored fixed orders."""
+    if STEP_MEMO_MAX <= 0:
+        return None
+    with _RUNTIME_LOCK:
+        memo = _STEP_MEMOS.get(design)
+        if memo is None:
+            if len(_STEP_MEMOS) >= _STEP_MEMOS_MAX:
+                _STEP_MEMOS.pop(next(iter(_STEP_MEMOS)))
+            memo = _STEP_MEMOS[design] = StepMemo(STEP_MEMO_MAX)
+        return memo
 
 
 # ----- views returned to the routes ------------------------------------------------------------
@@ -1588,32 +1712,63 @@ def fast_step(
     ):
         return None
     assert snap.state is not None
-    state = _load_state(snap.state)
-    if option is not None:
-        idx = [o[0] for o in item.options].index(option)
-        state = rt.model.update(state, rt.model_index[item.id], idx)
     answers.append(_AnswerRow(item.id, option, idempotency_key))
-    decision = _decide(rt, state, snap.id, answers)
+    step = _step(rt, bytes(snap.state), snap.id, answers, item, option)
     n1 = n0 + 1
-    done = decision.item_id is None
+    done = step.item_id is None
     now = _timestamp(dialect, utcnow())
     params = {
         "sid": snap.id,
         "v0": n0,
         "v1": n1,
-        "state": _dump_state(state),
+        "state": step.state,
         "new_status": SessionStatus.completed.value if done else SessionStatus.active.value,
         "now": now,
         "completed_at": now if done else None,
         "item_id": item.id,
         "option": option,
         "idempotency_key": idempotency_key,
-        "d_item_id": decision.item_id,
-        "criterion": decision.criterion,
-        "scores": json.dumps(decision.scores),
-        "stop_reason": decision.stop_reason,
+        "d_item_id": step.item_id,
+        "criterion": step.criterion,
+        "scores": step.scores_json,
+        "stop_reason": step.stop_reason,
     }
-    return FastStep(params, snap.id, decision.item_id, decision.stop_reason, n1)
+    return FastStep(params, snap.id, step.item_id, step.stop_reason, n1)
+
+
+def _step(
+    rt: StudyRuntime,
+    state_before: bytes,
+    session_id: int,
+    answers: Sequence[_AnswerRow],
+    item: ItemInfo,
+    option: str | None,
+) -> MemoStep:
+    """The model step of :func:`fast_step`: ``state_before`` updated with the answer to
+    ``item`` (the last of ``answers``), and the next decision; from the runtime's
+    :class:`StepMemo` when this step was computed before."""
+    memo = rt.step_memo
+    key = None
+    if memo is not None:
+        key = StepMemo.key(state_before, [(rt.model_index[a.item_id], a.option) for a in answers])
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+    state = _load_state(state_before)
+    if option is not None:
+        idx = [o[0] for o in item.options].index(option)
+        state = rt.model.update(state, rt.model_index[item.id], idx)
+    decision = _decide(rt, state, session_id, answers)
+    step = MemoStep(
+        _dump_state(state),
+        decision.item_id,
+        decision.criterion,
+        json.dumps(decision.scores),
+        decision.stop_reason,
+    )
+    if memo is not None and key is not None:
+        memo.put(key, step)
+    return step
 
 
 def _plain_view(

@@ -56,12 +56,13 @@ def _rows(live: LiveStudy, sid: int) -> tuple[list[Answer], list[SelectionDecisi
         return answers, decisions, (sess, replayed)
 
 
-class _RaceInDecide:
-    """Wraps ``sessions._decide``: the first call (inside the first request's fast path,
-    after its reads) runs ``competitor`` to completion in another thread first."""
+class _RaceInStep:
+    """Wraps ``sessions._step`` (the fast path's model step, computed or from the step
+    memo): the first call (inside the first request's fast path, after its reads) runs
+    ``competitor`` to completion in another thread first."""
 
     def __init__(self, competitor: Any) -> None:
-        self.real = svc._decide
+        self.real = svc._step
         self.competitor = competitor
         self.fired = False
         self.competitor_result: Any = None
@@ -105,8 +106,8 @@ def test_answer_landing_between_read_and_write_wins_and_stale_write_is_refused(
             engine=live.engine,
         )
 
-    race = _RaceInDecide(competitor)
-    monkeypatch.setattr(svc, "_decide", race)
+    race = _RaceInStep(competitor)
+    monkeypatch.setattr(svc, "_step", race)
     real_fast = svc._submit_fast
     fast_results: list[Any] = []
 
