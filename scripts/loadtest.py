@@ -176,7 +176,7 @@ def serve(
     factory = ["app.main:create_app"]
     if probe_dir is not None:
         probe_dir.mkdir(parents=True, exist_ok=True)
-        for old in probe_dir.glob("worker-*.json"):
+        for old in [*probe_dir.glob("worker-*.json"), *probe_dir.glob("worker-*.jsonl")]:
             old.unlink()
         env["PRIORLY_LOADTEST_PROBE_DIR"] = str(probe_dir)
         factory = ["loadtest_probe:create_app", "--app-dir", str(REPO / "scripts")]

@@ -2,7 +2,9 @@
 
 ``create_app`` wraps the real app (``app.main.create_app``) with measurements that cost
 microseconds per request, and each worker process writes them to
-``$PRIORLY_LOADTEST_PROBE_DIR/worker-<pid>.json`` every ~5 s and at shutdown:
+``$PRIORLY_LOADTEST_PROBE_DIR/worker-<pid>.json`` (counters) and
+``worker-<pid>.series.jsonl`` (the series, appended) every ~5 s and at shutdown
+(:func:`load_worker` joins them):
 
 * ``answers``: ``[start, end]`` (``time.perf_counter``) of every answer call, from the
   ASGI call to the last body byte: the server's share of the client's latency;
@@ -61,26 +63,55 @@ def _gc_probe(phase: str, info: dict[str, Any]) -> None:
     )
 
 
+_written = {"answers": 0, "loop_lag_ms": 0, "gc": 0}
+
+
 def _dump() -> None:
+    """Append the series' new entries to ``worker-<pid>.series.jsonl`` (one line per
+    dump, so a dump costs what was measured since the last one, not the whole run: a
+    dump of every answer so far every 5 s stalled the event loop for tens of ms late in
+    a run, which the answers in flight then paid) and rewrite the counters in
+    ``worker-<pid>.json``."""
     if not _DIR:
         return
     from app.services.answer_async import STATS
     from app.services.sessions import STEP_MEMO_STATS
 
-    path = os.path.join(_DIR, f"worker-{os.getpid()}.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+    series = {"answers": _answers, "loop_lag_ms": _lag_ms, "gc": _gc}
+    new = {k: v[_written[k] :] for k, v in series.items()}
+    base = os.path.join(_DIR, f"worker-{os.getpid()}")
+    with open(base + ".series.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(new) + "\n")
+    for k, v in series.items():
+        _written[k] = len(v)
+    with open(base + ".json.tmp", "w", encoding="utf-8") as fh:
         json.dump(
             {
-                "answers": _answers,
-                "loop_lag_ms": _lag_ms,
-                "gc": _gc,
                 "answer_paths": STATS,
                 "step_memo": STEP_MEMO_STATS,
                 "pools": _pool_stats(),
             },
             fh,
         )
-    os.replace(path + ".tmp", path)
+    os.replace(base + ".json.tmp", base + ".json")
+
+
+def load_worker(folder: str, name: str) -> dict[str, Any]:
+    """One worker's probe figures: its counters (``worker-<pid>.json``) with its series
+    (``answers``, ``loop_lag_ms``, ``gc``) joined from the ``.series.jsonl`` file."""
+    with open(os.path.join(folder, name), encoding="utf-8") as fh:
+        data: dict[str, Any] = json.load(fh)
+    for k in ("answers", "loop_lag_ms", "gc"):
+        data[k] = []
+    series = os.path.join(folder, name[: -len(".json")] + ".series.jsonl")
+    if os.path.exists(series):
+        with open(series, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    chunk = json.loads(line)
+                    for k in ("answers", "loop_lag_ms", "gc"):
+                        data[k] += chunk.get(k, [])
+    return data
 
 
 async def _monitor() -> None:
@@ -102,6 +133,7 @@ def create_app() -> Any:
 
     async def probed(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
+
             async def send_and_dump(message: dict[str, Any]) -> None:
                 if message["type"] == "lifespan.shutdown.complete":
                     _dump()
@@ -138,8 +170,7 @@ def summarise(folder: str) -> dict[str, Any]:
     for name in sorted(os.listdir(folder)):
         if not name.startswith("worker-") or not name.endswith(".json"):
             continue
-        with open(os.path.join(folder, name), encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = load_worker(folder, name)
         ms = [(b - a) * 1000 for a, b in data["answers"]]
         everything += ms
         full = [g for g in data["gc"] if g[0] == 2]
