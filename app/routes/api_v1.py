@@ -29,6 +29,7 @@ from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app import ratelimit
 from app.auth import can_see_study
 from app.deps import EngineDep, SessionDep
 from app.errors import (
@@ -564,7 +565,17 @@ async def post_answer(
     db = getattr(request.app.state, "answers_db", None)
     credential = _bearer(authorization)
     if db is not None and not credential.startswith(KEY_PREFIX):
-        read = await answer_async.read_session_and_history(db, credential)
+        deferred = request.scope.get(ratelimit.DEFERRED_SCOPE_KEY)
+        if deferred is not None:  # the rate limiter's count is ours to add (one statement)
+            counter_key, limit = deferred
+            count, expires, read = await answer_async.read_counted_session_and_history(
+                db, credential, counter_key
+            )
+            if count > limit:
+                body, headers = ratelimit.rate_limited_response(expires, limit)
+                return Response(body, status_code=429, headers=dict(_decoded(headers)))
+        else:
+            read = await answer_async.read_session_and_history(db, credential)
         snap = _token_snapshot(None if read is None else read[0], session_id)
         assert read is not None  # _token_snapshot refused an unknown token
         view = await answer_async.submit_answer(
@@ -581,6 +592,10 @@ async def post_answer(
     # Built by this module (the shape of SessionOut, which documents it): returned as a
     # Response so it is not validated a second time on the hot path.
     return JSONResponse(_session_out(view))
+
+
+def _decoded(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
 
 
 def _post_answer_sync(

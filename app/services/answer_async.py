@@ -35,11 +35,13 @@ import asyncio
 import json
 import logging
 import os
+import time
 from typing import Any
 
 from sqlalchemy.engine import Engine, make_url
 from starlette.concurrency import run_in_threadpool
 
+from app import ratelimit
 from app.services import sessions as svc
 from app.services.apikeys import KEY_PREFIX, AuthenticationError, hash_key
 
@@ -269,6 +271,47 @@ async def read_session_and_history(
     if isinstance(history, str | bytes):
         history = json.loads(history)
     return svc._snapshot_of(row), list(history or [])
+
+
+# The API limiter's counter hit (app/ratelimit.py) and the read above in ONE statement:
+# the counter row is written whether or not the token is known (as the middleware counts
+# before any authorization), the session's columns are NULL for an unknown token.
+_HIT_AND_SNAPSHOT = (
+    "WITH hit AS ("
+    + ratelimit.PG_UPSERT_SQL
+    + ") SELECT hit.count, hit.expires_at, snap.* FROM hit LEFT JOIN ("
+    + svc._sql(_PG, svc.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN)
+    + ") snap ON true"
+)
+
+
+async def read_counted_session_and_history(
+    db: AsyncAnswerDatabase, token: str, counter_key: str, *, now: float | None = None
+) -> tuple[int, float, tuple[svc.SessionSnapshot, list[Any]] | None]:
+    """:func:`read_session_and_history` with the API rate limiter's hit of
+    ``counter_key`` (:func:`app.ratelimit.hit_async`) in the same statement, on the
+    limiter's connections (``synchronous_commit = off``: the read is unaffected, the
+    counter needs no flush). Returns ``(count, window end, read or None)``; the caller
+    refuses the call when the count is over its limit."""
+    now = time.time() if now is None else now
+    params = {
+        "key": counter_key,
+        "now": now,
+        "expires": now + ratelimit.API_WINDOW_S,
+        "token_hash": svc.hash_token(token) if token and len(token) <= 200 else "",
+    }
+    async with db.limiter_connection() as conn:
+        cur = await conn.execute(_HIT_AND_SNAPSHOT, params)
+        row = await cur.fetchone()
+        count, expires = int(row[0]), float(row[1])
+        if count == 1:
+            await conn.execute(ratelimit.PG_CLEANUP_SQL, {"now": now})
+    if row[2] is None:
+        return count, expires, None
+    history = row[13]
+    if isinstance(history, str | bytes):
+        history = json.loads(history)
+    return count, expires, (svc._snapshot_of(row[2:]), list(history or []))
 
 
 async def submit_answer(
