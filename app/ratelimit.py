@@ -25,6 +25,11 @@ no email, IP address or credential is stored in clear.
   write a database row: in the 1,000-respondent load test the counter's upsert was one
   of the answer call's three PostgreSQL statements and its small pool the most waited-for
   (docs/reliability.md). Login lockout stays in the database (rare, and audited there).
+  Without Redis, on PostgreSQL, a session token's answer call
+  (``POST /api/v1/sessions/{id}/answers``) is counted by its route instead, in the
+  statement that reads the session (:data:`DEFERRED_SCOPE_KEY`,
+  ``answer_async.read_counted_session_and_history``): the same counter row and the same
+  429, one round trip fewer on the product's hottest call.
 """
 
 from __future__ import annotations
