@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     api_rate_limit_per_minute: int = Field(default=6000, ge=0)
     session_rate_limit_per_minute: int = Field(default=600, ge=0)
     # Answer steps reused across respondents (app/services/sessions.py).
-    step_memo_size: int = Field(default=4096, ge=0)
+    step_memo_size: int = Field(default=2048, ge=0)
 
     @field_validator("database_url")
     @classmethod

@@ -584,12 +584,12 @@ class StepMemo:
         return len(self._steps)
 
 
-STEP_MEMO_MAX = 4096
+STEP_MEMO_MAX = 2048
 """Answer steps a process keeps per study design (``PRIORLY_STEP_MEMO_SIZE``; 0 = none):
 about 5 KB each with the CES demo's 516-class model."""
 STEP_MEMO_STATS = {"hits": 0, "misses": 0}
 _STEP_MEMOS: dict[tuple[Any, ...], StepMemo] = {}
-_STEP_MEMOS_MAX = 32
+_STEP_MEMOS_MAX = 8
 
 
 def configure_step_memo(max_entries: int) -> None:
