@@ -218,3 +218,19 @@ def ces_sample_study(
             yield study
         finally:
             study.engine.dispose()
+
+
+def count_decisions(monkeypatch: Any) -> list[int]:
+    """Count the selection steps run from now on (``sessions._decide`` calls; a
+    first-decision cache or step memo hit runs none): one entry per call."""
+    from app.services import sessions as svc
+
+    calls: list[int] = []
+    real = svc._decide
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(svc, "_decide", counted)
+    return calls

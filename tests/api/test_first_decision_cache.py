@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from live_study import LiveStudy, app_client, ces_sample_study
+from live_study import LiveStudy, app_client, ces_sample_study, count_decisions
 from sqlmodel import select
 
 from app.services import sessions as svc
@@ -48,18 +48,6 @@ def _stored(live: LiveStudy, sid: int) -> tuple[bytes, dict[str, Any], int | Non
         return sess.state, dict(d.scores), d.item_id
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    real = svc._decide
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(svc, "_decide", counted)
-    return calls
-
-
 def test_same_attributes_share_one_first_decision(
     live: LiveStudy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -69,7 +57,7 @@ def test_same_attributes_share_one_first_decision(
     attribute = rt.attributes[0]
     a, b = attribute.options[0][0], attribute.options[1][0]
     monkeypatch.setattr(svc, "RUNTIME_TTL_S", 3600.0)  # one runtime for the whole test
-    calls = _counting(monkeypatch)
+    calls = count_decisions(monkeypatch)
     with app_client(live.url) as client:
         first = _start(client, live, {attribute.key: a})
         n_first = len(calls)
@@ -99,7 +87,7 @@ def test_random_first_decision_is_not_cached(
         db.add(study)
         db.commit()
     try:
-        calls = _counting(monkeypatch)
+        calls = count_decisions(monkeypatch)
         with app_client(live.url) as client:
             for _ in range(3):
                 _start(client, live, {})

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from live_study import LiveStudy, app_client, ces_sample_study
+from live_study import LiveStudy, app_client, ces_sample_study, count_decisions
 from sqlmodel import select
 
 from app.services import sessions as svc
@@ -40,18 +40,6 @@ def fresh_memo() -> Iterator[None]:
     yield
     svc.configure_step_memo(0)
     svc.configure_step_memo(size)
-
-
-def _calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    real = svc._decide
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(svc, "_decide", counted)
-    return calls
 
 
 def _run(
@@ -113,7 +101,7 @@ def test_same_answers_reuse_every_step_bit_for_bit(
     live: LiveStudy, monkeypatch: pytest.MonkeyPatch, fresh_memo: None
 ) -> None:
     monkeypatch.setattr(svc, "RUNTIME_TTL_S", 3600.0)  # rebuilt only where the test says
-    calls = _calls(monkeypatch)
+    calls = count_decisions(monkeypatch)
     with app_client(live.url) as client:
         first, answered = _run(client, live, 0)
         n = len(answered)
@@ -142,7 +130,7 @@ def test_other_answers_or_attributes_compute_new_steps(
         rt = svc.load_runtime(study, session=db, fit_if_missing=False)  # type: ignore[arg-type]
     attribute = rt.attributes[0]
     monkeypatch.setattr(svc, "RUNTIME_TTL_S", 3600.0)
-    calls = _calls(monkeypatch)
+    calls = count_decisions(monkeypatch)
     with app_client(live.url) as client:
         _, answered = _run(client, live, 0)
         n = len(answered)
