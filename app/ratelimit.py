@@ -48,6 +48,7 @@ from anyio import to_thread
 from sqlalchemy import create_engine, delete, event, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.responses import Response
 
 from app.errors import ConfigurationError, PriorlyError
 from app.services.apikeys import KEY_PREFIX
@@ -417,14 +418,15 @@ class ApiRateLimitMiddleware:
                 log.warning("rate limiter unavailable, call let through: %s", type(exc).__name__)
             else:
                 if count > limit:
-                    await _send_429(send, expires, limit)
+                    await rate_limited_response(expires, limit)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
 
 
-def rate_limited_response(expires: float, limit: int) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+def rate_limited_response(expires: float, limit: int) -> Response:
     """The 429 of an API call over ``limit`` in a window ending at ``expires``
-    (``time.time()``): ``(JSON body, headers)`` with ``Retry-After`` in whole seconds."""
+    (``time.time()``): the JSON error with ``Retry-After`` in whole seconds (sent by the
+    middleware, and returned by the answer route that counts its own calls)."""
     retry_after = max(1, math.ceil(expires - time.time()))
     body = json.dumps(
         {
@@ -433,14 +435,9 @@ def rate_limited_response(expires: float, limit: int) -> tuple[bytes, list[tuple
             f"retry in {retry_after} s",
         }
     ).encode("utf-8")
-    return body, [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode("ascii")),
-        (b"retry-after", str(retry_after).encode("ascii")),
-    ]
-
-
-async def _send_429(send: Send, expires: float, limit: int) -> None:
-    body, headers = rate_limited_response(expires, limit)
-    await send({"type": "http.response.start", "status": 429, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    return Response(
+        body,
+        status_code=429,
+        headers={"retry-after": str(retry_after)},
+        media_type="application/json",
+    )

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,3 +235,25 @@ def count_decisions(monkeypatch: Any) -> list[int]:
 
     monkeypatch.setattr(svc, "_decide", counted)
     return calls
+
+
+@contextmanager
+def study_settings(live: LiveStudy, **changes: Any) -> Iterator[None]:
+    """The live study's settings with ``changes`` (top-level keys) for the ``with`` block,
+    restored afterwards."""
+    with live.session() as db:
+        study = db.get(Study, live.study_id)
+        assert study is not None
+        original = dict(study.settings)
+        study.settings = {**original, **changes}
+        db.add(study)
+        db.commit()
+    try:
+        yield
+    finally:
+        with live.session() as db:
+            study = db.get(Study, live.study_id)
+            assert study is not None
+            study.settings = original
+            db.add(study)
+            db.commit()

@@ -572,8 +572,7 @@ async def post_answer(
                 db, credential, counter_key
             )
             if count > limit:
-                body, headers = ratelimit.rate_limited_response(expires, limit)
-                return Response(body, status_code=429, headers=dict(_decoded(headers)))
+                return ratelimit.rate_limited_response(expires, limit)
         else:
             read = await answer_async.read_session_and_history(db, credential)
         snap = _token_snapshot(None if read is None else read[0], session_id)
@@ -592,10 +591,6 @@ async def post_answer(
     # Built by this module (the shape of SessionOut, which documents it): returned as a
     # Response so it is not validated a second time on the hot path.
     return JSONResponse(_session_out(view))
-
-
-def _decoded(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
 
 
 def _post_answer_sync(

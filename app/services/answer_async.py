@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.engine import Engine, make_url
@@ -265,8 +266,12 @@ async def read_session_and_history(
     row = await db.fetchone(
         svc.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN, {"token_hash": svc.hash_token(token)}
     )
-    if row is None:
-        return None
+    return None if row is None else _snapshot_and_history(row)
+
+
+def _snapshot_and_history(row: Sequence[Any]) -> tuple[svc.SessionSnapshot, list[Any]]:
+    """A row of :data:`~app.services.sessions.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN` as
+    ``(snapshot, history rows)``."""
     history = row[11]
     if isinstance(history, str | bytes):
         history = json.loads(history)
@@ -306,12 +311,7 @@ async def read_counted_session_and_history(
         count, expires = int(row[0]), float(row[1])
         if count == 1:
             await conn.execute(ratelimit.PG_CLEANUP_SQL, {"now": now})
-    if row[2] is None:
-        return count, expires, None
-    history = row[13]
-    if isinstance(history, str | bytes):
-        history = json.loads(history)
-    return count, expires, (svc._snapshot_of(row[2:]), list(history or []))
+    return count, expires, None if row[2] is None else _snapshot_and_history(row[2:])
 
 
 async def submit_answer(

@@ -1713,7 +1713,7 @@ def fast_step(
         return None
     assert snap.state is not None
     answers.append(_AnswerRow(item.id, option, idempotency_key))
-    step = _step(rt, bytes(snap.state), snap.id, answers, item, option)
+    step = _step(rt, snap.state, snap.id, answers, item, option)
     n1 = n0 + 1
     done = step.item_id is None
     now = _timestamp(dialect, utcnow())

@@ -14,7 +14,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from live_study import LiveStudy, app_client, ces_sample_study, count_decisions
+from live_study import (
+    LiveStudy,
+    app_client,
+    ces_sample_study,
+    count_decisions,
+    study_settings,
+)
 from sqlmodel import select
 
 from app.services import sessions as svc
@@ -79,23 +85,9 @@ def test_same_attributes_share_one_first_decision(
 def test_random_first_decision_is_not_cached(
     live: LiveStudy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with live.session() as db:
-        study = db.get(Study, live.study_id)
-        assert study is not None
-        original = dict(study.settings)
-        study.settings = {**original, "criterion": "random"}
-        db.add(study)
-        db.commit()
-    try:
+    with study_settings(live, criterion="random"):
         calls = count_decisions(monkeypatch)
         with app_client(live.url) as client:
             for _ in range(3):
                 _start(client, live, {})
         assert len(calls) == 3
-    finally:
-        with live.session() as db:
-            study = db.get(Study, live.study_id)
-            assert study is not None
-            study.settings = original
-            db.add(study)
-            db.commit()

@@ -16,7 +16,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from live_study import LiveStudy, app_client, ces_sample_study, count_decisions
+from live_study import (
+    LiveStudy,
+    app_client,
+    ces_sample_study,
+    count_decisions,
+    study_settings,
+)
 from sqlmodel import select
 
 from app.services import sessions as svc
@@ -150,23 +156,9 @@ def test_a_new_budget_gets_its_own_memo(live: LiveStudy, fresh_memo: None) -> No
     with app_client(live.url) as client:
         _, answered = _run(client, live, 0)
         assert len(answered) > 2
-        with live.session() as db:
-            study = db.get(Study, live.study_id)
-            assert study is not None
-            original = dict(study.settings)
-            budgets = {**original.get("budgets", {}), "max_questions": 2}
-            study.settings = {**original, "budgets": budgets}
-            db.add(study)
-            db.commit()
-        try:
+        budgets = {**_settings(live).get("budgets", {}), "max_questions": 2}
+        with study_settings(live, budgets=budgets):
             _, short = _run(client, live, 0)
-        finally:
-            with live.session() as db:
-                study = db.get(Study, live.study_id)
-                assert study is not None
-                study.settings = original
-                db.add(study)
-                db.commit()
     assert len(short) == 2 and short[-1]["status"] == "completed"
     assert [b["question"] for b in short[:1]] == [b["question"] for b in answered[:1]]
 
@@ -182,6 +174,13 @@ def test_random_criterion_keeps_no_memo(live: LiveStudy, fresh_memo: None) -> No
         assert rt.criterion == "random" and rt.step_memo is None
         same = svc.load_runtime(study, session=db, fit_if_missing=False)
         assert same.step_memo is not None
+
+
+def _settings(live: LiveStudy) -> dict[str, Any]:
+    with live.session() as db:
+        study = db.get(Study, live.study_id)
+        assert study is not None
+        return dict(study.settings)
 
 
 def _runtime_parts(db: Any, study: Study) -> tuple[Any, ...]:
