@@ -113,6 +113,19 @@ def _entropy(p: Tensor) -> Tensor:
     return -torch.special.xlogy(p, p).sum(-1)
 
 
+def _expected_error(p: Tensor) -> Tensor:
+    return 1.0 - p.max(-1).values
+
+
+UNCERTAINTIES: dict[str, Callable[[Tensor], Tensor]] = {
+    "entropy": _entropy,
+    "error": _expected_error,
+}
+"""Per-target uncertainty ``u(p)`` whose expected reduction a member gain measures:
+``entropy`` (information gain, nats) or ``error`` (``1 - max_k p_k``, the chance the most
+likely answer is wrong: the gain is the expected rise in target accuracy)."""
+
+
 def member_eig(
     model: BeliefModel,
     history: Tensor,
@@ -120,11 +133,15 @@ def member_eig(
     targets: Sequence[int],
     *,
     chunk: int = 8192,
+    uncertainty: str = "entropy",
 ) -> Tensor:
     """Expected information gain of each candidate about each member's targets.
 
     ``EIG_v(x) = sum_t H(p(Y_vt | h_v)) - sum_k p(Y_vx = k | h_v) sum_t H(p(Y_vt | h_v, Y_vx = k))``
-    (nats; the sum of target entropies approximates ``H(U_v)`` as in the paper).
+    (nats; the sum of target entropies approximates ``H(U_v)`` as in the paper). With
+    ``uncertainty="error"`` the entropy ``H`` is replaced by ``1 - max_k p_k``: the
+    gain is then the expected rise in the number of targets whose most likely answer is
+    right (the value of the answer under 0-1 loss, >= 0 by Jensen).
     Computed with the batched interface every belief model has: one ``update_batch``
     and one ``predict_batch`` per (candidate, option) for all members at once, so the
     cost is ``sum_x O_x`` batched updates, whatever the model family. A member who has
@@ -141,6 +158,9 @@ def member_eig(
     Returns:
         ``[B, C]`` float64, >= 0 up to rounding.
     """
+    if uncertainty not in UNCERTAINTIES:
+        raise GroupError(f"unknown uncertainty {uncertainty!r} (known: {sorted(UNCERTAINTIES)})")
+    u = UNCERTAINTIES[uncertainty]
     cand = [int(c) for c in candidates]
     tgt = [int(t) for t in targets]
     n_opt = model.item_bank.n_options
@@ -150,7 +170,7 @@ def member_eig(
         hist = history[s : s + chunk]
         b = int(hist.shape[0])
         state = model.initial_batch(hist)
-        now = _entropy(model.predict_batch(state, tgt)[..., :o_t]).sum(-1)  # [b]
+        now = u(model.predict_batch(state, tgt)[..., :o_t]).sum(-1)  # [b]
         out = torch.zeros(b, len(cand), dtype=DTYPE)
         for j, x in enumerate(cand):
             free = hist[:, x] < 0
@@ -162,7 +182,7 @@ def member_eig(
             for k in range(n_opt[x]):
                 opts = torch.where(free, torch.full((b,), k), torch.full((b,), MISSING))
                 nxt = model.update_batch(state, items, opts)
-                h = _entropy(model.predict_batch(nxt, tgt)[..., :o_t]).sum(-1)
+                h = u(model.predict_batch(nxt, tgt)[..., :o_t]).sum(-1)
                 after += p_x[:, k] * h
             out[:, j] = torch.where(free, now - after, torch.zeros((), dtype=DTYPE))
         parts.append(out)
@@ -217,7 +237,7 @@ class RoundContext:
         response_prob: ``[N]`` chance each member answers when asked.
         gen: random generator of this group elicitation.
         gnn: the GNN view, or ``None``.
-        eig_cache: ``{item: [N] EIG_v(item)}`` filled on demand.
+        eig_cache: ``{(uncertainty, item): [N] gain_v(item)}`` filled on demand.
     """
 
     model: BeliefModel
@@ -227,20 +247,21 @@ class RoundContext:
     response_prob: Tensor
     gen: torch.Generator
     gnn: GNNView | None = None
-    eig_cache: dict[int, Tensor] = field(default_factory=dict)
+    eig_cache: dict[tuple[str, int], Tensor] = field(default_factory=dict)
 
     @property
     def n_members(self) -> int:
         return int(self.observed.shape[0])
 
-    def eig(self, items: Sequence[int]) -> Tensor:
-        """``[N, len(items)]`` member EIG of each item (computed once per item)."""
-        todo = [int(i) for i in items if int(i) not in self.eig_cache]
+    def eig(self, items: Sequence[int], uncertainty: str = "entropy") -> Tensor:
+        """``[N, len(items)]`` member gain of each item (:func:`member_eig` with
+        ``uncertainty``; computed once per item and uncertainty)."""
+        todo = [int(i) for i in items if (uncertainty, int(i)) not in self.eig_cache]
         if todo:
-            m = member_eig(self.model, self.history, todo, self.targets)
+            m = member_eig(self.model, self.history, todo, self.targets, uncertainty=uncertainty)
             for j, i in enumerate(todo):
-                self.eig_cache[i] = m[:, j]
-        return torch.stack([self.eig_cache[int(i)] for i in items], 1)
+                self.eig_cache[(uncertainty, i)] = m[:, j]
+        return torch.stack([self.eig_cache[(uncertainty, int(i))] for i in items], 1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -305,6 +326,7 @@ class BudgetEIGQuestion(QuestionSelector):
     """
 
     name = "eig_budget"
+    uncertainty: ClassVar[str] = "entropy"
 
     def __init__(self, max_members: int | None = 4096) -> None:
         if max_members is not None and max_members < 1:
@@ -323,13 +345,15 @@ class BudgetEIGQuestion(QuestionSelector):
         """
         n = ctx.n_members
         if self.max_members is None or n <= self.max_members:
-            gain = ctx.eig(candidates)  # [N, C]
+            gain = ctx.eig(candidates, self.uncertainty)  # [N, C]
             rows = torch.arange(n)
             scale, k = 1.0, n_ask
         else:
             m = self.max_members
             rows = torch.randperm(n, generator=ctx.gen)[:m]
-            gain = member_eig(ctx.model, ctx.history[rows], candidates, ctx.targets)
+            gain = member_eig(
+                ctx.model, ctx.history[rows], candidates, ctx.targets, uncertainty=self.uncertainty
+            )
             scale, k = n / m, int(round(n_ask * m / n))
         gain = gain * ctx.response_prob[rows].unsqueeze(1)
         not_yet = torch.stack([ctx.observed[rows, c] < 0 for c in candidates], 1)
@@ -338,10 +362,19 @@ class BudgetEIGQuestion(QuestionSelector):
         return torch.topk(gain, k, dim=0).values.sum(0) * scale
 
 
+class BudgetAccuracyQuestion(BudgetEIGQuestion):
+    """:class:`BudgetEIGQuestion` with the expected accuracy gain (``uncertainty="error"``
+    of :func:`member_eig`) in place of the information gain."""
+
+    name = "eacc_budget"
+    uncertainty = "error"
+
+
 QUESTION_SELECTORS: dict[str, Callable[..., QuestionSelector]] = {
     "random": RandomQuestion,
     "eig": GroupEIGQuestion,
     "eig_budget": BudgetEIGQuestion,
+    "eacc_budget": BudgetAccuracyQuestion,
 }
 
 
@@ -451,19 +484,29 @@ class EIGRespondents(RespondentSelector):
     """
 
     name = "eig"
+    uncertainty: ClassVar[str] = "entropy"
 
     def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
-        gain = ctx.eig([question])[:, 0] * ctx.response_prob
+        gain = ctx.eig([question], self.uncertainty)[:, 0] * ctx.response_prob
         g = gain[pool]
         # stable: sort by -gain then by index
         order = torch.argsort(-g, stable=True)
         return pool[order[:n]]
 
 
+class AccuracyRespondents(EIGRespondents):
+    """:class:`EIGRespondents` by the expected accuracy gain about the member's targets
+    (``uncertainty="error"`` of :func:`member_eig`) times ``r_v``."""
+
+    name = "eacc"
+    uncertainty = "error"
+
+
 RESPONDENT_SELECTORS: dict[str, Callable[..., RespondentSelector]] = {
     "random": RandomRespondents,
     "relational": RelationalRespondents,
     "eig": EIGRespondents,
+    "eacc": AccuracyRespondents,
 }
 
 IMPUTATIONS = ("none", "self", "gnn", "gnn_only", "pool", "stack")

@@ -152,9 +152,14 @@ def test_unknown_selector_and_missing_gnn_are_refused() -> None:
 
 # ---- information gain ---------------------------------------------------------------------
 def _brute_force_eig(
-    model: PersonaMixture, answers: dict[int, int], x: int, targets: list[int]
+    model: PersonaMixture,
+    answers: dict[int, int],
+    x: int,
+    targets: list[int],
+    uncertainty: str = "entropy",
 ) -> float:
-    """EIG by enumerating personas and answers from the definition."""
+    """EIG (or, with ``uncertainty="error"``, the expected accuracy gain) by enumerating
+    personas and answers from the definition."""
     prior = model.log_prior.exp()
     like = torch.ones(2, dtype=torch.float64)
     for i, k in answers.items():
@@ -165,7 +170,10 @@ def _brute_force_eig(
         total = 0.0
         for t in targets:
             p = (w.unsqueeze(1) * model.mu[:, t, :]).sum(0)
-            total -= sum(float(v) * math.log(float(v)) for v in p if v > 0)
+            if uncertainty == "error":
+                total += 1.0 - max(float(v) for v in p)
+            else:
+                total -= sum(float(v) * math.log(float(v)) for v in p if v > 0)
         return total
 
     now = h_targets(post)
@@ -192,6 +200,68 @@ def test_member_eig_equals_brute_force() -> None:
         assert float(eig[v, x]) == pytest.approx(
             _brute_force_eig(model, answers, cand, [5, 4]), abs=1e-9
         )
+
+
+def test_member_accuracy_gain_equals_brute_force() -> None:
+    """``uncertainty="error"``: E[max_k p(Y_t = k | h, Y_x)] - max_k p(Y_t = k | h), summed
+    over targets, enumerated; never negative; zero for an answered candidate."""
+    model = _toy_model()
+    history = torch.full((4, 6), -1)
+    history[1, 0] = 1
+    history[2, 2] = 0
+    history[3, [0, 3]] = torch.tensor([0, 1])
+    gain = member_eig(model, history, [2, 3, 4], [5, 4], chunk=3, uncertainty="error")
+    eig = member_eig(model, history, [2, 3, 4], [5, 4], chunk=3)
+    assert not torch.allclose(gain, eig)
+    assert float(gain.min()) >= -1e-12
+    for v, x in itertools.product(range(4), range(3)):
+        answers = {i: int(history[v, i]) for i in range(6) if history[v, i] >= 0}
+        cand = [2, 3, 4][x]
+        if cand in answers:
+            assert float(gain[v, x]) == 0.0
+            continue
+        assert float(gain[v, x]) == pytest.approx(
+            _brute_force_eig(model, answers, cand, [5, 4], "error"), abs=1e-9
+        )
+    with pytest.raises(GroupError, match="unknown uncertainty"):
+        member_eig(model, history, [2], [5], uncertainty="variance")
+
+
+def test_accuracy_respondents_skip_a_member_whose_answer_cannot_change_the_guess() -> None:
+    """Information gain and accuracy gain disagree on a constructed case.
+
+    Personas P0, P1, P2 (prior 0.375, 0.1875, 0.4375); candidate q0 tells P0 (answer 0)
+    from P1 and P2 (answer 1); q1 tells P1 (0) from P2 (1); the target q2 is 0 for P0,
+    a coin for P1, and 0 with 0.45 for P2. Member 0 answered q1 = 0 (posterior P0 / P1
+    0.5 / 0.5): q0 moves its target to 1.0 or 0.5, EIG 0.216 nats, but the most likely
+    target answer stays 0, so its expected accuracy stays 0.75 (gain 0). Member 1
+    answered q1 = 1 (P0 / P2 0.3 / 0.7): EIG 0.184 nats, accuracy 0.615 -> 0.685 (gain
+    0.07). ``eig`` asks member 0, ``eacc`` member 1."""
+    mu = torch.zeros(3, 6, 3, dtype=torch.float64)
+    mu[:, 0, :2] = 0.5
+    mu[:, 1, :3] = 1 / 3
+    mu[:, 5, :3] = 1 / 3
+    mu[:, 2, :2] = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])  # candidate q0
+    mu[:, 3, :2] = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]])  # observed q1
+    mu[:, 4, :2] = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.45, 0.55]])  # target q2
+    model = PersonaMixture(BANK, mu, torch.tensor([0.375, 0.1875, 0.4375]).log())
+    observed = torch.full((2, 6), -1)
+    observed[:, 3] = torch.tensor([0, 1])
+    eig = member_eig(model, observed, [2], [4])[:, 0]
+    acc = member_eig(model, observed, [2], [4], uncertainty="error")[:, 0]
+
+    def h(p: float) -> float:
+        return -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+    assert float(eig[0]) == pytest.approx(h(0.75) - 0.5 * h(0.5), abs=1e-6)
+    assert float(eig[1]) == pytest.approx(h(0.615) - 0.7 * h(0.55), abs=1e-6)
+    assert float(acc[0]) == pytest.approx(0.0, abs=1e-6)
+    assert float(acc[1]) == pytest.approx(0.07, abs=1e-6)
+    picks = {}
+    for resp in ("eig", "eacc"):
+        ge = GroupElicitation(model, observed, [2], [4], GroupMethod("eig", resp), GroupBudget(1, 1))
+        picks[resp] = ge.plan()[1].tolist()
+    assert picks == {"eig": [0], "eacc": [1]}
 
 
 def test_eig_respondents_pick_the_member_whose_answer_is_informative() -> None:
