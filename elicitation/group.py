@@ -117,13 +117,20 @@ def _expected_error(p: Tensor) -> Tensor:
     return 1.0 - p.max(-1).values
 
 
+def _quadratic(p: Tensor) -> Tensor:
+    return 1.0 - (p * p).sum(-1)
+
+
 UNCERTAINTIES: dict[str, Callable[[Tensor], Tensor]] = {
     "entropy": _entropy,
     "error": _expected_error,
+    "quadratic": _quadratic,
 }
 """Per-target uncertainty ``u(p)`` whose expected reduction a member gain measures:
-``entropy`` (information gain, nats) or ``error`` (``1 - max_k p_k``, the chance the most
-likely answer is wrong: the gain is the expected rise in target accuracy)."""
+``entropy`` (information gain, nats: the expected log-score gain), ``error``
+(``1 - max_k p_k``, the chance the most likely answer is wrong: the gain is the expected
+rise in target accuracy) or ``quadratic`` (``1 - sum_k p_k^2``: the gain is the expected
+fall of the Brier score, proper like the log score but bounded)."""
 
 
 def member_eig(
@@ -370,11 +377,20 @@ class BudgetAccuracyQuestion(BudgetEIGQuestion):
     uncertainty = "error"
 
 
+class BudgetBrierQuestion(BudgetEIGQuestion):
+    """:class:`BudgetEIGQuestion` with the expected Brier gain (``uncertainty="quadratic"``
+    of :func:`member_eig`) in place of the information gain."""
+
+    name = "ebrier_budget"
+    uncertainty = "quadratic"
+
+
 QUESTION_SELECTORS: dict[str, Callable[..., QuestionSelector]] = {
     "random": RandomQuestion,
     "eig": GroupEIGQuestion,
     "eig_budget": BudgetEIGQuestion,
     "eacc_budget": BudgetAccuracyQuestion,
+    "ebrier_budget": BudgetBrierQuestion,
 }
 
 
@@ -502,11 +518,20 @@ class AccuracyRespondents(EIGRespondents):
     uncertainty = "error"
 
 
+class BrierRespondents(EIGRespondents):
+    """:class:`EIGRespondents` by the expected Brier gain about the member's targets
+    (``uncertainty="quadratic"`` of :func:`member_eig`) times ``r_v``."""
+
+    name = "ebrier"
+    uncertainty = "quadratic"
+
+
 RESPONDENT_SELECTORS: dict[str, Callable[..., RespondentSelector]] = {
     "random": RandomRespondents,
     "relational": RelationalRespondents,
     "eig": EIGRespondents,
     "eacc": AccuracyRespondents,
+    "ebrier": BrierRespondents,
 }
 
 IMPUTATIONS = ("none", "self", "gnn", "gnn_only", "pool", "stack")

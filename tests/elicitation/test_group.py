@@ -172,6 +172,8 @@ def _brute_force_eig(
             p = (w.unsqueeze(1) * model.mu[:, t, :]).sum(0)
             if uncertainty == "error":
                 total += 1.0 - max(float(v) for v in p)
+            elif uncertainty == "quadratic":
+                total += 1.0 - sum(float(v) ** 2 for v in p)
             else:
                 total -= sum(float(v) * math.log(float(v)) for v in p if v > 0)
         return total
@@ -202,15 +204,17 @@ def test_member_eig_equals_brute_force() -> None:
         )
 
 
-def test_member_accuracy_gain_equals_brute_force() -> None:
-    """``uncertainty="error"``: E[max_k p(Y_t = k | h, Y_x)] - max_k p(Y_t = k | h), summed
-    over targets, enumerated; never negative; zero for an answered candidate."""
+@pytest.mark.parametrize("uncertainty", ["error", "quadratic"])
+def test_member_accuracy_and_brier_gain_equal_brute_force(uncertainty: str) -> None:
+    """``uncertainty="error"``: E[max_k p(Y_t = k | h, Y_x)] - max_k p(Y_t = k | h);
+    ``"quadratic"``: E[sum_k p_k^2 after] - sum_k p_k^2 now; summed over targets,
+    enumerated; never negative; zero for an answered candidate."""
     model = _toy_model()
     history = torch.full((4, 6), -1)
     history[1, 0] = 1
     history[2, 2] = 0
     history[3, [0, 3]] = torch.tensor([0, 1])
-    gain = member_eig(model, history, [2, 3, 4], [5, 4], chunk=3, uncertainty="error")
+    gain = member_eig(model, history, [2, 3, 4], [5, 4], chunk=3, uncertainty=uncertainty)
     eig = member_eig(model, history, [2, 3, 4], [5, 4], chunk=3)
     assert not torch.allclose(gain, eig)
     assert float(gain.min()) >= -1e-12
@@ -221,7 +225,7 @@ def test_member_accuracy_gain_equals_brute_force() -> None:
             assert float(gain[v, x]) == 0.0
             continue
         assert float(gain[v, x]) == pytest.approx(
-            _brute_force_eig(model, answers, cand, [5, 4], "error"), abs=1e-9
+            _brute_force_eig(model, answers, cand, [5, 4], uncertainty), abs=1e-9
         )
     with pytest.raises(GroupError, match="unknown uncertainty"):
         member_eig(model, history, [2], [5], uncertainty="variance")
@@ -259,7 +263,9 @@ def test_accuracy_respondents_skip_a_member_whose_answer_cannot_change_the_guess
     assert float(acc[1]) == pytest.approx(0.07, abs=1e-6)
     picks = {}
     for resp in ("eig", "eacc"):
-        ge = GroupElicitation(model, observed, [2], [4], GroupMethod("eig", resp), GroupBudget(1, 1))
+        ge = GroupElicitation(
+            model, observed, [2], [4], GroupMethod("eig", resp), GroupBudget(1, 1)
+        )
         picks[resp] = ge.plan()[1].tolist()
     assert picks == {"eig": [0], "eacc": [1]}
 
