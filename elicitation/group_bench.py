@@ -89,6 +89,9 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # the default with the mixture weights re-fitted to the group (see group.py)
     "default_adapt": GroupMethod("eig_budget", "eig", "pool", adapt_prior=True),
     "eig_eig_none_adapt": GroupMethod("eig_budget", "eig", "none", adapt_prior=True),
+    # the paper's question rule (summed over all members) with EIG respondents and no
+    # imputation: the live product's group planner before session 7
+    "greedy_eig": GroupMethod("eig", "eig", "none"),
     # the paper's question rule on a 10% member subsample (speed variant)
     "greedy10_random": GroupMethod("eig", "random", "none", subsample=0.1),
     # (session 7) the default with the expected rise in target accuracy in place of the
