@@ -198,6 +198,109 @@ def member_eig(
     return torch.cat(parts)
 
 
+def _expected_error_after(
+    model: BeliefModel, state: Any, x: int, free: Tensor, targets: list[int]
+) -> Tensor:
+    """``[B]``: ``E_k err(h, x=k)`` under ``state`` (members with ``free`` false keep
+    ``err(h)``: their update is a no-op), ``err = sum_t (1 - max_k p_tk)``."""
+    n_opt = model.item_bank.n_options
+    o_t = max((n_opt[t] for t in targets), default=1)
+    b = int(free.shape[0])
+    p_x = model.predict_batch(state, [x])[:, 0, : n_opt[x]]
+    out = torch.zeros(b, dtype=DTYPE)
+    items = torch.full((b,), x, dtype=torch.long)
+    for k in range(n_opt[x]):
+        opts = torch.where(free, torch.full((b,), k), torch.full((b,), MISSING))
+        nxt = model.update_batch(state, items, opts)
+        out += p_x[:, k] * _expected_error(model.predict_batch(nxt, targets)[..., :o_t]).sum(-1)
+    return out
+
+
+def member_lookahead_accuracy_gain(
+    model: BeliefModel,
+    history: Tensor,
+    candidates: Sequence[int],
+    targets: Sequence[int],
+    q: float,
+    *,
+    chunk: int = 8192,
+) -> Tensor:
+    """Accuracy gain of each candidate when the member may answer once more later.
+
+    The accuracy gain (:func:`member_eig` with ``uncertainty="error"``) is myopic: an
+    answer that cannot flip the most likely option of a target is worth 0 although it
+    moves the distribution toward a flip by a later answer. With
+    ``err(h) = sum_t (1 - max_k p(Y_t = k | h))`` (expected wrong targets):
+
+        G1(x) = err(h) - E_k err(h, x=k)                          (one answer)
+        M(x)  = min_{x' != x} E_{k'} err(h, x'=k')
+                - E_k min_{x' != x} E_{k'} err(h, x=k, x'=k')        (x, then the best x')
+        gain  = (1 - q) G1(x) + q M(x)
+
+    ``M`` is the value of ``x`` to a member who will also answer the best other candidate
+    later (chosen after seeing the answer to ``x``), against answering that one alone;
+    ``q`` is the chance of that later answer (:attr:`RoundContext.lookahead_q`: the
+    share asked per round times the rounds left after this one, at most 1). ``q = 0``
+    gives the accuracy gain exactly.
+
+    Cost: ``sum_x O_x (1 + sum_{x' != x} O_x')`` batched updates, i.e. ``(C O)^2``.
+
+    Args:
+        model, history, candidates, targets, chunk: as :func:`member_eig`.
+        q: chance of one more answer, in ``[0, 1]``.
+
+    Returns:
+        ``[B, C]`` float64.
+    """
+    if not 0.0 <= q <= 1.0:
+        raise GroupError(f"q must be in [0, 1], got {q}")
+    cand = [int(c) for c in candidates]
+    tgt = [int(t) for t in targets]
+    n_opt = model.item_bank.n_options
+    o_t = max((n_opt[t] for t in tgt), default=1)
+    u = _expected_error
+    parts = []
+    for s in range(0, int(history.shape[0]), chunk):
+        hist = history[s : s + chunk]
+        b = int(hist.shape[0])
+        state = model.initial_batch(hist)
+        err0 = u(model.predict_batch(state, tgt)[..., :o_t]).sum(-1)
+
+        frees = [hist[:, x] < 0 for x in cand]
+        e1 = torch.stack(
+            [
+                _expected_error_after(model, state, x, f, tgt)
+                for x, f in zip(cand, frees, strict=True)
+            ],
+            1,
+        )  # [b, C]
+        g = torch.zeros(b, len(cand), dtype=DTYPE)
+        big = torch.tensor(float("inf"), dtype=DTYPE)
+        for j, x in enumerate(cand):
+            free = frees[j]
+            if not bool(free.any()):
+                continue
+            others = [i for i in range(len(cand)) if i != j]
+            best_other = e1[:, others].min(1).values if others else err0
+            p_x = model.predict_batch(state, [x])[:, 0, : n_opt[x]]
+            items = torch.full((b,), x, dtype=torch.long)
+            e2 = torch.zeros(b, dtype=DTYPE)
+            for k in range(n_opt[x]):
+                opts = torch.where(free, torch.full((b,), k), torch.full((b,), MISSING))
+                st = model.update_batch(state, items, opts)
+                m = torch.full((b,), big)
+                if not others:
+                    m = u(model.predict_batch(st, tgt)[..., :o_t]).sum(-1)
+                for i in others:
+                    m = torch.minimum(m, _expected_error_after(model, st, cand[i], frees[i], tgt))
+                e2 += p_x[:, k] * m
+            g1 = err0 - e1[:, j]
+            mm = best_other - e2
+            g[:, j] = torch.where(free, (1 - q) * g1 + q * mm, torch.zeros((), dtype=DTYPE))
+        parts.append(g)
+    return torch.cat(parts) if parts else torch.zeros(0, len(cand), dtype=DTYPE)
+
+
 # ----------------------------------------------------------------------------------------
 # the round context
 
@@ -245,6 +348,8 @@ class RoundContext:
         gen: random generator of this group elicitation.
         gnn: the GNN view, or ``None``.
         eig_cache: ``{(uncertainty, item): [N] gain_v(item)}`` filled on demand.
+        lookahead_q: chance that a member asked now answers once more in a later round
+            (used by the ``eacc2`` selectors).
     """
 
     model: BeliefModel
@@ -255,6 +360,7 @@ class RoundContext:
     gen: torch.Generator
     gnn: GNNView | None = None
     eig_cache: dict[tuple[str, int], Tensor] = field(default_factory=dict)
+    lookahead_q: float = 0.0
 
     @property
     def n_members(self) -> int:
@@ -385,12 +491,33 @@ class BudgetBrierQuestion(BudgetEIGQuestion):
     uncertainty = "quadratic"
 
 
+class LookaheadAccuracyQuestion(QuestionSelector):
+    """Top-``n_ask`` sum of ``r_v`` times the lookahead accuracy gain
+    (:func:`member_lookahead_accuracy_gain`), as :class:`BudgetEIGQuestion` (exact, no
+    member subsample); the members' gains are kept for :class:`LookaheadAccuracyRespondents`.
+    """
+
+    name = "eacc2_budget"
+
+    def scores(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> Tensor:
+        gain = member_lookahead_accuracy_gain(
+            ctx.model, ctx.history, candidates, ctx.targets, ctx.lookahead_q
+        )
+        ctx.eig_cache.update({("eacc2", c): gain[:, j] for j, c in enumerate(candidates)})
+        gain = gain * ctx.response_prob.unsqueeze(1)
+        not_yet = torch.stack([ctx.observed[:, c] < 0 for c in candidates], 1)
+        gain = torch.where(not_yet, gain, torch.zeros((), dtype=DTYPE))
+        k = max(1, min(n_ask, gain.shape[0]))
+        return torch.topk(gain, k, dim=0).values.sum(0)
+
+
 QUESTION_SELECTORS: dict[str, Callable[..., QuestionSelector]] = {
     "random": RandomQuestion,
     "eig": GroupEIGQuestion,
     "eig_budget": BudgetEIGQuestion,
     "eacc_budget": BudgetAccuracyQuestion,
     "ebrier_budget": BudgetBrierQuestion,
+    "eacc2_budget": LookaheadAccuracyQuestion,
 }
 
 
@@ -526,12 +653,28 @@ class BrierRespondents(EIGRespondents):
     uncertainty = "quadratic"
 
 
+class LookaheadAccuracyRespondents(RespondentSelector):
+    """The ``n`` largest ``r_v`` times lookahead accuracy gains of the round's question."""
+
+    name = "eacc2"
+
+    def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
+        if ("eacc2", question) not in ctx.eig_cache:
+            ctx.eig_cache[("eacc2", question)] = member_lookahead_accuracy_gain(
+                ctx.model, ctx.history, [question], ctx.targets, ctx.lookahead_q
+            )[:, 0]
+        gain = ctx.eig_cache[("eacc2", question)] * ctx.response_prob
+        order = torch.argsort(-gain[pool], stable=True)
+        return pool[order[:n]]
+
+
 RESPONDENT_SELECTORS: dict[str, Callable[..., RespondentSelector]] = {
     "random": RandomRespondents,
     "relational": RelationalRespondents,
     "eig": EIGRespondents,
     "eacc": AccuracyRespondents,
     "ebrier": BrierRespondents,
+    "eacc2": LookaheadAccuracyRespondents,
 }
 
 IMPUTATIONS = ("none", "self", "gnn", "gnn_only", "pool", "stack")
@@ -1124,6 +1267,12 @@ class GroupElicitation:
             self.response_prob,
             self.gen,
             self.gnn,
+            lookahead_q=min(
+                1.0,
+                self.budget.per_round(self.observed.shape[0])
+                / self.observed.shape[0]
+                * max(0, self.rounds_left() - 1),
+            ),
         )
 
     def rounds_left(self) -> int:

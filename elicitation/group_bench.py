@@ -92,6 +92,9 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # the paper's question rule (summed over all members) with EIG respondents and no
     # imputation: the live product's group planner before session 7
     "greedy_eig": GroupMethod("eig", "eig", "none"),
+    # the accuracy gain with one more answer ahead, with the chance the budget gives
+    # (``eacc2``; ahead of the default in all 16 accuracy cells, docs/group.md)
+    "eacc2_eacc2_pool": GroupMethod("eacc2_budget", "eacc2", "pool", online_pool=True),
     # the paper's question rule on a 10% member subsample (speed variant)
     "greedy10_random": GroupMethod("eig", "random", "none", subsample=0.1),
     # (session 7) the default with the expected rise in target accuracy in place of the

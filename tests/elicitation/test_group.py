@@ -20,6 +20,7 @@ from elicitation.group import (
     fit_stack_weights,
     log_linear_pool,
     member_eig,
+    member_lookahead_accuracy_gain,
     pool_gain_rows,
     pool_weight_from_gains,
     shrunk_stack_weights,
@@ -268,6 +269,147 @@ def test_accuracy_respondents_skip_a_member_whose_answer_cannot_change_the_guess
         )
         picks[resp] = ge.plan()[1].tolist()
     assert picks == {"eig": [0], "eacc": [1]}
+
+
+def _three_personas() -> PersonaMixture:
+    """P0 / P1 / P2: q0 tells P0 from P1 and P2, q1 tells P1 from P2 (P0 a coin), the
+    target q2 is 0 for P0, a coin for P1, 0 with 0.45 for P2; q3 is uninformative."""
+    mu = torch.zeros(3, 6, 3, dtype=torch.float64)
+    mu[:, 0, :2] = 0.5
+    mu[:, 1, :3] = 1 / 3
+    mu[:, 5, :3] = 1 / 3
+    mu[:, 2, :2] = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    mu[:, 3, :2] = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]])
+    mu[:, 4, :2] = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.45, 0.55]])
+    return PersonaMixture(BANK, mu, torch.tensor([0.375, 0.1875, 0.4375]).log())
+
+
+def _brute_lookahead(
+    model: PersonaMixture,
+    answers: dict[int, int],
+    x: int,
+    cands: list[int],
+    tgt: list[int],
+    q: float,
+) -> float:
+    """(1 - q) G1 + q M of :func:`member_lookahead_accuracy_gain`, by enumeration."""
+    w0 = model.log_prior.exp()
+    for i, k in answers.items():
+        w0 = w0 * model.mu[:, i, k]
+    w0 = w0 / w0.sum()
+
+    def err(w: torch.Tensor) -> float:
+        return sum(1.0 - float((w.unsqueeze(1) * model.mu[:, t, :]).sum(0).max()) for t in tgt)
+
+    def after(w: torch.Tensor, y: int, known: set[int]) -> float:  # E_k err(w, y=k)
+        if y in known:
+            return err(w)
+        total = 0.0
+        for k in range(BANK.n_options[y]):
+            pk = float((w * model.mu[:, y, k]).sum())
+            if pk > 0:
+                total += pk * err(w * model.mu[:, y, k] / pk)
+        return total
+
+    known = set(answers)
+    others = [c for c in cands if c != x]
+    g1 = err(w0) - after(w0, x, known)
+    best_other = min(after(w0, c, known) for c in others)
+    e2 = 0.0
+    for k in range(BANK.n_options[x]):
+        pk = float((w0 * model.mu[:, x, k]).sum())
+        if pk > 0:
+            wk = w0 * model.mu[:, x, k] / pk
+            e2 += pk * min(after(wk, c, known | {x}) for c in others)
+    return (1 - q) * g1 + q * (best_other - e2)
+
+
+@pytest.mark.parametrize("q", [0.0, 0.3, 1.0])
+def test_lookahead_accuracy_gain_equals_brute_force(q: float) -> None:
+    """Enumerated on three personas: a member whose next answer cannot flip its target
+    alone gains from it once a later answer may follow (M > G1); ``q = 0`` is the
+    accuracy gain exactly; answered candidates gain 0."""
+    model = _three_personas()
+    history = torch.full((4, 6), -1)
+    history[0, 3] = 0
+    history[1, 3] = 1
+    history[3, 2] = 1
+    cands, tgt = [2, 3, 5], [4]
+    gain = member_lookahead_accuracy_gain(model, history, cands, tgt, q, chunk=3)
+    for v, j in itertools.product(range(4), range(3)):
+        answers = {i: int(history[v, i]) for i in range(6) if history[v, i] >= 0}
+        if cands[j] in answers:
+            assert float(gain[v, j]) == 0.0
+            continue
+        assert float(gain[v, j]) == pytest.approx(
+            _brute_lookahead(model, answers, cands[j], cands, tgt, q), abs=1e-9
+        )
+    if q == 0.0:
+        myopic = member_eig(model, history, cands, tgt, uncertainty="error")
+        assert torch.allclose(gain, myopic, atol=1e-12)
+
+
+def test_lookahead_values_an_answer_that_only_a_later_one_makes_useful() -> None:
+    """P0 / P1 / P2 (prior 0.5, 0.35, 0.15): q0 tells P0 from P1 and P2, q1 tells P1
+    from P2, the target is 0 unless P2. q0 alone never flips the guess (after q0 = 1 the
+    target is still 0 with 0.7), so its accuracy gain is 0; followed by q1 it finds
+    every P2: ``M = 0.1 > 0``, by enumeration."""
+    mu = torch.zeros(3, 6, 3, dtype=torch.float64)
+    mu[:, 0, :2] = 0.5
+    mu[:, 1, :3] = 1 / 3
+    mu[:, 5, :3] = 1 / 3
+    mu[:, 2, :2] = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    mu[:, 3, :2] = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]])
+    mu[:, 4, :2] = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    model = PersonaMixture(BANK, mu, torch.tensor([0.5, 0.35, 0.15]).log())
+    history = torch.full((1, 6), -1)
+    myopic = member_eig(model, history, [2, 3], [4], uncertainty="error")
+    one = member_lookahead_accuracy_gain(model, history, [2, 3], [4], 1.0)
+    assert float(myopic[0, 0]) == pytest.approx(0.0, abs=1e-9)
+    assert float(one[0, 0]) > 0.05
+    history = torch.full((3, 6), -1)
+    history[1, 3] = 0  # a member who answered q1 (P0 or P1)
+    history[2, 0] = 1
+    for q in (0.3, 1.0):
+        gain = member_lookahead_accuracy_gain(model, history, [2, 3, 5], [4], q)
+        for v, j in itertools.product(range(3), range(3)):
+            answers = {i: int(history[v, i]) for i in range(6) if history[v, i] >= 0}
+            x = [2, 3, 5][j]
+            expected = (
+                0.0 if x in answers else _brute_lookahead(model, answers, x, [2, 3, 5], [4], q)
+            )
+            assert float(gain[v, j]) == pytest.approx(expected, abs=1e-9)
+
+
+def test_lookahead_refuses_a_chance_outside_0_1() -> None:
+    model = _three_personas()
+    history = torch.full((4, 6), -1)
+    cands, tgt = [2, 3, 5], [4]
+    with pytest.raises(GroupError, match="q must be in"):
+        member_lookahead_accuracy_gain(model, history, cands, tgt, 1.5)
+
+
+def test_lookahead_chance_follows_the_budget() -> None:
+    """``lookahead_q`` = share asked per round x rounds left after this one, at most 1."""
+    model = _three_personas()
+    observed = torch.full((10, 6), -1)
+    for share, rounds, q in ((0.2, 3, 0.4), (0.5, 4, 1.0), (0.2, 1, 0.0)):
+        ge = GroupElicitation(
+            model,
+            observed,
+            [2, 3],
+            [4],
+            GroupMethod("eacc2_budget", "eacc2"),
+            GroupBudget(share, rounds),
+        )
+        assert ge.context().lookahead_q == pytest.approx(q)
+        question, who, scores = ge.plan()
+        gain = member_lookahead_accuracy_gain(model, observed, [2, 3], [4], q)
+        top = torch.topk(gain, len(who), dim=0).values.sum(0)
+        assert torch.allclose(scores, top)
+        assert question == [2, 3][int(top.argmax())]
+        chosen = gain[:, [2, 3].index(question)]
+        assert float(chosen[who].min()) >= float(chosen.max()) - 1e-12 or len(who) == 10
 
 
 def test_eig_respondents_pick_the_member_whose_answer_is_informative() -> None:
