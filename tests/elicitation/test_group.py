@@ -242,14 +242,7 @@ def test_accuracy_respondents_skip_a_member_whose_answer_cannot_change_the_guess
     target answer stays 0, so its expected accuracy stays 0.75 (gain 0). Member 1
     answered q1 = 1 (P0 / P2 0.3 / 0.7): EIG 0.184 nats, accuracy 0.615 -> 0.685 (gain
     0.07). ``eig`` asks member 0, ``eacc`` member 1."""
-    mu = torch.zeros(3, 6, 3, dtype=torch.float64)
-    mu[:, 0, :2] = 0.5
-    mu[:, 1, :3] = 1 / 3
-    mu[:, 5, :3] = 1 / 3
-    mu[:, 2, :2] = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])  # candidate q0
-    mu[:, 3, :2] = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]])  # observed q1
-    mu[:, 4, :2] = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.45, 0.55]])  # target q2
-    model = PersonaMixture(BANK, mu, torch.tensor([0.375, 0.1875, 0.4375]).log())
+    model = _three_personas()
     observed = torch.full((2, 6), -1)
     observed[:, 3] = torch.tensor([0, 1])
     eig = member_eig(model, observed, [2], [4])[:, 0]
@@ -271,17 +264,22 @@ def test_accuracy_respondents_skip_a_member_whose_answer_cannot_change_the_guess
     assert picks == {"eig": [0], "eacc": [1]}
 
 
-def _three_personas() -> PersonaMixture:
-    """P0 / P1 / P2: q0 tells P0 from P1 and P2, q1 tells P1 from P2 (P0 a coin), the
-    target q2 is 0 for P0, a coin for P1, 0 with 0.45 for P2; q3 is uninformative."""
+def _three_personas(
+    target_zero: tuple[float, float, float] = (1.0, 0.5, 0.45),
+    prior: tuple[float, float, float] = (0.375, 0.1875, 0.4375),
+) -> PersonaMixture:
+    """P0 / P1 / P2: q0 tells P0 (0) from P1 and P2 (1), q1 tells P1 (0) from P2 (1)
+    (P0 a coin), the target q2 is 0 with ``target_zero[c]`` for persona ``c``; q3 is
+    uninformative."""
     mu = torch.zeros(3, 6, 3, dtype=torch.float64)
     mu[:, 0, :2] = 0.5
     mu[:, 1, :3] = 1 / 3
     mu[:, 5, :3] = 1 / 3
     mu[:, 2, :2] = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
     mu[:, 3, :2] = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]])
-    mu[:, 4, :2] = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.45, 0.55]])
-    return PersonaMixture(BANK, mu, torch.tensor([0.375, 0.1875, 0.4375]).log())
+    t0 = torch.tensor(target_zero, dtype=torch.float64)
+    mu[:, 4, :2] = torch.stack([t0, 1 - t0], 1)
+    return PersonaMixture(BANK, mu, torch.tensor(prior, dtype=torch.float64).log())
 
 
 def _brute_lookahead(
@@ -354,14 +352,7 @@ def test_lookahead_values_an_answer_that_only_a_later_one_makes_useful() -> None
     from P2, the target is 0 unless P2. q0 alone never flips the guess (after q0 = 1 the
     target is still 0 with 0.7), so its accuracy gain is 0; followed by q1 it finds
     every P2: ``M = 0.1 > 0``, by enumeration."""
-    mu = torch.zeros(3, 6, 3, dtype=torch.float64)
-    mu[:, 0, :2] = 0.5
-    mu[:, 1, :3] = 1 / 3
-    mu[:, 5, :3] = 1 / 3
-    mu[:, 2, :2] = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
-    mu[:, 3, :2] = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]])
-    mu[:, 4, :2] = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
-    model = PersonaMixture(BANK, mu, torch.tensor([0.5, 0.35, 0.15]).log())
+    model = _three_personas((1.0, 1.0, 0.0), (0.5, 0.35, 0.15))
     history = torch.full((1, 6), -1)
     myopic = member_eig(model, history, [2, 3], [4], uncertainty="error")
     one = member_lookahead_accuracy_gain(model, history, [2, 3], [4], 1.0)
