@@ -381,9 +381,12 @@ def test_lookahead_refuses_a_chance_outside_0_1() -> None:
 
 
 def test_lookahead_chance_follows_the_budget() -> None:
-    """``lookahead_q`` = share asked per round x rounds left after this one, at most 1."""
+    """``lookahead_q`` = share asked per round x rounds left after this one, at most 1;
+    the question and respondents are the top gains at that ``q``. Four of the ten
+    members already answered q1 = 1, so the members' gains differ."""
     model = _three_personas()
     observed = torch.full((10, 6), -1)
+    observed[:4, 3] = 1
     for share, rounds, q in ((0.2, 3, 0.4), (0.5, 4, 1.0), (0.2, 1, 0.0)):
         ge = GroupElicitation(
             model,
@@ -400,7 +403,13 @@ def test_lookahead_chance_follows_the_budget() -> None:
         assert torch.allclose(scores, top)
         assert question == [2, 3][int(top.argmax())]
         chosen = gain[:, [2, 3].index(question)]
-        assert float(chosen[who].min()) >= float(chosen.max()) - 1e-12 or len(who) == 10
+        eligible = observed[:, question] < 0
+        left_out = eligible.clone()
+        left_out[who] = False
+        assert bool(eligible[who].all()) and len(set(who.tolist())) == len(who)
+        assert len(who) == min(int(eligible.sum()), round(share * 10))
+        assert float(chosen[who].min()) >= float(chosen[left_out].max()) - 1e-12
+        assert float(chosen[eligible].max()) > float(chosen[eligible].min()) + 1e-6
 
 
 def test_eig_respondents_pick_the_member_whose_answer_is_informative() -> None:
