@@ -238,6 +238,29 @@ def count_decisions(monkeypatch: Any) -> list[int]:
 
 
 @contextmanager
+def study_fields(live: LiveStudy, **fields: Any) -> Iterator[None]:
+    """The live study's row with ``fields`` (column values) for the ``with`` block,
+    restored afterwards."""
+
+    def write(values: dict[str, Any]) -> dict[str, Any]:
+        with live.session() as db:
+            study = db.get(Study, live.study_id)
+            assert study is not None
+            before = {k: getattr(study, k) for k in values}
+            for k, v in values.items():
+                setattr(study, k, v)
+            db.add(study)
+            db.commit()
+        return before
+
+    original = write(fields)
+    try:
+        yield
+    finally:
+        write(original)
+
+
+@contextmanager
 def study_settings(live: LiveStudy, **changes: Any) -> Iterator[None]:
     """The live study's settings with ``changes`` (top-level keys) for the ``with`` block,
     restored afterwards."""
@@ -245,15 +268,5 @@ def study_settings(live: LiveStudy, **changes: Any) -> Iterator[None]:
         study = db.get(Study, live.study_id)
         assert study is not None
         original = dict(study.settings)
-        study.settings = {**original, **changes}
-        db.add(study)
-        db.commit()
-    try:
+    with study_fields(live, settings={**original, **changes}):
         yield
-    finally:
-        with live.session() as db:
-            study = db.get(Study, live.study_id)
-            assert study is not None
-            study.settings = original
-            db.add(study)
-            db.commit()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import DATASETS_DIR, write_small_dataset
-from live_study import LiveStudy, app_client, fresh_database_url, make_live_study
+from live_study import LiveStudy, app_client, fresh_database_url, make_live_study, study_fields
 from sqlalchemy import func
 from sqlmodel import select
 
@@ -251,21 +251,7 @@ def test_decline_stores_nothing_and_unknown_study(client: Any, live: LiveStudy) 
 
 
 def test_pages_escape_study_text(client: Any, live: LiveStudy) -> None:
-    with live.session() as db:
-        row = db.get(Study, live.study_id)
-        assert row is not None
-        old = row.consent_text
-        row.consent_text = "<script>alert(1)</script> & more"
-        db.add(row)
-        db.commit()
-    try:
+    with study_fields(live, consent_text="<script>alert(1)</script> & more"):
         page = client.get(f"/s/{live.slug}").text
         assert "<script>alert(1)</script>" not in page
         assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
-    finally:
-        with live.session() as db:
-            row = db.get(Study, live.study_id)
-            assert row is not None
-            row.consent_text = old
-            db.add(row)
-            db.commit()
