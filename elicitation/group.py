@@ -132,6 +132,10 @@ UNCERTAINTIES: dict[str, Callable[[Tensor], Tensor]] = {
 rise in target accuracy) or ``quadratic`` (``1 - sum_k p_k^2``: the gain is the expected
 fall of the Brier score, proper like the log score but bounded)."""
 
+LOOKAHEAD = "error_lookahead"
+"""The gain name of :func:`member_lookahead_accuracy_gain` in :meth:`RoundContext.gains`
+(not a per-target uncertainty: it depends on the later questions and their chance)."""
+
 
 def member_eig(
     model: BeliefModel,
@@ -223,6 +227,7 @@ def member_lookahead_accuracy_gain(
     targets: Sequence[int],
     q: float,
     *,
+    later: Sequence[int] | None = None,
     chunk: int = 8192,
 ) -> Tensor:
     """Accuracy gain of each candidate when the member may answer once more later.
@@ -237,8 +242,9 @@ def member_lookahead_accuracy_gain(
                 - E_k min_{x' != x} E_{k'} err(h, x=k, x'=k')        (x, then the best x')
         gain  = (1 - q) G1(x) + q M(x)
 
-    ``M`` is the value of ``x`` to a member who will also answer the best other candidate
-    later (chosen after seeing the answer to ``x``), against answering that one alone;
+    ``M`` is the value of ``x`` to a member who will also answer the best other question
+    ``x'`` of ``later`` (default: ``candidates``; chosen after seeing the answer to
+    ``x``), against answering that one alone;
     ``q`` is the chance of that later answer (:attr:`RoundContext.lookahead_q`: the
     share asked per round times the rounds left after this one, at most 1). ``q = 0``
     gives the accuracy gain exactly.
@@ -248,6 +254,8 @@ def member_lookahead_accuracy_gain(
     Args:
         model, history, candidates, targets, chunk: as :func:`member_eig`.
         q: chance of one more answer, in ``[0, 1]``.
+        later: the questions that may follow (the round's remaining candidates), so a
+            candidate's gain does not depend on which others are scored with it.
 
     Returns:
         ``[B, C]`` float64.
@@ -255,6 +263,7 @@ def member_lookahead_accuracy_gain(
     if not 0.0 <= q <= 1.0:
         raise GroupError(f"q must be in [0, 1], got {q}")
     cand = [int(c) for c in candidates]
+    nxt_pool = cand if later is None else [int(c) for c in later]
     tgt = [int(t) for t in targets]
     n_opt = model.item_bank.n_options
     o_t = max((n_opt[t] for t in tgt), default=1)
@@ -265,38 +274,35 @@ def member_lookahead_accuracy_gain(
         b = int(hist.shape[0])
         state = model.initial_batch(hist)
         err0 = u(model.predict_batch(state, tgt)[..., :o_t]).sum(-1)
-
-        frees = [hist[:, x] < 0 for x in cand]
-        e1 = torch.stack(
-            [
-                _expected_error_after(model, state, x, f, tgt)
-                for x, f in zip(cand, frees, strict=True)
-            ],
-            1,
-        )  # [b, C]
+        free = {x: hist[:, x] < 0 for x in {*cand, *nxt_pool}}
+        e1 = {x: _expected_error_after(model, state, x, free[x], tgt) for x in free}  # [b] each
         g = torch.zeros(b, len(cand), dtype=DTYPE)
-        big = torch.tensor(float("inf"), dtype=DTYPE)
         for j, x in enumerate(cand):
-            free = frees[j]
-            if not bool(free.any()):
+            if not bool(free[x].any()):
                 continue
-            others = [i for i in range(len(cand)) if i != j]
-            best_other = e1[:, others].min(1).values if others else err0
+            others = [y for y in nxt_pool if y != x]
+            best_other = torch.stack([e1[y] for y in others]).min(0).values if others else err0
             p_x = model.predict_batch(state, [x])[:, 0, : n_opt[x]]
             items = torch.full((b,), x, dtype=torch.long)
             e2 = torch.zeros(b, dtype=DTYPE)
             for k in range(n_opt[x]):
-                opts = torch.where(free, torch.full((b,), k), torch.full((b,), MISSING))
+                opts = torch.where(free[x], torch.full((b,), k), torch.full((b,), MISSING))
                 st = model.update_batch(state, items, opts)
-                m = torch.full((b,), big)
-                if not others:
+                if others:
+                    m = (
+                        torch.stack(
+                            [_expected_error_after(model, st, y, free[y], tgt) for y in others]
+                        )
+                        .min(0)
+                        .values
+                    )
+                else:
                     m = u(model.predict_batch(st, tgt)[..., :o_t]).sum(-1)
-                for i in others:
-                    m = torch.minimum(m, _expected_error_after(model, st, cand[i], frees[i], tgt))
                 e2 += p_x[:, k] * m
-            g1 = err0 - e1[:, j]
-            mm = best_other - e2
-            g[:, j] = torch.where(free, (1 - q) * g1 + q * mm, torch.zeros((), dtype=DTYPE))
+            g1 = err0 - e1[x]
+            g[:, j] = torch.where(
+                free[x], (1 - q) * g1 + q * (best_other - e2), torch.zeros((), dtype=DTYPE)
+            )
         parts.append(g)
     return torch.cat(parts) if parts else torch.zeros(0, len(cand), dtype=DTYPE)
 
@@ -349,7 +355,9 @@ class RoundContext:
         gnn: the GNN view, or ``None``.
         eig_cache: ``{(uncertainty, item): [N] gain_v(item)}`` filled on demand.
         lookahead_q: chance that a member asked now answers once more in a later round
-            (used by the ``eacc2`` selectors).
+            (the :data:`LOOKAHEAD` gain).
+        later: the questions that may still follow (the round's remaining candidates;
+            ``None``: the items scored).
     """
 
     model: BeliefModel
@@ -361,17 +369,28 @@ class RoundContext:
     gnn: GNNView | None = None
     eig_cache: dict[tuple[str, int], Tensor] = field(default_factory=dict)
     lookahead_q: float = 0.0
+    later: list[int] | None = None
 
     @property
     def n_members(self) -> int:
         return int(self.observed.shape[0])
 
+    def gains(self, history: Tensor, items: Sequence[int], uncertainty: str) -> Tensor:
+        """``[B, len(items)]`` member gains for ``history`` (no cache):
+        :func:`member_eig` with ``uncertainty``, or for :data:`LOOKAHEAD`
+        :func:`member_lookahead_accuracy_gain` at :attr:`lookahead_q` over :attr:`later`."""
+        if uncertainty == LOOKAHEAD:
+            return member_lookahead_accuracy_gain(
+                self.model, history, items, self.targets, self.lookahead_q, later=self.later
+            )
+        return member_eig(self.model, history, items, self.targets, uncertainty=uncertainty)
+
     def eig(self, items: Sequence[int], uncertainty: str = "entropy") -> Tensor:
-        """``[N, len(items)]`` member gain of each item (:func:`member_eig` with
+        """``[N, len(items)]`` member gain of each item (:meth:`gains` with
         ``uncertainty``; computed once per item and uncertainty)."""
         todo = [int(i) for i in items if (uncertainty, int(i)) not in self.eig_cache]
         if todo:
-            m = member_eig(self.model, self.history, todo, self.targets, uncertainty=uncertainty)
+            m = self.gains(self.history, todo, uncertainty)
             for j, i in enumerate(todo):
                 self.eig_cache[(uncertainty, i)] = m[:, j]
         return torch.stack([self.eig_cache[(uncertainty, int(i))] for i in items], 1)
@@ -464,9 +483,7 @@ class BudgetEIGQuestion(QuestionSelector):
         else:
             m = self.max_members
             rows = torch.randperm(n, generator=ctx.gen)[:m]
-            gain = member_eig(
-                ctx.model, ctx.history[rows], candidates, ctx.targets, uncertainty=self.uncertainty
-            )
+            gain = ctx.gains(ctx.history[rows], candidates, self.uncertainty)
             scale, k = n / m, int(round(n_ask * m / n))
         gain = gain * ctx.response_prob[rows].unsqueeze(1)
         not_yet = torch.stack([ctx.observed[rows, c] < 0 for c in candidates], 1)
@@ -491,24 +508,12 @@ class BudgetBrierQuestion(BudgetEIGQuestion):
     uncertainty = "quadratic"
 
 
-class LookaheadAccuracyQuestion(QuestionSelector):
-    """Top-``n_ask`` sum of ``r_v`` times the lookahead accuracy gain
-    (:func:`member_lookahead_accuracy_gain`), as :class:`BudgetEIGQuestion` (exact, no
-    member subsample); the members' gains are kept for :class:`LookaheadAccuracyRespondents`.
-    """
+class LookaheadAccuracyQuestion(BudgetEIGQuestion):
+    """:class:`BudgetEIGQuestion` with the lookahead accuracy gain
+    (:func:`member_lookahead_accuracy_gain`, :data:`LOOKAHEAD`)."""
 
     name = "eacc2_budget"
-
-    def scores(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> Tensor:
-        gain = member_lookahead_accuracy_gain(
-            ctx.model, ctx.history, candidates, ctx.targets, ctx.lookahead_q
-        )
-        ctx.eig_cache.update({("eacc2", c): gain[:, j] for j, c in enumerate(candidates)})
-        gain = gain * ctx.response_prob.unsqueeze(1)
-        not_yet = torch.stack([ctx.observed[:, c] < 0 for c in candidates], 1)
-        gain = torch.where(not_yet, gain, torch.zeros((), dtype=DTYPE))
-        k = max(1, min(n_ask, gain.shape[0]))
-        return torch.topk(gain, k, dim=0).values.sum(0)
+    uncertainty = LOOKAHEAD
 
 
 QUESTION_SELECTORS: dict[str, Callable[..., QuestionSelector]] = {
@@ -653,19 +658,11 @@ class BrierRespondents(EIGRespondents):
     uncertainty = "quadratic"
 
 
-class LookaheadAccuracyRespondents(RespondentSelector):
-    """The ``n`` largest ``r_v`` times lookahead accuracy gains of the round's question."""
+class LookaheadAccuracyRespondents(EIGRespondents):
+    """:class:`EIGRespondents` by the lookahead accuracy gain (:data:`LOOKAHEAD`)."""
 
     name = "eacc2"
-
-    def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
-        if ("eacc2", question) not in ctx.eig_cache:
-            ctx.eig_cache[("eacc2", question)] = member_lookahead_accuracy_gain(
-                ctx.model, ctx.history, [question], ctx.targets, ctx.lookahead_q
-            )[:, 0]
-        gain = ctx.eig_cache[("eacc2", question)] * ctx.response_prob
-        order = torch.argsort(-gain[pool], stable=True)
-        return pool[order[:n]]
+    uncertainty = LOOKAHEAD
 
 
 RESPONDENT_SELECTORS: dict[str, Callable[..., RespondentSelector]] = {
@@ -1273,6 +1270,7 @@ class GroupElicitation:
                 / self.observed.shape[0]
                 * max(0, self.rounds_left() - 1),
             ),
+            later=[c for c in self.candidates if c not in self.asked_items],
         )
 
     def rounds_left(self) -> int:
