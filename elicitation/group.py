@@ -136,6 +136,10 @@ LOOKAHEAD = "error_lookahead"
 """The gain name of :func:`member_lookahead_accuracy_gain` in :meth:`RoundContext.gains`
 (not a per-target uncertainty: it depends on the later questions and their chance)."""
 
+LOOKAHEAD_TOP = "error_lookahead_top"
+"""The gain name of :func:`member_lookahead_accuracy_gain` with each member's
+:data:`LOOKAHEAD_SECOND` best second questions only (``max_later``)."""
+
 
 def member_eig(
     model: BeliefModel,
@@ -202,21 +206,51 @@ def member_eig(
     return torch.cat(parts)
 
 
-def _expected_error_after(
+def _expected_after(
     model: BeliefModel, state: Any, x: int, free: Tensor, targets: list[int]
-) -> Tensor:
-    """``[B]``: ``E_k err(h, x=k)`` under ``state`` (members with ``free`` false keep
-    ``err(h)``: their update is a no-op), ``err = sum_t (1 - max_k p_tk)``."""
+) -> tuple[Tensor, Tensor]:
+    """``([B], [B])``: ``E_k err(h, x=k)`` and ``E_k quad(h, x=k)`` under ``state``
+    (members with ``free`` false keep ``err(h)``, ``quad(h)``: their update is a no-op),
+    ``err = sum_t (1 - max_k p_tk)``, ``quad = sum_t (1 - sum_k p_tk^2)``."""
     n_opt = model.item_bank.n_options
     o_t = max((n_opt[t] for t in targets), default=1)
     b = int(free.shape[0])
     p_x = model.predict_batch(state, [x])[:, 0, : n_opt[x]]
-    out = torch.zeros(b, dtype=DTYPE)
+    err = torch.zeros(b, dtype=DTYPE)
+    quad = torch.zeros(b, dtype=DTYPE)
     items = torch.full((b,), x, dtype=torch.long)
     for k in range(n_opt[x]):
         opts = torch.where(free, torch.full((b,), k), torch.full((b,), MISSING))
-        nxt = model.update_batch(state, items, opts)
-        out += p_x[:, k] * _expected_error(model.predict_batch(nxt, targets)[..., :o_t]).sum(-1)
+        p_t = model.predict_batch(model.update_batch(state, items, opts), targets)[..., :o_t]
+        err += p_x[:, k] * _expected_error(p_t).sum(-1)
+        quad += p_x[:, k] * _quadratic(p_t).sum(-1)
+    return err, quad
+
+
+LOOKAHEAD_SECOND = 3
+"""How many second questions the lookahead gain tries per member (see ``max_later`` of
+:func:`member_lookahead_accuracy_gain`): a cost bound, not fitted to any dataset."""
+
+
+def _expected_error_after_each(
+    model: BeliefModel, state: Any, ys: Tensor, free: Tensor, targets: list[int]
+) -> Tensor:
+    """``[B]``: ``E_k err(h_v, y_v = k)`` with a different question ``ys[v]`` per member
+    (members with ``free`` false keep ``err(h_v)``), ``err = sum_t (1 - max_k p_tk)``."""
+    n_opt = torch.tensor(model.item_bank.n_options)
+    o_t = max((int(n_opt[t]) for t in targets), default=1)
+    b = int(ys.shape[0])
+    uniq = sorted({int(y) for y in ys.tolist()})
+    col = torch.searchsorted(torch.tensor(uniq), ys.contiguous())
+    p_y = model.predict_batch(state, uniq)[torch.arange(b), col]  # [B, O]
+    n_y = n_opt[ys]
+    out = torch.zeros(b, dtype=DTYPE)
+    for k in range(int(n_y.max())):
+        ok = free & (k < n_y)
+        opts = torch.where(ok, torch.full((b,), k), torch.full((b,), MISSING))
+        nxt = model.update_batch(state, ys, opts)
+        e = _expected_error(model.predict_batch(nxt, targets)[..., :o_t]).sum(-1)
+        out += torch.where(k < n_y, p_y[:, k], torch.zeros((), dtype=DTYPE)) * e
     return out
 
 
@@ -228,6 +262,7 @@ def member_lookahead_accuracy_gain(
     q: float,
     *,
     later: Sequence[int] | None = None,
+    max_later: int | None = None,
     chunk: int = 8192,
 ) -> Tensor:
     """Accuracy gain of each candidate when the member may answer once more later.
@@ -239,7 +274,7 @@ def member_lookahead_accuracy_gain(
 
         G1(x) = err(h) - E_k err(h, x=k)                          (one answer)
         M(x)  = min_{x' != x} E_{k'} err(h, x'=k')
-                - E_k min_{x' != x} E_{k'} err(h, x=k, x'=k')        (x, then the best x')
+                - E_k min_{x' in S_v(x)} E_{k'} err(h, x=k, x'=k')  (x, then the best x')
         gain  = (1 - q) G1(x) + q M(x)
 
     ``M`` is the value of ``x`` to a member who will also answer the best other question
@@ -247,41 +282,72 @@ def member_lookahead_accuracy_gain(
     ``x``), against answering that one alone;
     ``q`` is the chance of that later answer (:attr:`RoundContext.lookahead_q`: the
     share asked per round times the rounds left after this one, at most 1). ``q = 0``
-    gives the accuracy gain exactly.
+    gives the accuracy gain exactly (and skips the second answer).
 
-    Cost: ``sum_x O_x (1 + sum_{x' != x} O_x')`` batched updates, i.e. ``(C O)^2``.
+    ``S_v(x)``: the questions of ``later`` other than ``x`` (then ``M >= 0``: two answers
+    never raise the expected 0-1 risk); with ``max_later = L`` only the ``L`` of them with
+    the highest one-answer Brier gain for this member, i.e. the lowest
+    ``E_k' sum_t (1 - sum_k p(Y_t = k | h_v, x'=k')^2)`` (ties: order of ``later``). The
+    Brier gain ranks them because the accuracy gain is 0 for every question that cannot
+    flip a target alone, which are the ones the lookahead is for; the Brier gain still
+    tells how far each moves the targets. ``M`` can then only be smaller than with all of
+    ``later`` (and may fall below 0 when the best single question is not among them).
+
+    Cost: ``sum_x O_x`` batched updates for ``G1``, plus ``sum_x O_x (L + 1) O_max``
+    for ``M`` with ``max_later = L`` (``(C O)^2`` with all of ``later``).
 
     Args:
         model, history, candidates, targets, chunk: as :func:`member_eig`.
         q: chance of one more answer, in ``[0, 1]``.
         later: the questions that may follow (the round's remaining candidates), so a
             candidate's gain does not depend on which others are scored with it.
+        max_later: ``L``, the number of second questions tried per member (``None``:
+            all of ``later``).
 
     Returns:
         ``[B, C]`` float64.
     """
     if not 0.0 <= q <= 1.0:
         raise GroupError(f"q must be in [0, 1], got {q}")
+    if max_later is not None and max_later < 1:
+        raise GroupError(f"max_later must be >= 1 or None, got {max_later}")
     cand = [int(c) for c in candidates]
     nxt_pool = cand if later is None else [int(c) for c in later]
     tgt = [int(t) for t in targets]
     n_opt = model.item_bank.n_options
     o_t = max((n_opt[t] for t in tgt), default=1)
     u = _expected_error
+    pool_items = list(dict.fromkeys(nxt_pool))
     parts = []
     for s in range(0, int(history.shape[0]), chunk):
         hist = history[s : s + chunk]
         b = int(hist.shape[0])
         state = model.initial_batch(hist)
         err0 = u(model.predict_batch(state, tgt)[..., :o_t]).sum(-1)
-        free = {x: hist[:, x] < 0 for x in {*cand, *nxt_pool}}
-        e1 = {x: _expected_error_after(model, state, x, free[x], tgt) for x in free}  # [b] each
+        free = {x: hist[:, x] < 0 for x in {*cand, *pool_items}}
+        after = {x: _expected_after(model, state, x, free[x], tgt) for x in free}
+        e1 = {x: a[0] for x, a in after.items()}  # [b] each
         g = torch.zeros(b, len(cand), dtype=DTYPE)
+        if pool_items and q > 0.0:
+            quad_pool = torch.stack([after[y][1] for y in pool_items], 1)  # [b, P]
+            width = len(pool_items) if max_later is None else min(len(pool_items), max_later + 1)
+            rank = torch.argsort(quad_pool, dim=1, stable=True)[:, :width]  # [b, W]
+            slot_item = torch.tensor(pool_items)[rank]  # [b, W]
+            slot_free = torch.stack([free[y] for y in pool_items], 1).gather(1, rank)
         for j, x in enumerate(cand):
             if not bool(free[x].any()):
                 continue
-            others = [y for y in nxt_pool if y != x]
+            g1 = err0 - e1[x]
+            if q == 0.0:
+                g[:, j] = torch.where(free[x], g1, torch.zeros((), dtype=DTYPE))
+                continue
+            others = [y for y in pool_items if y != x]
             best_other = torch.stack([e1[y] for y in others]).min(0).values if others else err0
+            if others:
+                # slot r is used iff its question is not x and fewer than L slots before it are
+                use = slot_item != x
+                if max_later is not None:
+                    use &= torch.cumsum(use.long(), 1) <= max_later
             p_x = model.predict_batch(state, [x])[:, 0, : n_opt[x]]
             items = torch.full((b,), x, dtype=torch.long)
             e2 = torch.zeros(b, dtype=DTYPE)
@@ -289,17 +355,17 @@ def member_lookahead_accuracy_gain(
                 opts = torch.where(free[x], torch.full((b,), k), torch.full((b,), MISSING))
                 st = model.update_batch(state, items, opts)
                 if others:
-                    m = (
-                        torch.stack(
-                            [_expected_error_after(model, st, y, free[y], tgt) for y in others]
+                    m = torch.full((b,), math.inf, dtype=DTYPE)
+                    for r in range(int(slot_item.shape[1])):
+                        if not bool(use[:, r].any()):
+                            continue
+                        e = _expected_error_after_each(
+                            model, st, slot_item[:, r], slot_free[:, r] & use[:, r], tgt
                         )
-                        .min(0)
-                        .values
-                    )
+                        m = torch.where(use[:, r], torch.minimum(m, e), m)
                 else:
                     m = u(model.predict_batch(st, tgt)[..., :o_t]).sum(-1)
                 e2 += p_x[:, k] * m
-            g1 = err0 - e1[x]
             g[:, j] = torch.where(
                 free[x], (1 - q) * g1 + q * (best_other - e2), torch.zeros((), dtype=DTYPE)
             )
@@ -377,11 +443,19 @@ class RoundContext:
 
     def gains(self, history: Tensor, items: Sequence[int], uncertainty: str) -> Tensor:
         """``[B, len(items)]`` member gains for ``history`` (no cache):
-        :func:`member_eig` with ``uncertainty``, or for :data:`LOOKAHEAD`
-        :func:`member_lookahead_accuracy_gain` at :attr:`lookahead_q` over :attr:`later`."""
-        if uncertainty == LOOKAHEAD:
+        :func:`member_eig` with ``uncertainty``, or for :data:`LOOKAHEAD` /
+        :data:`LOOKAHEAD_TOP` :func:`member_lookahead_accuracy_gain` at
+        :attr:`lookahead_q` over :attr:`later` (all of it / each member's
+        :data:`LOOKAHEAD_SECOND` best)."""
+        if uncertainty in (LOOKAHEAD, LOOKAHEAD_TOP):
             return member_lookahead_accuracy_gain(
-                self.model, history, items, self.targets, self.lookahead_q, later=self.later
+                self.model,
+                history,
+                items,
+                self.targets,
+                self.lookahead_q,
+                later=self.later,
+                max_later=LOOKAHEAD_SECOND if uncertainty == LOOKAHEAD_TOP else None,
             )
         return member_eig(self.model, history, items, self.targets, uncertainty=uncertainty)
 
@@ -516,6 +590,14 @@ class LookaheadAccuracyQuestion(BudgetEIGQuestion):
     uncertainty = LOOKAHEAD
 
 
+class TopLookaheadAccuracyQuestion(BudgetEIGQuestion):
+    """:class:`BudgetEIGQuestion` with the lookahead accuracy gain over each member's
+    :data:`LOOKAHEAD_SECOND` best second questions (:data:`LOOKAHEAD_TOP`)."""
+
+    name = "elook_budget"
+    uncertainty = LOOKAHEAD_TOP
+
+
 QUESTION_SELECTORS: dict[str, Callable[..., QuestionSelector]] = {
     "random": RandomQuestion,
     "eig": GroupEIGQuestion,
@@ -523,6 +605,7 @@ QUESTION_SELECTORS: dict[str, Callable[..., QuestionSelector]] = {
     "eacc_budget": BudgetAccuracyQuestion,
     "ebrier_budget": BudgetBrierQuestion,
     "eacc2_budget": LookaheadAccuracyQuestion,
+    "elook_budget": TopLookaheadAccuracyQuestion,
 }
 
 
@@ -665,6 +748,14 @@ class LookaheadAccuracyRespondents(EIGRespondents):
     uncertainty = LOOKAHEAD
 
 
+class TopLookaheadAccuracyRespondents(EIGRespondents):
+    """:class:`EIGRespondents` by the lookahead accuracy gain over each member's
+    :data:`LOOKAHEAD_SECOND` best second questions (:data:`LOOKAHEAD_TOP`)."""
+
+    name = "elook"
+    uncertainty = LOOKAHEAD_TOP
+
+
 RESPONDENT_SELECTORS: dict[str, Callable[..., RespondentSelector]] = {
     "random": RandomRespondents,
     "relational": RelationalRespondents,
@@ -672,6 +763,7 @@ RESPONDENT_SELECTORS: dict[str, Callable[..., RespondentSelector]] = {
     "eacc": AccuracyRespondents,
     "ebrier": BrierRespondents,
     "eacc2": LookaheadAccuracyRespondents,
+    "elook": TopLookaheadAccuracyRespondents,
 }
 
 IMPUTATIONS = ("none", "self", "gnn", "gnn_only", "pool", "stack")

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from elicitation import group as group_module
 from elicitation.errors import BudgetError
 from elicitation.group import (
     GNNView,
@@ -83,7 +84,7 @@ def _group(n: int = 40, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---- budgets and selectors ---------------------------------------------------------------
-@pytest.mark.parametrize("respondents", ["random", "relational", "eig"])
+@pytest.mark.parametrize("respondents", ["random", "relational", "eig", "elook"])
 @pytest.mark.parametrize(("budget", "expected"), [(7, 7), (0.25, 10), (1.0, 40)])
 def test_selector_respects_budget_exactly_without_repeats(
     gnn_view: GNNView, respondents: str, budget: int | float, expected: int
@@ -100,7 +101,7 @@ def test_selector_respects_budget_exactly_without_repeats(
     assert bool(ge.eligible(q)[who].all())
 
 
-@pytest.mark.parametrize("respondents", ["random", "relational", "eig"])
+@pytest.mark.parametrize("respondents", ["random", "relational", "eig", "elook"])
 def test_per_member_and_total_caps(gnn_view: GNNView, respondents: str) -> None:
     truth, observed = _group()
     budget = GroupBudget(15, 4, total_answers=35, max_questions_per_respondent=1)
@@ -289,8 +290,12 @@ def _brute_lookahead(
     cands: list[int],
     tgt: list[int],
     q: float,
+    max_later: int | None = None,
 ) -> float:
-    """(1 - q) G1 + q M of :func:`member_lookahead_accuracy_gain`, by enumeration."""
+    """(1 - q) G1 + q M of :func:`member_lookahead_accuracy_gain`, by enumeration; with
+    ``max_later = L`` the second question ranges over the member's ``L`` other candidates
+    with the lowest expected Brier score after them."""
+    n_options = model.item_bank.n_options
     w0 = model.log_prior.exp()
     for i, k in answers.items():
         w0 = w0 * model.mu[:, i, k]
@@ -299,26 +304,32 @@ def _brute_lookahead(
     def err(w: torch.Tensor) -> float:
         return sum(1.0 - float((w.unsqueeze(1) * model.mu[:, t, :]).sum(0).max()) for t in tgt)
 
-    def after(w: torch.Tensor, y: int, known: set[int]) -> float:  # E_k err(w, y=k)
+    def quad(w: torch.Tensor) -> float:
+        return sum(
+            1.0 - float(((w.unsqueeze(1) * model.mu[:, t, :]).sum(0) ** 2).sum()) for t in tgt
+        )
+
+    def after(w: torch.Tensor, y: int, known: set[int], u=err) -> float:  # E_k u(w, y=k)
         if y in known:
-            return err(w)
+            return u(w)
         total = 0.0
-        for k in range(BANK.n_options[y]):
+        for k in range(n_options[y]):
             pk = float((w * model.mu[:, y, k]).sum())
             if pk > 0:
-                total += pk * err(w * model.mu[:, y, k] / pk)
+                total += pk * u(w * model.mu[:, y, k] / pk)
         return total
 
     known = set(answers)
     others = [c for c in cands if c != x]
     g1 = err(w0) - after(w0, x, known)
     best_other = min(after(w0, c, known) for c in others)
+    tried = sorted(others, key=lambda c: after(w0, c, known, quad))[:max_later]
     e2 = 0.0
-    for k in range(BANK.n_options[x]):
+    for k in range(n_options[x]):
         pk = float((w0 * model.mu[:, x, k]).sum())
         if pk > 0:
             wk = w0 * model.mu[:, x, k] / pk
-            e2 += pk * min(after(wk, c, known | {x}) for c in others)
+            e2 += pk * min(after(wk, c, known | {x}) for c in tried)
     return (1 - q) * g1 + q * (best_other - e2)
 
 
@@ -372,6 +383,52 @@ def test_lookahead_values_an_answer_that_only_a_later_one_makes_useful() -> None
             assert float(gain[v, j]) == pytest.approx(expected, abs=1e-9)
 
 
+def _random_mixture() -> PersonaMixture:
+    """Four personas, seven items (2-3 options), answer probabilities drawn from a flat
+    Dirichlet with a fixed seed: continuous, so gains have no ties."""
+    bank = ItemBank(tuple(f"i{j}" for j in range(7)), (2, 3, 2, 3, 2, 2, 3))
+    g = torch.Generator().manual_seed(7)
+    mu = torch.zeros(4, 7, 3, dtype=torch.float64)
+    for j, o in enumerate(bank.n_options):
+        w = -torch.rand(4, o, generator=g, dtype=torch.float64).log()  # Dirichlet(1)
+        mu[:, j, :o] = w / w.sum(1, keepdim=True)
+    return PersonaMixture(bank, mu, torch.tensor([0.4, 0.3, 0.2, 0.1]).log())
+
+
+def test_lookahead_over_each_members_best_second_questions_equals_brute_force() -> None:
+    """``max_later = L``: the second question ranges over each member's ``L`` best other
+    candidates by one-answer error, checked by enumeration on a random 4-persona mixture
+    (continuous answer probabilities, so no ties in the ranking); ``L >= C - 1`` is the
+    full lookahead exactly, and restricting never raises the gain above it."""
+    model = _random_mixture()
+    history = torch.full((6, 7), -1)
+    history[1, 0] = 1
+    history[2, 3] = 2
+    history[3, 1] = 0
+    history[3, 4] = 1
+    history[5, 2] = 0
+    cands, tgt = [0, 1, 2, 3, 4], [5, 6]
+    full = member_lookahead_accuracy_gain(model, history, cands, tgt, 0.6)
+    for L in (1, 2):
+        gain = member_lookahead_accuracy_gain(model, history, cands, tgt, 0.6, max_later=L)
+        for v, j in itertools.product(range(6), range(5)):
+            answers = {i: int(history[v, i]) for i in range(7) if history[v, i] >= 0}
+            expected = (
+                0.0
+                if cands[j] in answers
+                else _brute_lookahead(model, answers, cands[j], cands, tgt, 0.6, L)
+            )
+            assert float(gain[v, j]) == pytest.approx(expected, abs=1e-9)
+        assert bool((gain <= full + 1e-12).all())
+        differs = not torch.allclose(gain, full, atol=1e-9)
+        if L == 1:
+            assert differs  # the restriction matters on this case
+    wide = member_lookahead_accuracy_gain(model, history, cands, tgt, 0.6, max_later=4)
+    assert torch.equal(wide, full)
+    with pytest.raises(GroupError, match="max_later"):
+        member_lookahead_accuracy_gain(model, history, cands, tgt, 0.6, max_later=0)
+
+
 def test_lookahead_refuses_a_chance_outside_0_1() -> None:
     model = _three_personas()
     history = torch.full((4, 6), -1)
@@ -380,30 +437,44 @@ def test_lookahead_refuses_a_chance_outside_0_1() -> None:
         member_lookahead_accuracy_gain(model, history, cands, tgt, 1.5)
 
 
-def test_lookahead_chance_follows_the_budget() -> None:
+@pytest.mark.parametrize(
+    ("question", "respondents", "max_later"),
+    [("eacc2_budget", "eacc2", None), ("elook_budget", "elook", 1)],
+)
+def test_lookahead_chance_follows_the_budget(
+    monkeypatch: pytest.MonkeyPatch, question: str, respondents: str, max_later: int | None
+) -> None:
     """``lookahead_q`` = share asked per round x rounds left after this one, at most 1;
-    the question and respondents are the top gains at that ``q``. Four of the ten
-    members already answered q1 = 1, so the members' gains differ."""
-    model = _three_personas()
-    observed = torch.full((10, 6), -1)
-    observed[:4, 3] = 1
+    the question and respondents are the top gains at that ``q`` (``elook``: over each
+    member's :data:`LOOKAHEAD_SECOND` best second questions, set to 1 here so that it
+    differs from the full lookahead), on the random four-persona mixture; some members
+    already answered, so the members' gains differ."""
+    monkeypatch.setattr(group_module, "LOOKAHEAD_SECOND", 1)
+    model = _random_mixture()
+    observed = torch.full((10, 7), -1)
+    observed[:4, 1] = 1
+    observed[6:, 3] = 2
+    cands, tgt = [0, 1, 2, 3, 4], [5, 6]
     for share, rounds, q in ((0.2, 3, 0.4), (0.5, 4, 1.0), (0.2, 1, 0.0)):
         ge = GroupElicitation(
             model,
             observed,
-            [2, 3],
-            [4],
-            GroupMethod("eacc2_budget", "eacc2"),
+            cands,
+            tgt,
+            GroupMethod(question, respondents),
             GroupBudget(share, rounds),
         )
         assert ge.context().lookahead_q == pytest.approx(q)
-        question, who, scores = ge.plan()
-        gain = member_lookahead_accuracy_gain(model, observed, [2, 3], [4], q)
+        q_, who, scores = ge.plan()
+        gain = member_lookahead_accuracy_gain(model, observed, cands, tgt, q, max_later=max_later)
+        if max_later is not None and q > 0:
+            full = member_lookahead_accuracy_gain(model, observed, cands, tgt, q)
+            assert not torch.allclose(gain, full, atol=1e-9)
         top = torch.topk(gain, len(who), dim=0).values.sum(0)
         assert torch.allclose(scores, top)
-        assert question == [2, 3][int(top.argmax())]
-        chosen = gain[:, [2, 3].index(question)]
-        eligible = observed[:, question] < 0
+        assert q_ == cands[int(top.argmax())]
+        chosen = gain[:, cands.index(q_)]
+        eligible = observed[:, q_] < 0
         left_out = eligible.clone()
         left_out[who] = False
         assert bool(eligible[who].all()) and len(set(who.tolist())) == len(who)
