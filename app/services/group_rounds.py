@@ -10,8 +10,10 @@ it has none) in rounds: each round puts **one question** to a **few members**, c
   :meth:`~elicitation.group.GroupElicitation.apply` (its question, the members asked, their
   answers or ``-1``) — so the rounds, answers and per-member counts already spent are
   charged against the budget, an asked question is never planned again, and the
-  predictions use the answers gathered. The plan is the group EIG question and the
-  members with the largest expected gain; the job stores it with every score.
+  predictions use the answers gathered. The plan is the question and the members with
+  the largest expected gain in correct target answers, counting one more answer a
+  member may give in a later round (:data:`LIVE_METHOD`); the job stores it with every
+  score.
 * **open** (:func:`open_round`): from a plan that is still current (no round opened or
   closed since it was made), in one transaction: a ``group_round`` row, and per chosen
   member a ``group_round_member`` row with the hash of a personal link token and a new
@@ -75,6 +77,15 @@ ROUND_CRITERION = "group_round"
 """The ``criterion`` of a round session's decisions (the question was chosen for the group)."""
 ONE_QUESTION_STOP = "group round: one question per link"
 DEFAULT_MAX_MEMBERS = 2000
+
+LIVE_QUESTION, LIVE_RESPONDENTS = "elook_budget", "elook"
+"""The live planner's selectors (:mod:`elicitation.group`): the question and the members
+by the expected rise in correct target answers with one more answer ahead at the chance
+the budget gives (the lookahead accuracy gain over each member's best second
+questions). Session 8's benchmark (docs/group.md §4, ``elook_elook_none`` against the
+group EIG of ``greedy_eig``, both without the GNN as here) chose it; sessions 1-7 used
+the group EIG. The scores are then expected numbers of correct target answers gained
+(at most the number of targets per member), not nats."""
 
 
 class RoundClosedError(ConflictError):
@@ -286,7 +297,7 @@ def replay_group(
         observed,
         [rt.model_index[c.id] for c in rt.candidates],
         [rt.model_index[t.id] for t in rt.targets],
-        GroupMethod(question="eig", respondents="eig"),
+        GroupMethod(question=LIVE_QUESTION, respondents=LIVE_RESPONDENTS),
         group_budget(settings),
         seed=seed,
     )
@@ -374,7 +385,9 @@ def plan_next_round(
             "nobody may be asked this question (every member has answered it or reached "
             "the per-respondent question budget)"
         )
-    member_gain = group.context().eig([question])[:, 0]
+    # the gain the respondents were chosen by (random / relational selectors have none)
+    gain_name = getattr(group.method.respondent_selector(), "uncertainty", "entropy")
+    member_gain = group.context().eig([question], gain_name)[:, 0]
     item_of = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
     left = [c for c in group.candidates if c not in group.asked_items]
     pairs = sorted(zip(left, scores.tolist(), strict=True), key=lambda cs: -float(cs[1]))
