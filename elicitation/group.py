@@ -344,10 +344,15 @@ def member_lookahead_accuracy_gain(
             others = [y for y in pool_items if y != x]
             best_other = torch.stack([e1[y] for y in others]).min(0).values if others else err0
             if others:
-                # slot r is used iff its question is not x and fewer than L slots before it are
+                # slot r is used iff its question is not x and fewer than L slots before it
+                # are; every member has the same number of used slots (the same questions
+                # in its own order), so they are packed to the left: [b, n_used]
                 use = slot_item != x
                 if max_later is not None:
                     use &= torch.cumsum(use.long(), 1) <= max_later
+                n_used = int(use[0].sum())
+                cols = torch.argsort((~use).to(torch.int8), dim=1, stable=True)[:, :n_used]
+                items_x, free_x = slot_item.gather(1, cols), slot_free.gather(1, cols)
             p_x = model.predict_batch(state, [x])[:, 0, : n_opt[x]]
             items = torch.full((b,), x, dtype=torch.long)
             e2 = torch.zeros(b, dtype=DTYPE)
@@ -355,14 +360,18 @@ def member_lookahead_accuracy_gain(
                 opts = torch.where(free[x], torch.full((b,), k), torch.full((b,), MISSING))
                 st = model.update_batch(state, items, opts)
                 if others:
-                    m = torch.full((b,), math.inf, dtype=DTYPE)
-                    for r in range(int(slot_item.shape[1])):
-                        if not bool(use[:, r].any()):
-                            continue
-                        e = _expected_error_after_each(
-                            model, st, slot_item[:, r], slot_free[:, r] & use[:, r], tgt
+                    m = (
+                        torch.stack(
+                            [
+                                _expected_error_after_each(
+                                    model, st, items_x[:, r], free_x[:, r], tgt
+                                )
+                                for r in range(n_used)
+                            ]
                         )
-                        m = torch.where(use[:, r], torch.minimum(m, e), m)
+                        .min(0)
+                        .values
+                    )
                 else:
                     m = u(model.predict_batch(st, tgt)[..., :o_t]).sum(-1)
                 e2 += p_x[:, k] * m

@@ -266,6 +266,12 @@ def _add_group_speed(p: argparse.ArgumentParser) -> None:
         help="group sizes, 0 = the real test users (default 0,10000,100000)",
     )
     p.add_argument("--respondent-budget", type=float, default=0.1)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="rounds of the budget whose first round is timed (default 4)",
+    )
     p.add_argument("--no-train", action="store_true", help="do not time GNN training")
     p.add_argument("--cache", type=Path, metavar="DIR", help="store / reuse the fitted models")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -280,6 +286,7 @@ def _group_speed(args: argparse.Namespace) -> int:
             args.dataset,
             sizes=[int(m) for m in args.members],
             respondent_budget=args.respondent_budget,
+            rounds=args.rounds,
             train=not args.no_train,
             threads=args.threads,
             seed=args.seed,

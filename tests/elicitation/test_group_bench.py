@@ -100,3 +100,47 @@ def test_cli_writes_result_and_plot(
     assert result["respondents_per_round"] == 5
     assert len(result["methods"]["random_random"]["accuracy"]) == 2
     assert png.stat().st_size > 1000
+
+
+def test_group_speed_cli_times_the_default_with_a_later_round(
+    small_dataset_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`priorly bench group-speed`: one entry per group size with the default, the
+    sessions 1-7 default and the relational planner; `--rounds` reaches the lookahead
+    (its chance of a later answer is > 0 in the timed round, so the slower gain is timed)."""
+    import argparse
+
+    import elicitation.group as group
+    import elicitation.group_bench as gb
+    from app.commands import bench
+
+    folder = small_dataset_factory("ces", 300)
+    out = tmp_path / "speed.json"
+    parser = argparse.ArgumentParser(prog="priorly")
+    bench.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        ["bench", "group-speed", "--dataset", str(folder), "--members", "0,500"]
+        + ["--no-train", "--rounds", "3", "--respondent-budget", "0.2", "--out", str(out)]
+    )
+    orig = gb.prepare
+
+    def small_prepare(ds, **kw):  # type: ignore[no-untyped-def]
+        kw.update(n_classes=(2,), gnn_config=TINY_GNN)
+        return orig(ds, **kw)
+
+    monkeypatch.setattr(gb, "prepare", small_prepare)
+    chances: list[float] = []
+    orig_gain = group.member_lookahead_accuracy_gain
+
+    def recording_gain(*a, **kw):  # type: ignore[no-untyped-def]
+        chances.append(a[4])
+        return orig_gain(*a, **kw)
+
+    monkeypatch.setattr(group, "member_lookahead_accuracy_gain", recording_gain)
+    assert args.func(args) == 0
+    result = json.loads(out.read_text())
+    assert [r["members"] for r in result["rounds"]][1] == 500
+    for entry in result["rounds"]:
+        for name in ("default", "eig_eig_pool", "greedy_relational_gnn"):
+            assert entry[name]["plan_seconds"] > 0 and entry[name]["update_seconds"] > 0
+    assert chances and all(q == pytest.approx(0.4) for q in chances)  # 0.2 x 2 rounds left
