@@ -54,6 +54,42 @@ from gnn.train import GNNConfig, TrainedGNN, train_gnn
 from models.base import DTYPE, BeliefModel, load_model
 from models.latent_class import fit_latent_classes
 
+
+def _imputation_family(prefix: str, question: str, respondents: str) -> dict[str, GroupMethod]:
+    """One question and respondent rule with each way of predicting the targets (§4's
+    imputation comparison), named ``<prefix>_<mode>``:
+
+    * ``pool``: the log-linear pool of the belief model and the GNN with the weight of
+      highest lower confidence bound on its gain, on validation members and, after each
+      round, the group's own answers (0 = the belief model alone unless the GNN
+      demonstrably helps);
+    * ``pool_val``: the pool with the weight that is best on validation members, used
+      whatever the evidence (no standard-error rule, not re-chosen online): what trusting
+      validation alone gives;
+    * ``none`` (never the GNN), ``gnn`` (the GNN's most likely answer imputed for
+      members not asked), ``gnn_only`` (targets from the GNN alone);
+    * ``stack`` (session 3): ``p ∝ p_belief^a * p_gnn^c * p_imputed^d`` with weights fitted
+      per round by maximum likelihood on validation members run through the same rounds
+      (:func:`fit_stack_on_validation`; it holds none, pool, gnn_only and the targets of
+      GNN imputation as special cases), used as fitted; ``stack_lcb``: the same, shrunk
+      toward the belief model by the factor with the highest lower confidence bound on
+      its gain over those validation members and the group's own answers (online).
+      Session 3 compared the pool with the stack on held-out validation members
+      (:func:`stack_holdout_check`): the stack's two extra weights did not hold up out of
+      sample, so the one-weight pool is the default's.
+    """
+    q, r = question, respondents
+    return {
+        f"{prefix}_pool": GroupMethod(q, r, "pool", online_pool=True),
+        f"{prefix}_pool_val": GroupMethod(q, r, "pool"),
+        f"{prefix}_none": GroupMethod(q, r, "none"),
+        f"{prefix}_gnn": GroupMethod(q, r, "gnn"),
+        f"{prefix}_gnn_only": GroupMethod(q, r, "gnn_only"),
+        f"{prefix}_stack": GroupMethod(q, r, "stack"),
+        f"{prefix}_stack_lcb": GroupMethod(q, r, "stack", online_pool=True),
+    }
+
+
 GROUP_METHODS: dict[str, GroupMethod] = {
     # the paper's baselines, with our predictor
     "random_random": GroupMethod("random", "random", "none"),
@@ -63,68 +99,38 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     "greedy_relational_gnn": GroupMethod("eig", "relational", "gnn"),
     # the product's choice (session 8): the question and respondents by the expected
     # rise in target accuracy with one more answer ahead at the chance the budget gives
-    # (``elook``: each member's 3 best second questions), the pool of the belief model
-    # and the GNN with the weight of highest lower confidence bound on its gain, on
-    # validation members and, after each round, the group's own answers (0 = the belief
-    # model alone unless the GNN demonstrably helps). Session 3 compared the pool with
-    # the stacked pool below on held-out validation members (:func:`stack_holdout_check`):
-    # the stack's two extra weights did not hold up out of sample, so the one-weight
-    # pool stays. Sessions 1-7 used the information gain (now ``eig_eig_pool``).
+    # (``elook``: each member's 3 best second questions by Brier gain, about 4 C O^2
+    # batched updates instead of the (C O)^2 of ``eacc2``), with the pool; the same as
+    # ``elook_elook_pool``
     "default": GroupMethod("elook_budget", "elook", "pool", online_pool=True),
-    # (session 3) the stacked pool: p ∝ p_belief^a * p_gnn^c * p_imputed^d with
-    # weights fitted per round by maximum likelihood on validation members run through
-    # the same rounds (see :func:`fit_stack_on_validation`; it holds none, pool,
-    # gnn_only and the targets of GNN imputation as special cases), shrunk toward the
-    # belief model by the factor with the highest lower confidence bound on its gain
-    # over those validation members and the group's own answers (online)
-    "eig_eig_stack_lcb": GroupMethod("eig_budget", "eig", "stack", online_pool=True),
-    # the fitted stack used as it is (no shrinkage)
-    "eig_eig_stack": GroupMethod("eig_budget", "eig", "stack"),
-    # the pool with the weight that is best on validation members, used whatever the
-    # evidence (no standard-error rule, not re-chosen online): what trusting validation
-    # alone gives
-    "eig_eig_pool_val": GroupMethod("eig_budget", "eig", "pool"),
-    # imputation variants of the default (for the comparison none / GNN / pool)
-    "eig_eig_none": GroupMethod("eig_budget", "eig", "none"),
-    "eig_eig_gnn": GroupMethod("eig_budget", "eig", "gnn"),
-    "eig_eig_gnn_only": GroupMethod("eig_budget", "eig", "gnn_only"),
-    # the default with the mixture weights re-fitted to the group (see group.py)
+    **_imputation_family("elook_elook", "elook_budget", "elook"),
+    # the default of sessions 1-7: the budget-aware information gain for the question
+    # (``eig_budget``), EIG respondents, with the pool (``eig_eig_pool``)
+    **_imputation_family("eig_eig", "eig_budget", "eig"),
+    # the sessions 1-7 default with the mixture weights re-fitted to the group (group.py)
     "default_adapt": GroupMethod("eig_budget", "eig", "pool", adapt_prior=True),
     "eig_eig_none_adapt": GroupMethod("eig_budget", "eig", "none", adapt_prior=True),
     # the paper's question rule (summed over all members) with EIG respondents and no
-    # imputation: the live product's group planner before session 7
+    # imputation: the live product's group planner before session 8
     "greedy_eig": GroupMethod("eig", "eig", "none"),
-    # the accuracy gain with one more answer ahead, with the chance the budget gives
-    # (``eacc2``; ahead of the default in all 16 accuracy cells, docs/group.md)
+    # the accuracy gain with one more answer ahead, with the chance the budget gives, over
+    # all second questions (``eacc2``, session 7; within 0.0004 of the default, docs/group.md)
     "eacc2_eacc2_pool": GroupMethod("eacc2_budget", "eacc2", "pool", online_pool=True),
-    # (session 8) the lookahead accuracy gain with each member's 3 best second questions
-    # by Brier gain (``elook``: the cost of ``eacc2`` cut from (C O)^2 to about 4 C O^2
-    # batched updates), and its imputation variants as for the session-3 default
-    "elook_elook_pool": GroupMethod("elook_budget", "elook", "pool", online_pool=True),
-    "elook_elook_none": GroupMethod("elook_budget", "elook", "none"),
-    "elook_elook_gnn": GroupMethod("elook_budget", "elook", "gnn"),
-    "elook_elook_gnn_only": GroupMethod("elook_budget", "elook", "gnn_only"),
-    "elook_elook_pool_val": GroupMethod("elook_budget", "elook", "pool"),
-    "elook_elook_stack": GroupMethod("elook_budget", "elook", "stack"),
-    "elook_elook_stack_lcb": GroupMethod("elook_budget", "elook", "stack", online_pool=True),
-    # the session-3 default under its own name (budget-aware EIG question, EIG
-    # respondents, the online pool)
-    "eig_eig_pool": GroupMethod("eig_budget", "eig", "pool", online_pool=True),
     # the paper's question rule on a 10% member subsample (speed variant)
     "greedy10_random": GroupMethod("eig", "random", "none", subsample=0.1),
-    # (session 7) the default with the expected rise in target accuracy in place of the
-    # information gain (``eacc_budget`` question, ``eacc`` respondents: the value of an
-    # answer under 0-1 loss), for the question and respondents or the respondents only;
-    # and without the GNN. Better than the default at 10% on both datasets, worse at 50%
-    # on CES (docs/group.md), so not the default.
+    # (session 7) the sessions 1-7 default with the expected rise in target accuracy in
+    # place of the information gain (``eacc_budget`` question, ``eacc`` respondents: the
+    # value of an answer under 0-1 loss), for the question and respondents or the
+    # respondents only; and without the GNN. Better than that default at 10% on both
+    # datasets, worse at 50% on CES (docs/group.md §4b).
     "eacc_eacc_pool": GroupMethod("eacc_budget", "eacc", "pool", online_pool=True),
     "eig_eacc_pool": GroupMethod("eig_budget", "eacc", "pool", online_pool=True),
     "eacc_eacc_none": GroupMethod("eacc_budget", "eacc", "none"),
-    # the default with the expected Brier gain (proper, bounded) for question and
+    # the sessions 1-7 default with the expected Brier gain (proper, bounded) for question and
     # respondents: ahead of the default at both budgets on CES (docs/group.md)
     "ebrier_ebrier_pool": GroupMethod("ebrier_budget", "ebrier", "pool", online_pool=True),
 }
-# methods that use the best validation weight as it is (see "eig_eig_pool_val")
+# methods that use the best validation weight as it is (``*_pool_val``)
 VALIDATION_WEIGHT_METHODS = frozenset({"eig_eig_pool_val", "elook_elook_pool_val"})
 DEFAULT_GROUP_METHODS = _DEFAULT_GROUP_METHODS  # defined where the CLI can read it cheaply
 REPORTED = ("accuracy", "brier_sum", "perplexity", "log_loss")
