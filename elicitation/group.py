@@ -259,7 +259,7 @@ def member_lookahead_accuracy_gain(
     history: Tensor,
     candidates: Sequence[int],
     targets: Sequence[int],
-    q: float,
+    q: float | Tensor,
     *,
     later: Sequence[int] | None = None,
     max_later: int | None = None,
@@ -298,7 +298,8 @@ def member_lookahead_accuracy_gain(
 
     Args:
         model, history, candidates, targets, chunk: as :func:`member_eig`.
-        q: chance of one more answer, in ``[0, 1]``.
+        q: chance of one more answer, in ``[0, 1]``: one for all members, or ``[B]``
+            per member (e.g. times its chance of answering when asked).
         later: the questions that may follow (the round's remaining candidates), so a
             candidate's gain does not depend on which others are scored with it.
         max_later: ``L``, the number of second questions tried per member (``None``:
@@ -307,8 +308,15 @@ def member_lookahead_accuracy_gain(
     Returns:
         ``[B, C]`` float64.
     """
-    if not 0.0 <= q <= 1.0:
+    if isinstance(q, Tensor):
+        q = q.to(DTYPE).reshape(-1)
+        if q.shape[0] != history.shape[0] or bool(((q < 0) | (q > 1)).any()):
+            raise GroupError(f"q must be one chance in [0, 1] or [{history.shape[0]}] of them")
+        lookahead = bool((q > 0).any())
+    elif not 0.0 <= q <= 1.0:
         raise GroupError(f"q must be in [0, 1], got {q}")
+    else:
+        lookahead = q > 0.0
     if max_later is not None and max_later < 1:
         raise GroupError(f"max_later must be >= 1 or None, got {max_later}")
     cand = [int(c) for c in candidates]
@@ -323,12 +331,13 @@ def member_lookahead_accuracy_gain(
         hist = history[s : s + chunk]
         b = int(hist.shape[0])
         state = model.initial_batch(hist)
+        q_b = q[s : s + chunk] if isinstance(q, Tensor) else q
         err0 = u(model.predict_batch(state, tgt)[..., :o_t]).sum(-1)
         free = {x: hist[:, x] < 0 for x in {*cand, *pool_items}}
         after = {x: _expected_after(model, state, x, free[x], tgt) for x in free}
         e1 = {x: a[0] for x, a in after.items()}  # [b] each
         g = torch.zeros(b, len(cand), dtype=DTYPE)
-        if pool_items and q > 0.0:
+        if pool_items and lookahead:
             quad_pool = torch.stack([after[y][1] for y in pool_items], 1)  # [b, P]
             width = len(pool_items) if max_later is None else min(len(pool_items), max_later + 1)
             rank = torch.argsort(quad_pool, dim=1, stable=True)[:, :width]  # [b, W]
@@ -338,7 +347,7 @@ def member_lookahead_accuracy_gain(
             if not bool(free[x].any()):
                 continue
             g1 = err0 - e1[x]
-            if q == 0.0:
+            if not lookahead:
                 g[:, j] = torch.where(free[x], g1, torch.zeros((), dtype=DTYPE))
                 continue
             others = [y for y in pool_items if y != x]
@@ -376,7 +385,7 @@ def member_lookahead_accuracy_gain(
                     m = u(model.predict_batch(st, tgt)[..., :o_t]).sum(-1)
                 e2 += p_x[:, k] * m
             g[:, j] = torch.where(
-                free[x], (1 - q) * g1 + q * (best_other - e2), torch.zeros((), dtype=DTYPE)
+                free[x], (1 - q_b) * g1 + q_b * (best_other - e2), torch.zeros((), dtype=DTYPE)
             )
         parts.append(g)
     return torch.cat(parts) if parts else torch.zeros(0, len(cand), dtype=DTYPE)
@@ -429,8 +438,9 @@ class RoundContext:
         gen: random generator of this group elicitation.
         gnn: the GNN view, or ``None``.
         eig_cache: ``{(uncertainty, item): [N] gain_v(item)}`` filled on demand.
-        lookahead_q: chance that a member asked now answers once more in a later round
-            (the :data:`LOOKAHEAD` gain).
+        lookahead_q: chance that a member asked now is asked once more in a later round
+            (the :data:`LOOKAHEAD` gain; times the member's ``response_prob`` it is the
+            chance of one more answer).
         later: the questions that may still follow (the round's remaining candidates;
             ``None``: the items scored).
     """
@@ -450,19 +460,29 @@ class RoundContext:
     def n_members(self) -> int:
         return int(self.observed.shape[0])
 
-    def gains(self, history: Tensor, items: Sequence[int], uncertainty: str) -> Tensor:
+    def gains(
+        self,
+        history: Tensor,
+        items: Sequence[int],
+        uncertainty: str,
+        response: Tensor | None = None,
+    ) -> Tensor:
         """``[B, len(items)]`` member gains for ``history`` (no cache):
         :func:`member_eig` with ``uncertainty``, or for :data:`LOOKAHEAD` /
-        :data:`LOOKAHEAD_TOP` :func:`member_lookahead_accuracy_gain` at
-        :attr:`lookahead_q` over :attr:`later` (all of it / each member's
-        :data:`LOOKAHEAD_SECOND` best)."""
+        :data:`LOOKAHEAD_TOP` :func:`member_lookahead_accuracy_gain` over :attr:`later`
+        (all of it / each member's :data:`LOOKAHEAD_SECOND` best) with each member's
+        chance of one more answer, :attr:`lookahead_q` times ``response`` (``[B]``, the
+        rows' response probabilities; ``None``: 1)."""
         if uncertainty in (LOOKAHEAD, LOOKAHEAD_TOP):
+            q: float | Tensor = self.lookahead_q
+            if response is not None and not bool((response == 1).all()):
+                q = self.lookahead_q * response.to(DTYPE)
             return member_lookahead_accuracy_gain(
                 self.model,
                 history,
                 items,
                 self.targets,
-                self.lookahead_q,
+                q,
                 later=self.later,
                 max_later=LOOKAHEAD_SECOND if uncertainty == LOOKAHEAD_TOP else None,
             )
@@ -473,7 +493,7 @@ class RoundContext:
         ``uncertainty``; computed once per item and uncertainty)."""
         todo = [int(i) for i in items if (uncertainty, int(i)) not in self.eig_cache]
         if todo:
-            m = self.gains(self.history, todo, uncertainty)
+            m = self.gains(self.history, todo, uncertainty, self.response_prob)
             for j, i in enumerate(todo):
                 self.eig_cache[(uncertainty, i)] = m[:, j]
         return torch.stack([self.eig_cache[(uncertainty, int(i))] for i in items], 1)
@@ -566,7 +586,9 @@ class BudgetEIGQuestion(QuestionSelector):
         else:
             m = self.max_members
             rows = torch.randperm(n, generator=ctx.gen)[:m]
-            gain = ctx.gains(ctx.history[rows], candidates, self.uncertainty)
+            gain = ctx.gains(
+                ctx.history[rows], candidates, self.uncertainty, ctx.response_prob[rows]
+            )
             scale, k = n / m, int(round(n_ask * m / n))
         gain = gain * ctx.response_prob[rows].unsqueeze(1)
         not_yet = torch.stack([ctx.observed[rows, c] < 0 for c in candidates], 1)

@@ -429,6 +429,46 @@ def test_lookahead_over_each_members_best_second_questions_equals_brute_force() 
         member_lookahead_accuracy_gain(model, history, cands, tgt, 0.6, max_later=0)
 
 
+def test_lookahead_chance_per_member_and_response_probability() -> None:
+    """A ``[B]`` chance gives each member its own ``(1 - q_v) G1 + q_v M``; in a group
+    with response probabilities ``r_v`` the chance of one more answer is
+    ``lookahead_q * r_v`` (asked again and answering), and the plan ranks
+    ``r_v * gain_v`` (answering now)."""
+    model = _random_mixture()
+    observed = torch.full((8, 7), -1)
+    observed[:3, 1] = 1
+    observed[5:, 3] = 2
+    cands, tgt = [0, 1, 2, 3, 4], [5, 6]
+    q = torch.tensor([0.0, 0.1, 0.25, 0.5, 0.6, 0.8, 0.9, 1.0], dtype=torch.float64)
+    per = member_lookahead_accuracy_gain(model, observed, cands, tgt, q, max_later=2, chunk=3)
+    for v in range(8):
+        one = member_lookahead_accuracy_gain(model, observed, cands, tgt, float(q[v]), max_later=2)
+        assert torch.allclose(per[v], one[v], atol=1e-12)
+    r = torch.tensor([1.0, 0.9, 0.2, 0.5, 1.0, 0.3, 0.7, 0.6], dtype=torch.float64)
+    ge = GroupElicitation(
+        model,
+        observed,
+        cands,
+        tgt,
+        GroupMethod("eacc2_budget", "eacc2"),
+        GroupBudget(3, 3),
+        response_prob=r,
+    )
+    base_q = ge.context().lookahead_q
+    assert base_q == pytest.approx(min(1.0, 3 / 8 * 2))
+    question, who, scores = ge.plan()
+    gain = member_lookahead_accuracy_gain(model, observed, cands, tgt, base_q * r) * r.unsqueeze(1)
+    assert torch.allclose(scores, torch.topk(gain, 3, dim=0).values.sum(0))
+    ignoring_r = member_lookahead_accuracy_gain(model, observed, cands, tgt, base_q)
+    assert not torch.allclose(gain, ignoring_r * r.unsqueeze(1), atol=1e-9)
+    chosen = gain[:, cands.index(question)]
+    assert sorted(who.tolist()) == sorted(torch.argsort(-chosen)[:3].tolist())
+    with pytest.raises(GroupError, match=r"\[8\] of them"):
+        member_lookahead_accuracy_gain(model, observed, cands, tgt, q[:5])
+    with pytest.raises(GroupError, match="q must be"):
+        member_lookahead_accuracy_gain(model, observed, cands, tgt, q * 2)
+
+
 def test_lookahead_refuses_a_chance_outside_0_1() -> None:
     model = _three_personas()
     history = torch.full((4, 6), -1)
