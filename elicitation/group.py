@@ -233,16 +233,14 @@ LOOKAHEAD_SECOND = 3
 
 
 def _expected_error_after_each(
-    model: BeliefModel, state: Any, ys: Tensor, free: Tensor, targets: list[int]
+    model: BeliefModel, state: Any, ys: Tensor, p_y: Tensor, free: Tensor, targets: list[int]
 ) -> Tensor:
-    """``[B]``: ``E_k err(h_v, y_v = k)`` with a different question ``ys[v]`` per member
-    (members with ``free`` false keep ``err(h_v)``), ``err = sum_t (1 - max_k p_tk)``."""
+    """``[B]``: ``E_k err(h_v, y_v = k)`` with a different question ``ys[v]`` per member,
+    ``p_y [B, O]`` its predictive under ``state`` (members with ``free`` false keep
+    ``err(h_v)``), ``err = sum_t (1 - max_k p_tk)``."""
     n_opt = torch.tensor(model.item_bank.n_options)
     o_t = max((int(n_opt[t]) for t in targets), default=1)
     b = int(ys.shape[0])
-    uniq = sorted({int(y) for y in ys.tolist()})
-    col = torch.searchsorted(torch.tensor(uniq), ys.contiguous())
-    p_y = model.predict_batch(state, uniq)[torch.arange(b), col]  # [B, O]
     n_y = n_opt[ys]
     out = torch.zeros(b, dtype=DTYPE)
     for k in range(int(n_y.max())):
@@ -362,6 +360,7 @@ def member_lookahead_accuracy_gain(
                 n_used = int(use[0].sum())
                 cols = torch.argsort((~use).to(torch.int8), dim=1, stable=True)[:, :n_used]
                 items_x, free_x = slot_item.gather(1, cols), slot_free.gather(1, cols)
+                pool_col = rank.gather(1, cols)  # [b, n_used] columns of pool_items
             p_x = model.predict_batch(state, [x])[:, 0, : n_opt[x]]
             items = torch.full((b,), x, dtype=torch.long)
             e2 = torch.zeros(b, dtype=DTYPE)
@@ -369,11 +368,19 @@ def member_lookahead_accuracy_gain(
                 opts = torch.where(free[x], torch.full((b,), k), torch.full((b,), MISSING))
                 st = model.update_batch(state, items, opts)
                 if others:
+                    # one prediction of every later question serves all slots
+                    p_pool = model.predict_batch(st, pool_items)  # [b, P, O]
+                    rows = torch.arange(b)
                     m = (
                         torch.stack(
                             [
                                 _expected_error_after_each(
-                                    model, st, items_x[:, r], free_x[:, r], tgt
+                                    model,
+                                    st,
+                                    items_x[:, r],
+                                    p_pool[rows, pool_col[:, r]],
+                                    free_x[:, r],
+                                    tgt,
                                 )
                                 for r in range(n_used)
                             ]
