@@ -45,7 +45,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -513,8 +514,6 @@ class RoundContext:
 class QuestionSelector:
     """Chooses the round's question among the unasked candidates."""
 
-    name: ClassVar[str] = ""
-
     def scores(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> Tensor:
         """``[C]`` scores (higher is better)."""
         raise NotImplementedError
@@ -530,8 +529,6 @@ class QuestionSelector:
 class RandomQuestion(QuestionSelector):
     """A uniformly random candidate (random scores)."""
 
-    name = "random"
-
     def scores(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> Tensor:
         return torch.rand(len(candidates), generator=ctx.gen, dtype=DTYPE)
 
@@ -542,8 +539,6 @@ class GroupEIGQuestion(QuestionSelector):
     Args:
         subsample: share of members scored (``1.0`` = all); the paper uses 0.1.
     """
-
-    name = "eig"
 
     def __init__(self, subsample: float = 1.0) -> None:
         if not 0.0 < subsample <= 1.0:
@@ -565,15 +560,18 @@ class BudgetEIGQuestion(QuestionSelector):
     Choosing the question and respondents jointly: a question that is very informative
     for a few members beats one that is mildly informative for everyone when only a few
     can be asked.
+
+    Args:
+        max_members: groups above this are scored on a subsample (see :meth:`scores`).
+        uncertainty: the member gain, one of the :data:`SELECTOR_GAINS` values
+            (``entropy``: EIG; see :meth:`RoundContext.gains`).
     """
 
-    name = "eig_budget"
-    uncertainty: ClassVar[str] = "entropy"
-
-    def __init__(self, max_members: int | None = 4096) -> None:
+    def __init__(self, max_members: int | None = 4096, uncertainty: str = "entropy") -> None:
         if max_members is not None and max_members < 1:
             raise GroupError(f"max_members must be >= 1, got {max_members}")
         self.max_members = max_members
+        self.uncertainty = _check_gain(uncertainty)
 
     def scores(self, ctx: RoundContext, candidates: list[int], n_ask: int) -> Tensor:
         """Top-``n_ask`` sum of ``r_v EIG_v(x)`` per candidate.
@@ -604,46 +602,31 @@ class BudgetEIGQuestion(QuestionSelector):
         return torch.topk(gain, k, dim=0).values.sum(0) * scale
 
 
-class BudgetAccuracyQuestion(BudgetEIGQuestion):
-    """:class:`BudgetEIGQuestion` with the expected accuracy gain (``uncertainty="error"``
-    of :func:`member_eig`) in place of the information gain."""
-
-    name = "eacc_budget"
-    uncertainty = "error"
-
-
-class BudgetBrierQuestion(BudgetEIGQuestion):
-    """:class:`BudgetEIGQuestion` with the expected Brier gain (``uncertainty="quadratic"``
-    of :func:`member_eig`) in place of the information gain."""
-
-    name = "ebrier_budget"
-    uncertainty = "quadratic"
+SELECTOR_GAINS: dict[str, str] = {
+    "eig": "entropy",
+    "eacc": "error",
+    "ebrier": "quadratic",
+    "eacc2": LOOKAHEAD,
+    "elook": LOOKAHEAD_TOP,
+}
+"""The member gains the budget-aware question selectors (``<name>_budget``) and the
+respondent selectors (``<name>``) rank by: information gain, expected accuracy gain,
+expected Brier gain, the lookahead accuracy gain over all second questions and over each
+member's :data:`LOOKAHEAD_SECOND` best (:meth:`RoundContext.gains`)."""
 
 
-class LookaheadAccuracyQuestion(BudgetEIGQuestion):
-    """:class:`BudgetEIGQuestion` with the lookahead accuracy gain
-    (:func:`member_lookahead_accuracy_gain`, :data:`LOOKAHEAD`)."""
-
-    name = "eacc2_budget"
-    uncertainty = LOOKAHEAD
-
-
-class TopLookaheadAccuracyQuestion(BudgetEIGQuestion):
-    """:class:`BudgetEIGQuestion` with the lookahead accuracy gain over each member's
-    :data:`LOOKAHEAD_SECOND` best second questions (:data:`LOOKAHEAD_TOP`)."""
-
-    name = "elook_budget"
-    uncertainty = LOOKAHEAD_TOP
+def _check_gain(uncertainty: str) -> str:
+    if uncertainty not in SELECTOR_GAINS.values():
+        raise GroupError(
+            f"unknown member gain {uncertainty!r} (known: {sorted(SELECTOR_GAINS.values())})"
+        )
+    return uncertainty
 
 
 QUESTION_SELECTORS: dict[str, Callable[..., QuestionSelector]] = {
     "random": RandomQuestion,
     "eig": GroupEIGQuestion,
-    "eig_budget": BudgetEIGQuestion,
-    "eacc_budget": BudgetAccuracyQuestion,
-    "ebrier_budget": BudgetBrierQuestion,
-    "eacc2_budget": LookaheadAccuracyQuestion,
-    "elook_budget": TopLookaheadAccuracyQuestion,
+    **{f"{k}_budget": partial(BudgetEIGQuestion, uncertainty=u) for k, u in SELECTOR_GAINS.items()},
 }
 
 
@@ -653,8 +636,6 @@ QUESTION_SELECTORS: dict[str, Callable[..., QuestionSelector]] = {
 
 class RespondentSelector:
     """Chooses which members to ask the round's question."""
-
-    name: ClassVar[str] = ""
 
     def select(self, ctx: RoundContext, question: int, n: int, eligible: Tensor) -> Tensor:
         """Up to ``n`` distinct eligible members (exactly ``n`` when enough are eligible).
@@ -680,8 +661,6 @@ class RespondentSelector:
 
 class RandomRespondents(RespondentSelector):
     """``n`` members uniformly at random, without replacement."""
-
-    name = "random"
 
     def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
         return pool[torch.randperm(len(pool), generator=ctx.gen)[:n]]
@@ -725,8 +704,6 @@ class RelationalRespondents(RespondentSelector):
     """The paper's relational selection: k-means over GNN member embeddings (k = ``n``),
     then the eligible member nearest each centroid (each member at most once)."""
 
-    name = "relational"
-
     def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
         if ctx.gnn is None:
             raise GroupError("relational respondent selection needs a trained GNN")
@@ -749,11 +726,12 @@ class EIGRespondents(RespondentSelector):
     The expected gain of asking member ``v`` is the gain if it answers times the chance
     ``r_v`` that it does (a non-answer brings nothing). Under a belief model whose
     members are independent given its parameters the gains of different members add up,
-    so the greedy choice is the ``n`` largest (ties: lowest member index).
+    so the greedy choice is the ``n`` largest (ties: lowest member index). With another
+    ``uncertainty`` (a :data:`SELECTOR_GAINS` value) the member gain is that one.
     """
 
-    name = "eig"
-    uncertainty: ClassVar[str] = "entropy"
+    def __init__(self, uncertainty: str = "entropy") -> None:
+        self.uncertainty = _check_gain(uncertainty)
 
     def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
         gain = ctx.eig([question], self.uncertainty)[:, 0] * ctx.response_prob
@@ -763,45 +741,10 @@ class EIGRespondents(RespondentSelector):
         return pool[order[:n]]
 
 
-class AccuracyRespondents(EIGRespondents):
-    """:class:`EIGRespondents` by the expected accuracy gain about the member's targets
-    (``uncertainty="error"`` of :func:`member_eig`) times ``r_v``."""
-
-    name = "eacc"
-    uncertainty = "error"
-
-
-class BrierRespondents(EIGRespondents):
-    """:class:`EIGRespondents` by the expected Brier gain about the member's targets
-    (``uncertainty="quadratic"`` of :func:`member_eig`) times ``r_v``."""
-
-    name = "ebrier"
-    uncertainty = "quadratic"
-
-
-class LookaheadAccuracyRespondents(EIGRespondents):
-    """:class:`EIGRespondents` by the lookahead accuracy gain (:data:`LOOKAHEAD`)."""
-
-    name = "eacc2"
-    uncertainty = LOOKAHEAD
-
-
-class TopLookaheadAccuracyRespondents(EIGRespondents):
-    """:class:`EIGRespondents` by the lookahead accuracy gain over each member's
-    :data:`LOOKAHEAD_SECOND` best second questions (:data:`LOOKAHEAD_TOP`)."""
-
-    name = "elook"
-    uncertainty = LOOKAHEAD_TOP
-
-
 RESPONDENT_SELECTORS: dict[str, Callable[..., RespondentSelector]] = {
     "random": RandomRespondents,
     "relational": RelationalRespondents,
-    "eig": EIGRespondents,
-    "eacc": AccuracyRespondents,
-    "ebrier": BrierRespondents,
-    "eacc2": LookaheadAccuracyRespondents,
-    "elook": TopLookaheadAccuracyRespondents,
+    **{k: partial(EIGRespondents, uncertainty=u) for k, u in SELECTOR_GAINS.items()},
 }
 
 IMPUTATIONS = ("none", "self", "gnn", "gnn_only", "pool", "stack")
@@ -1422,8 +1365,12 @@ class GroupElicitation:
         return max(0, n)
 
     # ----- planning ---------------------------------------------------------
-    def plan(self) -> tuple[int, Tensor, Tensor]:
+    def plan(self, ctx: RoundContext | None = None) -> tuple[int, Tensor, Tensor]:
         """Choose the round's question and respondents (does not change the state).
+
+        Args:
+            ctx: the round context to use (default: a new :meth:`context`); pass one
+                to read the member gains the selectors computed from its cache.
 
         Returns:
             ``(question, respondents [n], question_scores [C])``.
@@ -1438,7 +1385,7 @@ class GroupElicitation:
         if n <= 0:
             raise BudgetError("no answers are left in the total budget")
         left = [c for c in self.candidates if c not in self.asked_items]
-        ctx = self.context()
+        ctx = self.context() if ctx is None else ctx
         question, scores = self._qsel.select(ctx, left, n)
         who = self._rsel.select(ctx, question, n, self.eligible(question))
         return question, who, scores

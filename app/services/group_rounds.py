@@ -376,8 +376,9 @@ def plan_next_round(
     group, rt, members = rep.group, rep.rt, rep.members
     if progress:
         progress(0.2, f"scoring {len(group.candidates)} questions for {len(members)} members")
+    ctx = group.context()
     try:
-        question, who, scores = group.plan()
+        question, who, scores = group.plan(ctx)
     except BudgetError as exc:
         raise GroupBudgetError(f"the group budget is spent: {exc}") from None
     if len(who) == 0:
@@ -385,9 +386,10 @@ def plan_next_round(
             "nobody may be asked this question (every member has answered it or reached "
             "the per-respondent question budget)"
         )
-    # the gain the respondents were chosen by (random / relational selectors have none)
+    # the gain the respondents were chosen by (random / relational selectors have none);
+    # the respondent selector left it in the context's cache
     gain_name = getattr(group.method.respondent_selector(), "uncertainty", "entropy")
-    member_gain = group.context().eig([question], gain_name)[:, 0]
+    member_gain = ctx.eig([question], gain_name)[:, 0]
     item_of = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
     left = [c for c in group.candidates if c not in group.asked_items]
     pairs = sorted(zip(left, scores.tolist(), strict=True), key=lambda cs: -float(cs[1]))
