@@ -126,12 +126,12 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     "eacc_eacc_pool": GroupMethod("eacc_budget", "eacc", "pool", online_pool=True),
     "eig_eacc_pool": GroupMethod("eig_budget", "eacc", "pool", online_pool=True),
     "eacc_eacc_none": GroupMethod("eacc_budget", "eacc", "none"),
-    # the sessions 1-7 default with the expected Brier gain (proper, bounded) for question and
-    # respondents: ahead of the default at both budgets on CES (docs/group.md)
+    # the sessions 1-7 default with the expected Brier gain (proper, bounded) for the
+    # question and respondents: ahead of that default at both budgets on CES (§4b)
     "ebrier_ebrier_pool": GroupMethod("ebrier_budget", "ebrier", "pool", online_pool=True),
 }
 # methods that use the best validation weight as it is (``*_pool_val``)
-VALIDATION_WEIGHT_METHODS = frozenset({"eig_eig_pool_val", "elook_elook_pool_val"})
+VALIDATION_WEIGHT_METHODS = frozenset(n for n in GROUP_METHODS if n.endswith("_pool_val"))
 DEFAULT_GROUP_METHODS = _DEFAULT_GROUP_METHODS  # defined where the CLI can read it cheaply
 REPORTED = ("accuracy", "brier_sum", "perplexity", "log_loss")
 STACK_FOLDS = 5  # cross-fitting folds of the validation users for the ``stack`` weights

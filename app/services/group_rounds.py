@@ -12,8 +12,8 @@ it has none) in rounds: each round puts **one question** to a **few members**, c
   charged against the budget, an asked question is never planned again, and the
   predictions use the answers gathered. The plan is the question and the members with
   the largest expected gain in correct target answers, counting one more answer a
-  member may give in a later round (:data:`LIVE_METHOD`); the job stores it with every
-  score.
+  member may give in a later round (:data:`LIVE_QUESTION`, :data:`LIVE_RESPONDENTS`); the
+  job stores it with every score.
 * **open** (:func:`open_round`): from a plan that is still current (no round opened or
   closed since it was made), in one transaction: a ``group_round`` row, and per chosen
   member a ``group_round_member`` row with the hash of a personal link token and a new
@@ -366,6 +366,7 @@ def plan_next_round(
             who may be asked.
     """
     from elicitation.errors import BudgetError
+    from elicitation.group import SELECTOR_GAINS
 
     if progress:
         progress(0.05, "loading the model and the panel")
@@ -386,10 +387,9 @@ def plan_next_round(
             "nobody may be asked this question (every member has answered it or reached "
             "the per-respondent question budget)"
         )
-    # the gain the respondents were chosen by (random / relational selectors have none);
-    # the respondent selector left it in the context's cache
-    gain_name = getattr(group.method.respondent_selector(), "uncertainty", "entropy")
-    member_gain = ctx.eig([question], gain_name)[:, 0]
+    # the gain the respondents were chosen by, left in the context's cache by their
+    # selector (random / relational selectors rank by none: then the information gain)
+    member_gain = ctx.eig([question], SELECTOR_GAINS.get(group.method.respondents, "entropy"))[:, 0]
     item_of = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
     left = [c for c in group.candidates if c not in group.asked_items]
     pairs = sorted(zip(left, scores.tolist(), strict=True), key=lambda cs: -float(cs[1]))
