@@ -700,24 +700,130 @@ def kmeans(x: Tensor, k: int, gen: torch.Generator, iters: int = 25) -> Tensor:
     return c
 
 
+KMEANS_EXACT_MAX = 1 << 24
+"""Relational selection runs exact k-means while ``members x k`` is at most this (16.8M
+point-centroid pairs: 10,000 members at a 10% budget), and :func:`two_level_kmeans_pick`
+above it. Exact Lloyd iterations cost ``O(M k d)`` each, and with ``k`` a share of ``M``
+that is quadratic in the group (100,000 members at 10%: 10^9 distances per iteration,
+8 GB for one distance matrix)."""
+
+
+def nearest_distinct(cent: Tensor, x: Tensor) -> Tensor:
+    """For each centroid in turn, the nearest point not taken by an earlier centroid.
+
+    Args:
+        cent: ``[k, d]`` centroids.
+        x: ``[M, d]`` points (``M >= k``).
+
+    Returns:
+        ``[k]`` distinct row indices into ``x``, in centroid order.
+    """
+    dist = torch.cdist(cent, x)  # [k, M]
+    chosen: list[int] = []
+    taken = torch.zeros(x.shape[0], dtype=torch.bool)
+    for j in range(cent.shape[0]):
+        d = dist[j].masked_fill(taken, float("inf"))
+        i = int(d.argmin())
+        taken[i] = True
+        chosen.append(i)
+    return torch.tensor(chosen, dtype=torch.long)
+
+
+def allocate_proportional(sizes: Tensor, k: int) -> Tensor:
+    """Split ``k`` slots over groups in proportion to their ``sizes``, at most a group's size.
+
+    Largest remainder: group ``c`` gets ``floor(k s_c / M)`` slots, and the slots left go
+    one at a time to the groups with the largest remainders ``k s_c / M - floor(.)``
+    that still have room (ties: lower group index), until all ``k`` are placed.
+
+    Args:
+        sizes: ``[C]`` group sizes (``>= 0``, sum ``M >= k``).
+        k: slots to place.
+
+    Returns:
+        ``[C]`` slot counts, summing to ``k``, each ``<= sizes[c]``.
+    """
+    total = int(sizes.sum())
+    if not 0 <= k <= total:
+        raise GroupError(f"cannot place {k} slots in groups of {total} members")
+    exact = sizes.double() * k / total
+    alloc = torch.minimum(exact.floor().long(), sizes)
+    remainder = exact - exact.floor()
+    order = torch.argsort(-remainder, stable=True)
+    while int(alloc.sum()) < k:
+        for c in order.tolist():
+            if int(alloc.sum()) == k:
+                break
+            if alloc[c] < sizes[c]:
+                alloc[c] += 1
+    return alloc
+
+
+COARSE_SAMPLE_PER_CLUSTER = 128
+"""Points per coarse cluster that the first level of :func:`two_level_kmeans_pick` is
+fitted on."""
+
+
+def two_level_kmeans_pick(x: Tensor, k: int, gen: torch.Generator, iters: int = 25) -> Tensor:
+    """``k`` distinct representative points of ``x`` by two-level k-means, ``O(M sqrt(k) d)``.
+
+    1. k-means with ``k1 = floor(sqrt(k))`` coarse clusters, fitted on a random sample
+       of at most ``COARSE_SAMPLE_PER_CLUSTER * k1`` points (a coarse partition needs no
+       more); every point goes to its nearest coarse centroid.
+    2. The ``k`` slots are split over the coarse clusters in proportion to their sizes
+       (:func:`allocate_proportional`), so each cluster gets about ``k / k1`` and at most
+       its size.
+    3. Within each coarse cluster, k-means with its slots, and the nearest untaken
+       member to each fine centroid (:func:`nearest_distinct`).
+
+    Each fine k-means sees ``~M / k1`` points and ``~k / k1`` centroids, so one Lloyd
+    iteration over all of them costs ``O(M k / k1 d) = O(M sqrt(k) d)`` instead of
+    ``O(M k d)``; the coarse level costs ``O(k1^2 d)`` per iteration and one ``O(M k1 d)``
+    assignment. The centroids approximate a k-means of all points whose clusters do not
+    straddle the coarse boundaries; the picks are the same kind of representatives the
+    exact selection returns (one member nearest each of ``k`` cluster centres).
+
+    Args:
+        x: ``[M, d]`` points (``M >= k >= 1``).
+        k: number of points to pick.
+        gen: random generator (seeding of every k-means).
+        iters: Lloyd iterations of each k-means.
+
+    Returns:
+        ``[k]`` distinct row indices into ``x``.
+    """
+    k1 = max(1, math.isqrt(k))
+    m = x.shape[0]
+    sample = torch.randperm(m, generator=gen)[: COARSE_SAMPLE_PER_CLUSTER * k1]
+    coarse = kmeans(x[sample], k1, gen, iters)
+    assign = torch.cdist(x, coarse).argmin(1)  # [M]
+    alloc = allocate_proportional(torch.bincount(assign, minlength=k1), k)
+    picks: list[Tensor] = []
+    for c in range(k1):
+        kc = int(alloc[c])
+        if kc == 0:
+            continue
+        idx = (assign == c).nonzero().squeeze(1)
+        pts = x[idx]
+        picks.append(idx[nearest_distinct(kmeans(pts, kc, gen, iters), pts)])
+    return torch.cat(picks)
+
+
 class RelationalRespondents(RespondentSelector):
     """The paper's relational selection: k-means over GNN member embeddings (k = ``n``),
-    then the eligible member nearest each centroid (each member at most once)."""
+    then the eligible member nearest each centroid (each member at most once).
+
+    Above :data:`KMEANS_EXACT_MAX` point-centroid pairs the k-means is the two-level
+    approximation of :func:`two_level_kmeans_pick` (large groups)."""
 
     def _pick(self, ctx: RoundContext, question: int, n: int, pool: Tensor) -> Tensor:
         if ctx.gnn is None:
             raise GroupError("relational respondent selection needs a trained GNN")
         emb = ctx.gnn.embeddings(ctx.observed)[pool]
+        if len(pool) * n > KMEANS_EXACT_MAX:
+            return pool[two_level_kmeans_pick(emb, n, ctx.gen)]
         cent = kmeans(emb, n, ctx.gen)
-        dist = torch.cdist(cent, emb)  # [n, M]
-        chosen: list[int] = []
-        taken = torch.zeros(len(pool), dtype=torch.bool)
-        for j in range(n):
-            d = dist[j].masked_fill(taken, float("inf"))
-            i = int(d.argmin())
-            taken[i] = True
-            chosen.append(i)
-        return pool[torch.tensor(chosen, dtype=torch.long)]
+        return pool[nearest_distinct(cent, emb)]
 
 
 class EIGRespondents(RespondentSelector):

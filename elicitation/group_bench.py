@@ -811,7 +811,7 @@ def run_group_speed(
     sizes: Sequence[int] = (0, 10_000, 100_000),
     respondent_budget: float = 0.1,
     rounds: int = 4,
-    relational_max: int = 10_000,
+    relational_max: int = 100_000,
     train: bool = True,
     threads: int = 1,
     seed: int = 0,
@@ -828,7 +828,8 @@ def run_group_speed(
     Planning is timed for ``default`` (lookahead accuracy gain for the question and
     respondents), ``eig_eig_pool`` (the information gain: the default of sessions 1-7)
     and, up to ``relational_max`` members, the paper's ``greedy_relational_gnn`` (group
-    EIG question, k-means over GNN embeddings with k = the budget). ``update_seconds`` is
+    EIG question, k-means over GNN embeddings with k = the budget; two-level above
+    ``group.KMEANS_EXACT_MAX`` point-centroid pairs). ``update_seconds`` is
     the time to apply the round's answers and predict every member's targets (the pool
     needs one GNN pass over the whole graph).
     """

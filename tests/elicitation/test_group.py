@@ -152,6 +152,76 @@ def test_unknown_selector_and_missing_gnn_are_refused() -> None:
         )
 
 
+# ---- relational selection for large groups (two-level k-means) --------------------------
+def test_allocate_proportional_largest_remainder_and_caps() -> None:
+    alloc = group_module.allocate_proportional
+    # 4 * (5, 3, 2) / 10 = (2, 1.2, 0.8): floors (2, 1, 0), the one slot left to remainder 0.8
+    assert alloc(torch.tensor([5, 3, 2]), 4).tolist() == [2, 1, 1]
+    # (0.5, 4.5): equal remainders, the lower group index first
+    assert alloc(torch.tensor([1, 9]), 5).tolist() == [1, 4]
+    # every slot: each group gets its size
+    assert alloc(torch.tensor([3, 0, 4]), 7).tolist() == [3, 0, 4]
+    assert alloc(torch.tensor([2, 2]), 0).tolist() == [0, 0]
+    with pytest.raises(GroupError, match="cannot place 5 slots in groups of 4"):
+        alloc(torch.tensor([2, 2]), 5)
+
+
+def test_two_level_kmeans_picks_one_member_per_separated_cluster() -> None:
+    # 9 tight clusters of 30 points on a 3 x 3 grid (spacing 10, sd 0.01): k = 9 gives
+    # 3 coarse clusters made of whole clusters, 9 fine centroids, one pick in each cluster
+    g = torch.Generator().manual_seed(3)
+    centres = torch.tensor([[10.0 * i, 10.0 * j] for i in range(3) for j in range(3)])
+    labels = torch.arange(9).repeat_interleave(30)
+    x = (centres[labels] + 0.01 * torch.randn(270, 2, generator=g)).double()
+    perm = torch.randperm(270, generator=g)
+    x, labels = x[perm], labels[perm]
+    picks = group_module.two_level_kmeans_pick(x, 9, torch.Generator().manual_seed(0))
+    assert len(picks) == 9 and len(set(picks.tolist())) == 9
+    assert sorted(labels[picks].tolist()) == list(range(9))
+
+
+@pytest.mark.parametrize(("m", "k"), [(50, 37), (50, 50), (23, 1), (200, 20)])
+def test_two_level_kmeans_returns_k_distinct_points(m: int, k: int) -> None:
+    x = torch.randn(m, 3, generator=torch.Generator().manual_seed(m + k), dtype=torch.float64)
+    picks = group_module.two_level_kmeans_pick(x, k, torch.Generator().manual_seed(1))
+    assert len(picks) == k and len(set(picks.tolist())) == k
+    assert int(picks.min()) >= 0 and int(picks.max()) < m
+
+
+@pytest.mark.parametrize(("budget", "expected"), [(7, 7), (0.25, 10), (1.0, 40)])
+def test_relational_selection_of_a_large_group_respects_the_budget(
+    gnn_view: GNNView, monkeypatch: pytest.MonkeyPatch, budget: int | float, expected: int
+) -> None:
+    # the threshold at 0 sends this 40-member group down the large-group path
+    monkeypatch.setattr(group_module, "KMEANS_EXACT_MAX", 0)
+    called = []
+    real = group_module.two_level_kmeans_pick
+    monkeypatch.setattr(
+        group_module,
+        "two_level_kmeans_pick",
+        lambda *a, **kw: called.append(1) or real(*a, **kw),
+    )
+    truth, observed = _group()
+    ge = GroupElicitation(
+        _toy_model(),
+        observed,
+        [2, 3, 4],
+        [5],
+        GroupMethod("eig", "relational"),
+        GroupBudget(budget, 3, max_questions_per_respondent=1),
+        gnn=gnn_view,
+    )
+    q, who, _ = ge.plan()
+    assert called
+    assert len(who) == expected and len(set(who.tolist())) == expected
+    assert bool(ge.eligible(q)[who].all())
+    if expected < 40:  # a second round never asks a member twice (cap 1)
+        ge.apply(q, who, truth[who, q])
+        q2, who2, _ = ge.plan()
+        assert not set(who2.tolist()) & set(who.tolist())
+        assert len(who2) == min(expected, 40 - expected)
+
+
 # ---- information gain ---------------------------------------------------------------------
 def _brute_force_eig(
     model: PersonaMixture,
