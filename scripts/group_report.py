@@ -6,19 +6,25 @@ For each file (one dataset and respondent budget): every method's target accurac
 rounds 0..4, Brier and perplexity after the last round and the mean planning seconds per
 round; `default` against each other method at rounds 1..R (`>` strictly better, `=`
 equal, `<` worse) and, where it is not ahead everywhere, the paired difference over the
-runs (mean, paired t, runs ahead / behind); the relative gain after the last round over
-the strongest of the paper's baselines; and, when reference accuracies follow the path
-after a colon, whether `default` is above them at every round after round 0.
+runs (mean, paired t, runs ahead / behind, and the exact one-sided sign-flip p-value that
+the other method is ahead); how many cells each side leads with p < 0.05; the relative
+gain after the last round over the strongest of the paper's baselines; and, when
+reference accuracies follow the path after a colon, whether `default` is above them at
+every round after round 0. With several files, the totals over all of them close the
+report.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
 from pathlib import Path
 
 PAPER = ("random_random", "greedy_random", "greedy_random_selfimpute", "greedy_relational_gnn")
+ALPHA = 0.05
+SAME_AS_DEFAULT = ("elook_elook_pool",)  # `default` under its component names: not compared
 
 
 def paired(a: list[float], b: list[float]) -> tuple[float, float, int, int]:
@@ -35,7 +41,54 @@ def paired(a: list[float], b: list[float]) -> tuple[float, float, int, int]:
     return mean, t, sum(x > 0 for x in d), sum(x < 0 for x in d)
 
 
-def report(path: Path, reference: list[float] | None) -> str:
+def sign_flip_p(d: list[float]) -> float:
+    """Exact one-sided p-value of the paired sign-flip test that ``mean(d) > 0``.
+
+    Under the null hypothesis (the two methods are exchangeable within each run) every
+    run's difference is as likely to be ``+d_i`` as ``-d_i``, so the ``2^n`` sign
+    assignments are equally likely; ``p = #{s : sum_i s_i |d_i| >= sum_i d_i} / 2^n``,
+    enumerated exactly (``n <= 20``). Sums equal to the observed one within ``1e-12``
+    count (accuracies are ratios, so floating sums of the same terms may differ in the
+    last bit). The smallest possible ``p`` is ``2^-n`` (``1/1024`` for 10 runs).
+    """
+    n = len(d)
+    if n == 0 or n > 20:
+        raise ValueError(f"sign-flip test needs 1..20 paired runs, got {n}")
+    obs = sum(d)
+    mags = [abs(x) for x in d]
+    hits = sum(
+        sum(s * m for s, m in zip(signs, mags, strict=True)) >= obs - 1e-12
+        for signs in itertools.product((1, -1), repeat=n)
+    )
+    return hits / 2**n
+
+
+def lead_counts(
+    methods: dict, names: list[str], rounds: int
+) -> tuple[int, int, int, int, float]:
+    """Over the cells (method in ``names``, round 1..R) against ``default``:
+    cells where ``default``'s mean is ahead, ahead with ``p < ALPHA``, where the other
+    method's mean is ahead, ahead with ``p < ALPHA``, and the smallest p of the latter."""
+    dflt = methods["default"]["accuracy_runs"]
+    ahead = ahead_sig = behind = behind_sig = 0
+    min_p = 1.0
+    for name in names:
+        other = methods[name]["accuracy_runs"]
+        for r in range(1, rounds + 1):
+            d = [a[r] - b[r] for a, b in zip(dflt, other, strict=True)]
+            mean = sum(d) / len(d)
+            if mean > 0:
+                ahead += 1
+                ahead_sig += sign_flip_p(d) < ALPHA
+            elif mean < 0:
+                behind += 1
+                p = sign_flip_p([-x for x in d])
+                behind_sig += p < ALPHA
+                min_p = min(min_p, p)
+    return ahead, ahead_sig, behind, behind_sig, min_p
+
+
+def report(path: Path, reference: list[float] | None, totals: dict | None = None) -> str:
     d = json.loads(path.read_text())
     methods = d["methods"]
     rounds = int(d["rounds"])
@@ -80,10 +133,11 @@ def report(path: Path, reference: list[float] | None) -> str:
         if "<" in s or "=" in s:
             cells = []
             for r in range(1, rounds + 1):
-                mean, t, up, down = paired(
-                    [x[r] for x in dflt["accuracy_runs"]], [x[r] for x in m["accuracy_runs"]]
-                )
-                cells.append(f"r{r} {mean:+.4f} (t {t:+.1f}, {up}/{down})")
+                a_r = [x[r] for x in dflt["accuracy_runs"]]
+                b_r = [x[r] for x in m["accuracy_runs"]]
+                mean, t, up, down = paired(a_r, b_r)
+                p = sign_flip_p([b - a for a, b in zip(a_r, b_r, strict=True)])
+                cells.append(f"r{r} {mean:+.4f} (t {t:+.1f}, {up}/{down}, p {p:.3f})")
             behind.append(f"* default − {name}: " + "; ".join(cells))
     out.append(
         f"default vs each method, accuracy at rounds 1..{rounds} (`>` strictly better, "
@@ -93,13 +147,31 @@ def report(path: Path, reference: list[float] | None) -> str:
     if behind:
         out.append(
             "Paired over the runs where default is not ahead in every round "
-            "(mean difference, paired t, runs ahead / behind):"
+            "(mean difference, paired t, runs ahead / behind, one-sided sign-flip p "
+            "that the other method is ahead):"
         )
         out.append("")
         out.extend(behind)
         out.append("")
-    line = []
     paper = [n for n in PAPER if n in methods]
+    others = [n for n in methods if n != "default" and n not in PAPER and n not in SAME_AS_DEFAULT]
+    for label, names in (("the paper's methods", paper), ("the other methods", others)):
+        if not names:
+            continue
+        ahead, ahead_sig, behind, behind_sig, min_p = lead_counts(methods, names, rounds)
+        cells = len(names) * rounds
+        out.append(
+            f"Against {label} ({cells} cells, rounds 1..{rounds}): default ahead in {ahead} "
+            f"({ahead_sig} with p < {ALPHA}), behind in {behind} ({behind_sig} with "
+            f"p < {ALPHA}" + (f", smallest p {min_p:.3f}" if behind else "") + ")"
+        )
+        if totals is not None:
+            t = totals.setdefault(label, [0, 0, 0, 0, 0, 1.0])
+            for i, v in enumerate((cells, ahead, ahead_sig, behind, behind_sig)):
+                t[i] += v
+            t[5] = min(t[5], min_p)
+    out.append("")
+    line = []
     if paper:
         best = max(paper, key=lambda n: methods[n]["accuracy"][-1])
         b = methods[best]["accuracy"][-1]
@@ -127,10 +199,21 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
+    totals: dict = {}
     for arg in argv:
         path, _, ref = arg.partition(":")
         reference = [float(x) for x in ref.split(",")] if ref else None
-        print(report(Path(path), reference))
+        print(report(Path(path), reference, totals))
+    if len(argv) > 1:
+        for label, (cells, ahead, ahead_sig, behind, behind_sig, min_p) in totals.items():
+            print(
+                f"All files, against {label} ({cells} cells): default ahead in {ahead} "
+                f"({ahead_sig} with p < {ALPHA}), behind in {behind} ({behind_sig} with "
+                f"p < {ALPHA}, {ALPHA * cells:.1f} expected by chance if every method were "
+                "exchangeable with default"
+                + (f"; smallest p {min_p:.3f}" if behind else "")
+                + ")"
+            )
     return 0
 
 

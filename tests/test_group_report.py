@@ -36,6 +36,19 @@ def test_paired_difference_and_t() -> None:
     assert (up, down) == (2, 0)
 
 
+def test_sign_flip_p_by_enumeration() -> None:
+    # |d| = (0.1, 0.3, 0): signed sums 0.4, 0.4, 0.2, 0.2, -0.2, -0.2, -0.4, -0.4;
+    # 2 of 8 reach the observed 0.4
+    assert group_report.sign_flip_p([0.1, 0.3, 0.0]) == 0.25
+    assert group_report.sign_flip_p([-0.1, -0.2]) == 1.0  # every sum >= -0.3
+    assert group_report.sign_flip_p([0.5] * 10) == 1 / 1024
+    # 0.1 + 0.2 - 0.3 is 5.6e-17 in floating point; the sums 0.6, 0.4, 0.2 and both
+    # zeros reach it: 5 of 8 (4 of 8 if the zeros' last bits decided)
+    assert group_report.sign_flip_p([0.1, 0.2, -0.3]) == 5 / 8
+    with pytest.raises(ValueError, match="1..20 paired runs"):
+        group_report.sign_flip_p([])
+
+
 def test_report_marks_rounds_and_reference(tmp_path: Path) -> None:
     result = {
         "dataset": "toy",
@@ -55,7 +68,19 @@ def test_report_marks_rounds_and_reference(tmp_path: Path) -> None:
     text = group_report.report(path, [0.5, 0.55, 0.7])
     assert "| **default** | 0.5000 | 0.5625 | 0.6875 | 0.3000 | 1.5000 | 1.00 |" in text
     assert "greedy_random: >>" in text and "other: <>" in text
-    assert "* default − other: r1 -0.1250 (t -inf, 0/2); r2 +0.1250 (t +inf, 2/0)" in text
+    assert (
+        "* default − other: r1 -0.1250 (t -inf, 0/2, p 0.250); r2 +0.1250 (t +inf, 2/0, p 1.000)"
+        in text
+    )
+    # greedy_random: differences (0.125, 0) and (0.25, 0.125), p 2/4 and 1/4
+    assert (
+        "Against the paper's methods (2 cells, rounds 1..2): default ahead in 2 "
+        "(0 with p < 0.05), behind in 0 (0 with p < 0.05)" in text
+    )
+    assert (
+        "Against the other methods (2 cells, rounds 1..2): default ahead in 1 "
+        "(0 with p < 0.05), behind in 1 (0 with p < 0.05, smallest p 0.250)" in text
+    )
     assert "* default − greedy_random" not in text  # ahead in every round
     assert "(greedy_random, 0.5000): +37.50%" in text
     assert "above the reference at every round 1..2: False" in text  # 0.6875 < 0.7
