@@ -15,7 +15,8 @@ Pieces (each a small family with a registry, like :mod:`elicitation.criteria`):
   asked: the ``b`` largest ``r_v * EIG_v(x)`` (``b`` = the round's respondent budget,
   ``r_v`` = the chance member ``v`` answers);
 * respondent selectors (:data:`RESPONDENT_SELECTORS`): ``random``; ``relational`` —
-  k-means (k = budget) over GNN member embeddings, the member nearest each centroid;
+  k-means (k = budget) over GNN member embeddings, the member nearest each centroid
+  (two-level k-means for large groups, :func:`two_level_kmeans_pick`);
   ``eig`` — greedy by expected gain ``r_v * EIG_v(x)`` about the group targets (the
   belief models here treat members as independent given the fitted parameters, so the
   gains add up and the greedy choice is the top ``b``);
@@ -778,8 +779,8 @@ def two_level_kmeans_pick(x: Tensor, k: int, gen: torch.Generator, iters: int = 
 
     Each fine k-means sees ``~M / k1`` points and ``~k / k1`` centroids, so one Lloyd
     iteration over all of them costs ``O(M k / k1 d) = O(M sqrt(k) d)`` instead of
-    ``O(M k d)``; the coarse level costs ``O(k1^2 d)`` per iteration and one ``O(M k1 d)``
-    assignment. The centroids approximate a k-means of all points whose clusters do not
+    ``O(M k d)``; the coarse level costs ``O(128 k1^2 d) = O(k d)`` per iteration on its
+    sample and one ``O(M k1 d)`` assignment. The centroids approximate a k-means of all points whose clusters do not
     straddle the coarse boundaries; the picks are the same kind of representatives the
     exact selection returns (one member nearest each of ``k`` cluster centres).
 
