@@ -733,9 +733,11 @@ def nearest_distinct(cent: Tensor, x: Tensor) -> Tensor:
 def allocate_proportional(sizes: Tensor, k: int) -> Tensor:
     """Split ``k`` slots over groups in proportion to their ``sizes``, at most a group's size.
 
-    Largest remainder: group ``c`` gets ``floor(k s_c / M)`` slots, and the slots left go
-    one at a time to the groups with the largest remainders ``k s_c / M - floor(.)``
-    that still have room (ties: lower group index), until all ``k`` are placed.
+    Largest remainder: group ``c`` gets ``floor(k s_c / M)`` slots, and the
+    ``k - sum floor(.)`` slots left go one each to the groups with the largest remainders
+    ``k s_c / M - floor(.)`` (ties: lower group index). As ``k <= M``, ``k s_c / M <= s_c``,
+    so a group with a positive remainder has room for its extra slot, and the remainders
+    sum to the slots left, so at least that many are positive.
 
     Args:
         sizes: ``[C]`` group sizes (``>= 0``, sum ``M >= k``).
@@ -747,16 +749,12 @@ def allocate_proportional(sizes: Tensor, k: int) -> Tensor:
     total = int(sizes.sum())
     if not 0 <= k <= total:
         raise GroupError(f"cannot place {k} slots in groups of {total} members")
+    if k == 0:
+        return torch.zeros_like(sizes)
     exact = sizes.double() * k / total
-    alloc = torch.minimum(exact.floor().long(), sizes)
-    remainder = exact - exact.floor()
-    order = torch.argsort(-remainder, stable=True)
-    while int(alloc.sum()) < k:
-        for c in order.tolist():
-            if int(alloc.sum()) == k:
-                break
-            if alloc[c] < sizes[c]:
-                alloc[c] += 1
+    alloc = exact.floor().long()
+    order = torch.argsort(-(exact - exact.floor()), stable=True)
+    alloc[order[: k - int(alloc.sum())]] += 1
     return alloc
 
 

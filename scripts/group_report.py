@@ -21,6 +21,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 PAPER = ("random_random", "greedy_random", "greedy_random_selfimpute", "greedy_relational_gnn")
 ALPHA = 0.05
@@ -63,12 +64,38 @@ def sign_flip_p(d: list[float]) -> float:
     return hits / 2**n
 
 
-def lead_counts(
-    methods: dict, names: list[str], rounds: int
-) -> tuple[int, int, int, int, float]:
-    """Over the cells (method in ``names``, round 1..R) against ``default``:
-    cells where ``default``'s mean is ahead, ahead with ``p < ALPHA``, where the other
-    method's mean is ahead, ahead with ``p < ALPHA``, and the smallest p of the latter."""
+class Leads(NamedTuple):
+    """Cells (method, round 1..R) against ``default``: how many, where ``default``'s mean
+    is ahead (and with ``p < ALPHA``), where the other method's is (and with
+    ``p < ALPHA``), and the smallest p of the latter (1 when none)."""
+
+    cells: int = 0
+    ahead: int = 0
+    ahead_sig: int = 0
+    behind: int = 0
+    behind_sig: int = 0
+    min_p: float = 1.0
+
+    def __add__(self, other: object) -> Leads:
+        if not isinstance(other, Leads):
+            return NotImplemented
+        return Leads(
+            *(a + b for a, b in zip(self[:5], other[:5], strict=True)),
+            min(self.min_p, other.min_p),
+        )
+
+    def describe(self, against: str, scope: str) -> str:
+        """The start of one report line: ``against`` names the methods, ``scope`` follows
+        the cell count in the brackets; the caller closes the last bracket."""
+        return (
+            f"{against} ({self.cells} cells{scope}): default ahead in {self.ahead} "
+            f"({self.ahead_sig} with p < {ALPHA}), behind in {self.behind} "
+            f"({self.behind_sig} with p < {ALPHA}"
+        )
+
+
+def lead_counts(methods: dict, names: list[str], rounds: int) -> Leads:
+    """The :class:`Leads` of ``default`` against the methods ``names`` at rounds 1..R."""
     dflt = methods["default"]["accuracy_runs"]
     ahead = ahead_sig = behind = behind_sig = 0
     min_p = 1.0
@@ -85,10 +112,12 @@ def lead_counts(
                 p = sign_flip_p([-x for x in d])
                 behind_sig += p < ALPHA
                 min_p = min(min_p, p)
-    return ahead, ahead_sig, behind, behind_sig, min_p
+    return Leads(len(names) * rounds, ahead, ahead_sig, behind, behind_sig, min_p)
 
 
-def report(path: Path, reference: list[float] | None, totals: dict | None = None) -> str:
+def report(
+    path: Path, reference: list[float] | None, totals: dict[str, Leads] | None = None
+) -> str:
     d = json.loads(path.read_text())
     methods = d["methods"]
     rounds = int(d["rounds"])
@@ -158,18 +187,14 @@ def report(path: Path, reference: list[float] | None, totals: dict | None = None
     for label, names in (("the paper's methods", paper), ("the other methods", others)):
         if not names:
             continue
-        ahead, ahead_sig, behind, behind_sig, min_p = lead_counts(methods, names, rounds)
-        cells = len(names) * rounds
+        leads = lead_counts(methods, names, rounds)
         out.append(
-            f"Against {label} ({cells} cells, rounds 1..{rounds}): default ahead in {ahead} "
-            f"({ahead_sig} with p < {ALPHA}), behind in {behind} ({behind_sig} with "
-            f"p < {ALPHA}" + (f", smallest p {min_p:.3f}" if behind else "") + ")"
+            leads.describe(f"Against {label}", f", rounds 1..{rounds}")
+            + (f", smallest p {leads.min_p:.3f}" if leads.behind else "")
+            + ")"
         )
         if totals is not None:
-            t = totals.setdefault(label, [0, 0, 0, 0, 0, 1.0])
-            for i, v in enumerate((cells, ahead, ahead_sig, behind, behind_sig)):
-                t[i] += v
-            t[5] = min(t[5], min_p)
+            totals[label] = totals.get(label, Leads()) + leads
     out.append("")
     line = []
     if paper:
@@ -199,19 +224,18 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    totals: dict = {}
+    totals: dict[str, Leads] = {}
     for arg in argv:
         path, _, ref = arg.partition(":")
         reference = [float(x) for x in ref.split(",")] if ref else None
         print(report(Path(path), reference, totals))
     if len(argv) > 1:
-        for label, (cells, ahead, ahead_sig, behind, behind_sig, min_p) in totals.items():
+        for label, leads in totals.items():
             print(
-                f"All files, against {label} ({cells} cells): default ahead in {ahead} "
-                f"({ahead_sig} with p < {ALPHA}), behind in {behind} ({behind_sig} with "
-                f"p < {ALPHA}, {ALPHA * cells:.1f} expected by chance if every method were "
+                leads.describe(f"All files, against {label}", "")
+                + f", {ALPHA * leads.cells:.1f} expected by chance if every method were "
                 "exchangeable with default"
-                + (f"; smallest p {min_p:.3f}" if behind else "")
+                + (f"; smallest p {leads.min_p:.3f}" if leads.behind else "")
                 + ")"
             )
     return 0

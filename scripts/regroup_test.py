@@ -21,11 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-
-def _norm(uid: str) -> str:
-    """User ids compare as strings without a trailing ``.0`` (datasets/README.md)."""
-    s = str(uid).strip()
-    return s[:-2] if s.endswith(".0") else s
+from elicitation.datasets import normalise_id
 
 
 def region_option(codebook: Path, region_column: str, region: str) -> tuple[str, str]:
@@ -67,8 +63,8 @@ def regroup(dataset: Path, region: str) -> tuple[dict, dict, int]:
         users = [row[id_column] for row in reader if row[column] == letter]
     if not users:
         raise ValueError(f"no user has {column} = {letter} ({label})")
-    fitted = {_norm(u) for part in ("train_users", "val_users") for u in split.get(part, [])}
-    overlap = [u for u in users if _norm(u) in fitted]
+    fitted = {normalise_id(u) for part in ("train_users", "val_users") for u in split.get(part, [])}
+    overlap = [u for u in users if normalise_id(u) in fitted]
     if overlap:
         raise ValueError(
             f"{len(overlap)} users of {label} are training or validation users "
