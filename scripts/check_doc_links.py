@@ -4,10 +4,10 @@ Usage: ``python scripts/check_doc_links.py [FILE.md ...]`` (default: ``README.md
 ``CONTRIBUTING.md``, ``CHANGELOG.md`` and ``docs/**/*.md`` where present). Prints each
 broken link as ``file:line: target`` and exits with 1 when there is one, else 0.
 
-A link is ``[text](target)`` or ``![alt](target)``; ``http(s):``, ``mailto:`` and pure
-``#anchor`` targets are skipped, and a ``#fragment`` or ``?query`` is cut off before the
-check. Targets are resolved against the linking file's folder. Fenced code blocks are
-skipped.
+A link is ``[text](target)`` or ``![alt](target)``; ``http(s):`` and ``mailto:`` targets
+are skipped. Targets are resolved against the linking file's folder; a ``#fragment`` must
+name a heading of the Markdown file it points at (GitHub's anchors: lower case,
+punctuation dropped, spaces as hyphens). Fenced code blocks are skipped.
 
 Citations count too: a code span that names a repository path (`` `models/persona.py` ``,
 `` `docs/group/s8-ces_10.json` ``, `` `tests/gnn/test_train.py::test_x` ``; first part one of
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-SKIP = ("http://", "https://", "mailto:", "#")
+SKIP = ("http://", "https://", "mailto:")
 TOP = (
     "app",
     "docs",
@@ -39,6 +39,24 @@ TOP = (
 CITE = re.compile(r"`((?:" + "|".join(re.escape(t) for t in TOP) + r")/[\w./-]*)(?:::[\w\[\]-]+)?`")
 
 
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of the headings of a Markdown file (duplicates get ``-1``, ``-2``)."""
+    seen: dict[str, int] = {}
+    out: set[str] = set()
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if fenced or not line.startswith("#"):
+            continue
+        text = line.lstrip("#").strip().lower()
+        slug = re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
 def broken_links(path: Path) -> list[tuple[int, str]]:
     """``(line, target)`` of every relative link in ``path`` whose target does not exist."""
     out: list[tuple[int, str]] = []
@@ -52,8 +70,12 @@ def broken_links(path: Path) -> list[tuple[int, str]]:
         for target in LINK.findall(line):
             if target.startswith(SKIP):
                 continue
-            rel = re.split(r"[#?]", target, maxsplit=1)[0]
-            if rel and not (path.parent / rel).exists():
+            rel, _, frag = target.partition("#")
+            rel = rel.split("?", 1)[0]
+            dest = path.parent / rel if rel else path
+            if not dest.exists():
+                out.append((n, target))
+            elif frag and dest.suffix == ".md" and frag not in anchors(dest):
                 out.append((n, target))
         for cited in CITE.findall(line):
             if not (ROOT / cited.rstrip("/")).exists():
