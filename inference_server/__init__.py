@@ -1,4 +1,4 @@
-"""Persona answer distributions from language models (METHODS.md section 1).
+"""Persona answer distributions from language models (docs/methods.md §1).
 
 A persona is a text (a researcher's description, a sentence built from a respondent's
 attributes, or an imported persona id). For every persona × item pair a language model
@@ -19,6 +19,17 @@ Modules:
 
 This package never imports the web app, the database layer or settings: callers pass
 explicit arguments.
+
+Example (the embedded model on the CPU; ``μ`` for two personas and one item)::
+
+    from inference_server.backends import make_backend
+    from inference_server.backends.base import ScoreRequest
+    from inference_server.prompts import PromptItem
+
+    item = PromptItem(key="q1", question="Do you support the policy?", options=("Support", "Oppose"))
+    backend = make_backend("local")
+    scores = backend.score([ScoreRequest(p, item) for p in ("A retired farmer.", "A student.")])
+    mu = [s.probs for s in scores]            # two distributions over (Support, Oppose)
 """
 
 from inference_server.errors import (

@@ -1,12 +1,12 @@
 """Benchmark methods ``llm_personas`` and ``mixed`` for ``priorly bench individual``.
 
 Importing this module adds two rows to the method registry of
-:mod:`elicitation.bench.methods` (nothing renamed):
+:mod:`elicitation.bench.methods`:
 
 * ``llm_personas`` — the dataset's cached LLM persona table
   (:mod:`inference_server.persona_table`) as a :class:`~models.persona.PersonaMixture`
   whose prior ``p(θ)`` is fitted by EM on the training users' non-target answers
-  (METHODS.md section 1), with expected-information-gain selection;
+  (docs/methods.md §1.3), with expected-information-gain selection;
 * ``mixed`` — one mixture of the LLM personas and the data-fitted latent classes
   (the ``default`` method's model): ``p(θ) = w · p_LLM(θ) + (1 − w) · p_LC(θ)``, where
   ``p_LLM`` is the ``llm_personas`` prior, ``p_LC`` the latent-class model's own prior
@@ -71,6 +71,11 @@ def fit_block_weight(log_a: torch.Tensor, log_b: torch.Tensor, *, tol: float = 1
     bisection on the score ``f'(w) = mean_u (p_A − p_B) / (w p_A + (1 − w) p_B)``, which
     decreases in ``w``: ``w = 0`` when ``f'(0) ≤ 0``, ``1`` when ``f'(1) ≥ 0``, else the
     root to ``tol``. Equal likelihoods for every user carry no information: ``w = 1/2``.
+
+    Example: block A explains one user twice as well and the other half as well::
+
+        fit_block_weight(torch.log(torch.tensor([0.2, 0.05])), torch.log(torch.tensor([0.1, 0.1])))
+        # 0.5: f'(w) = ((0.2 - 0.1) / (0.1 w + 0.1) + (0.05 - 0.1) / (0.1 - 0.05 w)) / 2 = 0 at w = 1/2
     """
     if log_a.shape != log_b.shape or log_a.dim() != 1 or log_a.numel() == 0:
         raise BenchmarkError("fit_block_weight: two [N] log-likelihood vectors, N > 0")
@@ -102,7 +107,7 @@ def fit_block_weight(log_a: torch.Tensor, log_b: torch.Tensor, *, tol: float = 1
 
 
 def fit_mixed(ctx: FitContext) -> BeliefModel:
-    """LLM personas + latent classes: ``w · p_LLM + (1 − w) · p_LC``, ``w`` by EM.
+    """LLM personas + latent classes: ``w · p_LLM + (1 − w) · p_LC``, ``w`` by maximum likelihood.
 
     The latent-class model keeps its own prior (for the ensemble default, the validated
     equal-weight average of its fits); the LLM block has the ``llm_personas`` EM prior.

