@@ -117,6 +117,86 @@ class GroupMethod:
         return RESPONDENT_SELECTORS[self.respondents]()
 
 
+def _checked_items(
+    model: BeliefModel, candidates: Sequence[int], targets: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """``(candidates, targets)`` as bank indices: disjoint, at least one target."""
+    cand = [model.item_bank.check_item(c) for c in candidates]
+    tgt = [model.item_bank.check_item(t) for t in targets]
+    overlap = set(cand) & set(tgt)
+    if overlap:
+        keys = sorted(model.item_bank.keys[i] for i in overlap)
+        raise GroupError(f"items are both candidates and targets: {keys}")
+    if not tgt:
+        raise GroupError("the group needs at least one target item")
+    return cand, tgt
+
+
+def _needs_gnn(method: GroupMethod) -> bool:
+    """Whether ``method`` reads the GNN (relational selection, or an imputation using it)."""
+    return method.respondents == "relational" or method.imputation in (
+        "gnn",
+        "gnn_only",
+        "pool",
+        "stack",
+    )
+
+
+def _checked_pool_evidence(pool_evidence: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+    """``(sums [R, G], counts [R])`` float64; no evidence is ``R = 0`` rows of
+    :data:`POOL_GRID` weights."""
+    if pool_evidence is None:
+        return torch.zeros(0, POOL_GRID, dtype=DTYPE), torch.zeros(0, dtype=DTYPE)
+    ev_sums = torch.as_tensor(pool_evidence[0], dtype=DTYPE)
+    ev_counts = torch.as_tensor(pool_evidence[1], dtype=DTYPE).reshape(-1)
+    if ev_sums.dim() != 2 or ev_sums.shape[1] < 2 or ev_sums.shape[0] != len(ev_counts):
+        raise GroupError("pool_evidence must be (sums [R, G >= 2], counts [R])")
+    return ev_sums, ev_counts
+
+
+def _checked_stack_weights(
+    stack_weights: Sequence[Sequence[float]] | Tensor | None, pool_weight: float
+) -> Tensor:
+    """``[rounds, 3]`` finite weights ``>= 0``; default one row ``(1 - w, w, 0)``."""
+    if stack_weights is None:
+        sw = torch.tensor([[1.0 - pool_weight, pool_weight, 0.0]], dtype=DTYPE)
+    else:
+        sw = torch.as_tensor(stack_weights, dtype=DTYPE)
+        if sw.dim() == 1:
+            sw = sw.reshape(1, -1)
+    if sw.dim() != 2 or sw.shape[0] < 1 or sw.shape[1] != len(STACK_COMPONENTS):
+        raise GroupError(f"stack_weights must be [rounds, {len(STACK_COMPONENTS)}]")
+    if bool((sw < 0).any()) or not bool(torch.isfinite(sw).all()):
+        raise GroupError("stack_weights must be finite and >= 0")
+    return sw
+
+
+def _checked_stack_evidence(
+    stack_evidence: Sequence[tuple[Tensor, Tensor]] | None, rows: int
+) -> list[tuple[Tensor, Tensor]] | None:
+    """One float64 ``(sums [R, G], counts [R])`` per row of the stack weights, or ``None``."""
+    if stack_evidence is not None and len(stack_evidence) != rows:
+        raise GroupError("stack_evidence needs one (sums, counts) per row of stack_weights")
+    return (
+        [
+            (torch.as_tensor(a, dtype=DTYPE), torch.as_tensor(b, dtype=DTYPE))
+            for a, b in stack_evidence
+        ]
+        if stack_evidence is not None
+        else None
+    )
+
+
+def _checked_response_prob(response_prob: Tensor | None, n: int) -> Tensor:
+    """``[n]`` float64 chances in ``[0, 1]`` (default: every member answers)."""
+    if response_prob is None:
+        response_prob = torch.ones(n, dtype=DTYPE)
+    response_prob = torch.as_tensor(response_prob, dtype=DTYPE).reshape(-1)
+    if response_prob.shape != (n,) or bool(((response_prob < 0) | (response_prob > 1)).any()):
+        raise GroupError(f"response_prob must be [{n}] probabilities")
+    return response_prob
+
+
 class GroupElicitation:
     """The state of one group elicitation and its rounds.
 
@@ -170,21 +250,8 @@ class GroupElicitation:
         n = self.observed.shape[0]
         if n == 0:
             raise GroupError("the group has no members")
-        self.candidates = [model.item_bank.check_item(c) for c in candidates]
-        self.targets = [model.item_bank.check_item(t) for t in targets]
-        overlap = set(self.candidates) & set(self.targets)
-        if overlap:
-            keys = sorted(model.item_bank.keys[i] for i in overlap)
-            raise GroupError(f"items are both candidates and targets: {keys}")
-        if not self.targets:
-            raise GroupError("the group needs at least one target item")
-        needs_gnn = method.respondents == "relational" or method.imputation in (
-            "gnn",
-            "gnn_only",
-            "pool",
-            "stack",
-        )
-        if needs_gnn and gnn is None:
+        self.candidates, self.targets = _checked_items(model, candidates, targets)
+        if _needs_gnn(method) and gnn is None:
             raise GroupError(f"method {method} needs a trained GNN")
         if not 0.0 <= pool_weight <= 1.0:
             raise GroupError(f"pool_weight must be in [0, 1], got {pool_weight}")
@@ -193,35 +260,9 @@ class GroupElicitation:
         self.gnn = gnn
         self.pool_weight = float(pool_weight)
         self.pool_z = float(pool_z)
-        if pool_evidence is None:
-            ev_sums, ev_counts = torch.zeros(0, POOL_GRID, dtype=DTYPE), torch.zeros(0, dtype=DTYPE)
-        else:
-            ev_sums = torch.as_tensor(pool_evidence[0], dtype=DTYPE)
-            ev_counts = torch.as_tensor(pool_evidence[1], dtype=DTYPE).reshape(-1)
-            if ev_sums.dim() != 2 or ev_sums.shape[1] < 2 or ev_sums.shape[0] != len(ev_counts):
-                raise GroupError("pool_evidence must be (sums [R, G >= 2], counts [R])")
-        self.pool_evidence = (ev_sums, ev_counts)
-        if stack_weights is None:
-            sw = torch.tensor([[1.0 - self.pool_weight, self.pool_weight, 0.0]], dtype=DTYPE)
-        else:
-            sw = torch.as_tensor(stack_weights, dtype=DTYPE)
-            if sw.dim() == 1:
-                sw = sw.reshape(1, -1)
-        if sw.dim() != 2 or sw.shape[0] < 1 or sw.shape[1] != len(STACK_COMPONENTS):
-            raise GroupError(f"stack_weights must be [rounds, {len(STACK_COMPONENTS)}]")
-        if bool((sw < 0).any()) or not bool(torch.isfinite(sw).all()):
-            raise GroupError("stack_weights must be finite and >= 0")
-        self.stack_weights = sw
-        if stack_evidence is not None and len(stack_evidence) != sw.shape[0]:
-            raise GroupError("stack_evidence needs one (sums, counts) per row of stack_weights")
-        self.stack_evidence = (
-            [
-                (torch.as_tensor(a, dtype=DTYPE), torch.as_tensor(b, dtype=DTYPE))
-                for a, b in stack_evidence
-            ]
-            if stack_evidence is not None
-            else None
-        )
+        self.pool_evidence = _checked_pool_evidence(pool_evidence)
+        self.stack_weights = _checked_stack_weights(stack_weights, self.pool_weight)
+        self.stack_evidence = _checked_stack_evidence(stack_evidence, self.stack_weights.shape[0])
         # the group's answers with the stack components predicted before they arrived
         self.stack_group: list[tuple[Tensor, Tensor]] = []  # ([3, n, 1, O], answers [n, 1])
         self.stack_lambda = 1.0
@@ -229,16 +270,11 @@ class GroupElicitation:
         # questions of the rounds in which somebody answered (a round without answers
         # changes nothing, so it is not counted by the ``stack`` imputation either)
         self.answered_items: list[int] = []
-        self.pool_group_gains = torch.zeros(0, ev_sums.shape[1], dtype=DTYPE)
+        self.pool_group_gains = torch.zeros(0, self.pool_evidence[0].shape[1], dtype=DTYPE)
         self.pool_info: dict[str, Any] = {}
         self._gnn_cache: tuple[int, Tensor] | None = None
         self._observed_version = 0
-        if response_prob is None:
-            response_prob = torch.ones(n, dtype=DTYPE)
-        response_prob = torch.as_tensor(response_prob, dtype=DTYPE).reshape(-1)
-        if response_prob.shape != (n,) or bool(((response_prob < 0) | (response_prob > 1)).any()):
-            raise GroupError(f"response_prob must be [{n}] probabilities")
-        self.response_prob = response_prob
+        self.response_prob = _checked_response_prob(response_prob, n)
         self.imputed = torch.full_like(self.observed, MISSING)
         self.n_asked = torch.zeros(n, dtype=torch.long)
         self.answers_used = 0

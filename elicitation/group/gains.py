@@ -169,6 +169,91 @@ def _expected_error_after_each(
     return out
 
 
+def _lookahead_gain_chunk(
+    model: BeliefModel,
+    hist: Tensor,
+    q_b: float | Tensor,
+    lookahead: bool,
+    cand: list[int],
+    pool_items: list[int],
+    tgt: list[int],
+    max_later: int | None,
+) -> Tensor:
+    """``[b, C]``: :func:`member_lookahead_accuracy_gain` for the members of one chunk,
+    ``hist [b, I]``, with their chances ``q_b`` (one, or ``[b]``) and the distinct later
+    questions ``pool_items``."""
+    n_opt = model.item_bank.n_options
+    o_t = max((n_opt[t] for t in tgt), default=1)
+    u = _expected_error
+    b = int(hist.shape[0])
+    state = model.initial_batch(hist)
+    err0 = u(model.predict_batch(state, tgt)[..., :o_t]).sum(-1)
+    free = {x: hist[:, x] < 0 for x in {*cand, *pool_items}}
+    after = {x: _expected_after(model, state, x, free[x], tgt) for x in free}
+    e1 = {x: a[0] for x, a in after.items()}  # [b] each
+    g = torch.zeros(b, len(cand), dtype=DTYPE)
+    if pool_items and lookahead:
+        quad_pool = torch.stack([after[y][1] for y in pool_items], 1)  # [b, P]
+        width = len(pool_items) if max_later is None else min(len(pool_items), max_later + 1)
+        rank = torch.argsort(quad_pool, dim=1, stable=True)[:, :width]  # [b, W]
+        slot_item = torch.tensor(pool_items)[rank]  # [b, W]
+        slot_free = torch.stack([free[y] for y in pool_items], 1).gather(1, rank)
+    for j, x in enumerate(cand):
+        if not bool(free[x].any()):
+            continue
+        g1 = err0 - e1[x]
+        if not lookahead:
+            g[:, j] = torch.where(free[x], g1, torch.zeros((), dtype=DTYPE))
+            continue
+        others = [y for y in pool_items if y != x]
+        best_other = torch.stack([e1[y] for y in others]).min(0).values if others else err0
+        if others:
+            # slot r is used iff its question is not x and fewer than L slots before it
+            # are; every member has the same number of used slots (the same questions
+            # in its own order), so they are packed to the left: [b, n_used]
+            use = slot_item != x
+            if max_later is not None:
+                use &= torch.cumsum(use.long(), 1) <= max_later
+            n_used = int(use[0].sum())
+            cols = torch.argsort((~use).to(torch.int8), dim=1, stable=True)[:, :n_used]
+            items_x, free_x = slot_item.gather(1, cols), slot_free.gather(1, cols)
+            pool_col = rank.gather(1, cols)  # [b, n_used] columns of pool_items
+        p_x = model.predict_batch(state, [x])[:, 0, : n_opt[x]]
+        items = torch.full((b,), x, dtype=torch.long)
+        e2 = torch.zeros(b, dtype=DTYPE)
+        for k in range(n_opt[x]):
+            opts = torch.where(free[x], torch.full((b,), k), torch.full((b,), MISSING))
+            st = model.update_batch(state, items, opts)
+            if others:
+                # one prediction of every later question serves all slots
+                p_pool = model.predict_batch(st, pool_items)  # [b, P, O]
+                rows = torch.arange(b)
+                m = (
+                    torch.stack(
+                        [
+                            _expected_error_after_each(
+                                model,
+                                st,
+                                items_x[:, r],
+                                p_pool[rows, pool_col[:, r]],
+                                free_x[:, r],
+                                tgt,
+                            )
+                            for r in range(n_used)
+                        ]
+                    )
+                    .min(0)
+                    .values
+                )
+            else:
+                m = u(model.predict_batch(st, tgt)[..., :o_t]).sum(-1)
+            e2 += p_x[:, k] * m
+        g[:, j] = torch.where(
+            free[x], (1 - q_b) * g1 + q_b * (best_other - e2), torch.zeros((), dtype=DTYPE)
+        )
+    return g
+
+
 def member_lookahead_accuracy_gain(
     model: BeliefModel,
     history: Tensor,
@@ -237,79 +322,11 @@ def member_lookahead_accuracy_gain(
     cand = [int(c) for c in candidates]
     nxt_pool = cand if later is None else [int(c) for c in later]
     tgt = [int(t) for t in targets]
-    n_opt = model.item_bank.n_options
-    o_t = max((n_opt[t] for t in tgt), default=1)
-    u = _expected_error
     pool_items = list(dict.fromkeys(nxt_pool))
     parts = []
     for s in range(0, int(history.shape[0]), chunk):
         hist = history[s : s + chunk]
-        b = int(hist.shape[0])
-        state = model.initial_batch(hist)
         q_b = q[s : s + chunk] if isinstance(q, Tensor) else q
-        err0 = u(model.predict_batch(state, tgt)[..., :o_t]).sum(-1)
-        free = {x: hist[:, x] < 0 for x in {*cand, *pool_items}}
-        after = {x: _expected_after(model, state, x, free[x], tgt) for x in free}
-        e1 = {x: a[0] for x, a in after.items()}  # [b] each
-        g = torch.zeros(b, len(cand), dtype=DTYPE)
-        if pool_items and lookahead:
-            quad_pool = torch.stack([after[y][1] for y in pool_items], 1)  # [b, P]
-            width = len(pool_items) if max_later is None else min(len(pool_items), max_later + 1)
-            rank = torch.argsort(quad_pool, dim=1, stable=True)[:, :width]  # [b, W]
-            slot_item = torch.tensor(pool_items)[rank]  # [b, W]
-            slot_free = torch.stack([free[y] for y in pool_items], 1).gather(1, rank)
-        for j, x in enumerate(cand):
-            if not bool(free[x].any()):
-                continue
-            g1 = err0 - e1[x]
-            if not lookahead:
-                g[:, j] = torch.where(free[x], g1, torch.zeros((), dtype=DTYPE))
-                continue
-            others = [y for y in pool_items if y != x]
-            best_other = torch.stack([e1[y] for y in others]).min(0).values if others else err0
-            if others:
-                # slot r is used iff its question is not x and fewer than L slots before it
-                # are; every member has the same number of used slots (the same questions
-                # in its own order), so they are packed to the left: [b, n_used]
-                use = slot_item != x
-                if max_later is not None:
-                    use &= torch.cumsum(use.long(), 1) <= max_later
-                n_used = int(use[0].sum())
-                cols = torch.argsort((~use).to(torch.int8), dim=1, stable=True)[:, :n_used]
-                items_x, free_x = slot_item.gather(1, cols), slot_free.gather(1, cols)
-                pool_col = rank.gather(1, cols)  # [b, n_used] columns of pool_items
-            p_x = model.predict_batch(state, [x])[:, 0, : n_opt[x]]
-            items = torch.full((b,), x, dtype=torch.long)
-            e2 = torch.zeros(b, dtype=DTYPE)
-            for k in range(n_opt[x]):
-                opts = torch.where(free[x], torch.full((b,), k), torch.full((b,), MISSING))
-                st = model.update_batch(state, items, opts)
-                if others:
-                    # one prediction of every later question serves all slots
-                    p_pool = model.predict_batch(st, pool_items)  # [b, P, O]
-                    rows = torch.arange(b)
-                    m = (
-                        torch.stack(
-                            [
-                                _expected_error_after_each(
-                                    model,
-                                    st,
-                                    items_x[:, r],
-                                    p_pool[rows, pool_col[:, r]],
-                                    free_x[:, r],
-                                    tgt,
-                                )
-                                for r in range(n_used)
-                            ]
-                        )
-                        .min(0)
-                        .values
-                    )
-                else:
-                    m = u(model.predict_batch(st, tgt)[..., :o_t]).sum(-1)
-                e2 += p_x[:, k] * m
-            g[:, j] = torch.where(
-                free[x], (1 - q_b) * g1 + q_b * (best_other - e2), torch.zeros((), dtype=DTYPE)
-            )
+        g = _lookahead_gain_chunk(model, hist, q_b, lookahead, cand, pool_items, tgt, max_later)
         parts.append(g)
     return torch.cat(parts) if parts else torch.zeros(0, len(cand), dtype=DTYPE)
