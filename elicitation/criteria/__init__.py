@@ -10,8 +10,25 @@ optional capability that it names in a clear error when the model lacks it
 Notation: ``h`` the answers so far, ``x`` a candidate, ``I*`` the target items,
 ``H(p) = -sum_j p_j log p_j`` (nats, ``0 log 0 = 0``).
 
-The family (one abstract base, one class per criterion, a registry from names to
-classes) follows the layout of BoTorch's ``acquisition`` package.
+Modules (one abstract base, one module per criterion family, a registry from names to
+classes, as BoTorch's ``acquisition`` package):
+
+* :mod:`~elicitation.criteria.base` — :class:`SelectionCriterion`, entropy helpers,
+  :func:`best_index`;
+* :mod:`~elicitation.criteria.registry` — :func:`register_criterion`,
+  :func:`get_criterion`, :func:`criterion_names`;
+* :mod:`~elicitation.criteria.information` — ``eig``, ``eig_tempered``;
+* :mod:`~elicitation.criteria.two_step` — ``eig2``;
+* :mod:`~elicitation.criteria.orders` — ``random``, ``fixed``;
+* :mod:`~elicitation.criteria.anchored` — ``eig_anchored`` (the app's default);
+* :mod:`~elicitation.criteria.posterior` — ``posterior_entropy``, ``irt``.
+
+Example::
+
+    crit = get_criterion("eig_anchored")
+    crit.prepare(model, pool, targets)        # the fixed order, once per model and pool
+    scores = crit.score(model, state, candidates, targets)   # [C]
+    next_item = candidates[best_index(scores)]
 
 References:
     Adaptive Querying with AI Persona Priors (arXiv 2605.00696), Algorithms 1 and 2;

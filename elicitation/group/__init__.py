@@ -39,6 +39,22 @@ imputation is made and every prediction stays as it was.
 Any belief model of :mod:`models.base` with batched forms (``initial_batch``,
 ``predict_batch``, ``lookahead_batch``) can be the predictor; states are recomputed from
 the observed (and imputed) answers, so a state always equals the replay of its answers.
+
+Modules: :mod:`~elicitation.group.budget` (:class:`GroupBudget`),
+:mod:`~elicitation.group.gains` (member gains), :mod:`~elicitation.group.selectors`
+(:class:`RoundContext`, question and respondent selectors),
+:mod:`~elicitation.group.clustering` (k-means picks), :mod:`~elicitation.group.pools`
+(pool and stack), :mod:`~elicitation.group.prior` (group-level prior),
+:mod:`~elicitation.group.elicitation` (:class:`GroupMethod`, :class:`GroupElicitation`).
+
+Example::
+
+    ge = GroupElicitation(model, observed, candidates, targets,
+                          GroupMethod("elook_budget", "elook", "pool", online_pool=True),
+                          GroupBudget(respondents=0.1, rounds=4), gnn=view)
+    question, members, scores = ge.plan()
+    ge.apply(question, members, answers, scores=scores)
+    p = ge.predict_targets()   # [N, T, O]
 """
 
 from elicitation.errors import GroupError
