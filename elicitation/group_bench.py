@@ -709,6 +709,39 @@ def _method_curves(
     return curves
 
 
+def _mean_curves(per_run: dict[str, list[list[Any]]]) -> dict[str, Any]:
+    """Each curve of one method averaged over its runs (``[runs][rounds + 1]`` ->
+    ``[rounds + 1]``), with the accuracy's standard deviation and per-run values."""
+    res: dict[str, Any] = {}
+    for k, runs_v in per_run.items():
+        t = torch.tensor(runs_v, dtype=DTYPE)
+        res[k] = t.mean(0).tolist() if t.numel() else []
+        if k == "accuracy":
+            res["accuracy_sd"] = t.std(0).tolist() if len(runs_v) > 1 else []
+            # per run (runs.csv order) and round, for paired comparisons of methods
+            res["accuracy_runs"] = t.tolist()
+    return res
+
+
+def _checked_share(
+    methods: Sequence[str], respondent_budget: float | int, rounds: int, nonresponse: float
+) -> float | int:
+    """The respondents per round as :class:`GroupBudget` takes them (a float ``<= 1`` is a
+    share, anything else a count), after checking the methods, rounds and nonresponse."""
+    unknown = [m for m in methods if m not in GROUP_METHODS]
+    if unknown:
+        raise BenchmarkError(f"unknown group methods {unknown} (known: {sorted(GROUP_METHODS)})")
+    if not methods:
+        raise BenchmarkError("no method to run")
+    if not 0.0 <= nonresponse < 1.0:
+        raise BenchmarkError(f"nonresponse must be in [0, 1), got {nonresponse}")
+    if rounds < 0:
+        raise BenchmarkError(f"rounds must be >= 0, got {rounds}")
+    if isinstance(respondent_budget, float) and respondent_budget <= 1.0:
+        return float(respondent_budget)
+    return int(respondent_budget)
+
+
 def run_group(
     dataset: str | Path | Dataset,
     respondent_budget: float | int,
@@ -750,20 +783,7 @@ def run_group(
         ``stack_val_nll_belief``, ``stack_fit_seconds``) (each run's metric is the mean
         over all scored (member, target) pairs).
     """
-    unknown = [m for m in methods if m not in GROUP_METHODS]
-    if unknown:
-        raise BenchmarkError(f"unknown group methods {unknown} (known: {sorted(GROUP_METHODS)})")
-    if not methods:
-        raise BenchmarkError("no method to run")
-    if not 0.0 <= nonresponse < 1.0:
-        raise BenchmarkError(f"nonresponse must be in [0, 1), got {nonresponse}")
-    if rounds < 0:
-        raise BenchmarkError(f"rounds must be >= 0, got {rounds}")
-    share: float | int
-    if isinstance(respondent_budget, float) and respondent_budget <= 1.0:
-        share = float(respondent_budget)
-    else:
-        share = int(respondent_budget)
+    share = _checked_share(methods, respondent_budget, rounds, nonresponse)
     budget = GroupBudget(share, rounds)
     ds = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
     if not ds.runs:
@@ -818,15 +838,7 @@ def run_group(
         "methods": {},
     }
     for name in methods:
-        res: dict[str, Any] = {}
-        for k, runs_v in per[name].items():
-            t = torch.tensor(runs_v, dtype=DTYPE)
-            res[k] = t.mean(0).tolist() if t.numel() else []
-            if k == "accuracy":
-                res["accuracy_sd"] = t.std(0).tolist() if len(runs_v) > 1 else []
-                # per run (runs.csv order) and round, for paired comparisons of methods
-                res["accuracy_runs"] = t.tolist()
-        out["methods"][name] = res
+        out["methods"][name] = _mean_curves(per[name])
     return out
 
 
