@@ -192,6 +192,26 @@ def one_hot_responses(responses: Tensor, item_bank: ItemBank) -> Tensor:
     return out.reshape(n, i_n * o_n)
 
 
+def _group_sums(crow_g: Tensor, cols_g: Tensor, w: Tensor, g_n: int) -> Tensor:
+    """The ``[B·G, K]`` CSR matrix, block-diagonal in respondents, whose row ``(r, g)``
+    sums ``w [B, K]`` (persona columns in group order) over the personas of group ``g``;
+    ``crow_g [G + 1]`` / ``cols_g [K]`` are one respondent's row pointers and columns."""
+    bc, k = w.shape
+    if bc == 1:
+        crow, cols_k = crow_g, cols_g
+    else:
+        crow = torch.cat(
+            [
+                (crow_g[:-1].unsqueeze(0) + k * torch.arange(bc).unsqueeze(1)).reshape(-1),
+                torch.tensor([bc * k]),
+            ]
+        )
+        cols_k = cols_g.repeat(bc)
+    return torch.sparse_csr_tensor(
+        crow, cols_k, w.reshape(-1), (bc * g_n, k), check_invariants=False
+    )
+
+
 @register_model
 class PersonaMixture(BeliefModel):
     """A finite mixture of personas with independent per-item answer distributions.
@@ -646,26 +666,7 @@ class PersonaMixture(BeliefModel):
         for s in range(0, b, chunk):
             bc = min(chunk, b - s)
             if grouped:
-                # Block-diagonal in respondents: row (r, g) sums w[r, θ] over θ in group g.
-                if bc == 1:
-                    crow, cols_k = g_crow, g_cols
-                else:
-                    crow = torch.cat(
-                        [
-                            (g_crow[:-1].unsqueeze(0) + k * torch.arange(bc).unsqueeze(1)).reshape(
-                                -1
-                            ),
-                            torch.tensor([bc * k]),
-                        ]
-                    )
-                    cols_k = g_cols.repeat(bc)
-                sel = torch.sparse_csr_tensor(
-                    crow,
-                    cols_k,
-                    w_sorted[s : s + bc].reshape(-1),
-                    (bc * g_n, k),
-                    check_invariants=False,
-                )
+                sel = _group_sums(g_crow, g_cols, w_sorted[s : s + bc], g_n)
                 agg = (sel @ lik_g).reshape(bc, g_n, m)  # [b, G, M]
                 joint = torch.matmul(table_t, agg)  # [b, n_vt, M]
                 den = agg.sum(1)  # [b, M]
