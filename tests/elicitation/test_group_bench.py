@@ -105,8 +105,8 @@ def test_cli_writes_result_and_plot(
 def test_group_speed_cli_times_the_default_with_a_later_round(
     small_dataset_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`priorly bench group-speed`: one entry per group size with the default, the
-    sessions 1-7 default and the relational planner; `--rounds` reaches the lookahead
+    """`priorly bench group-speed`: one entry per group size with the default,
+    ``eig_eig_pool`` and the relational planner; `--rounds` reaches the lookahead
     (its chance of a later answer is > 0 in the timed round, so the slower gain is timed)."""
     import argparse
 
