@@ -46,6 +46,7 @@ from elicitation.bench.methods import (
     register_method,
 )
 from elicitation.bench.metrics import METRICS, score_predictions
+from elicitation.bench.report import auto_vs_best, markdown_tables
 from elicitation.criteria import get_criterion
 from elicitation.datasets import Dataset, load_dataset
 from elicitation.errors import BenchmarkError, ElicitationError
@@ -823,34 +824,6 @@ def run_with_cape_measures(
     return result
 
 
-def markdown_tables(result: dict[str, Any], budgets: Sequence[int] = (0, 1, 2, 3, 5, 10)) -> str:
-    """Markdown tables of a ``result.json`` (accuracy and log loss at ``budgets``, CAPE
-    measures): what docs/cape.md shows."""
-    methods = result["methods"]
-    t_max = int(result["budget"])
-    cols = [b for b in budgets if b <= t_max]
-    out: list[str] = []
-    for metric in ("log_loss", "accuracy"):
-        out.append(f"| {metric} | " + " | ".join(str(b) for b in cols) + " |")
-        out.append("| --- |" + " --- |" * len(cols))
-        for name, res in methods.items():
-            out.append(f"| {name} | " + " | ".join(f"{res[metric][b]:.4f}" for b in cols) + " |")
-        out.append("")
-    out.append("| method | questions_to_90pct | log loss, all candidates | adaptivity (pairs) |")
-    out.append("| --- | --- | --- | --- |")
-    for name, res in methods.items():
-        if "questions_to_90pct" not in res:
-            continue
-        q = res["questions_to_90pct"]
-        a = res.get("adaptivity")
-        out.append(
-            f"| {name} | {q if q is not None else f'> {t_max}'} | "
-            f"{res['log_loss_all_candidates']:.4f} | "
-            f"{f'{a:.3f}' if a is not None else 'n/a'} ({res.get('adaptivity_pairs', 0)}) |"
-        )
-    return "\n".join(out) + "\n"
-
-
 def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One ``result.json`` from parts of the same protocol: different methods, and/or
     different runs of a method (``--first-run``), combined exactly.
@@ -910,35 +883,6 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out["methods"][name] = res
     out["protocol"] = {**first["protocol"], "runs": all_runs}
     return out
-
-
-def auto_vs_best(result: Mapping[str, Any], metric: str = "log_loss") -> str:
-    """Markdown rows: the best single method at each budget (``auto`` and ``full``
-    excluded), ``auto``'s value and whether ``auto`` is at least as good."""
-    methods = result["methods"]
-    singles = {k: v for k, v in methods.items() if k not in ("auto", "full")}
-    t_max = int(result["budget"])
-    lower = metric == "log_loss"
-    best, who, verdict = [], [], []
-    for n in range(t_max + 1):
-        pick = (min if lower else max)(singles, key=lambda k: singles[k][metric][n])
-        b = singles[pick][metric][n]
-        a = methods["auto"][metric][n]
-        best.append(f"{b:.4f}")
-        who.append(pick)
-        verdict.append(("yes" if (a <= b if lower else a >= b) else "no") + f" ({a - b:+.4f})")
-    head = f"| {metric} | " + " | ".join(str(n) for n in range(t_max + 1)) + " |"
-    rows = [
-        head,
-        "| --- |" + " --- |" * (t_max + 1),
-        "| best single | " + " | ".join(best) + " |",
-        "| which | " + " | ".join(who) + " |",
-        "| auto | "
-        + " | ".join(f"{methods['auto'][metric][n]:.4f}" for n in range(t_max + 1))
-        + " |",
-        "| auto at least as good (auto - best) | " + " | ".join(verdict) + " |",
-    ]
-    return "\n".join(rows) + "\n"
 
 
 def _merge_main(argv: Sequence[str]) -> int:
