@@ -227,7 +227,8 @@ def _add_group(p: argparse.ArgumentParser) -> None:
 def _group(args: argparse.Namespace) -> int:
     import torch
 
-    from elicitation.group_bench import plot_group, run_group
+    from elicitation.bench.plot import plot_group
+    from elicitation.group_bench import run_group
 
     torch.set_num_threads(args.threads)
     budget: float | int = args.respondent_budget

@@ -221,7 +221,7 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
     hash; the ``(model, template)`` with the most stored pairs is used); items without one
     (attributes, unscored pairs) are uniform over their options. The prior over personas
     is the personas' weights, or fitted by EM on ``history`` when the study has any
-    (:func:`models.persona.fit_prior_em`). Without stored distributions the model is a
+    (:func:`models.persona_fit.fit_prior_em`). Without stored distributions the model is a
     single uniform persona: every prediction is uniform until the study has history.
     ``metrics["notice"]`` says which, for the researcher and the JSON API.
     """
@@ -229,7 +229,8 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
 
     from app.tables import PersonaDistribution, StudyPersona
     from inference_server.prompts import PromptItem
-    from models.persona import PersonaMixture, fit_prior_em
+    from models.persona import PersonaMixture
+    from models.persona_fit import fit_prior_em
 
     bank = item_bank_of(items)
     mask = bank.option_mask().to(torch.float64)
