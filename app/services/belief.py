@@ -20,7 +20,7 @@ one deserialised model per process, cached by ``(fitted_model.id, training_hash)
 a worker reads a model blob once, and a newly activated model (new id) is picked up on
 the next request without any invalidation message between processes.
 
-The job queue (another part of the app) can call :func:`fit_study_model` the same way.
+The ``fit_model`` job (:mod:`app.jobs.tasks`) calls :func:`fit_study_model`.
 
 **The fixed order.** The criteria ``eig_anchored`` (the default of new studies) and
 ``fixed`` need the study's non-adaptive question order

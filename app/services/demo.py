@@ -80,7 +80,7 @@ def prepare_demo(
 
     Called by ``priorly serve`` on every start: it does nothing when the demo study does
     not exist (``--no-demo``, another study list) or already has an active model; else it
-    chooses targets, fits the model (about a minute on the CES demo), and publishes.
+    chooses targets, fits the model and publishes.
     """
     try:
         name = json.loads((Path(dataset_dir) / "dataset.json").read_text(encoding="utf-8"))["name"]

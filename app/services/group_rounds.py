@@ -1,4 +1,4 @@
-"""Group rounds in the live product: plan, open, track and close (issue 7, item 5).
+"""Group rounds in the live product: plan, open, track and close.
 
 A group study asks its *panel* (the study's live respondents, or its imported ones when
 it has none) in rounds: each round puts **one question** to a **few members**, chosen by
@@ -87,10 +87,9 @@ LIVE_QUESTION, LIVE_RESPONDENTS = "elook_budget", "elook"
 """The live planner's selectors (:mod:`elicitation.group`): the question and the members
 by the expected rise in correct target answers with one more answer ahead at the chance
 the budget gives (the lookahead accuracy gain over each member's best second
-questions). Session 8's benchmark (docs/group.md §4, ``elook_elook_none`` against the
-group EIG of ``greedy_eig``, both without the GNN as here) chose it; sessions 1-7 used
-the group EIG. The scores are then expected numbers of correct target answers gained
-(at most the number of targets per member), not nats."""
+questions); docs/group.md §4 compares it (``elook_elook_none``) with the group EIG of
+``greedy_eig``, both without the GNN as here. The scores are expected numbers of correct
+target answers gained (at most the number of targets per member), not nats."""
 
 
 class RoundClosedError(ConflictError):

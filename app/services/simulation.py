@@ -265,7 +265,7 @@ def run_study_simulation(
                     assert method.criterion is not None
                     if crit is None or not crit.uses_fixed_order:
                         # an order-based criterion keeps its fixed order for every chunk
-                        # (searched once); others are built per chunk as before
+                        # (searched once); others are built per chunk
                         crit = method.criterion(ctx)
                     preds, _ = simulate(
                         model, crit, observed[part], cand, answers[part], tgt, budget
