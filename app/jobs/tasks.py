@@ -8,7 +8,7 @@ side (:mod:`app.jobs.runner`) imports this module.
 
 Kinds:
 
-* ``fit_model``: fit the study's default belief model on its history and activate it
+* ``fit_model``: fit the study's belief model on its history and activate it
   (:func:`app.services.belief.fit_study_model`; it also computes the fixed question order
   that ``eig_anchored`` and ``fixed`` need).
 * ``fixed_order``: compute and store the fixed question order of the study's active model
@@ -56,7 +56,8 @@ def _study(ctx: JobContext, db: Session) -> Study:
 
 
 def fit_model(ctx: JobContext) -> dict[str, Any]:
-    """Fit and activate the study's belief model (latent classes on its history)."""
+    """Fit and activate the study's belief model (its ``belief_model`` setting) on its
+    history; payload ``seed`` (default 0)."""
     ctx.progress(0.05, "fitting latent classes")
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
