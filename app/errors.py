@@ -5,19 +5,22 @@ author of a job's payload) caused and can fix: it is shown as its message, one l
 no traceback. Anything else is a bug and keeps its traceback.
 
 * :class:`PriorlyError` is the base of the app's user errors; each subclass carries the
-  HTTP status a web route answers with (:attr:`PriorlyError.http_status`):
+  HTTP status a web route answers with (:attr:`PriorlyError.http_status`) and the JSON
+  API's error code (:attr:`PriorlyError.code`):
 
-  ====================== ====== ==============================================
-  class                  status meaning
-  ====================== ====== ==============================================
-  InvalidInputError      422    the request, form or command arguments are invalid
-  NotFoundError          404    a named object does not exist
-  ConflictError          409    the operation conflicts with the stored state
-  ConfigurationError     500    the settings are unusable
-  DatabaseError          503    the database is unreachable or not migrated
-  ====================== ====== ==============================================
+  ====================== ====== ====================== ================================
+  class                  status code                   meaning
+  ====================== ====== ====================== ================================
+  PriorlyError           400    error                  (the base)
+  InvalidInputError      422    invalid_input          invalid request, form, arguments
+  NotFoundError          404    not_found              a named object does not exist
+  ConflictError          409    conflict               conflicts with the stored state
+  ConfigurationError     500    configuration_error    the settings are unusable
+  DatabaseError          503    database_unavailable   unreachable or not migrated
+  ====================== ====== ====================== ================================
 
-  Errors of one area subclass these (e.g. ``NoModelError(ConflictError)``).
+  Errors of one area subclass these and may name their own ``code`` (e.g.
+  ``NoModelError(ConflictError)``, code ``no_model``).
 * The pure packages keep their own base error and import nothing of the app:
   ``elicitation.errors.ElicitationError``, ``elicitation.datasets.DatasetError``,
   ``models.base.ModelError``, ``gnn.graph.GNNError`` and
@@ -45,9 +48,11 @@ class PriorlyError(Exception):
     Attributes:
         message: the text shown to the user.
         http_status: the HTTP status a web route should answer with.
+        code: the machine-readable code of the JSON API's error body.
     """
 
     http_status: int = 400
+    code: str = "error"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -61,30 +66,35 @@ class InvalidInputError(PriorlyError):
     """The request or command arguments are invalid."""
 
     http_status = 422
+    code = "invalid_input"
 
 
 class NotFoundError(PriorlyError):
     """A named object (study, item, session, ...) does not exist."""
 
     http_status = 404
+    code = "not_found"
 
 
 class ConflictError(PriorlyError):
     """The operation conflicts with existing data (e.g. a study slug already in use)."""
 
     http_status = 409
+    code = "conflict"
 
 
 class ConfigurationError(PriorlyError):
     """The settings are unusable (e.g. a placeholder secret outside development)."""
 
     http_status = 500
+    code = "configuration_error"
 
 
 class DatabaseError(PriorlyError):
     """The database cannot be reached or is not migrated to the code's schema."""
 
     http_status = 503
+    code = "database_unavailable"
 
 
 PURE_USER_ERRORS: tuple[tuple[str, str], ...] = (
