@@ -98,3 +98,20 @@ def test_a_job_failing_with_an_elicitation_error_shows_its_message(
     assert job.status == JobStatus.failed.value
     assert job.error == str(raised.value)
     assert "nonsense" in job.error and not job.error.startswith("internal error")
+
+
+@pytest.mark.parametrize(
+    ("cls", "status", "code"),
+    [
+        (InvalidInputError, 422, "invalid_input"),
+        (NotFoundError, 404, "not_found"),
+        (ConflictError, 409, "conflict"),
+        (ConfigurationError, 500, "configuration_error"),
+        (DatabaseError, 503, "database_unavailable"),
+    ],
+)
+def test_each_error_class_maps_to_a_status_and_a_code(
+    cls: type[InvalidInputError], status: int, code: str
+) -> None:
+    exc = cls("what went wrong")
+    assert (exc.http_status, exc.code, str(exc)) == (status, code, "what went wrong")
