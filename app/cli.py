@@ -3,8 +3,8 @@
 Command groups live in ``app/commands/<name>.py``; each module exposes
 ``register(subparsers)``, which adds its sub-command(s) and sets ``func`` (a callable
 ``(args) -> int | None``) as the parser default. :data:`COMMAND_MODULES` lists them in
-``--help`` order; a listed module that does not exist (yet) is skipped, one that exists
-but fails to import is a bug and raises. ``register`` runs for every invocation (even
+``--help`` order; a listed module that is not installed is skipped, one that exists but
+fails to import is a bug and raises. ``register`` runs for every invocation (even
 ``--help``), so it must stay cheap: a handler imports torch-heavy modules when it runs.
 
 User errors (:func:`app.errors.is_user_error`: the app's :class:`~app.errors.PriorlyError`
