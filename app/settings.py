@@ -1,7 +1,14 @@
-"""Application settings, read once from the environment (prefix ``PRIORLY_``).
+"""Application settings, read from the environment (prefix ``PRIORLY_``).
 
-``get_settings()`` is cached: every part of the app sees the same object. Tests and the CLI
-may build a :class:`Settings` directly and pass it to ``create_app``.
+Every setting of the app is a field of :class:`Settings`; nothing else in ``app`` reads
+``os.environ``. ``get_settings()`` is cached: every part of the app sees the same object,
+read when first used (never at import). Tests and the CLI may build a :class:`Settings`
+directly and pass it to ``create_app``.
+
+Example::
+
+    >>> Settings(database_url="postgres://u@db/p").database_url
+    'postgresql+psycopg://u@db/p'
 """
 
 from __future__ import annotations
@@ -64,6 +71,15 @@ class Settings(BaseSettings):
             (429 beyond; 0 turns the limit off).
         session_rate_limit_per_minute: the same per session token, and per client
             address for calls without a credential.
+        db_pool_size, db_max_overflow: PostgreSQL connections per engine (a pool of
+            ``db_pool_size`` plus up to ``db_max_overflow`` more under load); PostgreSQL's
+            ``max_connections`` must exceed ``processes x (pool + overflow)``
+            (:func:`app.db.make_engine`).
+        torch_threads: torch intra-op threads in a process that serves sessions or runs
+            jobs (:func:`app.services.belief.model_from_blob`); 1 by default, since a
+            request's torch work is a few tiny products and requests run in parallel.
+        gc_freeze: freeze long-lived objects out of the garbage collector's full
+            collections (:mod:`app.gcfreeze`); ``PRIORLY_GC_FREEZE=0`` turns it off.
         step_memo_size: answer steps (state and answer -> new state and next question)
             each process keeps per study design and reuses for respondents who gave the
             same answers (``app.services.sessions.StepMemo``); 0 turns it off.
@@ -90,6 +106,11 @@ class Settings(BaseSettings):
     login_lockout_s: float = Field(default=900.0, gt=0)
     api_rate_limit_per_minute: int = Field(default=6000, ge=0)
     session_rate_limit_per_minute: int = Field(default=600, ge=0)
+    # Process resources: database pool (app/db.py), torch threads, garbage collector.
+    db_pool_size: int = Field(default=8, ge=1)
+    db_max_overflow: int = Field(default=8, ge=0)
+    torch_threads: int = Field(default=1, ge=1)
+    gc_freeze: bool = True
     # Answer steps reused across respondents (app/services/sessions.py).
     step_memo_size: int = Field(default=2048, ge=0)
 

@@ -24,6 +24,7 @@ the test suite runs; the vLLM test waits for ``DIR`` to report a ready server
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
@@ -523,8 +524,6 @@ def main(argv: Sequence[str] | None = None) -> int:
       environment exists);
     * ``stop --state DIR``: :func:`stop_background`.
     """
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m inference_server.server")
     parser.add_argument("action", choices=["setup", "background", "stop"])
     parser.add_argument("--device", default="auto", choices=["cpu", "gpu", "auto"])

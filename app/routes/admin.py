@@ -35,7 +35,7 @@ from app import auth
 from app.auth import AdminUser, CurrentResearcher, VisibleStudy
 from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
-from app.jobs.kinds import LABELS, kind_names
+from app.jobs.registry import LABELS, kind_names
 from app.schemas import StudySettings
 from app.services import apikeys, designer, export, jobs
 from app.services.studies import list_study_summaries

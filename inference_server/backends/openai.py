@@ -37,6 +37,7 @@ import httpx
 
 from inference_server.backends.base import Backend, ScoreRequest, register_backend
 from inference_server.errors import BackendError
+from inference_server.model_store import DEFAULT_MODEL, resolve_model
 from inference_server.prompts import (
     DEFAULT_MASS_THRESHOLD,
     DEFAULT_TEMPLATE,
@@ -285,10 +286,8 @@ def _logprob(v: Any, where: str) -> float:
 
 def _load_tokenizer(model: str, tokenizer_path: str | None) -> Any:
     """The tokenizer that renders the chat template for completions mode."""
-    from inference_server.model_store import DEFAULT_MODEL, resolve_model
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy, optional: only in completions mode
 
     if tokenizer_path is None:
         if model != DEFAULT_MODEL:

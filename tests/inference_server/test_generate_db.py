@@ -23,6 +23,7 @@ from sqlmodel import Session, select
 
 from app import db
 from app.cli import main
+from app.services.personas import study_items
 from app.settings import get_settings
 
 NASTY = '<script>alert("hi")</script> {{ persona }} {% if x %}{persona}{% endif %} & "q"'
@@ -120,8 +121,6 @@ def test_generate_resumes_and_never_stores_wrong(
         assert len(s.exec(select(PersonaDistribution)).all()) == 10
         texts = s.exec(select(StudyPersona.text).order_by(StudyPersona.id)).all()  # type: ignore[arg-type]
         assert list(texts) == PERSONAS  # verbatim, markup and all
-        from app.commands.personas import study_items
-
         study_id = s.exec(select(StudyPersona.study_id)).first()
         _, questions = study_items(study_id, session=s)
     n_total = len(PERSONAS) * len(questions)
