@@ -2,7 +2,7 @@
 
 The page is the respondent question page (``pages/respondent_question.html``, posting back
 here); the answer goes through :func:`app.services.group_rounds.answer_round`, i.e. the
-respondent answer path of :mod:`app.services.sessions`. A plain POST answers with a 303
+respondent answer path of :mod:`app.session`. A plain POST answers with a 303
 to the link's page; with htmx (``HX-Request``) with an ``HX-Redirect`` to it. A closed
 round refuses answers with 409 and says so; an unknown link is a 404 page.
 """
@@ -15,11 +15,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from app import session as svc
 from app.deps import EngineDep, SessionDep, TemplatesDep
 from app.errors import PriorlyError
 from app.routes.respondent import message_page
 from app.services import group_rounds as rounds
-from app.services import sessions as svc
 from app.tables import StudyStatus
 
 router = APIRouter(prefix="/g", include_in_schema=False)

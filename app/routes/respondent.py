@@ -25,9 +25,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from itsdangerous import BadSignature, URLSafeSerializer
 from sqlmodel import Session
 
+from app import session as svc
 from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
-from app.services import sessions as svc
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
 from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus

@@ -1,0 +1,123 @@
+"""The step memo: answer steps already computed, shared by respondents of one study design.
+
+A step (update the state with an answer, choose the next question) is a pure function of
+the state before, the answers so far and the answer, once the study design is fixed (the
+model, items, criterion, budgets and stored fixed orders: the key of :func:`step_memo_for`).
+Respondents who gave the same answers share their steps: the adaptive design is a decision
+tree, grown here on demand. :func:`app.session.decide.model_step` reads and fills it.
+
+Example: with two-option questions a 10-question session has at most ``2**k`` histories at
+depth ``k``, so a busy study soon computes no step twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MemoStep:
+    """What :func:`app.session.decide.model_step` computes from a state and an answer: the new state's bytes
+    and the next decision's stored columns (``scores`` already as JSON)."""
+
+    state: bytes
+    item_id: int | None
+    criterion: str
+    scores_json: str
+    stop_reason: str | None
+
+
+class StepMemo:
+    """The answer steps one process has computed for one study design, least recently
+    used first out beyond ``max_entries``.
+
+    Why: a step (update the state with the answer, choose the next question) is a pure
+    function of the state before, the answers so far and the answer: the model, items,
+    criterion and budgets are fixed by the design (the key of :func:`step_memo_for`), and
+    no criterion that uses the memo draws random numbers. Respondents who gave the same
+    answers share their steps (the adaptive design is a decision tree, grown here on
+    demand): with two-option questions a 10-question session has at most 2**k histories
+    at depth k, so a busy study soon computes none; with many options or many attribute
+    sets the deep steps rarely repeat and the memo costs one dictionary look-up and
+    ``max_entries`` x ~5 KB. The stored bytes are those the step computed, so a session's
+    cached state stays bit for bit the replay of its answers (tested).
+
+    Key: ``(blake2b of the state before, ((model item, option or None), ...) of the
+    answers so far and this one)``.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._steps: OrderedDict[tuple[bytes, tuple[tuple[int, str | None], ...]], MemoStep] = (
+            OrderedDict()
+        )
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(
+        state: bytes, answers: Sequence[tuple[int, str | None]]
+    ) -> tuple[bytes, tuple[tuple[int, str | None], ...]]:
+        return hashlib.blake2b(state, digest_size=16).digest(), tuple(answers)
+
+    def get(self, key: tuple[bytes, tuple[tuple[int, str | None], ...]]) -> MemoStep | None:
+        with self._lock:
+            step = self._steps.get(key)
+            if step is None:
+                STEP_MEMO_STATS["misses"] += 1
+                return None
+            self._steps.move_to_end(key)
+            STEP_MEMO_STATS["hits"] += 1
+            return step
+
+    def put(self, key: tuple[bytes, tuple[tuple[int, str | None], ...]], step: MemoStep) -> None:
+        with self._lock:
+            self._steps[key] = step
+            self._steps.move_to_end(key)
+            while len(self._steps) > self.max_entries:
+                self._steps.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+
+STEP_MEMO_MAX = 2048
+"""Answer steps a process keeps per study design (``PRIORLY_STEP_MEMO_SIZE``; 0 = none):
+about 5 KB each with the CES demo's 516-class model."""
+STEP_MEMO_STATS = {"hits": 0, "misses": 0}
+_STEP_MEMOS: dict[tuple[Any, ...], StepMemo] = {}
+_STEP_MEMOS_MAX = 8
+_LOCK = threading.Lock()
+
+
+def set_step_memo_size(max_entries: int) -> bool:
+    """Set :data:`STEP_MEMO_MAX`; a new size forgets every memo. Returns whether the size
+    changed (then the runtimes holding the old memos must go too:
+    :func:`app.session.runtime.configure_step_memo`)."""
+    global STEP_MEMO_MAX
+    with _LOCK:
+        if max_entries == STEP_MEMO_MAX:
+            return False
+        STEP_MEMO_MAX = max_entries
+        _STEP_MEMOS.clear()
+        return True
+
+
+def step_memo_for(design: tuple[Any, ...]) -> StepMemo | None:
+    """The process's memo for a study design (created on first use; ``None`` when the
+    memo is off). ``design`` holds everything a step depends on besides its inputs: the
+    model's id and training hash, the criterion, the pool, the targets, the items' options
+    and model positions, the budgets and the stored fixed orders."""
+    if STEP_MEMO_MAX <= 0:
+        return None
+    with _LOCK:
+        memo = _STEP_MEMOS.get(design)
+        if memo is None:
+            if len(_STEP_MEMOS) >= _STEP_MEMOS_MAX:
+                _STEP_MEMOS.pop(next(iter(_STEP_MEMOS)))
+            memo = _STEP_MEMOS[design] = StepMemo(STEP_MEMO_MAX)
+        return memo
