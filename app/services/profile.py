@@ -14,8 +14,14 @@ from typing import Any
 
 from sqlmodel import Session, select
 
-from app.session import answer_pairs, answers_of, attribute_indices, load_runtime, replay
-from app.tables import ElicitationSession, Item, Respondent, Study
+from app.session import (
+    answer_pairs,
+    attribute_indices,
+    load_runtime,
+    replay,
+    respondent_and_answers,
+)
+from app.tables import ElicitationSession, Item, Study
 from models.cape_profile import ItemText, preference_profile
 
 
@@ -30,11 +36,10 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
 
     Raises:
         NoModelError: the study has no fitted belief model.
+        SessionNotFoundError: the session was erased after the caller read it (404).
     """
     rt = load_runtime(study, session=session, fit_if_missing=False)
-    respondent = session.get(Respondent, sess.respondent_id)
-    assert respondent is not None
-    answers = answers_of(session, sess.id or 0)
+    respondent, answers = respondent_and_answers(session, sess)
     state = replay(rt, respondent, answers)
     criterion_ids = set(
         session.exec(

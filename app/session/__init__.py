@@ -93,6 +93,7 @@ from app.session.state import (
     dump_state,
     load_state,
     replay,
+    respondent_and_answers,
     states_equal,
 )
 from app.session.submit import submit_answer
@@ -158,6 +159,7 @@ __all__ = [
     "read_session",
     "read_session_by_token",
     "replay",
+    "respondent_and_answers",
     "session_answers",
     "session_view",
     "start_session",

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from sqlmodel import Session, select
 
+from app.session.errors import SessionNotFoundError
 from app.session.runtime import StudyRuntime
 from app.tables import Answer, ElicitationSession, Respondent
 from elicitation.session import replay_state
@@ -84,6 +85,27 @@ def answers_of(session: Session, session_id: int) -> list[Answer]:
             select(Answer).where(Answer.session_id == session_id).order_by(Answer.id)  # type: ignore[arg-type]
         ).all()
     )
+
+
+def respondent_and_answers(
+    session: Session, sess: ElicitationSession
+) -> tuple[Respondent, list[Answer]]:
+    """The respondent of ``sess`` and its stored answers, for a reader of the session.
+
+    The answers are read first, then the respondent (by a query, never from the identity
+    map). :func:`app.session.erasure.erase_respondent` deletes both in one transaction, so
+    a respondent still found means the answers were read before any erasure committed:
+    the pair is the session as it was. An erasure committed in between (the caller's
+    authorization read the session before it) leaves no respondent.
+
+    Raises:
+        SessionNotFoundError: the session was erased (404).
+    """
+    answers = answers_of(session, sess.id or 0)
+    respondent = session.exec(select(Respondent).where(Respondent.id == sess.respondent_id)).first()
+    if respondent is None:
+        raise SessionNotFoundError(f"no session {sess.id}")
+    return respondent, answers
 
 
 def answer_pairs(rt: StudyRuntime, answers: Sequence[Any]) -> list[tuple[int, int | None]]:

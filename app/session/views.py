@@ -23,13 +23,12 @@ from sqlmodel import Session, select
 from app.session.errors import NotCurrentQuestionError, SessionNotFoundError
 from app.session.runtime import ItemInfo, StudyRuntime, load_runtime
 from app.session.sql import DecisionRow
-from app.session.state import answers_of, replay
+from app.session.state import replay, respondent_and_answers
 from app.session.tokens import hash_token
 from app.tables import (
     Answer,
     ElicitationSession,
     Item,
-    Respondent,
     SelectionDecision,
     SessionStatus,
     Study,
@@ -240,11 +239,13 @@ class Predictions:
 
 
 def predictions(study: Study, sess: ElicitationSession, *, session: Session) -> Predictions:
-    """Predictions from the replayed state (never trusting the cache for a read)."""
+    """Predictions from the replayed state (never trusting the cache for a read).
+
+    Raises:
+        SessionNotFoundError: the session was erased after the caller read it (404).
+    """
     rt = load_runtime(study, session=session, fit_if_missing=False)
-    respondent = session.get(Respondent, sess.respondent_id)
-    assert respondent is not None
-    answers = answers_of(session, sess.id or 0)
+    respondent, answers = respondent_and_answers(session, sess)
     state = replay(rt, respondent, answers)
     answered = {a.item_id for a in answers}
     unasked = [it for it in rt.candidates if it.id not in answered]
@@ -284,13 +285,26 @@ def predictions(study: Study, sess: ElicitationSession, *, session: Session) -> 
 
 
 def explanation(study: Study, sess: ElicitationSession, *, session: Session) -> dict[str, Any]:
-    """The last selection decision: the chosen item (or stop reason) and every score."""
+    """The last selection decision: the chosen item (or stop reason) and every score.
+
+    Raises:
+        NotCurrentQuestionError: no decision yet (409); SessionNotFoundError: the session
+            was erased after the caller read it (404).
+    """
     row = session.exec(
         select(SelectionDecision)
         .where(SelectionDecision.session_id == sess.id)
         .order_by(SelectionDecision.position.desc())  # type: ignore[attr-defined]
     ).first()
     if row is None:
+        gone = (
+            session.exec(
+                select(ElicitationSession.id).where(ElicitationSession.id == sess.id)
+            ).first()
+            is None
+        )
+        if gone:  # erased after the caller's authorization read it
+            raise SessionNotFoundError(f"no session {sess.id}")
         raise NotCurrentQuestionError("no question has been chosen in this session yet")
     item_key = None
     if row.item_id is not None:
