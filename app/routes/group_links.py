@@ -10,9 +10,9 @@ round refuses answers with 409 and says so; an unknown link is a 404 page.
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app import session as svc
@@ -86,7 +86,8 @@ def _thanks(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLRe
     )
 
 
-def _load(token: str, session: Any) -> rounds.MemberLink | None:
+def get_member_link(token: str, session: SessionDep) -> rounds.MemberLink | None:
+    """The member link ``/g/{token}`` of a published study, else ``None``."""
     try:
         link = rounds.member_by_token(token, session=session)
     except PriorlyError:
@@ -94,12 +95,14 @@ def _load(token: str, session: Any) -> rounds.MemberLink | None:
     return link if link.study.status == StudyStatus.published.value else None
 
 
+MemberLinkDep = Annotated[rounds.MemberLink | None, Depends(get_member_link)]
+
+
 @router.get("/{token}", response_class=HTMLResponse, name="group_round_link")
 def link_page(
-    token: str, request: Request, session: SessionDep, templates: TemplatesDep
+    token: str, request: Request, link: MemberLinkDep, session: SessionDep, templates: TemplatesDep
 ) -> Response:
     """The round question, or "thank you" once answered, or "closed"."""
-    link = _load(token, session)
     if link is None:
         return _unknown(request, templates)
     view = rounds.link_view(link, session=session)
@@ -114,12 +117,12 @@ def link_page(
 async def link_answer(
     token: str,
     request: Request,
+    link: MemberLinkDep,
     session: SessionDep,
     engine: EngineDep,
     templates: TemplatesDep,
 ) -> Response:
     """Store the answer (or "prefer not to answer" with ``skip``) and show the result."""
-    link = _load(token, session)
     if link is None:
         return _unknown(request, templates)
     form = await request.form()

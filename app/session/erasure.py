@@ -26,6 +26,8 @@ from app.tables import (
 
 @dataclass(frozen=True)
 class ErasureResult:
+    """What an erasure deleted: the respondent id, its sessions and answers (counts)."""
+
     respondent_id: int
     n_sessions: int
     n_answers: int

@@ -132,6 +132,7 @@ class FastStep:
     n_posed: int
 
     def view(self, rt: StudyRuntime) -> SessionView:
+        """The view to return once the write succeeded."""
         return plain_view(rt, self.session_id, self.next_item_id, self.stop_reason, self.n_posed)
 
 

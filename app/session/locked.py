@@ -104,41 +104,12 @@ def submit_locked(
     with locked_session(engine, session_id) as (db, sess):
         check_study(sess, rt.study_id, rt.slug)
         answers = answers_of(db, session_id)
-        if idempotency_key is not None:
-            same_key = next((a for a in answers if a.idempotency_key == idempotency_key), None)
-            if same_key is not None:
-                if same_key.item_id != item.id or same_key.option != option:
-                    raise AnswerConflictError(
-                        f"idempotency_key {idempotency_key!r} was already used for a different "
-                        f"answer in this session"
-                    )
-                view = result_of(rt, db, sess, same_key)
-                db.commit()
-                return view
-        previous = next((a for a in answers if a.item_id == item.id), None)
-        if previous is not None:
-            if previous.option != option:
-                raise AnswerConflictError(
-                    f"item {item.key!r} was already answered in this session "
-                    f"({previous.option or 'skipped'}); an answer cannot be changed"
-                )
-            view = result_of(rt, db, sess, previous)
+        stored = _stored_answer(answers, item, option, idempotency_key)
+        if stored is not None:
+            view = result_of(rt, db, sess, stored)
             db.commit()
             return view
-        if sess.status != SessionStatus.active.value:
-            raise SessionClosedError(f"session {session_id} is {sess.status}")
-        pending = decision_at(db, session_id, len(answers))
-        if pending is None:
-            raise NotCurrentQuestionError(
-                "this session has not chosen its first question yet (answer the attribute "
-                "questions first)"
-            )
-        if pending.item_id != item.id:
-            current = rt.by_id[pending.item_id].key if pending.item_id else None
-            raise NotCurrentQuestionError(
-                f"item {item.key!r} is not the current question"
-                + (f" (the current question is {current!r})" if current else "")
-            )
+        _check_pending(rt, db, sess, len(answers), item)
         row = Answer(
             session_id=session_id,
             item_id=item.id,
@@ -165,3 +136,55 @@ def submit_locked(
         db.add(sess)
         db.commit()
         return view_at(rt, sess, decision, len(answers))
+
+
+def _stored_answer(
+    answers: list[Answer], item: ItemInfo, option: str | None, idempotency_key: str | None
+) -> Answer | None:
+    """The stored answer this request repeats (same idempotency key, or the same item with
+    the same option), or ``None`` for a new answer.
+
+    Raises:
+        AnswerConflictError: the key or the item was used for a different answer.
+    """
+    if idempotency_key is not None:
+        same_key = next((a for a in answers if a.idempotency_key == idempotency_key), None)
+        if same_key is not None:
+            if same_key.item_id != item.id or same_key.option != option:
+                raise AnswerConflictError(
+                    f"idempotency_key {idempotency_key!r} was already used for a different "
+                    f"answer in this session"
+                )
+            return same_key
+    previous = next((a for a in answers if a.item_id == item.id), None)
+    if previous is not None and previous.option != option:
+        raise AnswerConflictError(
+            f"item {item.key!r} was already answered in this session "
+            f"({previous.option or 'skipped'}); an answer cannot be changed"
+        )
+    return previous
+
+
+def _check_pending(
+    rt: StudyRuntime, db: Session, sess: ElicitationSession, n_answers: int, item: ItemInfo
+) -> None:
+    """Raise unless ``item`` is the pending question of the active session ``sess``.
+
+    Raises:
+        SessionClosedError: the session is not active.
+        NotCurrentQuestionError: no first question yet, or another question is pending.
+    """
+    if sess.status != SessionStatus.active.value:
+        raise SessionClosedError(f"session {sess.id} is {sess.status}")
+    pending = decision_at(db, sess.id or 0, n_answers)
+    if pending is None:
+        raise NotCurrentQuestionError(
+            "this session has not chosen its first question yet (answer the attribute "
+            "questions first)"
+        )
+    if pending.item_id != item.id:
+        current = rt.by_id[pending.item_id].key if pending.item_id else None
+        raise NotCurrentQuestionError(
+            f"item {item.key!r} is not the current question"
+            + (f" (the current question is {current!r})" if current else "")
+        )

@@ -129,6 +129,7 @@ class StudyRuntime:
 
     @property
     def allow_skip(self) -> bool:
+        """Whether a respondent may answer "prefer not to answer"."""
         return self.settings.budgets.allow_skip
 
 
@@ -219,6 +220,8 @@ def load_runtime(
 
 
 def runtime_key(bind: Engine, study: StudyHead | Study) -> tuple[str, int, str]:
+    """The cache key of a study's runtime: database, study id, and its settings, status
+    and slug (a change of any of them builds a new runtime at once)."""
     return (
         str(bind.url),  # one process may serve (or test) several databases
         study.id or 0,
@@ -269,6 +272,12 @@ def build_runtime(
     items: list[ItemInfo],
     orders: Mapping[str, Any] | None = None,
 ) -> StudyRuntime:
+    """The runtime of ``study`` from its rows (no I/O).
+
+    Items count for the model when it knows their key with the same number of options;
+    the criterion follows the fallbacks of this module's overview, and the step memo is the
+    one of this exact design (model, criterion, pool, targets, options, budgets, orders).
+    """
     bank = model.item_bank
     known = dict(zip(bank.keys, bank.n_options, strict=True))
     model_index = {

@@ -173,6 +173,8 @@ def timestamp_param(dialect: str, when: datetime) -> Any:
 
 
 def snapshot_of(row: Sequence[Any]) -> SessionSnapshot:
+    """A row of :data:`SNAPSHOT_BY_ID` / :data:`SNAPSHOT_BY_TOKEN` (or the first 11 columns
+    of :data:`PG_SNAPSHOT_AND_HISTORY_BY_TOKEN`) as a :class:`SessionSnapshot`."""
     settings = row[9]
     if isinstance(settings, str | bytes):
         settings = json.loads(settings)
@@ -195,6 +197,7 @@ def snapshot_of(row: Sequence[Any]) -> SessionSnapshot:
 
 
 def read_snapshot(raw: Any, dialect: str, statement: str, params: dict[str, Any]) -> Any:
+    """The one row of a snapshot ``statement`` on a DB-API connection, or ``None``."""
     cur = raw.cursor()
     try:
         cur.execute(driver_sql(dialect, statement), params)
@@ -282,6 +285,7 @@ class DecisionRow:
     stop_reason: str | None
 
     def to_row(self) -> SelectionDecision:
+        """The ORM row of these values."""
         return SelectionDecision(
             session_id=self.session_id,
             position=self.position,

@@ -167,6 +167,7 @@ class StartPlan:
     values: dict[str, Any]
 
     def started(self, sid: int, rid: int) -> StartedSession:
+        """The started session once stored as session ``sid`` of respondent ``rid``."""
         rt, decision = self.rt, self.decision
         if decision is None:
             view = SessionView(

@@ -81,6 +81,7 @@ class SessionView:
 
 
 def question_view(item: ItemInfo, number: int) -> QuestionView:
+    """``item`` shown as the ``number``-th question."""
     return QuestionView(
         item_id=item.id or 0,
         key=item.key,
@@ -151,11 +152,13 @@ def plain_view(
 
 
 def check_study(sess: ElicitationSession, study_id: int, slug: str) -> None:
+    """Raise :class:`SessionNotFoundError` when ``sess`` is not a session of the study."""
     if sess.study_id != study_id:
         raise SessionNotFoundError(f"no session {sess.id} in study {slug!r}")
 
 
 def decision_at(db: Session, session_id: int, position: int) -> SelectionDecision | None:
+    """The stored decision of the session at ``position``, if any."""
     return db.exec(
         select(SelectionDecision).where(
             SelectionDecision.session_id == session_id, SelectionDecision.position == position
@@ -164,6 +167,7 @@ def decision_at(db: Session, session_id: int, position: int) -> SelectionDecisio
 
 
 def current_view(rt: StudyRuntime, db: Session, sess: ElicitationSession) -> SessionView:
+    """The view after the stored answers (their count is the pending position)."""
     n = int(
         db.exec(select(func.count()).select_from(Answer).where(Answer.session_id == sess.id)).one()
     )
@@ -204,6 +208,8 @@ def session_view(study: Study, sess: ElicitationSession, *, session: Session) ->
 
 @dataclass(frozen=True)
 class AnswerRecord:
+    """A stored answer: item key, option letter (``None``: skipped), ISO time."""
+
     item: str
     option: str | None
     answered_at: str
@@ -222,6 +228,8 @@ def session_answers(sess: ElicitationSession, *, session: Session) -> list[Answe
 
 @dataclass(frozen=True)
 class Prediction:
+    """The predictive distribution of one item: ``{option letter: probability}``."""
+
     item: str
     role: str
     question: str
