@@ -1,23 +1,24 @@
 """The live loop of a respondent's adaptive session: start, answer, next question, read, erase.
 
-The path of an answer, from the route to the chosen next question::
+The path of an answer, from the route to the chosen next question:
 
-    POST /s/{slug}/answer (app/routes/respondent.py)   POST /api/v1/sessions/{id}/answers
-              |                                          (app/routes/api_v1.py)
-              v                                                 |
-    submit.submit_answer  <----- anything unusual -----  async_path.submit_answer
-       |  checks the item and option                     (PostgreSQL, in the event loop)
-       |-> fast.submit_fast    two unlocked reads, one write conditional on state_version
-       |      (None: hand over)            |
-       '-> locked.submit_locked            |  both: fast.fast_step / the locked path's own
-              under the session's lock     |  replay-or-cache of the state, then
-                                           v
-                        decide.model_step   memo.StepMemo hit, else:
-                           state update with the answer, then
-                        decide.decide_next  elicitation.session.decide with the study's
-                                            criterion (runtime.criterion_selector and its
-                                            fallbacks) and budget -> DecisionRow (stored)
-              -> views.SessionView (the next question, or done) back to the route
+1. ``POST /s/{slug}/answer`` (:mod:`app.routes.respondent`) and the API's
+   ``POST /api/v1/sessions/{id}/answers`` (:mod:`app.routes.api_v1`) call
+   :func:`~app.session.submit.submit_answer`; on PostgreSQL the API call first runs
+   :func:`~app.session.async_path.submit_answer` in the event loop, which hands anything
+   unusual to it in the thread pool.
+2. ``submit_answer`` checks the item and option, tries the fast path
+   (:func:`~app.session.fast.submit_fast`: unlocked reads, one write conditional on
+   ``state_version``) and otherwise the locked path
+   (:func:`~app.session.locked.submit_locked`: one transaction under the session's lock).
+3. The fast paths' model step is :func:`~app.session.decide.model_step`: a hit of the step
+   memo (:class:`~app.session.memo.StepMemo`), or the state updated with the answer and
+   then :func:`~app.session.decide.decide_next`; the locked path updates the state and
+   calls ``decide_next`` itself.
+4. ``decide_next`` runs :func:`elicitation.session.decide` with the study runtime's
+   criterion (:func:`~app.session.runtime.criterion_selector` and its fallbacks) and
+   budget; the decision is stored with the answer and the state, and the route renders
+   the returned :class:`~app.session.views.SessionView` (the next question, or done).
 
 Modules: :mod:`~app.session.tokens` (session tokens, completion codes),
 :mod:`~app.session.runtime` (the cached study runtime, criterion fallbacks),

@@ -74,8 +74,8 @@ _PG = "postgresql"
 STATS = {"fast": 0, "handed_over": 0, "start_fast": 0, "start_handed_over": 0}
 """Per process: answers stored by the event-loop path, and answers it handed to the
 synchronous code (a retry, a conflict, a lost race, a cold runtime); the same for
-session starts (``start_*``). Read by tests and by the load test's breakdown; never reset
-by the app."""
+session starts (``start_*``). Read by tests and by ``scripts/loadtest_probe.py``; never
+reset by the app."""
 
 
 def enabled_for(engine: Engine) -> bool:

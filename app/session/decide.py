@@ -57,7 +57,7 @@ def decide_next(
     rt: StudyRuntime,
     state: Any,
     sess_id: int,
-    answers: Sequence[Answer],
+    answers: Sequence[Answer | AnswerRow],
     seed: int | None = None,
 ) -> DecisionRow:
     """The decision after ``answers`` (position ``len(answers)``) from ``state``.

@@ -36,16 +36,13 @@ class StepMemo:
     """The answer steps one process has computed for one study design, least recently
     used first out beyond ``max_entries``.
 
-    Why: a step (update the state with the answer, choose the next question) is a pure
-    function of the state before, the answers so far and the answer: the model, items,
-    criterion and budgets are fixed by the design (the key of :func:`step_memo_for`), and
-    no criterion that uses the memo draws random numbers. Respondents who gave the same
-    answers share their steps (the adaptive design is a decision tree, grown here on
-    demand): with two-option questions a 10-question session has at most 2**k histories
-    at depth k, so a busy study soon computes none; with many options or many attribute
-    sets the deep steps rarely repeat and the memo costs one dictionary look-up and
-    ``max_entries`` x ~5 KB. The stored bytes are those the step computed, so a session's
-    cached state stays bit for bit the replay of its answers (tested).
+    A step is a pure function of the state before, the answers so far and the answer: the
+    model, items, criterion and budgets are fixed by the design (the key of
+    :func:`step_memo_for`), and no criterion that uses the memo draws random numbers (the
+    ``random`` criterion gets no memo). With many options or many attribute sets the deep
+    steps rarely repeat and the memo costs one dictionary look-up and ``max_entries`` x
+    ~5 KB. The stored bytes are those the step computed, so a session's cached state stays
+    bit for bit the replay of its answers.
 
     Key: ``(blake2b of the state before, ((model item, option or None), ...) of the
     answers so far and this one)``.

@@ -95,9 +95,9 @@ class StudyRuntime:
             missing fixed order, else ``None``.
         missing_order_key: the key of that missing order (:func:`belief.fixed_order_key`).
         first_decisions: the prior state and first decision per set of known attributes
-            (:func:`first_state_and_decision`; lives as long as this runtime).
+            (:func:`app.session.decide.first_state_and_decision`; lives as long as this runtime).
         step_memo: the answer steps already computed for this study design
-            (:class:`StepMemo`; shared by the runtimes of the same design, so it outlives
+            (:class:`~app.session.memo.StepMemo`; shared by the runtimes of the same design, so it outlives
             the :data:`RUNTIME_TTL_S` rebuilds); ``None`` for ``random`` or when off.
     """
 
@@ -133,7 +133,7 @@ class StudyRuntime:
         return self.settings.budgets.allow_skip
 
 
-def study_settings(study: Study) -> StudySettings:
+def study_settings(study: Study | StudyHead) -> StudySettings:
     """The study's settings, validated (a corrupt settings column is a configuration error)."""
     try:
         return StudySettings.model_validate(study.settings or {})

@@ -47,7 +47,7 @@ class SessionSnapshot:
 
     ``state`` is the cached belief state after ``state_version`` answers. A snapshot is
     never trusted for a write: the write is conditional on ``state_version`` being
-    unchanged (see :func:`submit_fast`).
+    unchanged (see :func:`app.session.fast.submit_fast`).
     """
 
     id: int
@@ -79,9 +79,9 @@ HISTORY = """
 """
 # PostgreSQL: the snapshot by token and the rows of :data:`HISTORY` at the snapshot's
 # ``state_version`` in one round trip (column 11: a JSON array of ``[kind, n, item_id,
-# option, idempotency_key]``, ``null`` without rows). The answer call's two reads were two
-# statements; each costs the worker a few hundred microseconds of driver and event-loop
-# work, which at 200 answers/s on 2 cores is queueing (docs/reliability.md).
+# option, idempotency_key]``, ``null`` without rows): the answer call's reads as one
+# statement (each statement costs the worker a few hundred microseconds of driver and
+# event-loop work).
 PG_SNAPSHOT_AND_HISTORY_BY_TOKEN = """
     SELECT s.id, s.study_id, s.respondent_id, s.token_hash, s.status, s.state,
            s.state_version, st.slug, st.status, st.settings, st.owner_id,
@@ -265,7 +265,7 @@ PG_START = """
 
 @dataclass(frozen=True)
 class AnswerRow:
-    """A stored answer as the fast path reads it (duck-types :class:`Answer` for replays)."""
+    """A stored answer as the fast path reads it (duck-types :class:`app.tables.Answer` for replays)."""
 
     item_id: int
     option: str | None

@@ -22,10 +22,9 @@ def new_token() -> str:
 
     Never starts with the API keys' prefix (``pk_``): the JSON API tells the two kinds of
     bearer credential apart by that prefix, and a random token starts with it once in
-    64**3 = 262,144 draws (it happened in a 6,389-session load test: that respondent got
-    401 "invalid API key"). Redrawing keeps the remaining tokens uniformly random.
+    64**3 = 262,144 draws (that respondent would get 401 "invalid API key"). Redrawing
+    keeps the remaining tokens uniformly random.
     """
-
     while True:
         token = secrets.token_urlsafe(TOKEN_BYTES)
         if not token.startswith(KEY_PREFIX):
