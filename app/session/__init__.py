@@ -65,7 +65,6 @@ from app.session.locked import locked_session
 from app.session.runtime import (
     FALLBACK_CRITERION,
     ORDER_FALLBACK_CRITERION,
-    RUNTIME_TTL_S,
     ItemInfo,
     StudyRuntime,
     clear_runtime_cache,
@@ -115,7 +114,6 @@ from app.session.views import (
 __all__ = [
     "FALLBACK_CRITERION",
     "ORDER_FALLBACK_CRITERION",
-    "RUNTIME_TTL_S",
     "AnswerConflictError",
     "AnswerRecord",
     "ErasureResult",

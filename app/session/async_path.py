@@ -366,7 +366,8 @@ _REFRESHING: dict[tuple[str, int, str], asyncio.Task[None]] = {}
 
 def _refresh_runtime(study: StudyHead, engine: Engine) -> None:
     """Rebuild the study's runtime in the thread pool, once at a time per study, while
-    answers go on with the stale one (it is at most :data:`~app.session.runtime.RUNTIME_TTL_S` old, as with the synchronous path)."""
+    answers go on with the stale one (at most
+    :data:`~app.session.runtime.RUNTIME_TTL_S` old, as with the synchronous path)."""
     key = runtime_key(engine, study)
     if key in _REFRESHING:
         return

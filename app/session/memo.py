@@ -82,26 +82,57 @@ class StepMemo:
         return len(self._steps)
 
 
-STEP_MEMO_MAX = 2048
-"""Answer steps a process keeps per study design (``PRIORLY_STEP_MEMO_SIZE``; 0 = none):
-about 5 KB each with the CES demo's 516-class model."""
+STEP_MEMO_DEFAULT = 2048
+"""Answer steps a process keeps per study design unless configured (the setting
+``step_memo_size``; 0 = none): about 5 KB each with the CES demo's 516-class model."""
 STEP_MEMO_STATS = {"hits": 0, "misses": 0}
-_STEP_MEMOS: dict[tuple[Any, ...], StepMemo] = {}
-_STEP_MEMOS_MAX = 8
-_LOCK = threading.Lock()
+
+
+class _DesignMemos:
+    """The process's step memos, one per study design (the first made goes first beyond
+    ``max_designs``), each holding at most ``max_entries`` steps."""
+
+    def __init__(self, max_entries: int, max_designs: int = 8) -> None:
+        self.max_entries = max_entries
+        self.max_designs = max_designs
+        self._memos: dict[tuple[Any, ...], StepMemo] = {}
+        self._lock = threading.Lock()
+
+    def resize(self, max_entries: int) -> bool:
+        """Set ``max_entries``; a new size forgets every memo. Returns whether it changed."""
+        with self._lock:
+            if max_entries == self.max_entries:
+                return False
+            self.max_entries = max_entries
+            self._memos.clear()
+            return True
+
+    def get(self, design: tuple[Any, ...]) -> StepMemo | None:
+        """The memo of ``design`` (created on first use), ``None`` when memos are off."""
+        if self.max_entries <= 0:
+            return None
+        with self._lock:
+            memo = self._memos.get(design)
+            if memo is None:
+                if len(self._memos) >= self.max_designs:
+                    self._memos.pop(next(iter(self._memos)))
+                memo = self._memos[design] = StepMemo(self.max_entries)
+            return memo
+
+
+_MEMOS = _DesignMemos(STEP_MEMO_DEFAULT)
+
+
+def step_memo_size() -> int:
+    """The steps each study design's memo keeps now (0: no memo)."""
+    return _MEMOS.max_entries
 
 
 def set_step_memo_size(max_entries: int) -> bool:
-    """Set :data:`STEP_MEMO_MAX`; a new size forgets every memo. Returns whether the size
-    changed (then the runtimes holding the old memos must go too:
+    """Set the steps each design's memo keeps; a new size forgets every memo. Returns
+    whether the size changed (then the runtimes holding the old memos must go too:
     :func:`app.session.runtime.configure_step_memo`)."""
-    global STEP_MEMO_MAX
-    with _LOCK:
-        if max_entries == STEP_MEMO_MAX:
-            return False
-        STEP_MEMO_MAX = max_entries
-        _STEP_MEMOS.clear()
-        return True
+    return _MEMOS.resize(max_entries)
 
 
 def step_memo_for(design: tuple[Any, ...]) -> StepMemo | None:
@@ -109,12 +140,4 @@ def step_memo_for(design: tuple[Any, ...]) -> StepMemo | None:
     memo is off). ``design`` holds everything a step depends on besides its inputs: the
     model's id and training hash, the criterion, the pool, the targets, the items' options
     and model positions, the budgets and the stored fixed orders."""
-    if STEP_MEMO_MAX <= 0:
-        return None
-    with _LOCK:
-        memo = _STEP_MEMOS.get(design)
-        if memo is None:
-            if len(_STEP_MEMOS) >= _STEP_MEMOS_MAX:
-                _STEP_MEMOS.pop(next(iter(_STEP_MEMOS)))
-            memo = _STEP_MEMOS[design] = StepMemo(STEP_MEMO_MAX)
-        return memo
+    return _MEMOS.get(design)

@@ -43,7 +43,7 @@ def live(
 @pytest.fixture
 def fresh_memo() -> Iterator[None]:
     """Empty step memos (and runtimes) before and after the test, at the default size."""
-    size = session_memo.STEP_MEMO_MAX
+    size = session_memo.step_memo_size()
     svc.configure_step_memo(0)
     svc.configure_step_memo(size)
     yield
