@@ -1,4 +1,4 @@
-"""The answer call's event-loop path on PostgreSQL (``app/services/answer_async.py``).
+"""The answer call's event-loop path on PostgreSQL (``app/session/async_path.py``).
 
 Through the real app (TestClient, lifespan opens the asyncio pools) on a fresh PostgreSQL
 database: a whole questionnaire goes through the event-loop path (counted, so a silent

@@ -1,4 +1,4 @@
-"""The answer path's optimistic fast path (``sessions._submit_fast``) under forced races.
+"""The optimistic fast path (``app.session.fast.submit_fast``) under forced races.
 
 The fast path reads without a lock, runs the model step, and writes only if the session's
 ``state_version`` is unchanged. These tests make another answer land *between* that read
@@ -58,9 +58,9 @@ def _rows(live: LiveStudy, sid: int) -> tuple[list[Answer], list[SelectionDecisi
 
 
 class _RaceInStep:
-    """Wraps ``app.session.fast.model_step`` (the fast path's model step, computed or from the step
-    memo): the first call (inside the first request's fast path, after its reads) runs
-    ``competitor`` to completion in another thread first."""
+    """Wraps ``app.session.fast.model_step`` (the fast path's model step, computed or
+    from the step memo): the first call (inside the first request's fast path, after its
+    reads) runs ``competitor`` to completion in another thread first."""
 
     def __init__(self, competitor: Any) -> None:
         self.real = fast.model_step

@@ -1,4 +1,4 @@
-"""Answer steps are computed once per study design and reused (``sessions.StepMemo``).
+"""Answer steps are computed once per study design and reused (``app.session.memo.StepMemo``).
 
 A step (the state updated with an answer, and the next decision) is a pure function of
 the state before, the answers so far and the answer, for a fixed study design. Checked on
