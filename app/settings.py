@@ -138,6 +138,14 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
 
+    # The live loop (app/session/): session writes run at once per process (values below 1
+    # count as 1); the answer call in the event loop on PostgreSQL (off: false) and its
+    # two asyncio pools (answers; the API rate limiter's counter).
+    session_concurrency: int = 4
+    async_answers: bool = True
+    async_pool_size: int = Field(default=4, ge=1)
+    async_limiter_pool_size: int = Field(default=2, ge=1)
+
 
 def load_settings(**overrides: object) -> Settings:
     """Build settings from the environment plus ``overrides``; one-line error if invalid."""

@@ -311,8 +311,8 @@ def _serving(study: Any, session: Any) -> dict[str, Any] | None:
     """What live sessions are chosen with now: the criterion in use, the one the settings
     ask for when it waits for a fixed order (``requested``), and the stored order's
     length. ``None`` without a fitted model (or settings a runtime cannot be built from)."""
+    from app import session as svc
     from app.errors import PriorlyError
-    from app.services import sessions as svc
 
     try:
         rt = svc.load_runtime(study, session=session, fit_if_missing=False)
@@ -920,7 +920,7 @@ def export_file(
     if name == "predictions.csv":
         # Fail before streaming (a half-sent CSV would look complete).
         with Session(engine) as db:
-            from app.services import sessions as svc
+            from app import session as svc
 
             svc.load_runtime(study, session=db, fit_if_missing=False)
 

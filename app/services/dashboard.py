@@ -118,7 +118,7 @@ def _exposure(study: Study, session: Session) -> list[dict[str, Any]]:
 
 def build_dashboard(study: Study, *, session: Session) -> Dashboard:
     """Everything the dashboard page shows (see the module docstring)."""
-    from app.services import sessions as svc
+    from app import session as svc
 
     counts = _counts(study, session)
     exposure = _exposure(study, session)

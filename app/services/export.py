@@ -372,7 +372,7 @@ def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:
     States are replayed from the stored answers with the study's active model; ``predicted``
     is 1 on the most probable option.
     """
-    from app.services import sessions as svc
+    from app import session as svc
 
     rt = svc.load_runtime(study, session=session, fit_if_missing=False)
     targets = rt.targets
