@@ -204,7 +204,8 @@ class Respondent(SQLModel, table=True):
     a model fit reads the whole matrix anyway.
 
     ``panel_params`` holds per-respondent panel data (e.g. a recruitment panel's URL
-    parameters).
+    parameters). ``earlier_starts`` counts the respondents the same browser had started in
+    this study before this one (0: a first start; more: a repeated start to check).
     """
 
     __tablename__ = "respondent"
@@ -222,6 +223,7 @@ class Respondent(SQLModel, table=True):
     panel_params: dict[str, Any] | None = Field(default=None, sa_type=JSON(none_as_null=True))
     source: str = Field(default=RespondentSource.live.value, max_length=16)
     split: str | None = Field(default=None, max_length=8)
+    earlier_starts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     created_at: datetime = _ts()
 
 

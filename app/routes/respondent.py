@@ -17,12 +17,14 @@ browser or after the cookie was cleared. Link parameters of the start page (for 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 from itsdangerous import BadSignature, URLSafeSerializer
 from sqlmodel import Session
 
@@ -33,10 +35,29 @@ from app.services.studies import get_study_by_slug
 from app.settings import Settings
 from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus
 
-router = APIRouter(prefix="/s", include_in_schema=False)
+
+class NoStoreRoute(APIRoute):
+    """A route whose responses carry ``Cache-Control: no-store``: the browser never shows a
+    respondent page from its cache (Back to the consent page asks the server again, which
+    sees the session cookie and resumes)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def no_store(request: Request) -> Response:
+            response = await handler(request)
+            response.headers["Cache-Control"] = "no-store"
+            return response
+
+        return no_store
+
+
+router = APIRouter(prefix="/s", include_in_schema=False, route_class=NoStoreRoute)
 
 COOKIE_SALT = "priorly.respondent-session"
 COOKIE_MAX_AGE_S = 30 * 24 * 3600
+BROWSER_SALT = "priorly.respondent-browser"
+BROWSER_MAX_AGE_S = 365 * 24 * 3600
 PANEL_FIELD_PREFIX = "p_"
 ATTRIBUTE_FIELD_PREFIX = "a_"
 
@@ -59,6 +80,37 @@ def _set_cookie(
         _cookie_name(study),
         _serializer(settings).dumps({"s": session_id, "t": token}),
         max_age=COOKIE_MAX_AGE_S,
+        path=f"/s/{study.slug}",
+        httponly=True,
+        samesite="lax",
+        secure=settings.env == "prod",
+    )
+
+
+def _browser_cookie_name(study: Study) -> str:
+    return f"priorly_b{study.id}"
+
+
+def _earlier_starts(request: Request, study: Study, settings: Settings) -> int:
+    """Respondents this browser started in the study before (its signed counter cookie,
+    kept when the session cookie is gone: a repeated start is flagged, not refused)."""
+    raw = request.cookies.get(_browser_cookie_name(study))
+    if not raw:
+        return 0
+    try:
+        serializer = URLSafeSerializer(settings.secret_key.get_secret_value(), salt=BROWSER_SALT)
+        return max(0, int(serializer.loads(raw)["n"]))
+    except (BadSignature, KeyError, TypeError, ValueError):
+        return 0
+
+
+def _set_browser_cookie(response: Response, study: Study, n: int, settings: Settings) -> None:
+    response.set_cookie(
+        _browser_cookie_name(study),
+        URLSafeSerializer(settings.secret_key.get_secret_value(), salt=BROWSER_SALT).dumps(
+            {"n": n}
+        ),
+        max_age=BROWSER_MAX_AGE_S,
         path=f"/s/{study.slug}",
         httponly=True,
         samesite="lax",
@@ -229,18 +281,26 @@ def start_page(slug: str, request: Request, visit: VisitDep, templates: Template
 async def consent(
     slug: str,
     request: Request,
-    study: OpenStudyDep,
+    visit: VisitDep,
     session: SessionDep,
     engine: EngineDep,
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
-    """Accept (create the respondent and session) or decline (nothing is stored)."""
+    """Accept (create the respondent and session) or decline (nothing is stored).
+
+    A browser that already has a session of the study (Back to the consent page) is sent
+    to that session's current page, or the completion page, and never starts a second.
+    """
+    study = visit.study
     if study is None:
         return _not_open(request, templates)
     form = await request.form()
     if form.get("choice") != "accept":
         return _see(str(request.url_for("respondent_declined", slug=slug)))
+    if visit.sess is not None:
+        return _see(str(request.url_for("respondent_question", slug=slug)))
+    earlier = _earlier_starts(request, study, settings)
     panel = {
         str(k)[len(PANEL_FIELD_PREFIX) :]: str(v)
         for k, v in form.multi_items()
@@ -250,26 +310,42 @@ async def consent(
     session.close()  # see app.routes.api_v1.release: one pooled connection per request at a time
     try:
         started = svc.start_session(
-            study, engine=engine, panel_params=panel, ask_attributes=settings_.ask_attributes
+            study,
+            engine=engine,
+            panel_params=panel,
+            ask_attributes=settings_.ask_attributes,
+            earlier_starts=earlier,
         )
     except PriorlyError as exc:
         return message_page(request, templates, "Cannot start the survey", exc.message, 409, study)
     response = _see(str(request.url_for("respondent_question", slug=slug)))
     _set_cookie(response, study, started.session_id, started.token, settings)
+    _set_browser_cookie(response, study, earlier + 1, settings)
     return response
 
 
 @router.get("/{slug}/declined", response_class=HTMLResponse, name="respondent_declined")
-def declined(request: Request, study: OpenStudyDep, templates: TemplatesDep) -> Response:
-    """The page after declining: nothing was stored."""
+def declined(
+    request: Request, visit: VisitDep, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    """The page after declining: nothing stored, or (this browser has a session) what is
+    stored and how to delete it."""
+    study = visit.study
     if study is None:
         return _not_open(request, templates)
-    return message_page(
+    if visit.sess is None:
+        return message_page(
+            request,
+            templates,
+            "No problem",
+            "You chose not to take part. Nothing was recorded. You can close this page.",
+            study=study,
+        )
+    stored = svc.stored_summary(visit.sess, session=session)
+    return templates.TemplateResponse(
         request,
-        templates,
-        "No problem",
-        "You chose not to take part. Nothing was recorded. You can close this page.",
-        study=study,
+        "pages/respondent_declined.html",
+        {"study": study, "stored": stored},
     )
 
 
@@ -582,3 +658,117 @@ def done(
         "pages/respondent_done.html",
         {"study": study, "code": code, "redirect_url": _safe_redirect(study.redirect_url, code)},
     )
+
+
+def get_fielded_study(slug: str, session: SessionDep) -> Study | None:
+    """The study of ``/s/{slug}`` if it was ever open to respondents (published or closed:
+    deletion stays possible after fieldwork), else ``None``."""
+    try:
+        study = get_study_by_slug(slug, session=session)
+    except NotFoundError:
+        return None
+    return None if study.status == StudyStatus.draft.value else study
+
+
+FieldedStudyDep = Annotated[Study | None, Depends(get_fielded_study)]
+
+
+def _delete_page(
+    request: Request,
+    templates: Any,
+    study: Study,
+    browser_session: ElicitationSession | None,
+    *,
+    error: str | None = None,
+    status_code: int = 200,
+) -> Response:
+    return templates.TemplateResponse(  # type: ignore[no-any-return]
+        request,
+        "pages/respondent_delete.html",
+        {
+            "study": study,
+            "has_browser_session": browser_session is not None,
+            "shared_code": bool(study.completion_code),
+            "error": error,
+        },
+        status_code=status_code,
+    )
+
+
+@router.get("/{slug}/delete", response_class=HTMLResponse, name="respondent_delete")
+def delete_page(
+    request: Request,
+    study: FieldedStudyDep,
+    session: SessionDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """The deletion request: the completion code, or this browser's own session."""
+    if study is None:
+        return _not_open(request, templates)
+    return _delete_page(
+        request, templates, study, _session_from_cookie(request, study, session, settings)
+    )
+
+
+@router.post("/{slug}/delete", name="respondent_delete_post")
+async def delete_answers(
+    request: Request,
+    study: FieldedStudyDep,
+    session: SessionDep,
+    engine: EngineDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """Erase the respondent named by the completion code (or this browser's session) with
+    :func:`app.session.erase_respondent`; only the erasure record's counts remain."""
+    if study is None:
+        return _not_open(request, templates)
+    form = await request.form()
+    own = _session_from_cookie(request, study, session, settings)
+    if form.get("confirm") != "yes":
+        return _delete_page(
+            request,
+            templates,
+            study,
+            own,
+            error="Please tick the box to confirm that your answers should be deleted.",
+            status_code=422,
+        )
+    if form.get("use_browser") is not None and own is not None:
+        target: ElicitationSession | None = own
+    else:
+        code = str(form.get("code", "") or "")
+        target = svc.session_by_completion_code(
+            study, code, settings.secret_key.get_secret_value(), session=session
+        )
+        if target is None:
+            error = (
+                "This survey gives everyone the same completion code, so it cannot name your "
+                "answers. Please ask the research team to delete them."
+                if study.completion_code
+                else "No finished survey has this completion code. Please check it: it is "
+                "the code shown on the last page (10 letters and digits)."
+            )
+            return _delete_page(request, templates, study, own, error=error, status_code=422)
+    session.close()  # one pooled connection per request at a time
+    try:
+        result = svc.erase_respondent(target, engine=engine)
+    except svc.SessionNotFoundError:
+        result = None
+    response = message_page(
+        request,
+        templates,
+        "Your answers were deleted",
+        (
+            f"We deleted everything stored about you in this survey ({result.n_answers} "
+            f"answer{'' if result.n_answers == 1 else 's'}). Only a count that one "
+            "respondent asked for deletion is kept. You can close this page."
+        )
+        if result is not None
+        else "These answers were already deleted. You can close this page.",
+        study=study,
+    )
+    if own is not None and (own.id == target.id):
+        response.delete_cookie(_cookie_name(study), path=f"/s/{study.slug}")
+    return response

@@ -47,7 +47,12 @@ Invariants, on SQLite and PostgreSQL with any number of worker processes:
 
 from __future__ import annotations
 
-from app.session.erasure import ErasureResult, erase_respondent
+from app.session.erasure import (
+    ErasureResult,
+    erase_respondent,
+    erase_respondent_id,
+    session_by_completion_code,
+)
 from app.session.errors import (
     AnswerConflictError,
     ExternalIdTakenError,
@@ -104,11 +109,13 @@ from app.session.views import (
     Predictions,
     QuestionView,
     SessionView,
+    StoredSummary,
     explanation,
     get_session_by_token,
     predictions,
     session_answers,
     session_view,
+    stored_summary,
 )
 
 __all__ = [
@@ -131,6 +138,7 @@ __all__ = [
     "SessionSnapshot",
     "SessionView",
     "StartedSession",
+    "StoredSummary",
     "StudyClosedError",
     "StudyHead",
     "StudyMisconfiguredError",
@@ -146,6 +154,7 @@ __all__ = [
     "current_state",
     "dump_state",
     "erase_respondent",
+    "erase_respondent_id",
     "explanation",
     "get_session_by_token",
     "hash_token",
@@ -160,9 +169,11 @@ __all__ = [
     "replay",
     "respondent_and_answers",
     "session_answers",
+    "session_by_completion_code",
     "session_view",
     "start_session",
     "states_equal",
+    "stored_summary",
     "study_settings",
     "submit_answer",
     "submit_attributes",

@@ -29,6 +29,7 @@ from app.tables import (
     Answer,
     ElicitationSession,
     Item,
+    Respondent,
     SelectionDecision,
     SessionStatus,
     Study,
@@ -328,3 +329,32 @@ def explanation(study: Study, sess: ElicitationSession, *, session: Session) -> 
         "scores": dict(sorted(scores.items(), key=lambda kv: -kv[1])),
         **{k: v for k, v in detail.items() if k != "model_id"},
     }
+
+
+@dataclass(frozen=True)
+class StoredSummary:
+    """What is stored about a session's respondent (shown before deleting it).
+
+    Attributes:
+        n_answered: questions answered; n_skipped: questions skipped ("prefer not to
+        answer"); n_attributes: answers to the questions about the respondent;
+        completed: whether the session was finished.
+    """
+
+    n_answered: int
+    n_skipped: int
+    n_attributes: int
+    completed: bool
+
+
+def stored_summary(sess: ElicitationSession, *, session: Session) -> StoredSummary:
+    """Counts of what the session's respondent has stored (answers, skips, attributes)."""
+    options = session.exec(select(Answer.option).where(Answer.session_id == sess.id)).all()
+    respondent = session.get(Respondent, sess.respondent_id)
+    n_attr = len(respondent.attributes or {}) if respondent is not None else 0
+    return StoredSummary(
+        n_answered=sum(1 for o in options if o is not None),
+        n_skipped=sum(1 for o in options if o is None),
+        n_attributes=n_attr,
+        completed=sess.status == SessionStatus.completed.value,
+    )

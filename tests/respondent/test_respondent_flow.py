@@ -255,3 +255,159 @@ def test_pages_escape_study_text(client: Any, live: LiveStudy) -> None:
         page = client.get(f"/s/{live.slug}").text
         assert "<script>alert(1)</script>" not in page
         assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
+
+
+def finish(client: Any, live: LiveStudy) -> str:
+    """Answer every question of this browser's session; returns the completion code."""
+    page = client.get(f"/s/{live.slug}/q", follow_redirects=False)
+    while page.status_code == 200 and 'name="item"' in page.text:
+        data = {
+            "item": field(page.text, "item"),
+            "option": first_option(page.text),
+            "idempotency_key": field(page.text, "idempotency_key"),
+        }
+        r = client.post(f"/s/{live.slug}/answer", data=data, follow_redirects=False)
+        assert r.status_code == 303
+        page = client.get(r.headers["location"], follow_redirects=False)
+    done = client.get(f"/s/{live.slug}/done")
+    assert done.status_code == 200
+    m = re.search(r'class="r-code"><strong>([^<]+)</strong>', done.text)
+    assert m
+    return m.group(1)
+
+
+def n_respondents(live: LiveStudy) -> int:
+    with live.session() as db:
+        return int(
+            db.exec(
+                select(func.count()).select_from(Respondent).where(Respondent.source == "live")
+            ).one()
+        )
+
+
+def test_back_to_consent_resumes_never_a_second_respondent(client: Any, live: LiveStudy) -> None:
+    start = client.get(f"/s/{live.slug}")
+    assert start.headers["cache-control"] == "no-store"
+    consent(client, live)
+    before = n_respondents(live)
+    assert client.get(f"/s/{live.slug}/q").headers["cache-control"] == "no-store"
+    # Back to the (cached) consent page, "I agree" again: the same session, no new respondent
+    r = client.post(f"/s/{live.slug}/consent", data={"choice": "accept"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].endswith(f"/s/{live.slug}/q")
+    assert "set-cookie" not in r.headers
+    assert n_respondents(live) == before
+    about(client, live, {"gender4": "A"})
+    page = client.get(f"/s/{live.slug}/q").text
+    client.post(
+        f"/s/{live.slug}/answer",
+        data={"item": field(page, "item"), "option": "A", "idempotency_key": "b1"},
+    )
+    # "I do not want to take part" now: says what is stored and how to delete it
+    r = client.post(f"/s/{live.slug}/consent", data={"choice": "decline"}, follow_redirects=True)
+    assert r.status_code == 200 and "Nothing was recorded" not in r.text
+    assert "1 answer to the survey questions" in r.text
+    assert "1 answer to the questions about you" in r.text
+    assert f'href="http://testserver/s/{live.slug}/delete"' in r.text
+    # after completion, "I agree" from the cached consent page shows the completion page
+    code = finish(client, live)
+    r = client.post(f"/s/{live.slug}/consent", data={"choice": "accept"}, follow_redirects=True)
+    assert r.url.path == f"/s/{live.slug}/done" and code in r.text
+    assert n_respondents(live) == before
+    sess = session_of(live, client)
+    with live.session() as db:
+        first = db.get(Respondent, sess.respondent_id)
+        assert first is not None and first.earlier_starts == 0
+    # the session cookie is gone but the browser is the same: a new respondent, flagged
+    client.cookies.delete(f"priorly_s{live.study_id}", path=f"/s/{live.slug}")
+    consent(client, live)
+    assert n_respondents(live) == before + 1
+    again = session_of(live, client)
+    with live.session() as db:
+        second = db.get(Respondent, again.respondent_id)
+        assert second is not None and second.earlier_starts == 1
+
+
+def test_delete_with_completion_code(client: Any, live: LiveStudy) -> None:
+    from app.tables import ErasureRecord
+
+    consent(client, live)
+    about(client, live, {"educ": "B"})
+    code = finish(client, live)
+    done = client.get(f"/s/{live.slug}/done").text
+    assert f"/s/{live.slug}/delete" in done
+    sess = session_of(live, client)
+    with live.session() as db:
+        erasures = db.exec(select(func.count()).select_from(ErasureRecord)).one()
+    with app_client(live.url) as other:  # another device: only the code
+        page = other.get(f"/s/{live.slug}/delete")
+        assert page.status_code == 200 and 'name="code"' in page.text
+        assert page.headers["cache-control"] == "no-store"
+        wrong = other.post(f"/s/{live.slug}/delete", data={"code": "0000000000", "confirm": "yes"})
+        assert (
+            wrong.status_code == 422 and "No finished survey has this completion code" in wrong.text
+        )
+        unconfirmed = other.post(f"/s/{live.slug}/delete", data={"code": code})
+        assert unconfirmed.status_code == 422 and "tick the box" in unconfirmed.text
+        with live.session() as db:
+            assert db.get(ElicitationSession, sess.id) is not None
+        r = other.post(f"/s/{live.slug}/delete", data={"code": code.lower(), "confirm": "yes"})
+        assert r.status_code == 200 and "Your answers were deleted" in r.text
+        again = other.post(f"/s/{live.slug}/delete", data={"code": code, "confirm": "yes"})
+        assert again.status_code == 422
+    with live.session() as db:
+        assert db.get(ElicitationSession, sess.id) is None
+        assert db.get(Respondent, sess.respondent_id) is None
+        n = db.exec(select(func.count()).select_from(Answer).where(Answer.session_id == sess.id))
+        assert n.one() == 0
+        assert db.exec(select(func.count()).select_from(ErasureRecord)).one() == erasures + 1
+    # the browser that took part now sees the start page (its session is gone)
+    r = client.get(f"/s/{live.slug}/q", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].endswith(f"/s/{live.slug}")
+
+
+def test_delete_this_browsers_answers_before_finishing(client: Any, live: LiveStudy) -> None:
+    consent(client, live)
+    about(client, live, {})
+    sess = session_of(live, client)
+    page = client.get(f"/s/{live.slug}/delete")
+    assert 'name="use_browser"' in page.text and 'name="code"' not in page.text
+    r = client.post(f"/s/{live.slug}/delete", data={"use_browser": "1", "confirm": "yes"})
+    assert r.status_code == 200 and "Your answers were deleted" in r.text
+    assert f"priorly_s{live.study_id}=" in r.headers["set-cookie"]
+    with live.session() as db:
+        assert db.get(Respondent, sess.respondent_id) is None
+
+
+def test_researcher_erases_a_respondent_from_the_admin_ui(client: Any, live: LiveStudy) -> None:
+    from fastapi.testclient import TestClient
+    from live_study import login_researcher
+
+    from app.auth import set_password
+    from app.main import create_app
+    from app.settings import load_settings
+    from app.tables import ErasureRecord, Researcher
+
+    with live.session() as db:
+        owner = db.exec(select(Researcher).where(Researcher.email == "owner@example.org")).one()
+        set_password(owner, "a long enough password 1", session=db)
+        erasures = db.exec(select(func.count()).select_from(ErasureRecord)).one()
+    consent(client, live)
+    sess = session_of(live, client)
+    settings = load_settings(database_url=live.url, env="dev")
+    with TestClient(create_app(settings), base_url="http://localhost") as admin:
+        anonymous = admin.get(f"/admin/studies/{live.slug}/respondents", follow_redirects=False)
+        assert anonymous.status_code == 303
+        login_researcher(admin, "owner@example.org", "a long enough password 1")
+        page = admin.get(f"/admin/studies/{live.slug}/respondents")
+        assert page.status_code == 200 and f'data-respondent="{sess.respondent_id}"' in page.text
+        url = f"/admin/studies/{live.slug}/respondents/{sess.respondent_id}/erase"
+        assert admin.post(url, follow_redirects=False).status_code == 403  # no CSRF token
+        csrf = admin.cookies.get("priorly_csrf")
+        r = admin.post(url, data={"csrf_token": csrf}, follow_redirects=True)
+        assert r.status_code == 200 and f"Respondent {sess.respondent_id} was erased" in r.text
+        assert f'data-respondent="{sess.respondent_id}"' not in r.text
+        gone = admin.post(url, data={"csrf_token": csrf}, follow_redirects=False)
+        assert gone.status_code == 404
+    with live.session() as db:
+        assert db.get(Respondent, sess.respondent_id) is None
+        assert db.exec(select(func.count()).select_from(ErasureRecord)).one() == erasures + 1
