@@ -22,7 +22,7 @@ from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware
 from app.middleware import install_log_redaction
 from app.ratelimit import ApiRateLimitMiddleware, RedisCounter
-from app.routes import admin, api_v1, health, pages, respondent
+from app.routes import admin, admin_respondents, api_v1, health, pages, respondent
 from app.session import async_path as answer_async
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(pages.router)
     app.include_router(respondent.router)
     app.include_router(api_v1.router)
+    app.include_router(admin_respondents.router)
 
     @app.exception_handler(PriorlyError)
     async def _priorly_error(request: Request, exc: PriorlyError) -> JSONResponse:
