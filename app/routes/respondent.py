@@ -232,24 +232,40 @@ def _safe_redirect(url: str | None, code: str) -> str | None:
     return filled if urlsplit(filled).scheme in ("http", "https") else None
 
 
-def _progress(view: svc.SessionView) -> dict[str, Any]:
-    total = max(view.max_questions, 1)
-    return {"done": view.n_posed, "total": total, "percent": round(100 * view.n_posed / total)}
+def _asked_attributes(rt: svc.StudyRuntime) -> int:
+    """How many attribute questions the browser flow asks before the adaptive ones."""
+    return len(rt.attributes) if rt.settings.ask_attributes else 0
+
+
+def _progress(done: int, total: int, number: int) -> dict[str, Any]:
+    """The progress line: ``number`` is the first question on the page, counting the
+    questions about the respondent first; ``total`` the most questions in all."""
+    total = max(total, 1)
+    return {
+        "done": done,
+        "total": total,
+        "number": number,
+        "percent": round(100 * done / total),
+    }
 
 
 def _question_context(
     study: Study,
     view: svc.SessionView,
     *,
+    n_attributes: int = 0,
     error: str | None = None,
     notice: str | None = None,
     resume_url: str | None = None,
 ) -> dict[str, Any]:
+    number = n_attributes + (view.question.number if view.question else view.n_posed + 1)
     return {
         "study": study,
         "view": view,
         "q": view.question,
-        "progress": _progress(view),
+        "progress": _progress(
+            n_attributes + view.n_posed, n_attributes + view.max_questions, number
+        ),
         "idempotency_key": secrets.token_urlsafe(16),
         "error": error,
         "notice": notice,
@@ -394,7 +410,17 @@ def question_page(
         return got
     study, sess = got
     view = svc.session_view(study, sess, session=session)
-    return _render_view(request, templates, study, sess, view, session=session, settings=settings)
+    page = request.query_params.get("page", "")
+    return _render_view(
+        request,
+        templates,
+        study,
+        sess,
+        view,
+        session=session,
+        settings=settings,
+        page=int(page) if page.isdigit() and len(page) < 4 else None,
+    )
 
 
 def _render_error(
@@ -457,6 +483,8 @@ def _render_view(
     notice: str | None = None,
     status_code: int = 200,
     partial: bool = False,
+    page: int | None = None,
+    confirm_skip: bool = False,
 ) -> Response:
     if view.phase == "done":
         url = str(request.url_for("respondent_done", slug=study.slug))
@@ -468,23 +496,44 @@ def _render_view(
     resume_url = (
         str(request.url_for("respondent_resume", slug=study.slug, token=token)) if token else None
     )
+    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
     if view.phase == "attributes":
-        rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+        pages = svc.attribute_pages(rt)
+        number = min(max(page or 1, 1), max(len(pages), 1))
+        items = pages[number - 1] if pages else []
+        first = (number - 1) * svc.ATTRIBUTES_PER_PAGE
         context = {
             "study": study,
-            "attributes": rt.attributes,
+            "attributes": [(item, svc.attribute_question(item)) for item in items],
+            "stored": svc.respondent_attributes(sess, session=session),
+            "page": number,
+            "n_pages": len(pages),
+            "last": first + len(items),
+            "progress": _progress(first, len(rt.attributes) + rt.max_questions, first + 1),
             "allow_skip": rt.allow_skip,
+            "confirm_skip": confirm_skip,
             "error": error,
             "resume_url": resume_url,
         }
-        return templates.TemplateResponse(  # type: ignore[no-any-return]
+        response = templates.TemplateResponse(
             request,
             "pages/respondent_about.html",
             context,
             status_code=status_code,
             block_name="survey" if partial else None,
         )
-    context = _question_context(study, view, error=error, notice=notice, resume_url=resume_url)
+        if partial:  # the address bar names the page shown (refresh and Back keep it)
+            url = request.url_for("respondent_question", slug=study.slug)
+            response.headers["HX-Push-Url"] = f"{url.path}?page={number}"
+        return response  # type: ignore[no-any-return]
+    context = _question_context(
+        study,
+        view,
+        n_attributes=_asked_attributes(rt),
+        error=error,
+        notice=notice,
+        resume_url=resume_url,
+    )
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "pages/respondent_question.html",
@@ -513,47 +562,78 @@ async def about(
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
-    """Store the attribute answers ("prefer not to answer" leaves one out)."""
+    """Store one page of questions about the respondent; then the next page, or (after the
+    last page, or "skip them all") the first adaptive question.
+
+    "Prefer not to answer" leaves an attribute out. A page submitted with nothing chosen
+    asks once whether to skip all the remaining questions about the respondent (the
+    ``skip_all`` button of that prompt does).
+    """
     got = visit.require_session(request, templates)
     if isinstance(got, Response):
         return got
     study, sess = got
+    if svc.session_view(study, sess, session=session).phase != "attributes":
+        return _see(str(request.url_for("respondent_question", slug=study.slug)))
     form = await request.form()
-    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
-    attrs: dict[str, str] = {}
-    missing: list[str] = []
-    for item in rt.attributes:
-        value = str(form.get(ATTRIBUTE_FIELD_PREFIX + item.key, "") or "")
-        if value and value != "__skip__":
-            attrs[item.key] = value
-        elif not value and not rt.allow_skip:
-            missing.append(item.question)
     htmx = _is_htmx(request)
-    if missing:
-        return _render_error(
+    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    pages = svc.attribute_pages(rt)
+    raw_page = str(form.get("page", "1") or "1")
+    number = min(
+        max(int(raw_page) if raw_page.isdigit() and len(raw_page) < 4 else 1, 1), len(pages) or 1
+    )
+    items = pages[number - 1] if pages else []
+    values = {
+        item.key: str(form.get(ATTRIBUTE_FIELD_PREFIX + item.key, "") or "") for item in items
+    }
+    skip_all = form.get("skip_all") is not None and rt.allow_skip
+
+    def again(error: str | None = None, confirm: bool = False, status: int = 422) -> Response:
+        view = svc.session_view(study, sess, session=session)
+        return _render_view(
             request,
             templates,
             study,
             sess,
+            view,
             session=session,
             settings=settings,
-            error="Please answer every question.",
-            htmx=htmx,
+            error=error,
+            status_code=200 if htmx else status,
+            partial=htmx,
+            page=number,
+            confirm_skip=confirm,
         )
+
+    if not skip_all and any(not v for v in values.values()):
+        if not rt.allow_skip:
+            return again("Please answer every question.")
+        if all(not v for v in values.values()):
+            return again(confirm=True, status=200)
+    answers = {k: (v if v and v != "__skip__" else None) for k, v in values.items()}
     session.close()  # one pooled connection per request at a time
     try:
-        view = svc.submit_attributes(study, sess.id or 0, attrs, engine=engine)
+        stored = svc.store_attribute_page(study, sess.id or 0, answers, engine=engine)
+        if number < len(pages) and not skip_all:
+            if not htmx:
+                url = request.url_for("respondent_question", slug=study.slug)
+                return _see(f"{url}?page={number + 1}")
+            view = svc.session_view(study, sess, session=session)
+            return _render_view(
+                request,
+                templates,
+                study,
+                sess,
+                view,
+                session=session,
+                settings=settings,
+                partial=True,
+                page=number + 1,
+            )
+        view = svc.submit_attributes(study, sess.id or 0, stored, engine=engine)
     except InvalidInputError as exc:
-        return _render_error(
-            request,
-            templates,
-            study,
-            sess,
-            session=session,
-            settings=settings,
-            error=exc.message,
-            htmx=htmx,
-        )
+        return again(exc.message)
     return _after_submit(
         request, templates, study, sess, view, session=session, settings=settings, htmx=htmx
     )

@@ -338,3 +338,33 @@ def submit_attributes(
         view = _store_first_decision(rt, db, sess, *first_state_and_decision(rt, attrs))
         db.commit()
         return view
+
+
+def store_attribute_page(
+    study: Study, session_id: int, answers: Mapping[str, str | None], *, engine: Engine
+) -> dict[str, str]:
+    """Store one page of attribute answers of a browser session (no question is chosen).
+
+    ``answers`` maps each attribute key of the page to a letter, or ``None`` (not
+    answered: an answer stored before for that key is removed). Returns every attribute
+    answer stored so far; once the first question was chosen nothing changes.
+
+    Raises:
+        InvalidAttributesError: see :func:`validate_attributes`.
+    """
+    with Session(engine) as db:
+        rt = load_runtime(study, session=db, fit_if_missing=False)
+    given = validate_attributes(rt, {k: v for k, v in answers.items() if v is not None})
+    with write_slots(), locked_session(engine, session_id) as (db, sess):
+        check_study(sess, rt.study_id, rt.slug)
+        respondent = db.get(Respondent, sess.respondent_id)
+        assert respondent is not None
+        stored = dict(respondent.attributes or {})
+        if decision_at(db, session_id, 0) is None:
+            for key in answers:
+                stored.pop(key, None)
+            stored.update(given)
+            respondent.attributes = stored
+            db.add(respondent)
+        db.commit()
+        return stored

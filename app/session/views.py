@@ -358,3 +358,36 @@ def stored_summary(sess: ElicitationSession, *, session: Session) -> StoredSumma
         n_attributes=n_attr,
         completed=sess.status == SessionStatus.completed.value,
     )
+
+
+ATTRIBUTES_PER_PAGE = 3
+"""Questions about the respondent shown on one page of the browser flow."""
+
+
+def attribute_question(item: ItemInfo) -> str:
+    """The wording of an attribute item as a question to the respondent.
+
+    The codebook's question text when it is one (it ends with ``?`` or ``:``, or has at
+    least four words); otherwise a question built from the bare label (the text, else the
+    topic, else the key, with ``_`` read as a space).
+
+    Example: ``"What is your gender?"`` stays; ``"age"`` becomes ``"What is your age?"``.
+    """
+    text = " ".join(item.question.split())
+    if text.endswith(("?", ":")) or len(text.split()) >= 4:
+        return text
+    label = (text or item.topic or item.key).replace("_", " ").strip()
+    label = label[:1].lower() + label[1:] if not label[:2].isupper() else label
+    return f"What is your {label}?"
+
+
+def attribute_pages(rt: StudyRuntime) -> list[list[ItemInfo]]:
+    """The study's attribute items in pages of :data:`ATTRIBUTES_PER_PAGE` (study order)."""
+    items = rt.attributes
+    return [items[i : i + ATTRIBUTES_PER_PAGE] for i in range(0, len(items), ATTRIBUTES_PER_PAGE)]
+
+
+def respondent_attributes(sess: ElicitationSession, *, session: Session) -> dict[str, str]:
+    """The attribute answers stored so far for the session's respondent."""
+    respondent = session.get(Respondent, sess.respondent_id)
+    return dict(respondent.attributes or {}) if respondent is not None else {}

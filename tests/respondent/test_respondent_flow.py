@@ -64,10 +64,31 @@ def consent(client: Any, live: LiveStudy, **params: str) -> Any:
     return client.post(f"/s/{live.slug}/consent", data=data, follow_redirects=False)
 
 
+def attribute_pages(live: LiveStudy) -> list[list[str]]:
+    """The keys of the attribute items on each page of the browser flow."""
+    with live.session() as db:
+        study = db.get(Study, live.study_id)
+        assert study is not None
+        rt = svc.load_runtime(study, session=db, fit_if_missing=False)
+    return [[it.key for it in page] for page in svc.attribute_pages(rt)]
+
+
 def about(client: Any, live: LiveStudy, answers: dict[str, str], htmx: bool = False) -> Any:
-    data = {f"a_{k}": v for k, v in answers.items()}
+    """Submit every page of questions about the respondent (keys left out: "prefer not to
+    answer"); with no answers at all, skip them all from the first page's prompt."""
     headers = {"HX-Request": "true"} if htmx else {}
-    return client.post(f"/s/{live.slug}/about", data=data, headers=headers, follow_redirects=False)
+    url = f"/s/{live.slug}/about"
+    if not answers:
+        data = {"page": "1", "skip_all": "1"}
+        return client.post(url, data=data, headers=headers, follow_redirects=False)
+    r = None
+    for number, keys in enumerate(attribute_pages(live), start=1):
+        data = {f"a_{k}": answers.get(k, "__skip__") for k in keys}
+        r = client.post(
+            url, data={**data, "page": str(number)}, headers=headers, follow_redirects=False
+        )
+        assert r.status_code in (200, 303)
+    return r
 
 
 def session_of(live: LiveStudy, client: Any) -> ElicitationSession:
@@ -108,9 +129,10 @@ def test_full_questionnaire_with_plain_forms(client: Any, live: LiveStudy) -> No
         }
         assert respondent.attributes == {"gender4": "B", "educ": "A"}
     asked: list[str] = []
+    n_attr = sum(len(p) for p in attribute_pages(live))
     page = client.get(f"/s/{live.slug}/q")
     for n in range(1, 7):
-        assert f"Question {n} of at most 6" in page.text
+        assert f"Question {n_attr + n} of at most {n_attr + 6}" in page.text
         item = field(page.text, "item")
         assert item not in asked
         asked.append(item)
@@ -146,7 +168,9 @@ def test_htmx_partials_and_redirect(client: Any, live: LiveStudy) -> None:
     consent(client, live)
     r = about(client, live, {}, htmx=True)  # all attributes left out
     assert r.status_code == 200
-    assert "<html" not in r.text and 'id="survey"' in r.text and "Question 1 of" in r.text
+    n_attr = sum(len(p) for p in attribute_pages(live))
+    assert "<html" not in r.text and 'id="survey"' in r.text
+    assert f"Question {n_attr + 1} of" in r.text
     html = r.text
     for _ in range(6):
         data = {
@@ -225,7 +249,8 @@ def test_resume_link_and_cookie(client: Any, live: LiveStudy) -> None:
         assert r.status_code == 303 and r.headers["location"].endswith(f"/s/{live.slug}")
         resumed = other.get(link.group(1).replace("http://testserver", ""))
         assert resumed.status_code == 200 and field(resumed.text, "item") == current
-        assert "Question 2 of" in resumed.text
+        n_attr = sum(len(p) for p in attribute_pages(live))
+        assert f"Question {n_attr + 2} of" in resumed.text
         bad = other.get(f"/s/{live.slug}/resume/not-a-token")
         assert bad.status_code == 404 and "not valid" in bad.text
     # a tampered cookie is ignored (start page, no error)
@@ -411,3 +436,65 @@ def test_researcher_erases_a_respondent_from_the_admin_ui(client: Any, live: Liv
     with live.session() as db:
         assert db.get(Respondent, sess.respondent_id) is None
         assert db.exec(select(func.count()).select_from(ErasureRecord)).one() == erasures + 1
+
+
+def test_questions_about_you_are_paged_worded_counted_and_skipped_once(
+    client: Any, live: LiveStudy
+) -> None:
+    pages = attribute_pages(live)
+    n_attr = sum(len(p) for p in pages)
+    assert len(pages) >= 2 and all(len(p) <= svc.ATTRIBUTES_PER_PAGE for p in pages)
+    consent(client, live)
+    page = client.get(f"/s/{live.slug}/q").text
+    assert page.count('class="r-question"') == len(pages[0])
+    assert f"Questions 1 to {len(pages[0])} of at most {n_attr + 6}" in page
+    assert "In which year were you born?" in page  # the codebook's question text
+    # an empty page asks once before skipping everything (nothing stored, no question yet)
+    r = client.post(f"/s/{live.slug}/about", data={"page": "1"}, follow_redirects=False)
+    assert r.status_code == 200 and "Skip all the remaining questions about you?" in r.text
+    sess = session_of(live, client)
+    with live.session() as db:
+        assert (
+            db.exec(
+                select(SelectionDecision).where(SelectionDecision.session_id == sess.id)
+            ).first()
+            is None
+        )
+    # one answer on page 1: stored, then page 2
+    first_key = pages[0][0]
+    r = client.post(
+        f"/s/{live.slug}/about", data={"page": "1", f"a_{first_key}": "B"}, follow_redirects=False
+    )
+    assert r.status_code == 303 and r.headers["location"].endswith(f"/s/{live.slug}/q?page=2")
+    page2 = client.get(r.headers["location"]).text
+    start = len(pages[0]) + 1
+    assert f"Questions {start} to {start + len(pages[1]) - 1} of at most {n_attr + 6}" in page2
+    # Back to page 1 shows the stored answer
+    back = client.get(f"/s/{live.slug}/q?page=1").text
+    assert re.search(rf'name="a_{first_key}" value="B" checked', back)
+    # htmx: the empty page 2 asks, "Yes, skip" goes to the first adaptive question
+    hx = {"HX-Request": "true"}
+    r = client.post(f"/s/{live.slug}/about", data={"page": "2"}, headers=hx)
+    assert "Skip all the remaining questions about you?" in r.text
+    assert r.headers["HX-Push-Url"] == f"/s/{live.slug}/q?page=2"
+    r = client.post(f"/s/{live.slug}/about", data={"page": "2", "skip_all": "1"}, headers=hx)
+    assert f"Question {n_attr + 1} of at most {n_attr + 6}" in r.text and 'name="item"' in r.text
+    with live.session() as db:
+        respondent = db.get(Respondent, sess.respondent_id)
+        assert respondent is not None and respondent.attributes == {first_key: "B"}
+
+
+def test_attribute_wording_from_bare_labels() -> None:
+    from app.session.runtime import ItemInfo
+
+    def item(question: str, key: str = "F_AGECAT", topic: str | None = None) -> ItemInfo:
+        return ItemInfo(1, key, question, [["A", "x"]], "attribute", topic)
+
+    assert svc.attribute_question(item("age")) == "What is your age?"
+    assert svc.attribute_question(item("  sex ")) == "What is your sex?"
+    assert svc.attribute_question(item("", key="party_id")) == "What is your party id?"
+    assert svc.attribute_question(item("", topic="Region")) == "What is your region?"
+    assert svc.attribute_question(item("What is your gender?")) == "What is your gender?"
+    assert svc.attribute_question(item("Highest level of education completed")) == (
+        "Highest level of education completed"
+    )

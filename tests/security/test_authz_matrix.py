@@ -162,6 +162,8 @@ ROUTES: dict[tuple[str, str], Case] = {
         form={"item": "{item_key}", "option": "{option}"},
     ),
     ("GET", "/s/{slug}/done"): Case({**everyone(303), "resp_this": 303, "resp_other": 303}),
+    ("GET", "/s/{slug}/delete"): Case(everyone(200)),
+    ("POST", "/s/{slug}/delete"): Case(everyone(422), form={}),  # unconfirmed: nothing erased
     # ---- JSON API ----
     ("POST", "/api/v1/studies/{slug}/sessions"): Case(api_study(201), json={}),
     ("GET", "/api/v1/sessions/{session_id}"): Case(api_session(200)),
@@ -225,6 +227,10 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/admin/studies/{slug}/jobs/{job_id}/plot.svg"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/simulation"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard"): Case(study_member(200, "GET")),
+    ("GET", "/admin/studies/{slug}/respondents"): Case(study_member(200, "GET")),
+    ("POST", "/admin/studies/{slug}/respondents/{respondent_id}/erase"): Case(
+        study_member(404, "POST"), path="/admin/studies/{slug}/respondents/999999/erase"
+    ),
     ("GET", "/admin/studies/{slug}/groups"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/export"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/export/{name}"): Case(
