@@ -70,6 +70,9 @@ class StudySettings(BaseModel):
     ``belief_model``: what the "fit model" job fits (``default`` latent classes, ``auto``,
     ``cape_cooccurrence``, ``cape_linear``, ``cape_factor``, ``persona_mixture``; see
     :data:`elicitation.model_choice.BELIEF_MODEL_CHOICES`).
+    ``show_learned``: the completion page shows the respondent what the model learned
+    about them (predicted answers to the targets with their confidence; for CAPE models
+    the preference profile); off by default.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -81,3 +84,4 @@ class StudySettings(BaseModel):
     ] = "default"
     budgets: Budgets = Field(default_factory=Budgets)
     group: GroupSettings = Field(default_factory=GroupSettings)
+    show_learned: bool = False

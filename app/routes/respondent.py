@@ -31,6 +31,7 @@ from sqlmodel import Session
 from app import session as svc
 from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
+from app.services.learned import learned_about
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
 from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus
@@ -722,10 +723,12 @@ def done(
     slug: str,
     request: Request,
     visit: VisitDep,
+    session: SessionDep,
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
-    """The completion page: the completion code and, if configured, the redirect link."""
+    """The completion page: the completion code, if configured the redirect link, and
+    with the study's ``show_learned`` setting what the survey learned about them."""
     got = visit.require_session(request, templates)
     if isinstance(got, Response):
         return got
@@ -733,10 +736,20 @@ def done(
     if sess.status != SessionStatus.completed.value:
         return _see(str(request.url_for("respondent_question", slug=slug)))
     code = svc.completion_code(study, sess.id or 0, settings.secret_key.get_secret_value())
+    learned = (
+        learned_about(study, sess, session=session)
+        if svc.study_settings(study).show_learned
+        else None
+    )
     return templates.TemplateResponse(
         request,
         "pages/respondent_done.html",
-        {"study": study, "code": code, "redirect_url": _safe_redirect(study.redirect_url, code)},
+        {
+            "study": study,
+            "code": code,
+            "redirect_url": _safe_redirect(study.redirect_url, code),
+            "learned": learned,
+        },
     )
 
 

@@ -498,3 +498,81 @@ def test_attribute_wording_from_bare_labels() -> None:
     assert svc.attribute_question(item("Highest level of education completed")) == (
         "Highest level of education completed"
     )
+
+
+def test_completion_page_shows_what_we_learned_only_when_set(client: Any, live: LiveStudy) -> None:
+    from live_study import study_settings
+
+    consent(client, live)
+    about(client, live, {"gender4": "B"})
+    finish(client, live)
+    assert "What we learned about you" not in client.get(f"/s/{live.slug}/done").text  # default
+    with study_settings(live, show_learned=True):
+        svc.clear_runtime_cache()
+        html = client.get(f"/s/{live.slug}/done").text
+        sess = session_of(live, client)
+        with live.session() as db:
+            study = db.get(Study, live.study_id)
+            assert study is not None
+            rt = svc.load_runtime(study, session=db, fit_if_missing=False)
+            asked = {a.item for a in svc.session_answers(sess, session=db)}
+            preds = [
+                p for p in svc.predictions(study, sess, session=db).targets if p.item not in asked
+            ]
+    svc.clear_runtime_cache()
+    assert preds, "the study has unasked targets"
+    assert "What we learned about you" in html
+    sentences = re.findall(
+        r"<li>We think you would answer “([^”]+)” to “([^”]+)” \((\d+)% sure\)", html
+    )
+    assert len(sentences) == len(preds)
+    for pred, (label, question, percent) in zip(preds, sentences, strict=True):
+        letter, p = max(pred.distribution.items(), key=lambda kv: kv[1])
+        item = rt.by_key[pred.item]
+        import html as html_lib
+
+        assert html_lib.unescape(label) == dict((o[0], o[1]) for o in item.options)[letter]
+        assert html_lib.unescape(question) == item.question and int(percent) == round(100 * p)
+
+
+def test_completion_page_shows_the_cape_preference_profile(client: Any, live: LiveStudy) -> None:
+    """A CAPE model's preference criteria are listed too (runs last: it refits the study)."""
+    from live_study import study_settings
+
+    from app.services.belief import fit_study_model
+    from app.tables import Item
+
+    with live.session() as db:
+        study = db.get(Study, live.study_id)
+        assert study is not None
+        items = db.exec(select(Item).where(Item.study_id == live.study_id)).all()
+        for it in items:
+            it.is_preference_criterion = it.role == "question"
+            db.add(it)
+        db.commit()
+        fit_study_model(
+            study,
+            session=db,
+            belief_model="cape_linear",
+            fit_options={"cape_linear": {"dims": (1,)}},
+        )
+    svc.clear_runtime_cache()
+    try:
+        with study_settings(live, show_learned=True):
+            consent(client, live)
+            about(client, live, {})
+            finish(client, live)
+            html = client.get(f"/s/{live.slug}/done").text
+        assert "What matters to you" in html
+        section = html.split("What matters to you", 1)[1]
+        assert (
+            1
+            <= len(
+                re.findall(
+                    r"<li>We think you would answer “[^”]+” to “[^”]+” \(\d+% sure\)", section
+                )
+            )
+            <= 5
+        )
+    finally:
+        svc.clear_runtime_cache()
