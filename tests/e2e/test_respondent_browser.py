@@ -15,6 +15,7 @@ a SQLite file prepared with a small CES study.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -270,5 +271,60 @@ def test_back_button_skip_prompt_decline_and_delete(
         page.screenshot(path=str(SHOTS / "deleted-390.png"), full_page=True)
         assert live_respondents(db_url) == n - 1
         assert errors == []
+    finally:
+        context.close()
+
+
+def test_researcher_sees_repeated_starts_and_erases_a_respondent(
+    server: tuple[str, str, str], browser: Any
+) -> None:
+    """The admin list of live respondents flags a repeated start from one browser and
+    erases a respondent after the confirmation dialog."""
+    from sqlmodel import Session, select
+
+    from app.auth import set_password
+    from app.db import make_engine
+    from app.tables import Researcher
+
+    base, slug, db_url = server
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as db:
+            owner = db.exec(select(Researcher).where(Researcher.email == "owner@example.org")).one()
+            set_password(owner, "e2e owner password 1", session=db)
+    finally:
+        engine.dispose()
+    # one browser starts twice (its session cookie cleared in between)
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    try:
+        for _ in range(2):
+            page.goto(f"{base}/s/{slug}")
+            page.click("button[value=accept]")
+            page.wait_for_selector("text=A few questions about you")
+            context.clear_cookies(name=re.compile(r"priorly_s\d+"))  # the session cookie
+    finally:
+        context.close()
+    n = live_respondents(db_url)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(f"{base}/admin/login")
+        page.fill("input[name=email]", "owner@example.org")
+        page.fill("input[name=password]", "e2e owner password 1")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{base}/admin")
+        page.goto(f"{base}/admin/studies/{slug}/respondents")
+        newest = page.locator("#respondents tbody tr").first
+        assert "yes, 1 earlier from this browser" in newest.inner_text()
+        assert axe_violations(page) == []
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "admin-respondents-1280.png"), full_page=True)
+        rid = newest.get_attribute("data-respondent")
+        page.on("dialog", lambda dialog: dialog.accept())
+        newest.locator("button").click()
+        page.wait_for_selector(f"text=Respondent {rid} was erased")
+        assert page.locator(f'tr[data-respondent="{rid}"]').count() == 0
+        assert live_respondents(db_url) == n - 1
     finally:
         context.close()
