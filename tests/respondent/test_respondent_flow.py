@@ -576,3 +576,10 @@ def test_completion_page_shows_the_cape_preference_profile(client: Any, live: Li
         )
     finally:
         svc.clear_runtime_cache()
+
+
+def test_every_respondent_page_is_sent_no_store(client: Any, live: LiveStudy) -> None:
+    for path in (f"/s/{live.slug}", f"/s/{live.slug}/declined", f"/s/{live.slug}/delete"):
+        assert client.get(path).headers["cache-control"] == "no-store", path
+    gone = client.get("/g/not-a-token")  # a group-round link
+    assert gone.status_code == 404 and gone.headers["cache-control"] == "no-store"
