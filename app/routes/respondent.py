@@ -524,8 +524,8 @@ def _render_view(
             block_name="survey" if partial else None,
         )
         if partial:  # the address bar names the page shown (refresh and Back keep it)
-            url = request.url_for("respondent_question", slug=study.slug)
-            response.headers["HX-Push-Url"] = f"{url.path}?page={number}"
+            path = request.url_for("respondent_question", slug=study.slug).path
+            response.headers["HX-Push-Url"] = f"{path}?page={number}"
         return response  # type: ignore[no-any-return]
     context = _question_context(
         study,
@@ -828,22 +828,21 @@ async def delete_answers(
             error="Please tick the box to confirm that your answers should be deleted.",
             status_code=422,
         )
-    if form.get("use_browser") is not None and own is not None:
-        target: ElicitationSession | None = own
-    else:
+    target: ElicitationSession | None = own
+    if form.get("use_browser") is None or own is None:
         code = str(form.get("code", "") or "")
         target = svc.session_by_completion_code(
             study, code, settings.secret_key.get_secret_value(), session=session
         )
-        if target is None:
-            error = (
-                "This survey gives everyone the same completion code, so it cannot name your "
-                "answers. Please ask the research team to delete them."
-                if study.completion_code
-                else "No finished survey has this completion code. Please check it: it is "
-                "the code shown on the last page (10 letters and digits)."
-            )
-            return _delete_page(request, templates, study, own, error=error, status_code=422)
+    if target is None:
+        error = (
+            "This survey gives everyone the same completion code, so it cannot name your "
+            "answers. Please ask the research team to delete them."
+            if study.completion_code
+            else "No finished survey has this completion code. Please check it: it is "
+            "the code shown on the last page (10 letters and digits)."
+        )
+        return _delete_page(request, templates, study, own, error=error, status_code=422)
     session.close()  # one pooled connection per request at a time
     try:
         result = svc.erase_respondent(target, engine=engine)

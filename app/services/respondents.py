@@ -66,7 +66,7 @@ def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRo
             select(ElicitationSession.respondent_id, func.count(Answer.id))  # type: ignore[arg-type]
             .join(Answer, Answer.session_id == ElicitationSession.id)  # type: ignore[arg-type]
             .where(ElicitationSession.respondent_id.in_(ids))  # type: ignore[attr-defined]
-            .group_by(ElicitationSession.respondent_id)
+            .group_by(ElicitationSession.respondent_id)  # type: ignore[arg-type]
         ).all()
     )
     status: dict[int, str] = {}
@@ -79,7 +79,7 @@ def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRo
             external_id=r.external_id,
             created_at=r.created_at,
             status=status.get(r.id or 0, "no session"),
-            n_answers=int(counts.get(r.id, 0)),
+            n_answers=int(counts.get(r.id or 0, 0)),
             earlier_starts=r.earlier_starts,
             panel_params=r.panel_params,
         )
