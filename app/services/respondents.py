@@ -27,6 +27,9 @@ from app.tables import (
     Study,
 )
 
+MAX_ID = 2**31 - 1
+"""The largest row id (an INTEGER primary key)."""
+
 LIST_LIMIT = 500
 """The most respondents one listing shows (the newest first)."""
 
@@ -96,6 +99,8 @@ def erase_live_respondent(
     Raises:
         NotFoundError: no live respondent with that id in the study (404).
     """
+    if not 0 < respondent_id <= MAX_ID:  # beyond any row id (PostgreSQL: out of range)
+        raise NotFoundError(f"no live respondent {respondent_id} in study {study.slug!r}")
     try:
         return live.erase_respondent_id(respondent_id, study_id=study.id or 0, engine=engine)
     except live.SessionNotFoundError as exc:
