@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Security
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -21,7 +21,7 @@ from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware
 from app.middleware import install_log_redaction
 from app.ratelimit import ApiRateLimitMiddleware, RedisCounter
-from app.routes import admin, api_v1, health, pages, respondent
+from app.routes import admin, api_docs, api_results, api_v1, health, pages, respondent
 from app.services import answer_async
 from app.services import sessions as sessions_service
 from app.settings import Settings, get_settings
@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await app.state.limiter_redis.close()
             engine.dispose()
 
-    app = FastAPI(title="priorly", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
+    app = FastAPI(title="priorly", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.templates = make_templates()
     app.state.schema_head = head_revision()
@@ -67,7 +67,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(pages.router)
     app.include_router(respondent.router)
-    app.include_router(api_v1.router)
+    # the bearer scheme is declared in the OpenAPI document (Swagger UI's "Authorize")
+    app.include_router(api_v1.router, dependencies=[Security(api_docs.BEARER)])
+    app.include_router(api_results.router)
+    app.include_router(api_docs.router)  # /api/docs with Swagger UI served from here
 
     @app.exception_handler(PriorlyError)
     async def _priorly_error(request: Request, exc: PriorlyError) -> JSONResponse:
