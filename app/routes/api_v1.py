@@ -340,7 +340,11 @@ answered 422 here instead of overflowing in the database (a 500 found by fuzzing
 
 AuthHeader = Annotated[
     str | None,
-    Header(description="Bearer <API key> or Bearer <session token>", alias="Authorization"),
+    Header(
+        description="Bearer <API key> or Bearer <session token>",
+        alias="Authorization",
+        include_in_schema=False,  # declared once as the security scheme (app/routes/api_docs.py)
+    ),
 ]
 
 

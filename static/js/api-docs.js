@@ -9,9 +9,18 @@
     url: root.getAttribute("data-openapi-url"),
     dom_id: "#swagger-ui",
     layout: "BaseLayout",
-    deepLinking: true,
+    // deep links would put a link inside each operation's toggle button (nested controls)
+    deepLinking: false,
     persistAuthorization: true,
     displayRequestDuration: true,
+    // plain JSON (the highlighter's colours on its dark background fail WCAG AA contrast)
+    syntaxHighlight: false,
     presets: [window.SwaggerUIBundle.presets.apis],
   });
+  // Swagger UI's copy buttons are icons without a name: give them one for screen readers.
+  new MutationObserver(function () {
+    root.querySelectorAll(".copy-to-clipboard > button:not([aria-label])").forEach(function (b) {
+      b.setAttribute("aria-label", "Copy to clipboard");
+    });
+  }).observe(root, { childList: true, subtree: true });
 })();

@@ -21,7 +21,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 import pytest
 from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
-from live_study import LiveStudy, free_port, make_live_study, wait_healthy
+from live_study import LiveStudy, make_live_study, uvicorn_server
 from sqlmodel import Session, select
 
 from app.routes.api_docs import first_session_script
@@ -53,36 +53,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Live
     folder = tmp_path_factory.mktemp("apidocs")
     url = f"sqlite:///{folder / 'docs.db'}"
     live = make_live_study(url, write_small_dataset(DATASETS_DIR / "ces", folder / "ces", 120))
-    port = free_port()
-    env = {**os.environ, "PRIORLY_DATABASE_URL": url, "PRIORLY_ENV": "dev"}
-    log = folder / "uvicorn.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "app.main:create_app",
-                "--factory",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(base, proc, "uvicorn", log=log, timeout=60)
-        yield base, live
+        with uvicorn_server(url, folder / "uvicorn.log") as base:
+            yield base, live
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
         live.engine.dispose()
 
 
