@@ -405,6 +405,7 @@ def iter_predictions(
     loaded by this call (so a study without a model raises here, before any row). Nothing
     is yielded when the study has no targets.
     """
+    # the live loop (torch, the model families) is loaded only when predictions are asked for
     from app.services import sessions as svc
 
     rt = svc.load_runtime(study, session=session, fit_if_missing=False)
