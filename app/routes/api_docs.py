@@ -49,7 +49,7 @@ ASSET_MAX_AGE_S = 86_400
 
 FIRST_SESSION_SCRIPT = TEMPLATES_DIR / "api" / "first_session.sh"
 """The walkthrough's commands, shown by the first-session page and copied in docs/api.md
-(tests/api/test_api_docs.py runs them against a real server)."""
+(a test runs them, as shown, against a real server)."""
 DEFAULT_BASE = "http://127.0.0.1:8000"
 
 PAGE_CSP = (
