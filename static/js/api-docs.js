@@ -15,6 +15,8 @@
     displayRequestDuration: true,
     // plain JSON (the highlighter's colours on its dark background fail WCAG AA contrast)
     syntaxHighlight: false,
+    // no badge from the public validator service: the page asks nothing of another site
+    validatorUrl: null,
     presets: [window.SwaggerUIBundle.presets.apis],
   });
   // Swagger UI's copy buttons are icons without a name: give them one for screen readers.

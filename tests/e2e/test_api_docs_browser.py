@@ -10,6 +10,7 @@ Prerequisites as in test_respondent_browser.py (Debian's /usr/bin/chromium, axe-
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,48 +49,51 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Live
         live.engine.dispose()
 
 
+@dataclass
+class Visit:
+    """A browser page whose requests to any other host are aborted and recorded
+    (``offsite``), with its page errors and console errors or CSP reports (``problems``)."""
+
+    page: Any
+    offsite: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def route(self, host: str, r: Any) -> None:
+        if urlsplit(r.request.url).netloc == host:
+            r.continue_()
+        else:
+            self.offsite.append(r.request.url)
+            r.abort()
+
+    def console(self, msg: Any) -> None:
+        if "Content Security Policy" in msg.text or msg.type == "error":
+            self.problems.append(msg.text)
+
+
 @pytest.fixture
-def page(browser_ready: None, server: tuple[str, LiveStudy]) -> Iterator[Any]:
-    """A page whose requests to any other host are aborted (and recorded in
-    ``page.offsite``); console CSP reports and page errors recorded in ``page.problems``."""
+def visit(browser_ready: None, server: tuple[str, LiveStudy]) -> Iterator[Visit]:
     from playwright.sync_api import sync_playwright
 
     host = urlsplit(server[0]).netloc
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
         context = browser.new_context(viewport={"width": 1280, "height": 900})
-        pg = context.new_page()
-        pg.offsite = []
-        pg.problems = []
-
-        def route(r: Any) -> None:
-            if urlsplit(r.request.url).netloc == host:
-                r.continue_()
-            else:
-                pg.offsite.append(r.request.url)
-                r.abort()
-
-        pg.route("**/*", route)
-        pg.on("pageerror", lambda exc: pg.problems.append(f"error: {exc}"))
-        pg.on(
-            "console",
-            lambda msg: (
-                pg.problems.append(msg.text)
-                if "Content Security Policy" in msg.text or msg.type == "error"
-                else None
-            ),
-        )
+        v = Visit(context.new_page())
+        v.page.route("**/*", lambda r: v.route(host, r))
+        v.page.on("pageerror", lambda exc: v.problems.append(f"error: {exc}"))
+        v.page.on("console", v.console)
         try:
-            yield pg
+            yield v
         finally:
             context.close()
             browser.close()
 
 
 def test_docs_show_the_operations_offline_and_authorize_works(
-    page: Any, server: tuple[str, LiveStudy]
+    visit: Visit, server: tuple[str, LiveStudy]
 ) -> None:
     base, live = server
+    page = visit.page
     RESULTS.mkdir(parents=True, exist_ok=True)
     page.goto(f"{base}/api/docs")
     page.wait_for_selector(".opblock")
@@ -123,12 +127,13 @@ def test_docs_show_the_operations_offline_and_authorize_works(
     page.screenshot(path=str(RESULTS / "api-docs-try-it-out.png"))
     # axe on what this page adds around Swagger UI (its header and introduction)
     assert axe_violations(page) == []
-    assert page.offsite == []
-    assert page.problems == []
+    assert visit.offsite == []
+    assert visit.problems == []
 
 
-def test_first_session_page_offline_with_axe(page: Any, server: tuple[str, LiveStudy]) -> None:
+def test_first_session_page_offline_with_axe(visit: Visit, server: tuple[str, LiveStudy]) -> None:
     base, _live = server
+    page = visit.page
     page.goto(f"{base}/api/docs")
     page.click("text=First session with curl")
     page.wait_for_selector("h1:has-text('A first session with curl')")
@@ -136,5 +141,5 @@ def test_first_session_page_offline_with_axe(page: Any, server: tuple[str, LiveS
     assert f"BASE={base}" in code and "api/v1/studies/$STUDY/sessions" in code
     assert axe_violations(page) == []
     page.screenshot(path=str(RESULTS / "api-first-session.png"), full_page=True)
-    assert page.offsite == []
-    assert page.problems == []
+    assert visit.offsite == []
+    assert visit.problems == []
