@@ -11,7 +11,8 @@
     layout: "BaseLayout",
     // deep links would put a link inside each operation's toggle button (nested controls)
     deepLinking: false,
-    persistAuthorization: true,
+    // the key stays in the page's memory (not in localStorage): a reload asks for it again
+    persistAuthorization: false,
     displayRequestDuration: true,
     // plain JSON (the highlighter's colours on its dark background fail WCAG AA contrast)
     syntaxHighlight: false,
