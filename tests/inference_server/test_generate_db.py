@@ -24,6 +24,7 @@ from sqlmodel import Session, select
 from app import db
 from app.cli import main
 from app.settings import get_settings
+from inference_server.model_store import DEFAULT_MODEL
 
 NASTY = '<script>alert("hi")</script> {{ persona }} {% if x %}{persona}{% endif %} & "q"'
 PERSONAS = [NASTY, "A retired teacher from Ohio.", "A young nurse in Nevada."]
@@ -44,6 +45,14 @@ class FakeVLLM:
         outer = self
 
         class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802  (GET /v1/models: the served model)
+                payload = json.dumps({"data": [{"id": DEFAULT_MODEL}]}).encode()
+                self.send_response(200 if self.path == "/v1/models" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests += 1
@@ -106,7 +115,6 @@ def test_generate_resumes_and_never_stores_wrong(
     from app.tables import Job, PersonaDistribution, StudyPersona
     from inference_server.backends import OpenAIBackend
     from inference_server.generate import PairKey, pair_key
-    from inference_server.model_store import DEFAULT_MODEL
 
     pfile = tmp_path / "personas.jsonl"
     pfile.write_text("\n".join(json.dumps({"text": t}) for t in PERSONAS) + "\n")
