@@ -238,14 +238,18 @@ def _make_backend(args: argparse.Namespace) -> Any:
     from inference_server.backends import make_backend
 
     if args.backend == "openai":
-        if not args.base_url:
-            raise InvalidInputError("--backend openai needs --base-url")
+        settings = get_settings()
+        base_url = args.base_url or settings.llm_base_url
+        if not base_url:
+            raise InvalidInputError("--backend openai needs --base-url or PRIORLY_LLM_BASE_URL")
         from inference_server.model_store import DEFAULT_MODEL
 
+        key = settings.llm_api_key
         return make_backend(
             "openai",
-            base_url=args.base_url,
-            model=args.model or DEFAULT_MODEL,
+            base_url=base_url,
+            model=args.model or settings.llm_model or DEFAULT_MODEL,
+            api_key=key.get_secret_value() if key is not None else None,
             batch_size=args.batch_size,
             concurrency=args.concurrency,
             threshold=args.threshold,
