@@ -100,15 +100,23 @@ def setup_vllm_env(venv: Path | None = None, *, device: str = "auto", force: boo
         force: reinstall even if the environment is marked ready.
 
     Raises:
-        ServerError: a step failed (the message names the command).
+        ServerError: a step failed (the message names the command), or the environment is
+            ready for the other device (a CPU build serving with GPU arguments, or the
+            reverse, would fail later and less clearly).
     """
     venv = venv or default_venv()
     py = venv_python(venv)
-    if not force and (venv / MARKER).is_file() and py.is_file():
-        return py
     dev = detect_device() if device == "auto" else device
     if dev not in ("cpu", "gpu"):
         raise ServerError(f"unknown device {device!r} (cpu, gpu, auto)")
+    if not force and (venv / MARKER).is_file() and py.is_file():
+        built = (venv / MARKER).read_text().strip()
+        if built in ("cpu", "gpu") and built != dev:
+            raise ServerError(
+                f"the vLLM environment {venv} is set up for the {built.upper()}, not the "
+                f"{dev.upper()}: choose another folder (--venv, $PRIORLY_VLLM_VENV)"
+            )
+        return py
     if not py.is_file():
         _run([sys.executable, "-m", "venv", str(venv)], "creating the vLLM virtual environment")
     pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]

@@ -21,6 +21,7 @@ from inference_server.server import (
     MARKER,
     VLLMServer,
     run_background,
+    setup_vllm_env,
     stop_background,
     vllm_command,
     wait_background,
@@ -59,6 +60,16 @@ def test_server_that_dies_while_starting(tmp_path: Path) -> None:
     with pytest.raises(ServerError, match=r"(?s)exited with code 3.*engine failed: out of memory"):
         with server:
             pass
+
+
+def test_environment_for_the_other_device_is_refused(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / MARKER).write_text("cpu")
+    assert setup_vllm_env(venv, device="cpu") == venv / "bin" / "python"
+    with pytest.raises(ServerError, match=r"/venv is set up for the CPU, not the GPU"):
+        setup_vllm_env(venv, device="gpu")
 
 
 def test_unknown_model_folder(tmp_path: Path) -> None:
