@@ -128,7 +128,7 @@ class OpenAIBackend(Backend):
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._tokenizer: Any = None
         self._checked = False
-        self.template_from = "local" if mode == "chat" else template_from
+        self.template_from = "server" if mode == "chat" else template_from
         if mode == "completions" and template_from != "server":
             folder = tokenizer_path or _embedded_folder(model)
             if folder is not None:

@@ -7,6 +7,7 @@ raise :class:`BackendError` — never return a distribution.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
@@ -66,11 +67,13 @@ class _Server:
 
         class H(BaseHTTPRequestHandler):
             def reply(self, code: int, payload: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                # A client that timed out has closed the connection: nothing to answer.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
 
             def do_GET(self) -> None:  # noqa: N802
                 if self.path != "/v1/models":
@@ -154,9 +157,11 @@ def test_completions_batches_and_orders_by_index(serve) -> None:
     s = serve(handle)
     tok = str(resolve_model(None)[1])
     b = backend(s.url, mode="completions", batch_size=2, concurrency=1, tokenizer_path=tok)
+    assert b.template_from == "local"
     res = b.score([ScoreRequest(f"persona {i}", it) for i, it in enumerate(items)])
     for r, want in zip(res, [(0.5, 0.5), (0.1, 0.9), (1 / 3,) * 3], strict=True):
         assert r.probs == pytest.approx(want)
+    assert {r["_path"] for r in s.requests} == {"/v1/completions"}  # no /tokenize
     assert sorted(len(r["prompt"]) for r in s.requests) == [1, 2]
     assert all(r["prompt"][0].startswith("<|im_start|>system") for r in s.requests)
 
