@@ -86,6 +86,14 @@ class OpenAIBackend(Backend):
             5xx), waiting ``backoff · 2^attempt`` seconds (± 10% jitter) in between.
         backoff: the first wait in seconds.
         top_logprobs: ``k`` (vLLM's default server limit is 20).
+
+    Example (a model whose files are only on the server)::
+
+        b = OpenAIBackend("http://gpu-box:8001", "Qwen/Qwen2.5-7B-Instruct")
+        b.template_from                      # "server": no local folder for that name
+        b.check()                            # ["Qwen/Qwen2.5-7B-Instruct"], else BackendError
+        (s,) = b.score([ScoreRequest("A retired teacher from Ohio.", item)])
+        s.probs                              # one probability per option of ``item``
     """
 
     name = "openai"
