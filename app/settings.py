@@ -146,6 +146,25 @@ class Settings(BaseSettings):
     async_pool_size: int = Field(default=4, ge=1)
     async_limiter_pool_size: int = Field(default=2, ge=1)
 
+    # Language-model inference server (persona distributions, `personas generate --backend
+    # openai` when --base-url / --model are not given): PRIORLY_LLM_BASE_URL, the server
+    # root of an OpenAI-compatible server such as `priorly inference serve`
+    # (http://127.0.0.1:8001); PRIORLY_LLM_MODEL, its served model name (unset: the
+    # embedded SmolLM2-135M-Instruct); PRIORLY_LLM_API_KEY, sent as a bearer token.
+    llm_base_url: str | None = None
+    llm_model: str | None = None
+    llm_api_key: SecretStr | None = None
+
+    @field_validator("llm_base_url")
+    @classmethod
+    def _llm_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip().rstrip("/")
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"not an http:// or https:// URL: {value!r}")
+        return value
+
 
 def load_settings(**overrides: object) -> Settings:
     """Build settings from the environment plus ``overrides``; one-line error if invalid."""
