@@ -8,6 +8,8 @@ response; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import sys
+
 
 class PriorlyError(Exception):
     """Base of all user-facing errors of the app.
@@ -54,3 +56,26 @@ class DatabaseError(PriorlyError):
     """The database cannot be reached or is not migrated to the code's schema."""
 
     http_status = 503
+
+
+# Error classes of the pure packages that are user errors too, named by module so that
+# asking about an exception imports none of them: an exception of a class from a module
+# that was never imported cannot occur.
+_FOREIGN_USER_ERRORS = (
+    ("elicitation.datasets", "DatasetError"),
+    ("models.base", "ModelError"),
+    ("inference_server.errors", "InferenceError"),
+)
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error the user can fix: a :class:`PriorlyError` or one of the
+    pure packages' input errors (shown as a message; anything else is a bug)."""
+    if isinstance(exc, PriorlyError):
+        return True
+    for module_name, class_name in _FOREIGN_USER_ERRORS:
+        module = sys.modules.get(module_name)
+        cls = getattr(module, class_name, None) if module is not None else None
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return True
+    return False

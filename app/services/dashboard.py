@@ -16,6 +16,8 @@
   ``max_questions``, and the group answer budget when one is set.
 
 At most :data:`MAX_SESSIONS` most recent sessions are replayed (the count figures use all).
+:func:`dashboard_page` adds the figures: one distribution plot per target and a bar chart
+of the aggregate persona posterior (SVG text).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from app.schemas import StudySettings
+from app.services import plots
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -212,3 +215,27 @@ def build_dashboard(study: Study, *, session: Session) -> Dashboard:
             for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
         ]
     return dash
+
+
+def dashboard_page(study: Study, *, session: Session) -> dict[str, Any]:
+    """The dashboard page: ``study``, ``dash`` (:func:`build_dashboard`), ``target_svgs``
+    (one predicted-distribution plot per target, with the prior) and ``persona_svg`` (the
+    aggregate persona posterior; ``None`` without personas or before the first session)."""
+    dash = build_dashboard(study, session=session)
+    target_svgs = [
+        plots.distribution_svg(
+            f"{t.key}: {t.question} (n = {t.n})", t.labels, t.mean, t.low, t.high, t.prior
+        )
+        for t in dash.targets
+    ]
+    persona_svg = (
+        plots.bars_svg(
+            "aggregate persona posterior",
+            [p["label"] for p in dash.personas],
+            [p["weight"] for p in dash.personas],
+            "mean posterior weight",
+        )
+        if dash.personas and dash.counts["started"]
+        else None
+    )
+    return {"study": study, "dash": dash, "target_svgs": target_svgs, "persona_svg": persona_svg}

@@ -1,79 +1,69 @@
-"""Accounts (admins only): list, create, invite."""
+"""Accounts (admins only): the list of researchers, creating an account, inviting someone
+(the invitation link is shown once)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
-from sqlmodel import col, select
+from sqlmodel import Session
 
 from app import auth
 from app.auth import AdminUser
-from app.deps import SessionDep, TemplatesDep
-from app.routes.admin.common import FORM_ERRORS, form_str, render
-from app.tables import Researcher
+from app.deps import SessionDep
+from app.routes.admin.common import FormDep, PageDep, user_error_message
+from app.services.accounts import list_accounts
 
 router = APIRouter()
 
 
 def _accounts_page(
-    request: Request,
-    templates: Any,
-    session: Any,
+    page: PageDep,
+    session: Session,
     *,
     error: str | None = None,
     notice: str | None = None,
     invite_url: str | None = None,
     status: int = 200,
 ) -> Response:
-    people = session.exec(select(Researcher).order_by(col(Researcher.email))).all()
-    return render(
-        request,
-        templates,
-        "admin/accounts.html",
-        {"people": people, "error": error, "notice": notice, "invite_url": invite_url},
-        status=status,
-    )
+    ctx = {
+        "people": list_accounts(session=session),
+        "error": error,
+        "notice": notice,
+        "invite_url": invite_url,
+    }
+    return page.render("admin/accounts.html", ctx, status=status)
 
 
 @router.get("/accounts", response_class=HTMLResponse, name="admin_accounts")
-def accounts_page(
-    request: Request, admin: AdminUser, session: SessionDep, templates: TemplatesDep
-) -> Response:
-    return _accounts_page(request, templates, session)
+def accounts_page(page: PageDep, admin: AdminUser, session: SessionDep) -> Response:
+    return _accounts_page(page, session)
 
 
 @router.post("/accounts")
 async def create_account(
-    request: Request, admin: AdminUser, session: SessionDep, templates: TemplatesDep
+    page: PageDep, form: FormDep, admin: AdminUser, session: SessionDep
 ) -> Response:
-    form = await request.form()
     try:
         person = auth.create_account(
-            form_str(form, "email"),
-            form_str(form, "password"),
+            form.text("email"),
+            form.text("password"),
             session=session,
-            is_admin=form_str(form, "role") == "admin",
+            is_admin=form.text("role") == "admin",
         )
-    except FORM_ERRORS as exc:
-        return _accounts_page(request, templates, session, error=str(exc), status=422)
-    return _accounts_page(request, templates, session, notice=f"account {person.email} created")
+    except Exception as exc:
+        return _accounts_page(page, session, error=user_error_message(exc), status=422)
+    return _accounts_page(page, session, notice=f"account {person.email} created")
 
 
 @router.post("/invitations")
-async def invite(
-    request: Request, admin: AdminUser, session: SessionDep, templates: TemplatesDep
-) -> Response:
-    form = await request.form()
+async def invite(page: PageDep, form: FormDep, admin: AdminUser, session: SessionDep) -> Response:
     try:
         token = auth.create_invitation(
-            form_str(form, "email"),
+            form.text("email"),
             inviter=admin,
             session=session,
-            is_admin=form_str(form, "role") == "admin",
+            is_admin=form.text("role") == "admin",
         )
-    except FORM_ERRORS as exc:
-        return _accounts_page(request, templates, session, error=str(exc), status=422)
-    url = str(request.url_for("invitation_page", token=token))
-    return _accounts_page(request, templates, session, invite_url=url)
+    except Exception as exc:
+        return _accounts_page(page, session, error=user_error_message(exc), status=422)
+    return _accounts_page(page, session, invite_url=page.url("invitation_page", token=token))

@@ -1,274 +1,181 @@
-"""The study designer: texts, settings, items, status and sharing of one study."""
+"""The study designer: the study page, and the forms that change a study's texts,
+settings, items, status and sharing.
+
+Each form runs one designer change: on success it redirects (303) to the study page with a
+short notice (``?notice=texts saved``), so a reload does not post again; a user error
+re-renders the study page with the message inline (422).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
-from sqlmodel import col, select
+from sqlmodel import Session
 
-from app import auth
 from app.auth import CurrentResearcher, VisibleStudy
-from app.deps import SessionDep, TemplatesDep
-from app.errors import InvalidInputError, PriorlyError
-from app.routes.admin.common import FORM_ERRORS, form_str, opt_float, opt_int, render, see_other
-from app.schemas import StudySettings
-from app.services import designer
-from app.tables import Researcher, StudyShare
+from app.deps import SessionDep
+from app.routes.admin.common import FormDep, PageDep, user_error_message
+from app.services import accounts, designer
+from app.services.study_view import study_overview
+from app.tables import Study
 
 router = APIRouter()
 
 
-def _study_context(study: Any, session: Any) -> dict[str, Any]:
-    from elicitation.criteria import criterion_names
-
-    shares = session.exec(
-        select(Researcher)
-        .join(StudyShare, col(StudyShare.researcher_id) == col(Researcher.id))
-        .where(StudyShare.study_id == study.id)
-    ).all()
-    owner = session.get(Researcher, study.owner_id) if study.owner_id else None
-    return {
-        "study": study,
-        "items": designer.study_items(study, session=session),
-        "settings": StudySettings.model_validate(study.settings or {}),
-        "criteria": criterion_names(),
-        "shares": shares,
-        "owner": owner,
-        "roles": ("question", "attribute", "target"),
-        # the active belief model and its comparison table / notice (issue 6, owner C)
-        "fitted_model": _active_model_row(study.id, session=session),
-        "belief_models": _belief_model_choices(),
-        "serving": _serving(study, session),
-    }
-
-
-def _serving(study: Any, session: Any) -> dict[str, Any] | None:
-    """What live sessions are chosen with now: the criterion in use, the one the settings
-    ask for when it waits for a fixed order (``requested``), and the stored order's
-    length. ``None`` without a fitted model (or settings a runtime cannot be built from)."""
-    from app.services import sessions as svc
-
-    try:
-        rt = svc.load_runtime(study, session=session, fit_if_missing=False)
-    except PriorlyError:
-        return None
-    fixed = getattr(rt.selector, "fixed", rt.selector)
-    order = getattr(fixed, "order", None) if rt.requested_criterion is None else None
-    return {
-        "criterion": rt.criterion,
-        "requested": rt.requested_criterion,
-        "order_length": len(order) if order else None,
-    }
-
-
-def _active_model_row(study_id: int, *, session: Any) -> Any:
-    """The active fitted model's id, family, metrics and date (not its blob), or None."""
-    from app.tables import FittedModel
-
-    row = session.exec(
-        select(FittedModel.id, FittedModel.family, FittedModel.metrics, FittedModel.created_at)
-        .where(FittedModel.study_id == study_id, col(FittedModel.is_active))
-        .order_by(col(FittedModel.id).desc())
-    ).first()
-    keys = ("id", "family", "metrics", "created_at")
-    return None if row is None else dict(zip(keys, row, strict=True))
-
-
-def _belief_model_choices() -> tuple[str, ...]:
-    from elicitation.model_choice import BELIEF_MODEL_CHOICES
-
-    return BELIEF_MODEL_CHOICES
-
-
 def _study_page(
-    request: Request,
-    templates: Any,
-    study: Any,
-    session: Any,
+    page: PageDep,
+    study: Study,
+    session: Session,
     *,
     error: str | None = None,
     notice: str | None = None,
     status: int = 200,
 ) -> Response:
-    ctx = _study_context(study, session)
-    return render(
-        request,
-        templates,
-        "admin/study.html",
-        {**ctx, "error": error, "notice": notice},
-        status=status,
-    )
+    ctx = {**study_overview(study, session=session), "error": error, "notice": notice}
+    return page.render("admin/study.html", ctx, status=status)
 
 
 @router.get("/studies/{slug}", response_class=HTMLResponse, name="admin_study")
 def study_page(
-    request: Request,
-    study: VisibleStudy,
-    session: SessionDep,
-    templates: TemplatesDep,
-    notice: str | None = None,
+    page: PageDep, study: VisibleStudy, session: SessionDep, notice: str | None = None
 ) -> Response:
-    return _study_page(request, templates, study, session, notice=(notice or "")[:200] or None)
-
-
-def _study_done(request: Request, study: Any, notice: str) -> Response:
-    """After a successful change: redirect to the study page (a reload does not re-post)."""
-    url = request.url_for("admin_study", slug=study.slug).include_query_params(notice=notice)
-    return see_other(str(url))
+    return _study_page(page, study, session, notice=(notice or "")[:200] or None)
 
 
 def _study_form(
-    request: Request, templates: Any, study: Any, session: Any, change: Callable[[], str]
+    page: PageDep, study: Study, session: Session, change: Callable[[], str]
 ) -> Response:
-    """Run a designer change: on success redirect with the notice ``change`` returns; on a
-    user error re-render the study page with the error inline (422)."""
+    """Run a designer change: on success redirect to the study page with the notice
+    ``change`` returns; on a user error re-render the study page with the error (422)."""
     try:
         notice = change()
-    except FORM_ERRORS as exc:
-        return _study_page(request, templates, study, session, error=str(exc), status=422)
-    return _study_done(request, study, notice)
+    except Exception as exc:
+        return _study_page(page, study, session, error=user_error_message(exc), status=422)
+    return page.redirect("admin_study", slug=study.slug, query={"notice": notice})
 
 
 @router.post("/studies/{slug}/texts")
 async def study_texts(
-    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
 ) -> Response:
-    form = await request.form()
-
     def change() -> str:
         designer.update_texts(
             study,
             session=session,
-            name=form_str(form, "name"),
-            description=form_str(form, "description"),
-            consent_text=form_str(form, "consent_text"),
-            completion_code=form_str(form, "completion_code"),
-            redirect_url=form_str(form, "redirect_url"),
+            name=form.text("name"),
+            description=form.text("description"),
+            consent_text=form.text("consent_text"),
+            completion_code=form.text("completion_code"),
+            redirect_url=form.text("redirect_url"),
         )
         return "texts saved"
 
-    return _study_form(request, templates, study, session, change)
+    return _study_form(page, study, session, change)
 
 
 @router.post("/studies/{slug}/settings")
 async def study_settings(
-    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
 ) -> Response:
-    form = await request.form()
-    f = lambda name: form_str(form, name)  # noqa: E731
-
     def change() -> str:
         values = {
-            "criterion": f("criterion"),
-            "ask_attributes": f("ask_attributes") == "on",
-            "belief_model": f("belief_model") or "default",
+            "criterion": form.text("criterion"),
+            "ask_attributes": form.checked("ask_attributes"),
+            "belief_model": form.text("belief_model") or "default",
             "budgets": {
-                "max_questions": opt_int(f("max_questions")) or 0,
-                "min_questions": opt_int(f("min_questions")) or 0,
-                "stop_eig_threshold": opt_float(f("stop_eig_threshold")),
-                "stop_entropy_threshold": opt_float(f("stop_entropy_threshold")),
-                "allow_skip": f("allow_skip") == "on",
+                "max_questions": form.opt_int("max_questions") or 0,
+                "min_questions": form.opt_int("min_questions") or 0,
+                "stop_eig_threshold": form.opt_float("stop_eig_threshold"),
+                "stop_entropy_threshold": form.opt_float("stop_entropy_threshold"),
+                "allow_skip": form.checked("allow_skip"),
             },
             "group": {
-                "rounds": opt_int(f("rounds")) or 0,
-                "respondents_per_round": opt_int(f("respondents_per_round")),
-                "respondents_share": opt_float(f("respondents_share")) or 0.0,
-                "total_answers": opt_int(f("total_answers")),
-                "max_questions_per_respondent": opt_int(f("max_questions_per_respondent")) or 0,
+                "rounds": form.opt_int("rounds") or 0,
+                "respondents_per_round": form.opt_int("respondents_per_round"),
+                "respondents_share": form.opt_float("respondents_share") or 0.0,
+                "total_answers": form.opt_int("total_answers"),
+                "max_questions_per_respondent": form.opt_int("max_questions_per_respondent") or 0,
             },
         }
         designer.update_settings(study, values, session=session)
         return "budgets saved"
 
-    return _study_form(request, templates, study, session, change)
+    return _study_form(page, study, session, change)
 
 
 @router.post("/studies/{slug}/items")
 async def add_item(
-    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
 ) -> Response:
-    form = await request.form()
-
     def change() -> str:
         designer.add_item(
             study,
             session=session,
-            key=form_str(form, "key"),
-            question=form_str(form, "question"),
-            options_text=form_str(form, "options"),
-            role=form_str(form, "role", "question"),
-            topic=form_str(form, "topic"),
-            is_preference_criterion=form_str(form, "is_preference_criterion") == "on",
+            key=form.text("key"),
+            question=form.text("question"),
+            options_text=form.text("options"),
+            role=form.text("role", "question"),
+            topic=form.text("topic"),
+            is_preference_criterion=form.checked("is_preference_criterion"),
         )
         return "item added"
 
-    return _study_form(request, templates, study, session, change)
+    return _study_form(page, study, session, change)
 
 
 @router.post("/studies/{slug}/items/{item_id}")
 async def update_item(
-    item_id: int,
-    request: Request,
-    study: VisibleStudy,
-    session: SessionDep,
-    templates: TemplatesDep,
+    item_id: int, page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
 ) -> Response:
-    form = await request.form()
+    """``action=delete`` deletes the item; otherwise the fields left empty keep their
+    values (the options included)."""
     item = designer.get_item(study, item_id, session=session)
 
     def change() -> str:
-        if form_str(form, "action") == "delete":
+        if form.text("action") == "delete":
             designer.delete_item(study, item, session=session)
             return "item deleted"
-        options_text = form_str(form, "options")
+        options_text = form.text("options")
         if not options_text.strip():
             options_text = "\n".join(f"{o[0]}: {o[1]}" for o in item.options)
         designer.update_item(
             study,
             item,
             session=session,
-            question=form_str(form, "question", item.question) or item.question,
+            question=form.text("question", item.question) or item.question,
             options_text=options_text,
-            role=form_str(form, "role", item.role),
-            topic=form_str(form, "topic", item.topic or ""),
-            is_preference_criterion=form_str(form, "is_preference_criterion") == "on",
+            role=form.text("role", item.role),
+            topic=form.text("topic", item.topic or ""),
+            is_preference_criterion=form.checked("is_preference_criterion"),
         )
         return f"item {item.key} saved"
 
-    return _study_form(request, templates, study, session, change)
+    return _study_form(page, study, session, change)
 
 
 @router.post("/studies/{slug}/status")
 async def study_status(
-    request: Request, study: VisibleStudy, session: SessionDep, templates: TemplatesDep
+    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
 ) -> Response:
-    form = await request.form()
-
     def change() -> str:
-        designer.set_status(study, form_str(form, "status"), session=session)
+        designer.set_status(study, form.text("status"), session=session)
         return f"study {study.status}"
 
-    return _study_form(request, templates, study, session, change)
+    return _study_form(page, study, session, change)
 
 
 @router.post("/studies/{slug}/share")
 async def study_share(
-    request: Request,
+    page: PageDep,
+    form: FormDep,
     study: VisibleStudy,
     researcher: CurrentResearcher,
     session: SessionDep,
-    templates: TemplatesDep,
 ) -> Response:
-    form = await request.form()
-
     def change() -> str:
-        if not (researcher.is_admin or study.owner_id == researcher.id):
-            raise InvalidInputError("only the study's owner can share it")
-        return (
-            f"shared with {auth.share_study(study, form_str(form, 'email'), session=session).email}"
-        )
+        shared = accounts.share_study(study, form.text("email"), by=researcher, session=session)
+        return f"shared with {shared.email}"
 
-    return _study_form(request, templates, study, session, change)
+    return _study_form(page, study, session, change)

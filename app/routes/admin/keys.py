@@ -1,71 +1,54 @@
-"""The logged-in researcher's API keys: list, create, revoke."""
+"""The logged-in researcher's API keys: list, create (the new key is shown once), revoke."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
+from sqlmodel import Session
 
 from app.auth import CurrentResearcher
-from app.deps import SessionDep, TemplatesDep
-from app.errors import NotFoundError
-from app.routes.admin.common import FORM_ERRORS, form_str, render
-from app.services import apikeys
-from app.tables import ApiKey, Researcher
+from app.deps import SessionDep
+from app.routes.admin.common import FormDep, PageDep, user_error_message
+from app.services import accounts, apikeys
+from app.tables import Researcher
 
 router = APIRouter()
 
 
 def _keys_page(
-    request: Request,
-    templates: Any,
+    page: PageDep,
     researcher: Researcher,
-    session: Any,
+    session: Session,
     *,
     new_key: str | None = None,
     error: str | None = None,
     status: int = 200,
 ) -> Response:
     keys = apikeys.list_api_keys(researcher.email, session=session)
-    return render(
-        request,
-        templates,
-        "admin/keys.html",
-        {"keys": keys, "new_key": new_key, "error": error},
-        status=status,
-    )
+    ctx = {"keys": keys, "new_key": new_key, "error": error}
+    return page.render("admin/keys.html", ctx, status=status)
 
 
 @router.get("/keys", response_class=HTMLResponse, name="admin_keys")
-def keys_page(
-    request: Request, researcher: CurrentResearcher, session: SessionDep, templates: TemplatesDep
-) -> Response:
-    return _keys_page(request, templates, researcher, session)
+def keys_page(page: PageDep, researcher: CurrentResearcher, session: SessionDep) -> Response:
+    return _keys_page(page, researcher, session)
 
 
 @router.post("/keys")
 async def create_key(
-    request: Request, researcher: CurrentResearcher, session: SessionDep, templates: TemplatesDep
+    page: PageDep, form: FormDep, researcher: CurrentResearcher, session: SessionDep
 ) -> Response:
-    form = await request.form()
     try:
-        new = apikeys.create_api_key(researcher.email, session=session, name=form_str(form, "name"))
-    except FORM_ERRORS as exc:
-        return _keys_page(request, templates, researcher, session, error=str(exc), status=422)
-    return _keys_page(request, templates, researcher, session, new_key=new.key)
+        new = apikeys.create_api_key(researcher.email, session=session, name=form.text("name"))
+    except Exception as exc:
+        error = user_error_message(exc)
+        return _keys_page(page, researcher, session, error=error, status=422)
+    return _keys_page(page, researcher, session, new_key=new.key)
 
 
 @router.post("/keys/{key_id}/revoke")
 def revoke_key(
-    key_id: int,
-    request: Request,
-    researcher: CurrentResearcher,
-    session: SessionDep,
-    templates: TemplatesDep,
+    key_id: int, page: PageDep, researcher: CurrentResearcher, session: SessionDep
 ) -> Response:
-    row = session.get(ApiKey, key_id)
-    if row is None or row.researcher_id != researcher.id:
-        raise NotFoundError(f"no API key {key_id} among your keys")
-    apikeys.revoke_api_key(row.prefix, session=session)
-    return _keys_page(request, templates, researcher, session)
+    accounts.revoke_own_api_key(researcher, key_id, session=session)
+    return _keys_page(page, researcher, session)

@@ -1,4 +1,9 @@
-"""Login, logout and accepting an invitation (the pages a visitor without a login sees)."""
+"""Login, logout and accepting an invitation: the pages a visitor without a login sees.
+
+A successful login or accepted invitation sets the login cookies and redirects (303) to the
+studies home page; a wrong password is 401 and too many attempts 429 with ``Retry-After``,
+on the login page itself.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,14 @@ from fastapi.responses import HTMLResponse, Response
 from app import auth
 from app.deps import SessionDep, TemplatesDep
 from app.errors import InvalidInputError
-from app.routes.admin.common import FORM_ERRORS, form_str, render, see_other
+from app.routes.admin.common import (
+    FormDep,
+    PageDep,
+    form_str,
+    render,
+    see_other,
+    user_error_message,
+)
 
 router = APIRouter()
 
@@ -44,34 +56,24 @@ def logout(request: Request) -> Response:
 
 
 @router.get("/invite/{token}", response_class=HTMLResponse)
-def invitation_page(
-    token: str, request: Request, session: SessionDep, templates: TemplatesDep
-) -> Response:
+def invitation_page(token: str, page: PageDep, session: SessionDep) -> Response:
     invitation = auth.get_invitation(token, session=session)
-    return render(
-        request, templates, "admin/invite.html", {"invitation": invitation, "error": None}
-    )
+    return page.render("admin/invite.html", {"invitation": invitation, "error": None})
 
 
 @router.post("/invite/{token}")
 async def accept_invitation(
-    token: str, request: Request, session: SessionDep, templates: TemplatesDep
+    token: str, page: PageDep, form: FormDep, session: SessionDep
 ) -> Response:
-    form = await request.form()
     invitation = auth.get_invitation(token, session=session)
-    password = form_str(form, "password")
+    password = form.text("password")
     try:
-        if password != form_str(form, "password2"):
+        if password != form.text("password2"):
             raise InvalidInputError("the two passwords differ")
         researcher = auth.accept_invitation(token, password, session=session)
-    except FORM_ERRORS as exc:
-        return render(
-            request,
-            templates,
-            "admin/invite.html",
-            {"invitation": invitation, "error": str(exc)},
-            status=422,
-        )
-    response = see_other(str(request.url_for("admin_home")))
-    auth.set_login_cookies(request, response, researcher)
+    except Exception as exc:
+        ctx = {"invitation": invitation, "error": user_error_message(exc)}
+        return page.render("admin/invite.html", ctx, status=422)
+    response = page.redirect("admin_home")
+    auth.set_login_cookies(page.request, response, researcher)
     return response
