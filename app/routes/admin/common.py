@@ -19,7 +19,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.datastructures import FormData
 
 from app import auth
-from app.deps import TemplatesDep
+from app.deps import MAX_DB_ID, TemplatesDep
 from app.errors import InvalidInputError, PriorlyError, is_user_error
 
 
@@ -120,6 +120,14 @@ class FormFields:
     def opt_float(self, name: str) -> float | None:
         """The field as a number, ``None`` when empty (InvalidInputError otherwise)."""
         return opt_number(self.text(name), float, "a number")  # type: ignore[no-any-return]
+
+    def opt_id(self, name: str) -> int | None:
+        """The field as a row's id, ``None`` when empty; InvalidInputError for anything but
+        a whole number from 1 to :data:`app.deps.MAX_DB_ID`."""
+        value = self.opt_int(name)
+        if value is not None and not 1 <= value <= MAX_DB_ID:
+            raise InvalidInputError(f"{name}: not an id (1 to {MAX_DB_ID}): {value}")
+        return value
 
     async def files(self, names: tuple[str, ...], *, max_bytes: int) -> dict[str, bytes]:
         """The uploaded files among ``names`` (a field without a file is left out); a file

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, Response
 from sqlmodel import Session
 
 from app.auth import CurrentResearcher, VisibleStudy
-from app.deps import SessionDep
+from app.deps import DbId, SessionDep
 from app.routes.admin.common import FormDep, PageDep, user_error_message
 from app.services import accounts, designer
 from app.services.study_view import study_overview
@@ -127,7 +127,7 @@ async def add_item(
 
 @router.post("/studies/{slug}/items/{item_id}")
 async def update_item(
-    item_id: int, page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
+    item_id: DbId, page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
 ) -> Response:
     """``action=delete`` deletes the item; otherwise the fields left empty keep their
     values (the options included)."""

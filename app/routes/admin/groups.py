@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
 from app.auth import CurrentResearcher, VisibleStudy
-from app.deps import EngineDep, SessionDep, SettingsDep
+from app.deps import DbId, EngineDep, SessionDep, SettingsDep
 from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, error_status, user_error_message
 from app.services import group_rounds, group_views
@@ -39,7 +39,7 @@ async def open_group_round(
     """Open a round from the plan of job ``job_id``; a refused plan (another round open,
     a stale plan, the budget spent, ...) is shown on the rounds page with its status."""
     try:
-        job_id = form.opt_int("job_id")
+        job_id = form.opt_id("job_id")
         if job_id is None:
             raise InvalidInputError("job_id: the plan to open is missing")
         rnd = group_rounds.open_round(
@@ -60,7 +60,7 @@ async def open_group_round(
     "/studies/{slug}/groups/{number}", response_class=HTMLResponse, name="admin_group_round"
 )
 def group_round_page(
-    number: int, page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
+    number: DbId, page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
 ) -> Response:
     """One round: question, budget use and the live member table (htmx polls the
     ``track`` block every 2 s while the round is open; the closed table stops polling)."""
@@ -76,7 +76,7 @@ def group_round_page(
 
 @router.get("/studies/{slug}/groups/{number}/links.csv", name="admin_group_round_links")
 def group_round_links(
-    number: int, page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
+    number: DbId, page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
 ) -> Response:
     """The round's members with their personal links, as CSV (UTF-8 with a BOM), for a
     mail merge."""
@@ -98,7 +98,7 @@ def group_round_links(
 
 @router.post("/studies/{slug}/groups/{number}/close")
 def close_group_round(
-    number: int, page: PageDep, study: VisibleStudy, engine: EngineDep
+    number: DbId, page: PageDep, study: VisibleStudy, engine: EngineDep
 ) -> Response:
     group_rounds.close_round(study, number, engine=engine)
     return page.redirect("admin_group_round", slug=study.slug, number=number)

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
 from app.auth import CurrentResearcher, VisibleStudy
-from app.deps import SessionDep, SettingsDep
+from app.deps import DbId, SessionDep, SettingsDep
 from app.routes.admin.common import FormDep, PageDep
 from app.services import job_views, jobs
 
@@ -51,20 +51,20 @@ async def start_job(
 
 
 @router.get("/studies/{slug}/jobs/{job_id}", response_class=HTMLResponse, name="admin_job")
-def job_partial(job_id: int, page: PageDep, study: VisibleStudy, session: SessionDep) -> Response:
+def job_partial(job_id: DbId, page: PageDep, study: VisibleStudy, session: SessionDep) -> Response:
     """The job's row: polls itself every second while the job is queued or running."""
     row = job_views.study_job_row(study, job_id, session=session)
     return page.render("admin/job.html", {"study": study, **row}, block="job")
 
 
 @router.post("/studies/{slug}/jobs/{job_id}/cancel")
-def cancel_job(job_id: int, page: PageDep, study: VisibleStudy, session: SessionDep) -> Response:
+def cancel_job(job_id: DbId, page: PageDep, study: VisibleStudy, session: SessionDep) -> Response:
     row = job_views.cancel_study_job(study, job_id, session=session)
     return page.render("admin/job.html", {"study": study, **row}, block="job")
 
 
 @router.get("/studies/{slug}/jobs/{job_id}/plot.svg", name="admin_job_plot")
-def job_plot(job_id: int, study: VisibleStudy, session: SessionDep) -> Response:
+def job_plot(job_id: DbId, study: VisibleStudy, session: SessionDep) -> Response:
     return Response(
         job_views.simulation_plot(study, job_id, session=session),
         media_type="image/svg+xml",

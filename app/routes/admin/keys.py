@@ -7,7 +7,7 @@ from fastapi.responses import HTMLResponse, Response
 from sqlmodel import Session
 
 from app.auth import CurrentResearcher
-from app.deps import SessionDep
+from app.deps import DbId, SessionDep
 from app.routes.admin.common import FormDep, PageDep, user_error_message
 from app.services import accounts, apikeys
 from app.tables import Researcher
@@ -48,7 +48,7 @@ async def create_key(
 
 @router.post("/keys/{key_id}/revoke")
 def revoke_key(
-    key_id: int, page: PageDep, researcher: CurrentResearcher, session: SessionDep
+    key_id: DbId, page: PageDep, researcher: CurrentResearcher, session: SessionDep
 ) -> Response:
     accounts.revoke_own_api_key(researcher, key_id, session=session)
     return _keys_page(page, researcher, session)
