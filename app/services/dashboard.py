@@ -26,11 +26,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from app.schemas import StudySettings
 from app.services import plots
+from app.services import sessions as svc
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -121,8 +123,6 @@ def _exposure(study: Study, session: Session) -> list[dict[str, Any]]:
 
 def build_dashboard(study: Study, *, session: Session) -> Dashboard:
     """Everything the dashboard page shows (see the module docstring)."""
-    from app.services import sessions as svc
-
     counts = _counts(study, session)
     exposure = _exposure(study, session)
     settings = StudySettings.model_validate(study.settings or {})
@@ -159,8 +159,6 @@ def build_dashboard(study: Study, *, session: Session) -> Dashboard:
     if not rt.targets:
         dash.model_note = "no predictions: the study has no target items"
         return dash
-    import torch
-
     idx = [rt.model_index[t.id] for t in rt.targets]
     prior = rt.model.predict(rt.model.initial_state({}), idx)
     pairs = session.exec(

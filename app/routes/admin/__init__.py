@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from app import auth
 from app.errors import PriorlyError
+from app.routes import group_links
 from app.routes.admin import (
     accounts,
     dashboard,
@@ -44,8 +45,6 @@ for _area in (login, studies, design, jobs, dashboard, groups, exports, keys, ac
 def install(app: FastAPI) -> None:
     """Add the admin router, the group round links (``/g/{token}``), the CSRF-cookie
     middleware and the admin error handlers."""
-    from app.routes import group_links
-
     app.include_router(router)
     app.include_router(group_links.router)
     app.add_middleware(auth.CsrfCookieMiddleware)
