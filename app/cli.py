@@ -3,12 +3,13 @@
 Command groups live in ``app/commands/<name>.py``; each module exposes
 ``register(subparsers)``, which adds its sub-command(s) and sets ``func`` (a callable
 ``(args) -> int | None``) as the parser default. :data:`COMMAND_MODULES` lists them in
-``--help`` order; a listed module that does not exist (yet) is skipped, one that exists
-but fails to import is a bug and raises. ``register`` runs for every invocation (even
-``--help``), so it must stay cheap: import heavy modules (torch, ...) inside the handler.
+``--help`` order; a listed module that is not installed is skipped, one that exists but
+fails to import is a bug and raises. ``register`` runs for every invocation (even
+``--help``), so it must stay cheap: a handler imports torch-heavy modules when it runs.
 
-User errors (:class:`app.errors.PriorlyError`, an invalid dataset, a model error) are
-printed as one line, ``priorly: error: <message>``, with exit code 2 and no traceback.
+User errors (:func:`app.errors.is_user_error`: the app's :class:`~app.errors.PriorlyError`
+and the pure packages' base errors) are printed as one line, ``priorly: error: <message>``,
+with exit code 2 and no traceback; any other exception keeps its traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from app.errors import PriorlyError
+from app.errors import error_line, is_user_error
 
 PROG = "priorly"
 EXIT_USER_ERROR = 2
@@ -36,15 +37,6 @@ COMMAND_MODULES: list[str] = [
     "app.commands.worker",
     "app.commands.password",
 ]
-
-# Error classes of the pure packages that are user errors too. Checked by module name so
-# the CLI does not import them (and torch) when a command never touched them: an
-# exception of a class from a module that was never imported cannot occur.
-_FOREIGN_USER_ERRORS = (
-    ("elicitation.datasets", "DatasetError"),
-    ("models.base", "ModelError"),
-    ("inference_server.errors", "InferenceError"),
-)
 
 
 def _module_exists(name: str) -> bool:
@@ -65,24 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
         if _module_exists(name):
             importlib.import_module(name).register(subparsers)
     return parser
-
-
-def is_user_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is an error the user can fix (printed without a traceback)."""
-    if isinstance(exc, PriorlyError):
-        return True
-    for module_name, class_name in _FOREIGN_USER_ERRORS:
-        module = sys.modules.get(module_name)
-        cls = getattr(module, class_name, None) if module is not None else None
-        if isinstance(cls, type) and isinstance(exc, cls):
-            return True
-    return False
-
-
-def error_line(exc: BaseException) -> str:
-    """The one-line form of an error message."""
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

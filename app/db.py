@@ -10,7 +10,6 @@ the migration chain; the app never calls ``create_all`` on a real database.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,17 +26,12 @@ from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 from sqlmodel import Session, create_engine
 
 from app.errors import DatabaseError
+from app.settings import get_settings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 PING_AFTER_IDLE_S = 2.0
 """A pooled PostgreSQL connection idle for longer than this is pinged before use."""
-POOL_SIZE = int(os.environ.get("PRIORLY_DB_POOL_SIZE", "8"))
-POOL_MAX_OVERFLOW = int(os.environ.get("PRIORLY_DB_MAX_OVERFLOW", "8"))
-"""Per process: a web process runs at most ``PRIORLY_SESSION_CONCURRENCY`` session writes
-and a few short authorization reads at once, each holding one connection for a few
-milliseconds, so a small pool suffices; PostgreSQL's ``max_connections`` (100 by
-default) must exceed ``processes x (POOL_SIZE + POOL_MAX_OVERFLOW)``."""
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -85,10 +79,13 @@ def make_engine(url: str, *, ping_after_idle_s: float = PING_AFTER_IDLE_S, **kwa
     """An engine for ``url`` with the project's connection settings.
 
     SQLite: WAL, ``foreign_keys=ON``, a busy timeout, and connections usable from the
-    threads of the web server. PostgreSQL: a pool of ``PRIORLY_DB_POOL_SIZE`` (+
-    ``PRIORLY_DB_MAX_OVERFLOW``) connections, pinged on checkout only after
-    ``ping_after_idle_s`` of idleness (:func:`_install_idle_ping`), so a restarted server
-    does not surface as an error on the first request.
+    threads of the web server. PostgreSQL: a pool of ``Settings.db_pool_size`` (+
+    ``db_max_overflow``) connections unless ``kwargs`` give ``pool_size`` /
+    ``max_overflow``, pinged on checkout only after ``ping_after_idle_s`` of idleness
+    (:func:`_install_idle_ping`), so a restarted server does not surface as an error on
+    the first request. A web process runs a bounded number of session writes and a few
+    short authorization reads at once, each holding a connection for milliseconds, so a
+    small pool suffices.
     """
     sa_url = make_url(url)
     if sa_url.get_backend_name() == "sqlite":
@@ -99,8 +96,10 @@ def make_engine(url: str, *, ping_after_idle_s: float = PING_AFTER_IDLE_S, **kwa
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    kwargs.setdefault("pool_size", POOL_SIZE)
-    kwargs.setdefault("max_overflow", POOL_MAX_OVERFLOW)
+    if "pool_size" not in kwargs or "max_overflow" not in kwargs:
+        settings = get_settings()
+        kwargs.setdefault("pool_size", settings.db_pool_size)
+        kwargs.setdefault("max_overflow", settings.db_max_overflow)
     engine = create_engine(url, **kwargs)
     _install_idle_ping(engine, ping_after_idle_s)
     return engine

@@ -14,20 +14,22 @@ no cyclic garbage behind.
 
 Called after start-up imports (the lifespan) and after a model is deserialised into the
 per-process cache (its tensors and Python objects live as long as the process).
-``PRIORLY_GC_FREEZE=0`` turns it off.
+``PRIORLY_GC_FREEZE=0`` (:attr:`app.settings.Settings.gc_freeze`) turns it off.
 """
 
 from __future__ import annotations
 
 import gc
-import os
 import threading
+
+from app.settings import get_settings
 
 _LOCK = threading.Lock()
 
 
 def enabled() -> bool:
-    return os.environ.get("PRIORLY_GC_FREEZE", "1") != "0"
+    """Whether freezing is on (the process settings, read when first asked)."""
+    return get_settings().gc_freeze
 
 
 def freeze_long_lived() -> int:

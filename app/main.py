@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request, Security
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from app import session as sessions_service
 from app.db import head_revision, make_engine
 from app.errors import PriorlyError
 from app.gcfreeze import freeze_long_lived
@@ -22,8 +23,7 @@ from app.limits import BodyLimitMiddleware
 from app.middleware import install_log_redaction
 from app.ratelimit import ApiRateLimitMiddleware, RedisCounter
 from app.routes import admin, api_docs, api_results, api_v1, health, pages, respondent
-from app.services import answer_async
-from app.services import sessions as sessions_service
+from app.session import async_path as answer_async
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
 

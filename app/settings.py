@@ -1,7 +1,14 @@
-"""Application settings, read once from the environment (prefix ``PRIORLY_``).
+"""Application settings, read from the environment (prefix ``PRIORLY_``).
 
-``get_settings()`` is cached: every part of the app sees the same object. Tests and the CLI
-may build a :class:`Settings` directly and pass it to ``create_app``.
+Every setting of the app is a field of :class:`Settings`; nothing else in ``app`` reads
+``os.environ``. ``get_settings()`` is cached: every part of the app sees the same object,
+read when first used (never at import). Tests and the CLI may build a :class:`Settings`
+directly and pass it to ``create_app``.
+
+Example::
+
+    >>> Settings(database_url="postgres://u@db/p").database_url
+    'postgresql+psycopg://u@db/p'
 """
 
 from __future__ import annotations
@@ -64,6 +71,15 @@ class Settings(BaseSettings):
             (429 beyond; 0 turns the limit off).
         session_rate_limit_per_minute: the same per session token, and per client
             address for calls without a credential.
+        db_pool_size, db_max_overflow: PostgreSQL connections per engine (a pool of
+            ``db_pool_size`` plus up to ``db_max_overflow`` more under load); PostgreSQL's
+            ``max_connections`` must exceed ``processes x (pool + overflow)``
+            (:func:`app.db.make_engine`).
+        torch_threads: torch intra-op threads in a process that serves sessions or runs
+            jobs (:func:`app.services.belief.model_from_blob`); 1 by default, since a
+            request's torch work is a few tiny products and requests run in parallel.
+        gc_freeze: freeze long-lived objects out of the garbage collector's full
+            collections (:mod:`app.gcfreeze`); ``PRIORLY_GC_FREEZE=0`` turns it off.
         step_memo_size: answer steps (state and answer -> new state and next question)
             each process keeps per study design and reuses for respondents who gave the
             same answers (``app.services.sessions.StepMemo``); 0 turns it off.
@@ -90,6 +106,11 @@ class Settings(BaseSettings):
     login_lockout_s: float = Field(default=900.0, gt=0)
     api_rate_limit_per_minute: int = Field(default=6000, ge=0)
     session_rate_limit_per_minute: int = Field(default=600, ge=0)
+    # Process resources: database pool (app/db.py), torch threads, garbage collector.
+    db_pool_size: int = Field(default=8, ge=1)
+    db_max_overflow: int = Field(default=8, ge=0)
+    torch_threads: int = Field(default=1, ge=1)
+    gc_freeze: bool = True
     # Answer steps reused across respondents (app/services/sessions.py).
     step_memo_size: int = Field(default=2048, ge=0)
 
@@ -116,6 +137,33 @@ class Settings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    # The live loop (app/session/): session writes run at once per process (values below 1
+    # count as 1); the answer call in the event loop on PostgreSQL (off: false) and its
+    # two asyncio pools (answers; the API rate limiter's counter).
+    session_concurrency: int = 4
+    async_answers: bool = True
+    async_pool_size: int = Field(default=4, ge=1)
+    async_limiter_pool_size: int = Field(default=2, ge=1)
+
+    # Language-model inference server (persona distributions, `personas generate --backend
+    # openai` when --base-url / --model are not given): PRIORLY_LLM_BASE_URL, the server
+    # root of an OpenAI-compatible server such as `priorly inference serve`
+    # (http://127.0.0.1:8001); PRIORLY_LLM_MODEL, its served model name (unset: the
+    # embedded SmolLM2-135M-Instruct); PRIORLY_LLM_API_KEY, sent as a bearer token.
+    llm_base_url: str | None = None
+    llm_model: str | None = None
+    llm_api_key: SecretStr | None = None
+
+    @field_validator("llm_base_url")
+    @classmethod
+    def _llm_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip().rstrip("/")
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"not an http:// or https:// URL: {value!r}")
+        return value
 
 
 def load_settings(**overrides: object) -> Settings:

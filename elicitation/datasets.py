@@ -227,7 +227,7 @@ class Dataset:
 
     def item_bank(self, keys: Sequence[str] | None = None) -> ItemBank:
         """An :class:`ItemBank` of ``keys`` (default: demographics + questions) in that order."""
-        from models.base import ItemBank
+        from models.base import ItemBank  # torch is slow to import: only where used
 
         keys = self.default_keys() if keys is None else list(keys)
         return ItemBank(tuple(keys), tuple(self.item(k).n_options for k in keys))

@@ -33,3 +33,7 @@ class SessionError(ElicitationError, ValueError):
 
 class BenchmarkError(ElicitationError, ValueError):
     """Invalid benchmark input: an unknown method, a negative budget, a dataset without runs."""
+
+
+class GroupError(ElicitationError, ValueError):
+    """Invalid group-elicitation input (unknown selector, bad member set, ...)."""

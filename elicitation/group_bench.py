@@ -16,15 +16,19 @@ Protocol (arXiv 2602.14279, on a canonical dataset with a user split and runs):
 
 Methods (:data:`GROUP_METHODS`): the paper's baselines and method with our predictor,
 the product's ``default`` (the pool of the belief model and the GNN at the weight with
-the highest lower confidence bound on its gain, re-chosen online), the stacked pools of
-session 3 (``eig_eig_stack``, ``eig_eig_stack_lcb``), and imputation variants of the
-default for comparison.
+the highest lower confidence bound on its gain, re-chosen online), the stacked pools
+(``*_stack``, ``*_stack_lcb``), and variants of the question, respondent and imputation
+rules for comparison.
+
+Example::
+
+    result = run_group("datasets/ces", respondent_budget=0.1, rounds=4, methods=["default"])
+    result["methods"]["default"]["accuracy"]  # [rounds + 1], mean over the runs
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -51,7 +55,7 @@ from elicitation.group import (
 )
 from gnn.graph import GraphSchema
 from gnn.train import GNNConfig, TrainedGNN, train_gnn
-from models.base import DTYPE, BeliefModel, load_model
+from models.base import DTYPE, BeliefModel, ItemBank, load_model
 from models.latent_class import fit_latent_classes
 
 
@@ -68,15 +72,14 @@ def _imputation_family(prefix: str, question: str, respondents: str) -> dict[str
       validation alone gives;
     * ``none`` (never the GNN), ``gnn`` (the GNN's most likely answer imputed for
       members not asked), ``gnn_only`` (targets from the GNN alone);
-    * ``stack`` (session 3): ``p ∝ p_belief^a * p_gnn^c * p_imputed^d`` with weights fitted
+    * ``stack``: ``p ∝ p_belief^a * p_gnn^c * p_imputed^d`` with weights fitted
       per round by maximum likelihood on validation members run through the same rounds
       (:func:`fit_stack_on_validation`; it holds none, pool, gnn_only and the targets of
       GNN imputation as special cases), used as fitted; ``stack_lcb``: the same, shrunk
       toward the belief model by the factor with the highest lower confidence bound on
       its gain over those validation members and the group's own answers (online).
-      Session 3 compared the pool with the stack on held-out validation members
-      (:func:`stack_holdout_check`): the stack's two extra weights did not hold up out of
-      sample, so the one-weight pool is the default's.
+      On held-out validation members (:func:`stack_holdout_check`) the stack's two extra
+      weights do not hold up out of sample, so ``default`` uses the one-weight pool.
     """
     q, r = question, respondents
     return {
@@ -97,37 +100,38 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     "greedy_random_selfimpute": GroupMethod("eig", "random", "self"),
     # the paper's method: greedy question, relational respondents, GNN imputation
     "greedy_relational_gnn": GroupMethod("eig", "relational", "gnn"),
-    # the product's choice (session 8): the question and respondents by the expected
+    # the product's choice: the question and respondents by the expected
     # rise in target accuracy with one more answer ahead at the chance the budget gives
     # (``elook``: each member's 3 best second questions by Brier gain, about 4 C O^2
     # batched updates instead of the (C O)^2 of ``eacc2``), with the pool; the same as
     # ``elook_elook_pool``
     "default": GroupMethod("elook_budget", "elook", "pool", online_pool=True),
     **_imputation_family("elook_elook", "elook_budget", "elook"),
-    # the default of sessions 1-7: the budget-aware information gain for the question
-    # (``eig_budget``), EIG respondents, with the pool (``eig_eig_pool``)
+    # the budget-aware information gain for the question (``eig_budget``) and EIG
+    # respondents, with each imputation (``eig_eig_pool``: with the pool)
     **_imputation_family("eig_eig", "eig_budget", "eig"),
-    # the sessions 1-7 default with the mixture weights re-fitted to the group (group.py)
+    # ``eig_eig_pool`` with the mixture weights re-fitted to the group
+    # (:func:`elicitation.group.adapt_mixture_prior`)
     "default_adapt": GroupMethod("eig_budget", "eig", "pool", adapt_prior=True),
     "eig_eig_none_adapt": GroupMethod("eig_budget", "eig", "none", adapt_prior=True),
     # the paper's question rule (summed over all members) with EIG respondents and no
-    # imputation: the live product's group planner before session 8
+    # imputation
     "greedy_eig": GroupMethod("eig", "eig", "none"),
     # the accuracy gain with one more answer ahead, with the chance the budget gives, over
-    # all second questions (``eacc2``, session 7; within 0.0004 of the default, docs/group.md)
+    # all second questions (``eacc2``; within 0.0004 of the default, docs/group.md)
     "eacc2_eacc2_pool": GroupMethod("eacc2_budget", "eacc2", "pool", online_pool=True),
     # the paper's question rule on a 10% member subsample (speed variant)
     "greedy10_random": GroupMethod("eig", "random", "none", subsample=0.1),
-    # (session 7) the sessions 1-7 default with the expected rise in target accuracy in
-    # place of the information gain (``eacc_budget`` question, ``eacc`` respondents: the
-    # value of an answer under 0-1 loss), for the question and respondents or the
-    # respondents only; and without the GNN. Better than that default at 10% on both
-    # datasets, worse at 50% on CES (docs/group.md §4b).
+    # ``eig_eig_pool`` with the expected rise in target accuracy in place of the
+    # information gain (``eacc_budget`` question, ``eacc`` respondents: the value of an
+    # answer under 0-1 loss), for the question and respondents or the respondents only;
+    # and without the GNN. Better than ``eig_eig_pool`` at 10% on both datasets, worse
+    # at 50% on CES (docs/group.md §4b).
     "eacc_eacc_pool": GroupMethod("eacc_budget", "eacc", "pool", online_pool=True),
     "eig_eacc_pool": GroupMethod("eig_budget", "eacc", "pool", online_pool=True),
     "eacc_eacc_none": GroupMethod("eacc_budget", "eacc", "none"),
-    # the sessions 1-7 default with the expected Brier gain (proper, bounded) for the
-    # question and respondents: ahead of that default at both budgets on CES (§4b)
+    # ``eig_eig_pool`` with the expected Brier gain (proper, bounded) for the question
+    # and respondents: ahead of ``eig_eig_pool`` at both budgets on CES (§4b)
     "ebrier_ebrier_pool": GroupMethod("ebrier_budget", "ebrier", "pool", online_pool=True),
 }
 # methods that use the best validation weight as it is (``*_pool_val``)
@@ -212,27 +216,22 @@ def _calibration_sample(
     return obs, truth
 
 
-def prepare(
+def _main_models(
     ds: Dataset,
-    *,
-    n_classes: Sequence[int] = (8, 16, 32),
-    gnn_config: GNNConfig | None = None,
-    seed: int = 0,
-    cache: Path | None = None,
-    log: Callable[[str], None] = print,
-) -> Fitted:
-    """Fit (or load from ``cache``) the latent class model, the GNN and the pool weight."""
-    if ds.split is None:
-        raise BenchmarkError(f"dataset {ds.name!r} has no user split (user_split.json)")
-    gnn_config = gnn_config or GNNConfig(partial_mask="uniform", seed=seed)
-    bank = ds.item_bank()
-    y = torch.as_tensor(ds.matrix().astype("int64"))
-    tr = torch.as_tensor(ds.user_indices("train_users"))
-    va = torch.as_tensor(ds.user_indices("val_users"))
-    if len(tr) < 3 or len(va) < 3:
-        raise BenchmarkError("the group benchmark needs >= 3 training and validation users")
-    settings = {"n_classes": tuple(n_classes), "gnn": repr(gnn_config), "seed": seed}
-    key = _dataset_key(ds, settings)
+    bank: ItemBank,
+    y: Tensor,
+    tr: Tensor,
+    va: Tensor,
+    n_classes: Sequence[int],
+    gnn_config: GNNConfig,
+    seed: int,
+    cache: Path | None,
+    key: str,
+    info: dict[str, Any],
+    log: Callable[[str], None],
+) -> tuple[BeliefModel, TrainedGNN]:
+    """The latent class model (train + validation) and the GNN, loaded from ``cache`` or
+    fitted (then their fit times go into ``info`` and they are stored in ``cache``)."""
     model: BeliefModel | None = None
     gnn: TrainedGNN | None = None
     if cache is not None:
@@ -241,7 +240,6 @@ def prepare(
             model = load_model(lc_path.read_bytes())
             gnn = TrainedGNN.from_bytes(gnn_path.read_bytes())
             log(f"loaded the fitted models from {cache} ({key})")
-    info: dict[str, Any] = {}
     if model is None or gnn is None:
         t0 = time.perf_counter()
         model = fit_latent_classes(
@@ -270,13 +268,21 @@ def prepare(
             cache.mkdir(parents=True, exist_ok=True)
             (cache / f"{key}.lc").write_bytes(model.to_bytes())
             (cache / f"{key}.gnn").write_bytes(gnn.to_bytes())
-    n_demo = len(ds.demographics)
-    view = GNNView(gnn, list(range(n_demo)), list(range(n_demo, bank.n_items)))
-    # The pool weight is fitted on validation members seen as in group rounds. The
-    # validation users are in the final latent class fit (train + val), so the weight is
-    # fitted with a train-only fit of the same K, for which they are held out (the GNN
-    # used them only for early stopping); the weight is then used with the final model.
-    # (same settings, the structure chosen on validation, parameters from training only)
+    return model, gnn
+
+
+def _calibration_model(
+    y: Tensor,
+    tr: Tensor,
+    va: Tensor,
+    bank: ItemBank,
+    n_classes: Sequence[int],
+    seed: int,
+    cache: Path | None,
+    key: str,
+) -> BeliefModel:
+    """A train-only latent class fit with the final fit's settings (validation users held
+    out), loaded from or stored in ``cache``."""
     calib: BeliefModel | None = None
     calib_path = cache / f"{key}.lc_calib2" if cache is not None else None
     if calib_path is not None and calib_path.is_file():
@@ -293,12 +299,21 @@ def prepare(
         )
         if calib_path is not None:
             calib_path.write_bytes(calib.to_bytes())
-    # Cross-fitted belief models for the ``stack`` weights: at test time the belief
-    # model is fitted on train + all validation users, so a train-only fit would make
-    # the belief model look weaker on validation than it is on the group (and the GNN,
-    # trained on train users only in both cases, relatively stronger). Fold f's model
-    # is fitted like the final one — structure chosen on the other validation folds,
-    # refit on train + those folds — and holds fold f out.
+    return calib
+
+
+def _fold_models(
+    y: Tensor,
+    tr: Tensor,
+    va: Tensor,
+    bank: ItemBank,
+    n_classes: Sequence[int],
+    seed: int,
+    cache: Path | None,
+    key: str,
+) -> list[tuple[BeliefModel, Tensor]]:
+    """``STACK_FOLDS`` cross-fitted latent class models, each with the validation users it
+    holds out (loaded from or stored in ``cache``)."""
     perm = torch.randperm(len(va), generator=torch.Generator().manual_seed(seed + 23))
     folds: list[tuple[BeliefModel, Tensor]] = []
     for f in range(STACK_FOLDS):
@@ -318,6 +333,49 @@ def prepare(
             if fpath is not None:
                 fpath.write_bytes(fm.to_bytes())
         folds.append((fm, held))
+    return folds
+
+
+def prepare(
+    ds: Dataset,
+    *,
+    n_classes: Sequence[int] = (8, 16, 32),
+    gnn_config: GNNConfig | None = None,
+    seed: int = 0,
+    cache: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> Fitted:
+    """Fit (or load from ``cache``) the latent class model, the GNN and the pool weight."""
+    if ds.split is None:
+        raise BenchmarkError(f"dataset {ds.name!r} has no user split (user_split.json)")
+    gnn_config = gnn_config or GNNConfig(partial_mask="uniform", seed=seed)
+    bank = ds.item_bank()
+    y = torch.as_tensor(ds.matrix().astype("int64"))
+    tr = torch.as_tensor(ds.user_indices("train_users"))
+    va = torch.as_tensor(ds.user_indices("val_users"))
+    if len(tr) < 3 or len(va) < 3:
+        raise BenchmarkError("the group benchmark needs >= 3 training and validation users")
+    settings = {"n_classes": tuple(n_classes), "gnn": repr(gnn_config), "seed": seed}
+    key = _dataset_key(ds, settings)
+    info: dict[str, Any] = {}
+    model, gnn = _main_models(
+        ds, bank, y, tr, va, n_classes, gnn_config, seed, cache, key, info, log
+    )
+    n_demo = len(ds.demographics)
+    view = GNNView(gnn, list(range(n_demo)), list(range(n_demo, bank.n_items)))
+    # The pool weight is fitted on validation members seen as in group rounds. The
+    # validation users are in the final latent class fit (train + val), so the weight is
+    # fitted with a train-only fit of the same K, for which they are held out (the GNN
+    # used them only for early stopping); the weight is then used with the final model.
+    # (same settings, the structure chosen on validation, parameters from training only)
+    calib = _calibration_model(y, tr, va, bank, n_classes, seed, cache, key)
+    # Cross-fitted belief models for the ``stack`` weights: at test time the belief
+    # model is fitted on train + all validation users, so a train-only fit would make
+    # the belief model look weaker on validation than it is on the group (and the GNN,
+    # trained on train users only in both cases, relatively stronger). Fold f's model
+    # is fitted like the final one — structure chosen on the other validation folds,
+    # refit on train + those folds — and holds fold f out.
+    folds = _fold_models(y, tr, va, bank, n_classes, seed, cache, key)
     gen = torch.Generator().manual_seed(seed + 17)
     obs, truth = _calibration_sample(ds, y, va, gen)
     p_b = calib.predict_batch(calib.initial_batch(obs), list(range(bank.n_items)))
@@ -565,6 +623,124 @@ def _score(
     curves["perplexity"].append(math.exp(means["log_loss"]))
 
 
+def _method_curves(
+    fitted: Fitted,
+    name: str,
+    n_demo: int,
+    start: Tensor,
+    truth: Tensor,
+    cand: list[int],
+    tgt: list[int],
+    budget: GroupBudget,
+    share: float | int,
+    rounds: int,
+    nonresponse: float,
+    run_seed: int,
+) -> dict[str, list[Any]]:
+    """One method on one run: the metrics of :data:`REPORTED` after rounds ``0..rounds``
+    and each round's planning time (plus the pool / stack weights in use), for the test
+    members ``truth [M, I]`` starting from ``start [M, I]`` (their ``n_demo`` attributes)."""
+    model = fitted.model
+    n_members = int(truth.shape[0])
+    tgt_truth = truth[:, tgt]
+    n_opt_t = torch.tensor(model.item_bank.n_options)[tgt]
+    rgen = torch.Generator().manual_seed(run_seed)
+    stack_w: Tensor | None = None
+    stack_info: dict[str, Any] = {}
+    if GROUP_METHODS[name].imputation == "stack":
+        stack_w, stack_info = fit_stack_on_validation(
+            fitted,
+            n_demo,
+            cand,
+            tgt,
+            GROUP_METHODS[name],
+            share,
+            n_members,
+            rounds,
+            nonresponse=nonresponse,
+            seed=run_seed,
+        )
+    ge = GroupElicitation(
+        model,
+        start,
+        cand,
+        tgt,
+        GROUP_METHODS[name],
+        budget,
+        gnn=fitted.view,
+        pool_weight=(
+            float(fitted.info.get("pool_weight_best_on_validation", fitted.pool_weight))
+            if name in VALIDATION_WEIGHT_METHODS
+            else fitted.pool_weight
+        ),
+        pool_evidence=fitted.pool_gains,
+        stack_weights=stack_w,
+        stack_evidence=stack_info["evidence"] if stack_w is not None else None,
+        seed=run_seed,
+        response_prob=torch.full((n_members,), 1.0 - nonresponse, dtype=DTYPE),
+    )
+    curves: dict[str, list[float]] = {k: [] for k in (*REPORTED, "plan_seconds")}
+    pooled = GROUP_METHODS[name].imputation == "pool"
+    if pooled:
+        curves["pool_weight"] = [ge.pool_weight]
+    if stack_w is not None:
+        curves["stack_fit_seconds"] = [stack_info["seconds"]]
+        curves["stack_val_nll"] = list(stack_info["nll"])
+        curves["stack_val_nll_belief"] = list(stack_info["nll_belief"])
+        curves["stack_weights"] = [ge.current_stack_weights().tolist()]
+        curves["stack_lambda"] = [ge.stack_lambda]
+    _score(ge, tgt_truth, n_opt_t, curves)
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        q, who, scores = ge.plan()
+        dt = time.perf_counter() - t0
+        ans = truth[who, q].clone()
+        if nonresponse > 0:
+            ans[torch.rand(len(who), generator=rgen) < nonresponse] = -1
+        ge.apply(q, who, ans, scores=scores, plan_seconds=dt)
+        curves["plan_seconds"].append(dt)
+        if pooled:
+            curves["pool_weight"].append(ge.pool_weight)
+        if stack_w is not None:
+            curves["stack_weights"].append(ge.current_stack_weights().tolist())
+            curves["stack_lambda"].append(ge.stack_lambda)
+        _score(ge, tgt_truth, n_opt_t, curves)
+    return curves
+
+
+def _mean_curves(per_run: dict[str, list[list[Any]]]) -> dict[str, Any]:
+    """Each curve of one method averaged over its runs (``[runs][rounds + 1]`` ->
+    ``[rounds + 1]``), with the accuracy's standard deviation and per-run values."""
+    res: dict[str, Any] = {}
+    for k, runs_v in per_run.items():
+        t = torch.tensor(runs_v, dtype=DTYPE)
+        res[k] = t.mean(0).tolist() if t.numel() else []
+        if k == "accuracy":
+            res["accuracy_sd"] = t.std(0).tolist() if len(runs_v) > 1 else []
+            # per run (runs.csv order) and round, for paired comparisons of methods
+            res["accuracy_runs"] = t.tolist()
+    return res
+
+
+def _checked_share(
+    methods: Sequence[str], respondent_budget: float | int, rounds: int, nonresponse: float
+) -> float | int:
+    """The respondents per round as :class:`GroupBudget` takes them (a float ``<= 1`` is a
+    share, anything else a count), after checking the methods, rounds and nonresponse."""
+    unknown = [m for m in methods if m not in GROUP_METHODS]
+    if unknown:
+        raise BenchmarkError(f"unknown group methods {unknown} (known: {sorted(GROUP_METHODS)})")
+    if not methods:
+        raise BenchmarkError("no method to run")
+    if not 0.0 <= nonresponse < 1.0:
+        raise BenchmarkError(f"nonresponse must be in [0, 1), got {nonresponse}")
+    if rounds < 0:
+        raise BenchmarkError(f"rounds must be >= 0, got {rounds}")
+    if isinstance(respondent_budget, float) and respondent_budget <= 1.0:
+        return float(respondent_budget)
+    return int(respondent_budget)
+
+
 def run_group(
     dataset: str | Path | Dataset,
     respondent_budget: float | int,
@@ -606,20 +782,7 @@ def run_group(
         ``stack_val_nll_belief``, ``stack_fit_seconds``) (each run's metric is the mean
         over all scored (member, target) pairs).
     """
-    unknown = [m for m in methods if m not in GROUP_METHODS]
-    if unknown:
-        raise BenchmarkError(f"unknown group methods {unknown} (known: {sorted(GROUP_METHODS)})")
-    if not methods:
-        raise BenchmarkError("no method to run")
-    if not 0.0 <= nonresponse < 1.0:
-        raise BenchmarkError(f"nonresponse must be in [0, 1), got {nonresponse}")
-    if rounds < 0:
-        raise BenchmarkError(f"rounds must be >= 0, got {rounds}")
-    share: float | int
-    if isinstance(respondent_budget, float) and respondent_budget <= 1.0:
-        share = float(respondent_budget)
-    else:
-        share = int(respondent_budget)
+    share = _checked_share(methods, respondent_budget, rounds, nonresponse)
     budget = GroupBudget(share, rounds)
     ds = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
     if not ds.runs:
@@ -627,7 +790,7 @@ def run_group(
     fitted = fitted or prepare(
         ds, n_classes=n_classes, gnn_config=gnn_config, seed=seed, cache=cache, log=log
     )
-    model, bank = fitted.model, fitted.model.item_bank
+    bank = fitted.model.item_bank
     y = torch.as_tensor(ds.matrix().astype("int64"))
     te = torch.as_tensor(ds.user_indices("test_users"))
     truth = y[te]
@@ -635,76 +798,27 @@ def run_group(
     start = torch.full_like(truth, -1)
     start[:, :n_demo] = truth[:, :n_demo]
     runs = ds.runs[:n_runs] if n_runs else ds.runs
-    n_opt = torch.tensor(bank.n_options)
     per: dict[str, dict[str, list[list[float]]]] = {
         m: {k: [] for k in (*REPORTED, "plan_seconds")} for m in methods
     }
     for run in runs:
         cand = bank.indices(run.cand_qids)
         tgt = bank.indices(run.eval_qids)
-        tgt_truth = truth[:, tgt]
         for name in methods:
-            rgen = torch.Generator().manual_seed(seed * 1000 + run.seed)
-            stack_w: Tensor | None = None
-            stack_info: dict[str, Any] = {}
-            if GROUP_METHODS[name].imputation == "stack":
-                stack_w, stack_info = fit_stack_on_validation(
-                    fitted,
-                    n_demo,
-                    cand,
-                    tgt,
-                    GROUP_METHODS[name],
-                    share,
-                    len(te),
-                    rounds,
-                    nonresponse=nonresponse,
-                    seed=seed * 1000 + run.seed,
-                )
-            ge = GroupElicitation(
-                model,
+            curves = _method_curves(
+                fitted,
+                name,
+                n_demo,
                 start,
+                truth,
                 cand,
                 tgt,
-                GROUP_METHODS[name],
                 budget,
-                gnn=fitted.view,
-                pool_weight=(
-                    float(fitted.info.get("pool_weight_best_on_validation", fitted.pool_weight))
-                    if name in VALIDATION_WEIGHT_METHODS
-                    else fitted.pool_weight
-                ),
-                pool_evidence=fitted.pool_gains,
-                stack_weights=stack_w,
-                stack_evidence=stack_info["evidence"] if stack_w is not None else None,
-                seed=seed * 1000 + run.seed,
-                response_prob=torch.full((len(te),), 1.0 - nonresponse, dtype=DTYPE),
+                share,
+                rounds,
+                nonresponse,
+                seed * 1000 + run.seed,
             )
-            curves: dict[str, list[float]] = {k: [] for k in (*REPORTED, "plan_seconds")}
-            pooled = GROUP_METHODS[name].imputation == "pool"
-            if pooled:
-                curves["pool_weight"] = [ge.pool_weight]
-            if stack_w is not None:
-                curves["stack_fit_seconds"] = [stack_info["seconds"]]
-                curves["stack_val_nll"] = list(stack_info["nll"])
-                curves["stack_val_nll_belief"] = list(stack_info["nll_belief"])
-                curves["stack_weights"] = [ge.current_stack_weights().tolist()]
-                curves["stack_lambda"] = [ge.stack_lambda]
-            _score(ge, tgt_truth, n_opt[tgt], curves)
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                q, who, scores = ge.plan()
-                dt = time.perf_counter() - t0
-                ans = truth[who, q].clone()
-                if nonresponse > 0:
-                    ans[torch.rand(len(who), generator=rgen) < nonresponse] = -1
-                ge.apply(q, who, ans, scores=scores, plan_seconds=dt)
-                curves["plan_seconds"].append(dt)
-                if pooled:
-                    curves["pool_weight"].append(ge.pool_weight)
-                if stack_w is not None:
-                    curves["stack_weights"].append(ge.current_stack_weights().tolist())
-                    curves["stack_lambda"].append(ge.stack_lambda)
-                _score(ge, tgt_truth, n_opt[tgt], curves)
             for k, v in curves.items():
                 per[name].setdefault(k, []).append(v)
         log(
@@ -723,71 +837,8 @@ def run_group(
         "methods": {},
     }
     for name in methods:
-        res: dict[str, Any] = {}
-        for k, runs_v in per[name].items():
-            t = torch.tensor(runs_v, dtype=DTYPE)
-            res[k] = t.mean(0).tolist() if t.numel() else []
-            if k == "accuracy":
-                res["accuracy_sd"] = t.std(0).tolist() if len(runs_v) > 1 else []
-                # per run (runs.csv order) and round, for paired comparisons of methods
-                res["accuracy_runs"] = t.tolist()
-        out["methods"][name] = res
+        out["methods"][name] = _mean_curves(per[name])
     return out
-
-
-# one distinct colour per method for up to 12 methods (matplotlib's default cycle has 10)
-_PLOT_COLOURS = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-    "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8",
-)  # fmt: skip
-
-
-def plot_group(result: dict[str, Any], path: str | Path) -> Path:
-    """A PNG with accuracy and perplexity against rounds, one line per method.
-
-    Colours repeat after 12 methods with the next line style (solid, dashed, dotted), so
-    every method has its own line; the legend stands right of the panels."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    n_methods = len(result["methods"])
-    fig = Figure(figsize=(13, max(4.2, 0.2 * n_methods + 1.0)), dpi=120)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2)
-    x = list(range(int(result["rounds"]) + 1))
-    for ax, (metric, label) in zip(
-        axes, (("accuracy", "target accuracy"), ("perplexity", "target perplexity")), strict=True
-    ):
-        for i, (name, res) in enumerate(result["methods"].items()):
-            ax.plot(
-                x,
-                res[metric],
-                marker="o",
-                markersize=3,
-                label=name,
-                color=_PLOT_COLOURS[i % len(_PLOT_COLOURS)],
-                linestyle=("-", "--", ":")[(i // len(_PLOT_COLOURS)) % 3],
-                linewidth=2.5 if name == "default" else 1.2,
-            )
-        ax.set_xlabel("round")
-        ax.set_ylabel(label)
-        ax.set_xticks(x)
-        ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
-    fig.suptitle(
-        f"{result['dataset']}: respondent budget {result['respondent_budget']} "
-        f"({result['respondents_per_round']} of {result['n_test_members']} per round), "
-        f"non-response {result['nonresponse']}, mean of {result['n_runs']} runs",
-        fontsize=9,
-    )
-    fig.tight_layout(rect=(0.0, 0.0, 0.84, 1.0))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    path.write_bytes(buf.getvalue())
-    return path
 
 
 def sample_members(model: BeliefModel, n: int, gen: torch.Generator) -> Tensor:
@@ -826,10 +877,10 @@ def run_group_speed(
     first of a ``rounds``-round budget, so the lookahead gain of ``default`` sees a
     later answer (``q > 0``; with 1 round it would be the cheaper one-answer gain).
     Planning is timed for ``default`` (lookahead accuracy gain for the question and
-    respondents), ``eig_eig_pool`` (the information gain: the default of sessions 1-7)
+    respondents), ``eig_eig_pool`` (the information gain)
     and, up to ``relational_max`` members, the paper's ``greedy_relational_gnn`` (group
     EIG question, k-means over GNN embeddings with k = the budget; two-level above
-    ``group.KMEANS_EXACT_MAX`` point-centroid pairs). ``update_seconds`` is
+    :data:`elicitation.group.KMEANS_EXACT_MAX` point-centroid pairs). ``update_seconds`` is
     the time to apply the round's answers and predict every member's targets (the pool
     needs one GNN pass over the whole graph).
     """

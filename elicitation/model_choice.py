@@ -11,7 +11,7 @@
   only the run's candidates asked) and keep the model with the lowest target log loss
   averaged over budgets ``0..T``. The comparison table is stored in the chosen model's
   ``metrics["model_choice"]``.
-* CAPE measures (METHODS.md section 2, issue 6): ``questions_to_90pct`` — the questions a
+* CAPE measures (METHODS.md section 2): ``questions_to_90pct`` — the questions a
   method needs to reach 90% of the log-loss gain of answering every candidate (its own
   model with all answered candidates observed), and ``adaptivity`` — among pairs of users
   asked the same first question who answered it differently, the share whose second
@@ -22,8 +22,12 @@ Pure: no web framework, database or settings imports.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import hashlib
+import json
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from elicitation.bench.individual import simulate
+from elicitation.bench.individual import run_individual, simulate
 from elicitation.bench.methods import (
     FitContext,
     Method,
@@ -41,14 +45,18 @@ from elicitation.bench.methods import (
     get_method,
     register_method,
 )
-from elicitation.bench.metrics import score_predictions
+from elicitation.bench.metrics import METRICS, score_predictions
+from elicitation.bench.report import auto_vs_best, markdown_tables
 from elicitation.criteria import get_criterion
 from elicitation.datasets import Dataset, load_dataset
 from elicitation.errors import BenchmarkError, ElicitationError
 from models.base import MISSING, BeliefModel, ItemBank, load_model, responses_hash
+from models.cape_common import split_rows
 from models.cape_cooccurrence import CapeCooccurrence
 from models.cape_factor import CapeFactor
 from models.cape_linear import CapeLinear
+from models.cape_mixture import StackedMixture, fit_stacking
+from models.latent_class import fit_latent_classes
 
 AUTO_BUDGET = 10
 """Questions per validation user in ``auto``'s simulated elicitation."""
@@ -156,8 +164,6 @@ def fit_latent_classes_train_only(ctx: FitContext) -> BeliefModel:
     so no candidate may have been fitted on them."""
 
     def build() -> BeliefModel:
-        from models.latent_class import fit_latent_classes
-
         kw = dict(getattr(ctx, "options", {}).get("latent_classes", {}))
         kw["refit_with_validation"] = False
         return fit_latent_classes(
@@ -275,71 +281,26 @@ def choose_model(
     return ModelChoice(chosen, models[chosen], table)
 
 
-def stack_models(
-    models: Mapping[str, BeliefModel],
-    responses: Tensor,
-    *,
-    observed_items: Sequence[int],
-    candidates: Sequence[int],
-    targets: Sequence[int],
-    budget: int = AUTO_BUDGET,
-    criterion: str = "eig",
-    gammas: Sequence[float] = (0.0, 0.25, 0.5, 1.0, 2.0),
-    prune_below: float = 0.02,
-) -> ModelChoice:
-    """Fit a :class:`~models.cape_mixture.StackedMixture` of ``models`` on validation users.
-
-    1. The equal-weight mixture of all candidates replays the validation respondents
-       through a simulated elicitation (``criterion`` on the targets, ``observed_items``
-       free, only answered ``candidates`` asked, ``budget`` questions).
-    2. Along that one path (every candidate conditioned on the same answers, as inside
-       the mixture), each candidate's target predictive and its log-likelihood of the
-       answers are recorded after ``n = 0..budget`` questions.
-    3. :func:`~models.cape_mixture.fit_stacking` fits the weights per ``n`` and the
-       evidence temperature ``gamma`` that minimise the mixture's target log loss.
-    4. Candidates whose average weight on these users stays below ``prune_below`` at
-       every ``n`` are dropped and the weights refitted without them: they change the
-       predictions by less than that share and would cost a lookahead per question.
-
-    The table has one row per candidate and one for the mixture (``name``, ``family``,
-    ``log_loss`` and ``accuracy`` after ``0..budget`` questions on that shared path,
-    ``mean_log_loss``, ``chosen``); the mixture's row is in-sample (its weights were
-    fitted on these users), which is why the benchmark scores it on test users only.
-
-    Raises:
-        ElicitationError: no models, or no respondent with a target answer.
-    """
-    from models.cape_mixture import StackedMixture, fit_stacking
-
-    if not models:
-        raise ElicitationError("stack_models: no candidate models")
-    responses = torch.as_tensor(responses, dtype=torch.long)
-    tgt = [int(t) for t in targets]
-    cand = [int(c) for c in candidates]
-    truth = responses[:, tgt]
-    users = (truth >= 0).any(1)
-    if not bool(users.any()):
-        raise ElicitationError("stack_models: no validation respondent answered a target item")
-    rows = responses[users]
-    truth = truth[users]
-    observed = torch.full_like(rows, MISSING)
-    obs_items = [int(i) for i in observed_items]
-    observed[:, obs_items] = rows[:, obs_items]
-    answers = rows[:, cand]
-    names = list(models)
-    comps = [models[n] for n in names]
-    bank = comps[0].item_bank
-    n_opt = torch.tensor([bank.n_options[t] for t in tgt])
-    steps = min(budget, len(cand))
-    t0 = time.perf_counter()
-    uniform = StackedMixture(bank, comps, names, torch.zeros(1, len(comps)))
+def _shared_path(
+    uniform: StackedMixture,
+    criterion: str,
+    observed: Tensor,
+    cand: list[int],
+    answers: Tensor,
+    tgt: list[int],
+    steps: int,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Replay the users through ``uniform`` (``criterion`` picks, ``answers [M, C]`` of
+    ``cand``): each component's target predictives ``[K, M, T, O]`` and the log-likelihoods
+    ``[M, K]`` of the answers after ``n = 0..steps`` questions."""
+    bank = uniform.item_bank
     _, asked = simulate(uniform, get_criterion(criterion), observed, cand, answers, tgt, steps)
     pos = torch.full((bank.n_items,), -1, dtype=torch.long)
     pos[torch.tensor(cand)] = torch.arange(len(cand))
     state = uniform.initial_batch(observed)
     preds = [uniform.component_predictions(state, tgt)]
     logliks = [state.loglik]
-    b = torch.arange(rows.shape[0])
+    b = torch.arange(observed.shape[0])
     for step in range(steps):
         item = asked[:, step]
         option = torch.where(
@@ -349,24 +310,24 @@ def stack_models(
         state = uniform.update_batch(state, item, option)
         preds.append(uniform.component_predictions(state, tgt))
         logliks.append(state.loglik)
-    theta, gamma, info = fit_stacking(preds, truth, logliks, gammas=gammas)
-    mean_w = torch.stack(
-        [
-            torch.softmax(theta[n][None, :] + gamma[n] * ll, -1).mean(0)
-            for n, ll in enumerate(logliks)
-        ]
-    )  # [K + 1, M] average weight of each candidate on the validation users
-    kept = [m for m in range(len(names)) if float(mean_w[:, m].max()) >= prune_below]
-    if len(kept) < len(names):  # refit without the candidates that carry (almost) nothing
-        idx = torch.tensor(kept)
-        preds_k = [p[idx] for p in preds]
-        logliks_k = [ll[:, idx] for ll in logliks]
-        theta, gamma, info = fit_stacking(preds_k, truth, logliks_k, gammas=gammas)
-    else:
-        preds_k, logliks_k = preds, logliks
+    return preds, logliks
+
+
+def _stacking_table(
+    names: list[str],
+    comps: list[BeliefModel],
+    kept: list[int],
+    preds: list[Tensor],
+    preds_k: list[Tensor],
+    logliks_k: list[Tensor],
+    truth: Tensor,
+    n_opt: Tensor,
+    theta: Tensor,
+    gamma: Tensor,
+    seconds: float,
+) -> list[dict[str, Any]]:
+    """The :func:`stack_models` table: one row per candidate, then the mixture's."""
     kept_names = [names[m] for m in kept]
-    mixture = StackedMixture(bank, [comps[m] for m in kept], kept_names, theta, gamma)
-    seconds = round(time.perf_counter() - t0, 3)
     table: list[dict[str, Any]] = []
     for m, name in enumerate(names):
         loss, acc = [], []
@@ -407,6 +368,87 @@ def stack_models(
     for row in table:
         row["mean_log_loss"] = sum(row["log_loss"]) / len(row["log_loss"])
         row["chosen"] = row["name"] == "stacked_mixture"
+    return table
+
+
+def stack_models(
+    models: Mapping[str, BeliefModel],
+    responses: Tensor,
+    *,
+    observed_items: Sequence[int],
+    candidates: Sequence[int],
+    targets: Sequence[int],
+    budget: int = AUTO_BUDGET,
+    criterion: str = "eig",
+    gammas: Sequence[float] = (0.0, 0.25, 0.5, 1.0, 2.0),
+    prune_below: float = 0.02,
+) -> ModelChoice:
+    """Fit a :class:`~models.cape_mixture.StackedMixture` of ``models`` on validation users.
+
+    1. The equal-weight mixture of all candidates replays the validation respondents
+       through a simulated elicitation (``criterion`` on the targets, ``observed_items``
+       free, only answered ``candidates`` asked, ``budget`` questions).
+    2. Along that one path (every candidate conditioned on the same answers, as inside
+       the mixture), each candidate's target predictive and its log-likelihood of the
+       answers are recorded after ``n = 0..budget`` questions.
+    3. :func:`~models.cape_mixture.fit_stacking` fits the weights per ``n`` and the
+       evidence temperature ``gamma`` that minimise the mixture's target log loss.
+    4. Candidates whose average weight on these users stays below ``prune_below`` at
+       every ``n`` are dropped and the weights refitted without them: they change the
+       predictions by less than that share and would cost a lookahead per question.
+
+    The table has one row per candidate and one for the mixture (``name``, ``family``,
+    ``log_loss`` and ``accuracy`` after ``0..budget`` questions on that shared path,
+    ``mean_log_loss``, ``chosen``); the mixture's row is in-sample (its weights were
+    fitted on these users), which is why the benchmark scores it on test users only.
+
+    Raises:
+        ElicitationError: no models, or no respondent with a target answer.
+    """
+    if not models:
+        raise ElicitationError("stack_models: no candidate models")
+    responses = torch.as_tensor(responses, dtype=torch.long)
+    tgt = [int(t) for t in targets]
+    cand = [int(c) for c in candidates]
+    truth = responses[:, tgt]
+    users = (truth >= 0).any(1)
+    if not bool(users.any()):
+        raise ElicitationError("stack_models: no validation respondent answered a target item")
+    rows = responses[users]
+    truth = truth[users]
+    observed = torch.full_like(rows, MISSING)
+    obs_items = [int(i) for i in observed_items]
+    observed[:, obs_items] = rows[:, obs_items]
+    answers = rows[:, cand]
+    names = list(models)
+    comps = [models[n] for n in names]
+    bank = comps[0].item_bank
+    n_opt = torch.tensor([bank.n_options[t] for t in tgt])
+    steps = min(budget, len(cand))
+    t0 = time.perf_counter()
+    uniform = StackedMixture(bank, comps, names, torch.zeros(1, len(comps)))
+    preds, logliks = _shared_path(uniform, criterion, observed, cand, answers, tgt, steps)
+    theta, gamma, info = fit_stacking(preds, truth, logliks, gammas=gammas)
+    mean_w = torch.stack(
+        [
+            torch.softmax(theta[n][None, :] + gamma[n] * ll, -1).mean(0)
+            for n, ll in enumerate(logliks)
+        ]
+    )  # [K + 1, M] average weight of each candidate on the validation users
+    kept = [m for m in range(len(names)) if float(mean_w[:, m].max()) >= prune_below]
+    if len(kept) < len(names):  # refit without the candidates that carry (almost) nothing
+        idx = torch.tensor(kept)
+        preds_k = [p[idx] for p in preds]
+        logliks_k = [ll[:, idx] for ll in logliks]
+        theta, gamma, info = fit_stacking(preds_k, truth, logliks_k, gammas=gammas)
+    else:
+        preds_k, logliks_k = preds, logliks
+    kept_names = [names[m] for m in kept]
+    mixture = StackedMixture(bank, [comps[m] for m in kept], kept_names, theta, gamma)
+    seconds = round(time.perf_counter() - t0, 3)
+    table = _stacking_table(
+        names, comps, kept, preds, preds_k, logliks_k, truth, n_opt, theta, gamma, seconds
+    )
     mixture.metrics = {"stacking": {k: v for k, v in info.items() if k != "log_loss"}}
     return ModelChoice("stacked_mixture", mixture, table)
 
@@ -444,8 +486,6 @@ def fit_auto(ctx: FitContext) -> BeliefModel:
 
 
 def _fit_auto(ctx: FitContext) -> BeliefModel:
-    from models.cape_mixture import StackedMixture
-
     models = {name: FITTERS[name](ctx) for name in AUTO_CANDIDATES}
     choice = stack_models(
         models,
@@ -519,8 +559,6 @@ def fit_belief_model(
         ElicitationError: unknown ``kind``; ``auto`` without target or question items,
             or with too few respondents to hold some out.
     """
-    from models.latent_class import fit_latent_classes
-
     train = torch.as_tensor(train, dtype=torch.long)
     val_t = None if val is None or val.shape[0] == 0 else torch.as_tensor(val, dtype=torch.long)
     lc = dict(latent_class_options or {})
@@ -547,8 +585,6 @@ def fit_belief_model(
             raise ElicitationError(
                 f"auto needs at least 10 historical respondents (has {train.shape[0]})"
             )
-        from models.cape_common import split_rows
-
         held, kept = split_rows(train.shape[0], 0.2, seed)
         train, val_t = train[kept], train[held]
     ctx = FitContext(
@@ -776,10 +812,6 @@ def run_with_cape_measures(
 ) -> dict[str, Any]:
     """``run_individual`` plus :func:`cape_measures` merged into each method's entry;
     ``first_run`` skips the runs before it (``n_runs`` then counts from it)."""
-    import dataclasses
-
-    from elicitation.bench.individual import run_individual
-
     ds = load_dataset(dataset)
     if first_run:  # a later slice of runs.csv (to split a long benchmark; see ``merge``)
         ds = dataclasses.replace(ds, runs=ds.runs[first_run:])
@@ -790,34 +822,6 @@ def run_with_cape_measures(
     for name, extra in cape_measures(ds, result, n_runs=n_runs, seed=seed, cache=fits).items():
         result["methods"][name].update(extra)
     return result
-
-
-def markdown_tables(result: dict[str, Any], budgets: Sequence[int] = (0, 1, 2, 3, 5, 10)) -> str:
-    """Markdown tables of a ``result.json`` (accuracy and log loss at ``budgets``, CAPE
-    measures): what docs/cape.md shows."""
-    methods = result["methods"]
-    t_max = int(result["budget"])
-    cols = [b for b in budgets if b <= t_max]
-    out: list[str] = []
-    for metric in ("log_loss", "accuracy"):
-        out.append(f"| {metric} | " + " | ".join(str(b) for b in cols) + " |")
-        out.append("| --- |" + " --- |" * len(cols))
-        for name, res in methods.items():
-            out.append(f"| {name} | " + " | ".join(f"{res[metric][b]:.4f}" for b in cols) + " |")
-        out.append("")
-    out.append("| method | questions_to_90pct | log loss, all candidates | adaptivity (pairs) |")
-    out.append("| --- | --- | --- | --- |")
-    for name, res in methods.items():
-        if "questions_to_90pct" not in res:
-            continue
-        q = res["questions_to_90pct"]
-        a = res.get("adaptivity")
-        out.append(
-            f"| {name} | {q if q is not None else f'> {t_max}'} | "
-            f"{res['log_loss_all_candidates']:.4f} | "
-            f"{f'{a:.3f}' if a is not None else 'n/a'} ({res.get('adaptivity_pairs', 0)}) |"
-        )
-    return "\n".join(out) + "\n"
 
 
 def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -833,8 +837,6 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         BenchmarkError: the parts differ in dataset or budget, a run of a method appears
             twice, or the methods do not end up with the same runs.
     """
-    from elicitation.bench.metrics import METRICS
-
     if not parts:
         raise BenchmarkError("merge: no results given")
     first = parts[0]
@@ -883,41 +885,9 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def auto_vs_best(result: Mapping[str, Any], metric: str = "log_loss") -> str:
-    """Markdown rows: the best single method at each budget (``auto`` and ``full``
-    excluded), ``auto``'s value and whether ``auto`` is at least as good."""
-    methods = result["methods"]
-    singles = {k: v for k, v in methods.items() if k not in ("auto", "full")}
-    t_max = int(result["budget"])
-    lower = metric == "log_loss"
-    best, who, verdict = [], [], []
-    for n in range(t_max + 1):
-        pick = (min if lower else max)(singles, key=lambda k: singles[k][metric][n])
-        b = singles[pick][metric][n]
-        a = methods["auto"][metric][n]
-        best.append(f"{b:.4f}")
-        who.append(pick)
-        verdict.append(("yes" if (a <= b if lower else a >= b) else "no") + f" ({a - b:+.4f})")
-    head = f"| {metric} | " + " | ".join(str(n) for n in range(t_max + 1)) + " |"
-    rows = [
-        head,
-        "| --- |" + " --- |" * (t_max + 1),
-        "| best single | " + " | ".join(best) + " |",
-        "| which | " + " | ".join(who) + " |",
-        "| auto | "
-        + " | ".join(f"{methods['auto'][metric][n]:.4f}" for n in range(t_max + 1))
-        + " |",
-        "| auto at least as good (auto - best) | " + " | ".join(verdict) + " |",
-    ]
-    return "\n".join(rows) + "\n"
-
-
 def _merge_main(argv: Sequence[str]) -> int:
     """``python -m elicitation.model_choice merge A.json B.json ... --out FILE [--plot PNG]``."""
-    import argparse
-    import json
-
-    from elicitation.bench.plot import plot_curves
+    from elicitation.bench.plot import plot_curves  # matplotlib: heavy, only for --plot
 
     p = argparse.ArgumentParser(description=_merge_main.__doc__)
     p.add_argument("parts", nargs="+", type=Path)
@@ -937,10 +907,6 @@ def _merge_main(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m elicitation.model_choice --dataset DIR --budget T --out FILE [--methods a,b]``."""
-    import argparse
-    import json
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
         return _merge_main(argv[1:])

@@ -28,8 +28,12 @@ from typing import Any
 
 from elicitation.datasets import load_dataset
 from inference_server.backends.base import Backend, ScoreRequest
+from inference_server.backends.local import LocalBackend
+from inference_server.backends.openai import OpenAIBackend
+from inference_server.model_store import DEFAULT_MODEL
 from inference_server.personas import from_attributes
 from inference_server.prompts import PromptItem
+from inference_server.server import VLLMServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,17 +132,12 @@ def run_bench(
         rows.append(row)
 
     if backend == "local":
-        from inference_server.backends.local import LocalBackend
-
         b = LocalBackend(num_threads=threads)
         for reuse in (False, True):
             for bs in batch_sizes:
                 b.batch_size, b.prefix_reuse = bs, reuse
                 add("local", bs, reuse, _measure(b, pool, items, n_personas))
     elif backend == "vllm":
-        from inference_server.backends.openai import OpenAIBackend
-        from inference_server.server import VLLMServer
-
         for reuse in (True, False):
             extra = [] if reuse else ["--no-enable-prefix-caching"]
             with VLLMServer(device="cpu", enforce_eager=eager, extra_args=extra) as server:
@@ -149,9 +148,6 @@ def run_bench(
                     pid = server.proc.pid if server.proc is not None else None
                     add("vllm-cpu", bs, reuse, _measure(client, pool, items, n_personas, pid))
     elif backend == "openai":
-        from inference_server.backends.openai import OpenAIBackend
-        from inference_server.model_store import DEFAULT_MODEL
-
         if not base_url:
             raise ValueError("backend openai needs base_url")
         for bs in batch_sizes:

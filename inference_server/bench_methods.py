@@ -31,7 +31,8 @@ from elicitation.criteria import SelectionCriterion, get_criterion
 from elicitation.errors import BenchmarkError
 from inference_server.persona_table import PersonaTable, find_table
 from models.base import BeliefModel
-from models.persona import PersonaMixture, fit_prior_em
+from models.persona import PersonaMixture
+from models.persona_fit import fit_prior_em
 
 
 def _llm_mu(ctx: FitContext) -> torch.Tensor:

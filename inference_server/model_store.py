@@ -91,7 +91,7 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
     Returns:
         ``dest``.
     """
-    import torch
+    import torch  # heavy, optional: this module is imported without them
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ["HF_HUB_OFFLINE"] = "1"

@@ -28,11 +28,9 @@ from models.persona import (
     PersonaBatchState,
     PersonaMixture,
     PersonaState,
-    compress,
-    fit_prior_em,
-    js_distance_matrix,
     one_hot_responses,
 )
+from models.persona_fit import compress, fit_prior_em, js_distance_matrix
 
 __all__ = [
     "DTYPE",

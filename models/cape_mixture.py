@@ -1,4 +1,4 @@
-"""A stacked mixture of belief models: ``auto``'s model (issue 6, model choice).
+"""A stacked mixture of belief models: ``auto``'s model (model choice).
 
 Several fitted belief models over the same item bank (latent classes, the CAPE world
 models...) are combined into one predictive distribution
@@ -289,7 +289,7 @@ def _fit_theta(
     scipy's L-BFGS-B with the gradient from autograd (``torch.optim`` would import
     torch's compiler stack, ~30 s on a loaded machine, for a problem of ``M`` variables).
     """
-    from scipy.optimize import minimize
+    from scipy.optimize import minimize  # heavy (seconds): imported where used
 
     def fun(x: Any) -> tuple[float, Any]:
         theta = torch.as_tensor(x, dtype=DTYPE).requires_grad_(True)

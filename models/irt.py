@@ -344,6 +344,56 @@ def _intercepts_from_raw(raw: Tensor) -> Tensor:
     return torch.cat([raw[:, :1], raw[:, :1] + torch.cumsum(raw[:, 1:].exp(), dim=1)], dim=1)
 
 
+def _m_step_optimizer(params: list[Tensor], m_steps: int) -> torch.optim.LBFGS:
+    """L-BFGS with a strong-Wolfe line search, ``m_steps`` iterations per M-step."""
+    return torch.optim.LBFGS(
+        params,
+        lr=1.0,
+        max_iter=m_steps,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-10,
+        tolerance_change=1e-14,
+        history_size=20,
+    )
+
+
+def _oriented_model(
+    item_bank: ItemBank,
+    a: Tensor,
+    raw: Tensor,
+    y: Tensor,
+    val_responses: Tensor | None,
+    trace: list[float],
+    converged: bool,
+    n_points: int,
+    grid_max: float,
+    slope_prior_sd: float,
+) -> GradedResponseModel:
+    """The fitted :class:`GradedResponseModel` with ``sum_i a_i >= 0`` and the
+    ``metrics`` of :func:`fit_grm`, from the fitted slopes ``a`` and raw intercepts
+    ``raw`` (training data ``y [N, I]``)."""
+    with torch.no_grad():
+        slopes = a.detach().clone()
+        intercepts = _intercepts_from_raw(raw.detach())
+    if float(slopes.sum()) < 0:  # θ -> −θ leaves the model unchanged (symmetric prior)
+        slopes = -slopes
+    model = GradedResponseModel(item_bank, slopes, intercepts, n_points=n_points, grid_max=grid_max)
+    model.training_hash = responses_hash(y, item_bank)
+    metrics: dict[str, object] = {
+        "model": "irt_grm",
+        "train_trace": trace,
+        "train_log_lik": float(model.log_marginal(y).mean()),
+        "iterations": len(trace),
+        "converged": converged,
+        "n_points": n_points,
+        "slope_prior_sd": slope_prior_sd,
+    }
+    if val_responses is not None and len(val_responses):
+        metrics["val_log_lik"] = float(model.log_marginal(val_responses).mean())
+    model.metrics = metrics
+    return model
+
+
 def fit_grm(
     responses: Tensor,
     item_bank: ItemBank,
@@ -405,15 +455,7 @@ def fit_grm(
             counts = (enc.yt @ post).reshape(i_n, o_n, -1)  # r[i, k, q]
         return obj, counts
 
-    opt = torch.optim.LBFGS(
-        [a, raw],
-        lr=1.0,
-        max_iter=m_steps,
-        line_search_fn="strong_wolfe",
-        tolerance_grad=1e-10,
-        tolerance_change=1e-14,
-        history_size=20,
-    )
+    opt = _m_step_optimizer([a, raw], m_steps)
     trace: list[float] = []
     converged = False
     for _ in range(max_iter):
@@ -434,23 +476,15 @@ def fit_grm(
         opt.state.clear()  # the expected counts change: start each M-step afresh
     else:
         trace.append(e_step()[0])
-    with torch.no_grad():
-        slopes = a.detach().clone()
-        intercepts = _intercepts_from_raw(raw.detach())
-    if float(slopes.sum()) < 0:  # θ -> −θ leaves the model unchanged (symmetric prior)
-        slopes = -slopes
-    model = GradedResponseModel(item_bank, slopes, intercepts, n_points=n_points, grid_max=grid_max)
-    model.training_hash = responses_hash(y, item_bank)
-    metrics: dict[str, object] = {
-        "model": "irt_grm",
-        "train_trace": trace,
-        "train_log_lik": float(model.log_marginal(y).mean()),
-        "iterations": len(trace),
-        "converged": converged,
-        "n_points": n_points,
-        "slope_prior_sd": slope_prior_sd,
-    }
-    if val_responses is not None and len(val_responses):
-        metrics["val_log_lik"] = float(model.log_marginal(val_responses).mean())
-    model.metrics = metrics
-    return model
+    return _oriented_model(
+        item_bank,
+        a,
+        raw,
+        y,
+        val_responses,
+        trace,
+        converged,
+        n_points,
+        grid_max,
+        slope_prior_sd,
+    )

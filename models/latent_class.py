@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -172,6 +172,144 @@ def fit_independent(
     return PersonaMixture(item_bank, fit.mu, fit.log_prior)
 
 
+def _restarts(
+    data: Tensor,
+    item_bank: ItemBank,
+    k: int,
+    n_restarts: int,
+    alpha: float,
+    max_iter: int,
+    tol: float,
+    seed: int,
+) -> list[LatentClassFit]:
+    """``n_restarts`` EM fits of ``k`` classes on ``data`` (restart ``r``: seed
+    ``seed + 1000 k + r``)."""
+    enc = _Encoded(data, item_bank)
+    return [
+        fit_em(
+            enc,
+            item_bank,
+            k,
+            alpha=alpha,
+            max_iter=max_iter,
+            tol=tol,
+            seed=seed + 1000 * k + r,
+        )
+        for r in range(n_restarts)
+    ]
+
+
+def _best(runs: Sequence[LatentClassFit]) -> LatentClassFit:
+    """The fit with the highest penalised log-likelihood (the first on ties)."""
+    return max(runs, key=lambda f: f.objective)
+
+
+def _selection_score(
+    model: PersonaMixture, k: int, y: Tensor, yv: Tensor | None, item_bank: ItemBank
+) -> float:
+    """Mean validation log-likelihood per user, or without validation data
+    ``-BIC / N`` on the training data ``y [N, I]`` (``k`` classes)."""
+    if yv is not None:
+        return mean_log_likelihood(model, yv)
+    n_params = (k - 1) + k * sum(o - 1 for o in item_bank.n_options)
+    ll = float(model.log_marginal(y).sum())
+    return -(-2 * ll + n_params * math.log(y.shape[0])) / y.shape[0]
+
+
+def _structure_parts(
+    structure: str, chosen: int, runs_by_k: dict[int, list[LatentClassFit]]
+) -> list[LatentClassFit]:
+    """The fits of the chosen structure: the best restart of ``chosen`` classes
+    (``single``), all its restarts (``restarts``) or every fit (``all``)."""
+    if structure == "single":
+        return [_best(runs_by_k[chosen])]
+    if structure == "restarts":
+        return runs_by_k[chosen]
+    return [f for runs in runs_by_k.values() for f in runs]
+
+
+def _fit_metrics(
+    out: PersonaMixture,
+    parts: Sequence[LatentClassFit],
+    structure: str,
+    chosen: int,
+    scores: dict[tuple[str, int], float],
+    by_k: dict[int, float],
+    y: Tensor,
+    yv: Tensor | None,
+    data: Tensor,
+    alpha: float,
+    n_restarts: int,
+    refit_with_validation: bool,
+    item_bank: ItemBank,
+) -> dict[str, object]:
+    """The ``metrics`` of :func:`fit_latent_classes`'s mixture ``out`` of the fits
+    ``parts`` (see its Returns)."""
+    main = _best(parts)
+    metrics: dict[str, object] = {
+        "model": "latent_class",
+        "n_classes": out.n_personas,
+        "structure": structure,
+        "classes_per_fit": [int(f.mu.shape[0]) for f in parts],
+        "selection": "validation_log_lik" if yv is not None else "bic",
+        "alpha": alpha,
+        "n_restarts": n_restarts,
+        "train_trace": main.trace,
+        "converged": all(f.converged for f in parts),
+        "fit_users": int(data.shape[0]),
+        "refit_with_validation": bool(refit_with_validation and yv is not None),
+    }
+    if yv is not None:
+        metrics["val_log_lik"] = scores[(structure, chosen)]
+        metrics["val_log_lik_by_k"] = {str(k): v for k, v in by_k.items()}
+        metrics["val_log_lik_by_structure"] = {
+            f"{name}:{k}" if name != "all" else "all": v for (name, k), v in scores.items()
+        }
+        metrics["val_log_lik_independent"] = mean_log_likelihood(
+            fit_independent(y, item_bank, alpha=alpha), yv
+        )
+    else:
+        metrics["bic_score_by_k"] = {str(k): v for k, v in by_k.items()}
+    return metrics
+
+
+def _search_structures(
+    cands: list[int],
+    fit_runs: Callable[[Tensor, int], list[LatentClassFit]],
+    score: Callable[[PersonaMixture, int], float],
+    item_bank: ItemBank,
+    y: Tensor,
+    n_restarts: int,
+    patience: int | None,
+    ensemble: bool,
+) -> tuple[dict[int, list[LatentClassFit]], dict[tuple[str, int], float], dict[int, float]]:
+    """Fit each ``K`` of ``cands`` on ``y`` and score the candidate structures:
+    ``(fits by K, score by (structure, K), score of the best single fit by K)``;
+    ``ensemble``: also the averaged structures (needs validation data)."""
+    # Candidate structures: ("single", K) = the best restart of K classes;
+    # ("restarts", K) = all restarts of K, averaged; ("all", 0) = every fit, averaged.
+    runs_by_k: dict[int, list[LatentClassFit]] = {}
+    scores: dict[tuple[str, int], float] = {}
+    by_k: dict[int, float] = {}
+    since_best = 0
+    for k in cands:
+        if patience is not None and since_best >= patience:
+            break
+        runs = fit_runs(y, k)
+        runs_by_k[k] = runs
+        by_k[k] = score(_mixture([_best(runs)], item_bank), k)
+        scores[("single", k)] = by_k[k]
+        if ensemble and n_restarts > 1:
+            scores[("restarts", k)] = score(_mixture(runs, item_bank), k)
+        k_best = max(by_k[k], scores.get(("restarts", k), -math.inf))
+        since_best = 0 if k_best >= max(scores.values()) else since_best + 1
+    if ensemble and len(runs_by_k) * n_restarts > 1:
+        scores[("all", 0)] = score(
+            _mixture([f for runs in runs_by_k.values() for f in runs], item_bank), 0
+        )
+    return runs_by_k, scores, by_k
+
+
 def fit_latent_classes(
     responses: Tensor,
     item_bank: ItemBank,
@@ -234,91 +372,38 @@ def fit_latent_classes(
         yv = None
 
     def fit_runs(data: Tensor, k: int) -> list[LatentClassFit]:
-        enc = _Encoded(data, item_bank)
-        return [
-            fit_em(
-                enc,
-                item_bank,
-                k,
-                alpha=alpha,
-                max_iter=max_iter,
-                tol=tol,
-                seed=seed + 1000 * k + r,
-            )
-            for r in range(n_restarts)
-        ]
-
-    def best(runs: list[LatentClassFit]) -> LatentClassFit:
-        return max(runs, key=lambda f: f.objective)
+        return _restarts(data, item_bank, k, n_restarts, alpha, max_iter, tol, seed)
 
     def score(model: PersonaMixture, k: int) -> float:
-        if yv is not None:
-            return mean_log_likelihood(model, yv)
-        n_params = (k - 1) + k * sum(o - 1 for o in item_bank.n_options)
-        ll = float(model.log_marginal(y).sum())
-        return -(-2 * ll + n_params * math.log(y.shape[0])) / y.shape[0]
+        return _selection_score(model, k, y, yv, item_bank)
 
-    # Candidate structures: ("single", K) = the best restart of K classes;
-    # ("restarts", K) = all restarts of K, averaged; ("all", 0) = every fit, averaged.
-    runs_by_k: dict[int, list[LatentClassFit]] = {}
-    scores: dict[tuple[str, int], float] = {}
-    by_k: dict[int, float] = {}
-    since_best = 0
-    for k in cands:
-        if patience is not None and since_best >= patience:
-            break
-        runs = fit_runs(y, k)
-        runs_by_k[k] = runs
-        by_k[k] = score(_mixture([best(runs)], item_bank), k)
-        scores[("single", k)] = by_k[k]
-        if ensemble and yv is not None and n_restarts > 1:
-            scores[("restarts", k)] = score(_mixture(runs, item_bank), k)
-        k_best = max(by_k[k], scores.get(("restarts", k), -math.inf))
-        since_best = 0 if k_best >= max(scores.values()) else since_best + 1
-    if ensemble and yv is not None and len(runs_by_k) * n_restarts > 1:
-        scores[("all", 0)] = score(
-            _mixture([f for runs in runs_by_k.values() for f in runs], item_bank), 0
-        )
+    runs_by_k, scores, by_k = _search_structures(
+        cands, fit_runs, score, item_bank, y, n_restarts, patience, ensemble and yv is not None
+    )
     structure, chosen = max(scores, key=lambda key: scores[key])
     data = y
     if refit_with_validation and yv is not None:
         data = torch.cat([y, yv])
         needed = list(runs_by_k) if structure == "all" else [chosen]
         runs_by_k = {k: fit_runs(data, k) for k in needed}
-    if structure == "single":
-        parts = [best(runs_by_k[chosen])]
-    elif structure == "restarts":
-        parts = runs_by_k[chosen]
-    else:
-        parts = [f for runs in runs_by_k.values() for f in runs]
+    parts = _structure_parts(structure, chosen, runs_by_k)
     out = _mixture(parts, item_bank)
     out.training_hash = responses_hash(data, item_bank)
-    main = best(parts)
-    metrics: dict[str, object] = {
-        "model": "latent_class",
-        "n_classes": out.n_personas,
-        "structure": structure,
-        "classes_per_fit": [int(f.mu.shape[0]) for f in parts],
-        "selection": "validation_log_lik" if yv is not None else "bic",
-        "alpha": alpha,
-        "n_restarts": n_restarts,
-        "train_trace": main.trace,
-        "converged": all(f.converged for f in parts),
-        "fit_users": int(data.shape[0]),
-        "refit_with_validation": bool(refit_with_validation and yv is not None),
-    }
-    if yv is not None:
-        metrics["val_log_lik"] = scores[(structure, chosen)]
-        metrics["val_log_lik_by_k"] = {str(k): v for k, v in by_k.items()}
-        metrics["val_log_lik_by_structure"] = {
-            f"{name}:{k}" if name != "all" else "all": v for (name, k), v in scores.items()
-        }
-        metrics["val_log_lik_independent"] = mean_log_likelihood(
-            fit_independent(y, item_bank, alpha=alpha), yv
-        )
-    else:
-        metrics["bic_score_by_k"] = {str(k): v for k, v in by_k.items()}
-    out.metrics = metrics
+    out.metrics = _fit_metrics(
+        out,
+        parts,
+        structure,
+        chosen,
+        scores,
+        by_k,
+        y,
+        yv,
+        data,
+        alpha,
+        n_restarts,
+        refit_with_validation,
+        item_bank,
+    )
     return out
 
 

@@ -16,11 +16,8 @@ The likelihood of an observed answer uses ``max(μ, floor)`` (floor ``1e-10``) s
 answer which every persona deems impossible never zeroes the whole posterior; predictives
 use ``μ`` itself. One answer is one vector add of length ``K``.
 
-This module also holds the offline parts that act on a fixed dictionary ``μ``:
-
-* :func:`fit_prior_em` — empirical-Bayes prior ``p(θ)`` by EM over historical respondents;
-* :func:`compress` — drop personas with negligible prior and merge the rest into
-  prototypes by prior-weighted k-means under the Jensen–Shannon distance.
+The offline fits on a fixed dictionary ``μ`` (the empirical-Bayes prior, compression)
+are in :mod:`models.persona_fit`.
 
 Pure numerics (torch, float64): no web framework, no settings.
 """
@@ -119,7 +116,7 @@ def cols_of(items: Tensor, n_options: int) -> Tensor:
     return (items.unsqueeze(1) * n_options + torch.arange(n_options)).reshape(-1)
 
 
-def _normalise_log(log_w: Tensor) -> Tensor:
+def normalise_log(log_w: Tensor) -> Tensor:
     """``log_w - logsumexp(log_w)`` over the last axis."""
     return log_w - torch.logsumexp(log_w, dim=-1, keepdim=True)
 
@@ -176,7 +173,7 @@ def _validate_log_prior(log_prior: Tensor | None, k: int) -> Tensor:
         raise InvalidDistributionError("log_prior has NaN or +inf entries")
     if bool((log_prior == -math.inf).all()):
         raise InvalidDistributionError("log_prior gives zero probability to every persona")
-    return _normalise_log(log_prior)
+    return normalise_log(log_prior)
 
 
 def one_hot_responses(responses: Tensor, item_bank: ItemBank) -> Tensor:
@@ -193,6 +190,26 @@ def one_hot_responses(responses: Tensor, item_bank: ItemBank) -> Tensor:
     obs = y >= 0
     out[obs.nonzero(as_tuple=True) + (y[obs],)] = 1.0
     return out.reshape(n, i_n * o_n)
+
+
+def _group_sums(crow_g: Tensor, cols_g: Tensor, w: Tensor, g_n: int) -> Tensor:
+    """The ``[B·G, K]`` CSR matrix, block-diagonal in respondents, whose row ``(r, g)``
+    sums ``w [B, K]`` (persona columns in group order) over the personas of group ``g``;
+    ``crow_g [G + 1]`` / ``cols_g [K]`` are one respondent's row pointers and columns."""
+    bc, k = w.shape
+    if bc == 1:
+        crow, cols_k = crow_g, cols_g
+    else:
+        crow = torch.cat(
+            [
+                (crow_g[:-1].unsqueeze(0) + k * torch.arange(bc).unsqueeze(1)).reshape(-1),
+                torch.tensor([bc * k]),
+            ]
+        )
+        cols_k = cols_g.repeat(bc)
+    return torch.sparse_csr_tensor(
+        crow, cols_k, w.reshape(-1), (bc * g_n, k), check_invariants=False
+    )
 
 
 @register_model
@@ -373,7 +390,7 @@ class PersonaMixture(BeliefModel):
             i, o = self.item_bank.check_answer(item, option)
             log_post = log_post + self._log_lik_t[i, o]
             observed.append((i, o))
-        return PersonaState(_normalise_log(log_post), tuple(observed))
+        return PersonaState(normalise_log(log_post), tuple(observed))
 
     def update(self, state: PersonaState, item: int, option: int) -> PersonaState:
         """``log p(θ | h, y) = log p(θ | h) + log max(μ[θ, item, y], floor) − log Z``.
@@ -386,7 +403,7 @@ class PersonaMixture(BeliefModel):
         i, o = self.item_bank.check_answer(item, option)
         if any(j == i for j, _ in state.observed):
             raise ModelError(f"item {self.item_bank.keys[i]!r} was already observed in this state")
-        log_post = _normalise_log(state.log_post + self._log_lik_t[i, o])
+        log_post = normalise_log(state.log_post + self._log_lik_t[i, o])
         return PersonaState(log_post, state.observed + ((i, o),))
 
     def latent_posterior(self, state: PersonaState) -> Tensor:
@@ -649,26 +666,7 @@ class PersonaMixture(BeliefModel):
         for s in range(0, b, chunk):
             bc = min(chunk, b - s)
             if grouped:
-                # Block-diagonal in respondents: row (r, g) sums w[r, θ] over θ in group g.
-                if bc == 1:
-                    crow, cols_k = g_crow, g_cols
-                else:
-                    crow = torch.cat(
-                        [
-                            (g_crow[:-1].unsqueeze(0) + k * torch.arange(bc).unsqueeze(1)).reshape(
-                                -1
-                            ),
-                            torch.tensor([bc * k]),
-                        ]
-                    )
-                    cols_k = g_cols.repeat(bc)
-                sel = torch.sparse_csr_tensor(
-                    crow,
-                    cols_k,
-                    w_sorted[s : s + bc].reshape(-1),
-                    (bc * g_n, k),
-                    check_invariants=False,
-                )
+                sel = _group_sums(g_crow, g_cols, w_sorted[s : s + bc], g_n)
                 agg = (sel @ lik_g).reshape(bc, g_n, m)  # [b, G, M]
                 joint = torch.matmul(table_t, agg)  # [b, n_vt, M]
                 den = agg.sum(1)  # [b, M]
@@ -706,7 +704,7 @@ class PersonaMixture(BeliefModel):
         """Batched priors conditioned on ``observed [B, I]`` (``-1`` = not observed)."""
         y = self.item_bank.check_responses(observed)
         onehot = one_hot_responses(y, self.item_bank)  # [B, I*O]
-        log_post = _normalise_log(self.log_prior.unsqueeze(0) + onehot @ self._log_lik_flat.T)
+        log_post = normalise_log(self.log_prior.unsqueeze(0) + onehot @ self._log_lik_flat.T)
         return PersonaBatchState(log_post, y.clone())
 
     def to_batch(self, state: PersonaState) -> PersonaBatchState:
@@ -774,7 +772,7 @@ class PersonaMixture(BeliefModel):
             )
         add = self._log_lik_t[items, options.clamp_min(0)]  # [B, K]
         log_post = torch.where(
-            take.unsqueeze(1), _normalise_log(state.log_post + add), state.log_post
+            take.unsqueeze(1), normalise_log(state.log_post + add), state.log_post
         )
         responses = state.responses.clone()
         responses[rows[take], items[take]] = options[take]
@@ -833,185 +831,3 @@ class PersonaMixture(BeliefModel):
             floor=float(d.get("floor", DEFAULT_FLOOR)),
             labels=d.get("labels"),
         )
-
-
-# ---------------------------------------------------------------------------
-# Empirical-Bayes prior
-# ---------------------------------------------------------------------------
-
-
-def fit_prior_em(
-    mu: PersonaMixture | Tensor,
-    responses: Tensor,
-    *,
-    item_bank: ItemBank | None = None,
-    max_iter: int = 500,
-    tol: float = 1e-8,
-    floor: float = DEFAULT_FLOOR,
-) -> tuple[Tensor, list[float]]:
-    """Empirical-Bayes persona prior by EM (METHODS.md section 1).
-
-    With ``ℓ[u, θ] = Σ_{i observed} log max(μ[θ, i, y_ui], floor)``:
-
-        E-step  γ[u, θ] ∝ p(θ) · exp(ℓ[u, θ])
-        M-step  p(θ) = (1/N) Σ_u γ[u, θ]
-
-    starting from the uniform prior. Only non-missing entries count: callers mask the
-    target columns (and any other held-out answers) to ``-1``. Each iteration increases
-    the mean log marginal likelihood ``(1/N) Σ_u log Σ_θ p(θ) exp(ℓ[u, θ])``.
-
-    Args:
-        mu: a :class:`PersonaMixture` (its dictionary and floor are used, its prior ignored)
-            or a ``[K, I, O]`` table (then ``item_bank`` is required).
-        responses: ``LongTensor [N, I]``, ``-1`` = missing.
-        max_iter: maximum EM iterations.
-        tol: stop when the mean log-likelihood improves by less than ``tol``.
-
-    Returns:
-        ``(log_prior [K], trace)`` where ``trace[t]`` is the mean log-likelihood under the
-        prior after ``t`` M-steps (``trace[0]`` = uniform prior; the last entry is the
-        returned prior's).
-    """
-    if isinstance(mu, PersonaMixture):
-        model = mu
-    else:
-        if item_bank is None:
-            raise ModelError("fit_prior_em: item_bank is required when mu is a tensor")
-        model = PersonaMixture(item_bank, mu, floor=floor)
-    ll = model.log_likelihood_matrix(responses)  # [N, K]
-    n, k = ll.shape
-    if n == 0:
-        raise ShapeError("fit_prior_em: responses has no rows")
-    log_prior = torch.full((k,), -math.log(k), dtype=DTYPE)
-    trace: list[float] = []
-    for _ in range(max_iter + 1):
-        joint = ll + log_prior  # [N, K]
-        log_z = torch.logsumexp(joint, dim=1, keepdim=True)
-        trace.append(float(log_z.mean()))
-        if len(trace) > 1 and trace[-1] - trace[-2] < tol:
-            break
-        if len(trace) == max_iter + 1:
-            break
-        gamma = (joint - log_z).exp()  # [N, K]
-        prior = gamma.mean(0)
-        log_prior = torch.where(
-            prior > 0, prior.clamp_min(1e-300).log(), torch.full_like(prior, -math.inf)
-        )
-    return _normalise_log(log_prior), trace
-
-
-# ---------------------------------------------------------------------------
-# Compression
-# ---------------------------------------------------------------------------
-
-
-def _entropy_rows(p: Tensor) -> Tensor:
-    """Entropy over the last axis with ``0 log 0 = 0``."""
-    return -(p * p.clamp_min(1e-300).log()).sum(-1)
-
-
-def js_distance_matrix(a: Tensor, b: Tensor, *, chunk_elems: int = 1 << 20) -> Tensor:
-    """Jensen–Shannon distance between persona tables, averaged over items.
-
-    ``d(a_m, b_n) = sqrt( (1/I) Σ_i JS(a[m, i], b[n, i]) )`` with
-    ``JS(p, q) = H((p + q)/2) − (H(p) + H(q))/2`` (natural log, so ``0 <= JS <= log 2``).
-    With ``s = p + q`` (``Σ s = 2`` per item): ``H((p+q)/2) = log 2 − ½ Σ s log s``, so each
-    pair costs one add and one ``x log x`` per entry.
-
-    Args:
-        a: ``[M, I, O]`` distributions. b: ``[N, I, O]`` distributions.
-
-    Returns:
-        ``[M, N]`` distances.
-    """
-    m, i_n, o_n = a.shape
-    n = b.shape[0]
-    a2 = a.reshape(m, i_n * o_n)
-    b2 = b.reshape(n, i_n * o_n)
-    ha = _entropy_rows(a).sum(1)  # [M]
-    hb = _entropy_rows(b).sum(1)  # [N]
-    out = torch.empty(m, n, dtype=DTYPE)
-    step = max(1, chunk_elems // max(1, n * i_n * o_n))
-    for s in range(0, m, step):
-        pair = a2[s : s + step].unsqueeze(1) + b2.unsqueeze(0)  # [m, N, I*O]
-        slogs = torch.xlogy(pair, pair).sum(-1)  # Σ_i Σ_k s log s
-        hm = i_n * math.log(2.0) - 0.5 * slogs
-        js = hm - 0.5 * (ha[s : s + step].unsqueeze(1) + hb.unsqueeze(0))
-        out[s : s + step] = (js.clamp_min(0) / i_n).sqrt()
-    return out
-
-
-def compress(
-    mixture: PersonaMixture,
-    n_prototypes: int,
-    *,
-    min_prior: float = 1e-5,
-    seed: int = 0,
-    max_iter: int = 50,
-) -> PersonaMixture:
-    """Merge personas into prototypes (METHODS.md section 1, "compression").
-
-    1. Drop personas with prior ``< min_prior`` (the rest are renormalised).
-    2. If at most ``n_prototypes`` remain, return them unchanged (same predictive).
-    3. Otherwise prior-weighted k-means under :func:`js_distance_matrix`: seeds by
-       prior-weighted k-means++; assign each persona to its nearest prototype; each
-       prototype's table is the prior-weighted mean of its members' distributions and its
-       prior the sum of its members' priors. Stops when assignments no longer change.
-
-    Returns:
-        A new :class:`PersonaMixture` with at most ``n_prototypes`` personas and total prior
-        mass 1. ``metrics["compressed_from"]`` records the original ``K``.
-    """
-    if n_prototypes < 1:
-        raise ModelError(f"n_prototypes must be >= 1, got {n_prototypes}")
-    prior = mixture.log_prior.exp()
-    keep = (prior >= min_prior) & (prior > 0)
-    if not bool(keep.any()):
-        raise ModelError(f"no persona has prior >= min_prior={min_prior}")
-    mu = mixture.mu[keep]
-    w = prior[keep] / prior[keep].sum()
-    labels = (
-        [lab for lab, kp in zip(mixture.labels, keep.tolist(), strict=True) if kp]
-        if mixture.labels is not None
-        else None
-    )
-    k = int(mu.shape[0])
-    if k <= n_prototypes:
-        out = PersonaMixture(mixture.item_bank, mu, w.log(), floor=mixture.floor, labels=labels)
-        out.metrics = {"compressed_from": mixture.n_personas, "n_prototypes": k}
-        return out
-    gen = torch.Generator().manual_seed(seed)
-    # k-means++ seeding, weighted by the prior.
-    centres = [int(torch.multinomial(w, 1, generator=gen))]
-    d2 = js_distance_matrix(mu, mu[centres[-1]].unsqueeze(0))[:, 0] ** 2
-    for _ in range(1, n_prototypes):
-        p = w * d2
-        if float(p.sum()) <= 0:
-            rest = [j for j in range(k) if j not in set(centres)]
-            centres.append(rest[int(torch.randint(len(rest), (1,), generator=gen))])
-        else:
-            centres.append(int(torch.multinomial(p / p.sum(), 1, generator=gen)))
-        d2 = torch.minimum(d2, js_distance_matrix(mu, mu[centres[-1]].unsqueeze(0))[:, 0] ** 2)
-    cent = mu[centres].clone()  # [P, I, O]
-    assign = torch.full((k,), -1, dtype=torch.long)
-    for _ in range(max_iter):
-        dist = js_distance_matrix(mu, cent)  # [K, P]
-        new = dist.argmin(1)
-        # An empty prototype takes the persona farthest from its own prototype.
-        counts = torch.bincount(new, minlength=n_prototypes)
-        for p_idx in (counts == 0).nonzero().flatten().tolist():
-            far = int((dist[torch.arange(k), new] * (counts[new] > 1)).argmax())
-            counts[new[far]] -= 1
-            new[far] = p_idx
-            counts[p_idx] = 1
-        if bool((new == assign).all()):
-            break
-        assign = new
-        mass = torch.zeros(n_prototypes, dtype=DTYPE).index_add_(0, assign, w)
-        cent = torch.zeros_like(cent).index_add_(0, assign, w.view(-1, 1, 1) * mu)
-        cent = cent / mass.view(-1, 1, 1)
-    mass = torch.zeros(n_prototypes, dtype=DTYPE).index_add_(0, assign, w)
-    cent = torch.zeros_like(cent).index_add_(0, assign, w.view(-1, 1, 1) * mu) / mass.view(-1, 1, 1)
-    out = PersonaMixture(mixture.item_bank, cent, mass.log(), floor=mixture.floor)
-    out.metrics = {"compressed_from": mixture.n_personas, "n_prototypes": n_prototypes}
-    return out

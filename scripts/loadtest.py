@@ -35,8 +35,8 @@ from sqlalchemy import create_engine, func, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from sqlmodel import Session, select  # noqa: E402
 
+from app import session as svc  # noqa: E402
 from app.db import make_engine, upgrade  # noqa: E402
-from app.services import sessions as svc  # noqa: E402
 from app.services.apikeys import create_api_key, create_researcher  # noqa: E402
 from app.services.belief import historical_matrix  # noqa: E402
 from app.services.demo import prepare_study_for_fielding  # noqa: E402
@@ -490,7 +490,7 @@ def verify(url: str, results: dict[str, Any], max_questions: int) -> dict[str, A
                 answers = db.exec(
                     select(Answer).where(Answer.session_id == sid).order_by(Answer.id)
                 ).all()  # type: ignore[arg-type]
-                if not svc.states_equal(svc._load_state(sess.state), svc.replay(rt, resp, answers)):  # type: ignore[arg-type]
+                if not svc.states_equal(svc.load_state(sess.state), svc.replay(rt, resp, answers)):  # type: ignore[arg-type]
                     mismatched += 1
     finally:
         engine.dispose()

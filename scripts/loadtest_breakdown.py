@@ -40,16 +40,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 STEPS = {
-    "app.services.sessions": [
-        "submit_answer",
-        "_submit_fast",
-        "_decide",
-        "read_session_by_token",
-        "_dump_state",
-        "_load_state",
-        "load_runtime",
-        "start_session",
-    ],
+    # each name wrapped where its callers look it up
+    "app.session": ["submit_answer", "read_session_by_token", "load_runtime", "start_session"],
+    "app.session.submit": ["submit_fast"],
+    "app.session.decide": ["decide_next", "dump_state", "load_state"],
 }
 
 

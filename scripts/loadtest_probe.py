@@ -12,7 +12,7 @@ microseconds per request, and each worker process writes them to
   every request of the process);
 * ``gc``: ``[generation, wall ms, CPU ms, objects left in generation 2]`` of every
   cyclic-GC collection (a full collection over a large heap stalls the process);
-* ``answer_paths``: :data:`app.services.answer_async.STATS` (answers stored in the
+* ``answer_paths``: :data:`app.session.async_path.STATS` (answers stored in the
   event loop vs handed to the thread pool);
 * ``pools``: ``psycopg_pool`` statistics of the asyncio pools (PostgreSQL): requests that
   had to wait for a connection (``requests_queued``) and their total wait
@@ -74,8 +74,8 @@ def _dump() -> None:
     ``worker-<pid>.json``."""
     if not _DIR:
         return
-    from app.services.answer_async import STATS
-    from app.services.sessions import STEP_MEMO_STATS
+    from app.session.async_path import STATS
+    from app.session.memo import STEP_MEMO_STATS
 
     series = {"answers": _answers, "loop_lag_ms": _lag_ms, "gc": _gc}
     new = {k: v[_written[k] :] for k, v in series.items()}

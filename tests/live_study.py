@@ -22,11 +22,14 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app import session as svc
 from app.db import make_engine, upgrade
 from app.services.apikeys import create_api_key, create_researcher
 from app.services.belief import fit_study_model
 from app.services.demo import prepare_study_for_fielding
 from app.services.importer import import_dataset
+from app.session import decide as session_decide
+from app.session import locked as session_locked
 from app.tables import Study
 
 
@@ -209,8 +212,6 @@ def ces_sample_study(
     (``yield from``); the runtime cache is cleared first and the engine disposed after."""
     from conftest import DATASETS_DIR, write_small_dataset
 
-    from app.services import sessions as svc
-
     for url in fresh_database_url(backend, folder):
         svc.clear_runtime_cache()
         data = write_small_dataset(DATASETS_DIR / "ces", folder / f"ces{n_rows}", n_rows)
@@ -222,18 +223,17 @@ def ces_sample_study(
 
 
 def count_decisions(monkeypatch: Any) -> list[int]:
-    """Count the selection steps run from now on (``sessions._decide`` calls; a
-    first-decision cache or step memo hit runs none): one entry per call."""
-    from app.services import sessions as svc
-
+    """Count the selection steps run from now on (``decide_next`` calls, wherever they are
+    made from; a first-decision cache or step memo hit runs none): one entry per call."""
     calls: list[int] = []
-    real = svc._decide
+    real = session_decide.decide_next
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(svc, "_decide", counted)
+    for module in (session_decide, session_locked):
+        monkeypatch.setattr(module, "decide_next", counted)
     return calls
 
 

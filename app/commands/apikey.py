@@ -6,6 +6,13 @@ import argparse
 import sys
 from typing import Any
 
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from app import db
+from app.services.apikeys import create_api_key, list_api_keys, revoke_api_key
+from app.settings import get_settings
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -26,18 +33,11 @@ def register(subparsers: Any) -> None:
     revoke.set_defaults(func=_revoke)
 
 
-def _engine() -> Any:
-    from app import db
-    from app.settings import get_settings
-
+def _engine() -> Engine:
     return db.make_engine(get_settings().database_url)
 
 
 def _create(args: argparse.Namespace) -> int:
-    from sqlmodel import Session
-
-    from app.services.apikeys import create_api_key
-
     engine = _engine()
     try:
         with Session(engine) as session:
@@ -53,10 +53,6 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from sqlmodel import Session
-
-    from app.services.apikeys import list_api_keys
-
     engine = _engine()
     try:
         with Session(engine) as session:
@@ -69,10 +65,6 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    from sqlmodel import Session
-
-    from app.services.apikeys import revoke_api_key
-
     engine = _engine()
     try:
         with Session(engine) as session:

@@ -1,11 +1,13 @@
 """``priorly bench``: the benchmarks of the elicitation engine.
 
 Subcommands are listed in :data:`SUBCOMMANDS` (name → help, argument builder, handler);
-adding one (e.g. ``group``) is one entry. Handlers turn the elicitation package's user
-errors (:class:`elicitation.errors.ElicitationError`, the dataset loader's
-:class:`elicitation.datasets.DatasetError`) into :class:`app.errors.InvalidInputError`,
-which the CLI prints as one line with exit code 2. Output files are written whole or not
-at all (a temporary file renamed into place).
+adding one is one entry. The elicitation package's errors (``ElicitationError``, the
+dataset loader's ``DatasetError``, ``ModelError``) are user errors
+(:func:`app.errors.is_user_error`): the CLI prints them as one line with exit code 2.
+Output files are written whole or not at all (a temporary file renamed into place).
+
+A handler imports the torch-heavy benchmark modules when it runs, so that registering the
+command (every ``priorly`` invocation, ``--help`` included) stays fast.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import InvalidInputError
+from app.schemas import StudySettings
+from elicitation.bench.defaults import DEFAULT_GROUP_METHODS, DEFAULT_METHODS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PERSONAS = REPO_ROOT / "datasets" / "wvs_personas"
@@ -41,14 +45,6 @@ def _write_json(path: Path, obj: Any) -> None:
         raise
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from elicitation.datasets import DatasetError
-    from elicitation.errors import ElicitationError
-    from models.base import ModelError
-
-    return (ElicitationError, DatasetError, ModelError)
-
-
 def _methods_arg(text: str) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
     if not names:
@@ -58,8 +54,6 @@ def _methods_arg(text: str) -> list[str]:
 
 # ---- individual -------------------------------------------------------------------------
 def _add_individual(p: argparse.ArgumentParser) -> None:
-    from elicitation.bench.defaults import DEFAULT_METHODS
-
     p.add_argument(
         "--dataset",
         required=True,
@@ -93,11 +87,12 @@ def _add_individual(p: argparse.ArgumentParser) -> None:
 
 
 def _individual(args: argparse.Namespace) -> int:
-    # Importing these registers more methods with the harness: cape_cooccurrence,
-    # cape_linear, cape_factor and auto; llm_personas and mixed.
+    # torch-heavy, imported when the command runs (``priorly --help`` stays fast).
+    # model_choice and bench_methods register more methods with the harness:
+    # cape_cooccurrence, cape_linear, cape_factor and auto; llm_personas and mixed.
     import torch
 
-    import elicitation.model_choice  # noqa: F401
+    import elicitation.model_choice
     import inference_server.bench_methods  # noqa: F401
     from elicitation.bench.individual import run_individual
     from elicitation.bench.plot import plot_curves
@@ -106,26 +101,23 @@ def _individual(args: argparse.Namespace) -> int:
         raise InvalidInputError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     fits: dict[str, Any] = {}  # shared by the benchmark and the CAPE measures' pass
-    try:
-        result = run_individual(
-            args.dataset,
-            args.budget,
-            args.methods,
-            n_runs=args.runs,
-            seed=args.seed,
-            progress=not args.no_progress,
-            cache=fits,
+    result = run_individual(
+        args.dataset,
+        args.budget,
+        args.methods,
+        n_runs=args.runs,
+        seed=args.seed,
+        progress=not args.no_progress,
+        cache=fits,
+    )
+    if not args.no_cape_measures:
+        # CAPE's measures: questions_to_90pct, log_loss_all_candidates, adaptivity and
+        # adaptivity_pairs, added to each adaptive method's entry.
+        measures = elicitation.model_choice.cape_measures(
+            args.dataset, result, n_runs=args.runs, seed=args.seed, cache=fits
         )
-        if not args.no_cape_measures:
-            # CAPE's measures (issue 6): questions_to_90pct, log_loss_all_candidates,
-            # adaptivity and adaptivity_pairs, added to each adaptive method's entry.
-            measures = elicitation.model_choice.cape_measures(
-                args.dataset, result, n_runs=args.runs, seed=args.seed, cache=fits
-            )
-            for name, extra in measures.items():
-                result["methods"][name].update(extra)
-    except _user_errors() as exc:
-        raise InvalidInputError(str(exc)) from None
+        for name, extra in measures.items():
+            result["methods"][name].update(extra)
     _write_json(args.out, result)
     if args.plot is not None:
         plot_curves(result, args.plot)
@@ -162,8 +154,6 @@ def _add_speed(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--seed", type=int, default=0)
-    from app.schemas import StudySettings
-
     live = StudySettings().criterion
     p.add_argument(
         "--criterion",
@@ -173,19 +163,16 @@ def _add_speed(p: argparse.ArgumentParser) -> None:
 
 
 def _speed(args: argparse.Namespace) -> int:
-    from elicitation.bench.speed import run_speed
+    from elicitation.bench.speed import run_speed  # torch-heavy (``--help`` stays fast)
 
-    try:
-        result = run_speed(
-            args.personas,
-            steps=args.steps,
-            batch=args.batch,
-            threads=args.threads,
-            seed=args.seed,
-            criterion=args.criterion,
-        )
-    except _user_errors() as exc:
-        raise InvalidInputError(str(exc)) from None
+    result = run_speed(
+        args.personas,
+        steps=args.steps,
+        batch=args.batch,
+        threads=args.threads,
+        seed=args.seed,
+        criterion=args.criterion,
+    )
     _write_json(args.out, result)
     print(
         f"live step p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms over "
@@ -198,8 +185,6 @@ def _speed(args: argparse.Namespace) -> int:
 
 # ---- group (logic in elicitation/group_bench.py) -----------------------------------------
 def _add_group(p: argparse.ArgumentParser) -> None:
-    from elicitation.bench.defaults import DEFAULT_GROUP_METHODS
-
     p.add_argument("--dataset", required=True, type=Path, metavar="DIR", help="dataset folder")
     p.add_argument(
         "--respondent-budget",
@@ -225,27 +210,26 @@ def _add_group(p: argparse.ArgumentParser) -> None:
 
 
 def _group(args: argparse.Namespace) -> int:
+    # torch-heavy, imported when the command runs (``priorly --help`` stays fast).
     import torch
 
-    from elicitation.group_bench import plot_group, run_group
+    from elicitation.bench.plot import plot_group
+    from elicitation.group_bench import run_group
 
     torch.set_num_threads(args.threads)
     budget: float | int = args.respondent_budget
     if budget > 1:
         budget = int(budget)
-    try:
-        result = run_group(
-            args.dataset,
-            budget,
-            args.rounds,
-            args.methods,
-            nonresponse=args.nonresponse,
-            n_runs=args.runs,
-            seed=args.seed,
-            cache=args.cache,
-        )
-    except _user_errors() as exc:
-        raise InvalidInputError(str(exc)) from None
+    result = run_group(
+        args.dataset,
+        budget,
+        args.rounds,
+        args.methods,
+        nonresponse=args.nonresponse,
+        n_runs=args.runs,
+        seed=args.seed,
+        cache=args.cache,
+    )
     _write_json(args.out, result)
     if args.plot is not None:
         plot_group(result, args.plot)
@@ -279,7 +263,7 @@ def _add_group_speed(p: argparse.ArgumentParser) -> None:
 
 
 def _group_speed(args: argparse.Namespace) -> int:
-    from elicitation.group_bench import run_group_speed
+    from elicitation.group_bench import run_group_speed  # torch-heavy (``--help`` stays fast)
 
     try:
         result = run_group_speed(
@@ -292,7 +276,7 @@ def _group_speed(args: argparse.Namespace) -> int:
             seed=args.seed,
             cache=args.cache,
         )
-    except (*_user_errors(), ValueError) as exc:
+    except ValueError as exc:  # a bad --members value, among others
         raise InvalidInputError(str(exc)) from None
     _write_json(args.out, result)
     print(f"wrote {args.out}")

@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from app.services.importer import import_dataset
+    from app.services.importer import import_dataset  # loads numpy: --help stays fast
 
     settings = get_settings()
     db.upgrade(settings.database_url)

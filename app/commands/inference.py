@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from inference_server.server import VLLMServer, setup_vllm_env
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -47,8 +49,6 @@ def register(subparsers: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from inference_server.server import VLLMServer, setup_vllm_env
-
     if args.setup_only:
         print(setup_vllm_env(args.venv, device=args.device))
         return 0

@@ -9,8 +9,16 @@ Later accounts are created in the admin UI (by an admin, or through an invitatio
 from __future__ import annotations
 
 import argparse
+import getpass
 import sys
 from typing import Any
+
+from sqlmodel import Session
+
+from app import db
+from app.errors import InvalidInputError
+from app.services.apikeys import get_researcher_by_email
+from app.settings import get_settings
 
 
 def register(subparsers: Any) -> None:
@@ -28,25 +36,16 @@ def register(subparsers: Any) -> None:
 
 
 def _read_password() -> str:
-    import getpass
-
     if sys.stdin.isatty():
         first = getpass.getpass("new password: ")
         if first != getpass.getpass("repeat it: "):
-            from app.errors import InvalidInputError
-
             raise InvalidInputError("the two passwords differ")
         return first
     return sys.stdin.readline().rstrip("\r\n")
 
 
 def _password(args: argparse.Namespace) -> int:
-    from sqlmodel import Session
-
-    from app import db
-    from app.auth import set_password
-    from app.services.apikeys import get_researcher_by_email
-    from app.settings import get_settings
+    from app.auth import set_password  # loads the web stack (fastapi): --help stays fast
 
     engine = db.make_engine(get_settings().database_url)
     try:

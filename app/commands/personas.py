@@ -1,12 +1,16 @@
-"""``priorly personas generate|bench``: LLM persona answer distributions (issue 4).
+"""``priorly personas generate|table|bench``: LLM persona answer distributions.
 
 ``generate`` builds a study's persona dictionary (from its respondents' attribute profiles,
 or from a file of researcher texts), stores it in ``study_persona``, and scores every
 persona × question pair with a backend into ``persona_distribution`` — resumably: stored
 pairs are never recomputed, each chunk is committed as soon as it is scored, and a
 failing backend leaves a ``failed`` job row and nothing wrong stored (rerun to resume).
+The work is :mod:`app.services.personas` (shared with the ``persona_generation`` job);
+this command adds the job row, the progress bar and the JSON summary.
 
-``bench`` measures persona-item distributions per second (see docs/inference.md).
+``table`` caches a dataset's persona table for the benchmark; ``bench`` measures
+persona-item distributions per second (see docs/inference.md). The handlers import the
+torch-heavy modules when they run, so that ``priorly --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -14,15 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import time
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import Session, select
+from sqlmodel import Session
+from tqdm import tqdm
 
 from app import db
 from app.errors import InvalidInputError
+from app.services.studies import get_study_by_slug
 from app.settings import get_settings
+from app.tables import Job, JobStatus, utcnow
 
 JOB_KIND = "persona_generation"
 
@@ -113,160 +120,26 @@ def register(subparsers: Any) -> None:
     bench.set_defaults(func=_bench)
 
 
-# ----- the database store ------------------------------------------------------------------
+def _backend(args: argparse.Namespace) -> Any:
+    """The scoring backend of the ``--backend`` ... arguments."""
+    from app.services import personas as personas_service  # torch-heavy: --help stays fast
 
-
-class SqlDistributionStore:
-    """:class:`inference_server.generate.DistributionStore` on ``persona_distribution``."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-
-    def existing(self, keys: Sequence[Any]) -> set[Any]:
-        from app.tables import PersonaDistribution
-        from inference_server.generate import PairKey
-
-        found: set[Any] = set()
-        by_group: dict[tuple[str, str], list[Any]] = {}
-        for k in keys:
-            by_group.setdefault((k.model_id, k.template_version), []).append(k)
-        for (model_id, version), group in by_group.items():
-            persona_hashes = sorted({k.persona_hash for k in group})
-            for start in range(0, len(persona_hashes), 500):
-                rows = self.session.exec(
-                    select(PersonaDistribution.persona_hash, PersonaDistribution.item_hash).where(
-                        PersonaDistribution.model_id == model_id,
-                        PersonaDistribution.template_version == version,
-                        PersonaDistribution.persona_hash.in_(  # type: ignore[attr-defined]
-                            persona_hashes[start : start + 500]
-                        ),
-                    )
-                ).all()
-                found.update(PairKey(model_id, version, ph, ih) for ph, ih in rows)
-        return found & set(keys)
-
-    def save(self, rows: Sequence[tuple[Any, Any]]) -> None:
-        from app.tables import PersonaDistribution
-
-        try:
-            for key, score in rows:
-                self.session.add(
-                    PersonaDistribution(
-                        model_id=key.model_id,
-                        template_version=key.template_version,
-                        persona_hash=key.persona_hash,
-                        item_hash=key.item_hash,
-                        probs=[float(p) for p in score.probs],
-                        valid_mass=float(score.valid_mass),
-                        flagged=bool(score.flagged),
-                    )
-                )
-            self.session.commit()
-        except BaseException:
-            self.session.rollback()
-            raise
-
-
-def study_items(study_id: int, *, session: Session) -> tuple[list[Any], list[Any]]:
-    """``(attribute codebook items, question prompt items)`` of a study, in position order."""
-    from app.tables import Item, ItemRole
-    from elicitation.datasets import CodebookItem
-    from inference_server.prompts import PromptItem
-
-    rows = session.exec(
-        select(Item).where(Item.study_id == study_id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
-    ).all()
-    attrs, questions = [], []
-    for it in rows:
-        opts = tuple((str(letter), str(label)) for letter, label in it.options)
-        if it.role == ItemRole.attribute.value:
-            attrs.append(
-                CodebookItem(id=it.key, question=it.question, options=opts, topic=it.topic)
-            )
-        elif it.role in (ItemRole.question.value, ItemRole.target.value):
-            questions.append(PromptItem(it.key, it.question, tuple(lb for _, lb in opts)))
-    return attrs, questions
-
-
-def attribute_matrix(study_id: int, attrs: Sequence[Any], *, session: Session) -> Any:
-    """``int [N, A]`` option indices of the study's respondents' attributes (-1 missing)."""
-    import numpy as np
-
-    from app.tables import Respondent
-
-    index = [{letter: k for k, (letter, _) in enumerate(a.options)} for a in attrs]
-    rows = session.exec(select(Respondent.attributes).where(Respondent.study_id == study_id)).all()
-    out = np.full((len(rows), len(attrs)), -1, dtype=np.int64)
-    for r, values in enumerate(rows):
-        for j, a in enumerate(attrs):
-            letter = (values or {}).get(a.id)
-            if letter is not None and letter in index[j]:
-                out[r, j] = index[j][letter]
-    return out
-
-
-def save_study_personas(
-    study_id: int, personas: Sequence[Any], source: str, *, session: Session
-) -> int:
-    """Add the personas the study does not have yet (by text hash); returns how many."""
-    from app.tables import StudyPersona
-
-    have = set(
-        session.exec(select(StudyPersona.text_hash).where(StudyPersona.study_id == study_id)).all()
-    )
-    added = 0
-    for p in personas:
-        if p.hash in have:
-            continue
-        session.add(
-            StudyPersona(
-                study_id=study_id,
-                key=p.key[:200],
-                text=p.text,
-                text_hash=p.hash,
-                weight=p.weight,
-                source=source,
-            )
-        )
-        have.add(p.hash)
-        added += 1
-    session.commit()
-    return added
-
-
-def _make_backend(args: argparse.Namespace) -> Any:
-    from inference_server.backends import make_backend
-
-    if args.backend == "openai":
-        if not args.base_url:
-            raise InvalidInputError("--backend openai needs --base-url")
-        from inference_server.model_store import DEFAULT_MODEL
-
-        return make_backend(
-            "openai",
-            base_url=args.base_url,
-            model=args.model or DEFAULT_MODEL,
-            batch_size=args.batch_size,
-            concurrency=args.concurrency,
-            threshold=args.threshold,
-        )
-    return make_backend(
-        "local",
+    return personas_service.make_persona_backend(
+        args.backend,
+        base_url=args.base_url,
         model=args.model,
         batch_size=args.batch_size,
+        concurrency=args.concurrency,
         threshold=args.threshold,
-        num_threads=args.threads,
+        threads=args.threads,
     )
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from app.services.studies import get_study_by_slug
-    from app.tables import Job, JobStatus, utcnow
+    # torch-heavy (inference_server), imported when the command runs: --help stays fast.
+    from app.services import personas as personas_service
     from inference_server.errors import InferenceError
-    from inference_server.generate import generate
-    from inference_server.personas import profiles_from_matrix, read_persona_file
+    from inference_server.personas import read_persona_file
 
     settings = get_settings()
     db.upgrade(settings.database_url)
@@ -275,15 +148,19 @@ def _generate(args: argparse.Namespace) -> int:
         with Session(engine) as session:
             study = get_study_by_slug(args.study, session=session)
             assert study.id is not None
-            attrs, questions = study_items(study.id, session=session)
+            attrs, questions = personas_service.study_items(study.id, session=session)
             if not questions:
                 raise InvalidInputError(f"study {args.study!r} has no questions")
             if args.personas == "from-attributes":
                 if not attrs:
                     raise InvalidInputError(f"study {args.study!r} has no attribute items")
-                matrix = attribute_matrix(study.id, attrs, session=session)
-                personas = profiles_from_matrix(
-                    attrs, matrix, mode=args.profiles, n=args.n_personas, seed=args.seed
+                personas = personas_service.attribute_personas(
+                    study.id,
+                    attrs,
+                    mode=args.profiles,
+                    n=args.n_personas,
+                    seed=args.seed,
+                    session=session,
                 )
                 source = "attributes"
             else:
@@ -291,7 +168,9 @@ def _generate(args: argparse.Namespace) -> int:
                 if args.n_personas is not None:
                     personas = personas[: args.n_personas]
                 source = "file"
-            added = save_study_personas(study.id, personas, source, session=session)
+            added = personas_service.save_study_personas(
+                study.id, personas, source, session=session
+            )
             job = Job(
                 kind=JOB_KIND,
                 study_id=study.id,
@@ -319,14 +198,13 @@ def _generate(args: argparse.Namespace) -> int:
                 bar.n = done
                 bar.refresh()
 
-            store = SqlDistributionStore(session)
             try:
-                backend = _make_backend(args)
-                stats = generate(
+                backend = _backend(args)
+                stats = personas_service.score_personas(
                     [p.text for p in personas],
                     questions,
                     backend,
-                    store,
+                    session=session,
                     chunk_size=args.chunk,
                     limit=args.limit,
                     on_progress=progress,
@@ -369,15 +247,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
-    import time
-
-    from tqdm import tqdm
-
+    # torch-heavy and numpy, imported when the command runs: --help stays fast.
     from elicitation.datasets import load_dataset
     from inference_server.persona_table import build_table, table_path
 
     ds = load_dataset(args.dataset)
-    backend = _make_backend(args)
+    backend = _backend(args)
     bar = tqdm(total=0, unit="pair", desc="persona table", file=sys.stderr)
 
     def progress(done: int, todo: int) -> None:
@@ -407,7 +282,7 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from inference_server.bench import run_bench
+    from inference_server.bench import run_bench  # torch-heavy: --help stays fast
 
     sizes = [int(x) for x in str(args.batch_sizes).split(",") if x.strip()]
     result = run_bench(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import uvicorn
+
 from app.settings import load_settings
 
 
@@ -34,10 +36,12 @@ def register(subparsers: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    # The web app, the importer, the demo's preparation and the job code load torch,
+    # numpy, fastapi and huey when the command runs: --help stays fast.
+    from app.jobs.worker import start_background_worker
     from app.main import create_app
     from app.services.bootstrap import bootstrap_database
+    from app.services.demo import prepare_demo_database
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -52,13 +56,9 @@ def _serve(args: argparse.Namespace) -> int:
             f"({result.demo.n_respondents:,} respondents) in {result.demo.seconds:.1f} s"
         )
     if not args.no_demo:
-        from app.services.demo import prepare_demo_database
-
         prepare_demo_database(settings, log=print)
     worker = None
     if not args.no_worker and args.workers > 0:
-        from app.jobs.queue import start_background_worker
-
         worker = start_background_worker(settings, workers=args.workers)
         print(f"job worker: {args.workers} thread(s) in this process")
     print(f"serving on http://{settings.host}:{settings.port}")

@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from sqlmodel import Session
+
+from app import db
+from app.services.apikeys import create_researcher
+from app.settings import get_settings
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -20,12 +26,6 @@ def register(subparsers: Any) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from sqlmodel import Session
-
-    from app import db
-    from app.services.apikeys import create_researcher
-    from app.settings import get_settings
-
     engine = db.make_engine(get_settings().database_url)
     try:
         with Session(engine) as session:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from sqlmodel import Session
+
+from app.db import check_database, head_revision, make_engine
+from app.errors import DatabaseError, InvalidInputError
 from app.settings import load_settings
 
 
@@ -30,11 +34,10 @@ def register(subparsers: Any) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from sqlmodel import Session
-
-    from app.db import check_database, head_revision, make_engine
-    from app.errors import DatabaseError, InvalidInputError
-    from app.jobs.queue import queue_location, run_worker
+    # The queue (huey) and the job code (torch, the services) load when the command runs:
+    # --help stays fast.
+    from app.jobs.queue import queue_location
+    from app.jobs.worker import run_worker
     from app.services.jobs import requeue_orphans
 
     if args.workers < 1:

@@ -5,31 +5,26 @@ One Huey task, ``priorly.run_job(job_id)``, carries a job id; everything else is
 Huey's SQLite storage keeps queued messages on disk, so queued jobs survive a restart of
 the server or of the workers; Redis does the same for workers on several machines.
 
-Workers: :func:`run_worker` runs a consumer in the foreground (``priorly worker``, any
-number of them, on any machine that reaches the database and the queue);
-:func:`start_background_worker` starts consumer threads inside ``priorly serve``. Each
-worker also runs a *reaper* thread (:func:`app.jobs.runner.reap_dead_jobs`) that queues
-again the jobs whose worker died.
+This module is the producer side (:meth:`Queue.enqueue`) and imports no job code. The
+consumer side (:mod:`app.jobs.worker`) sets :attr:`Queue.executor` to the function that
+runs a job (:func:`app.jobs.runner.execute_job`) before it consumes messages.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from huey import RedisHuey, SqliteHuey
 from huey.api import Huey
-from huey.consumer import Consumer
 from sqlalchemy.engine import Engine, make_url
 
 from app.db import make_engine
 from app.errors import ConfigurationError
 from app.settings import Settings
-
-log = logging.getLogger("priorly.jobs")
 
 TASK_NAME = "priorly.run_job"
 
@@ -46,13 +41,25 @@ def queue_location(settings: Settings) -> str:
     return str(Path("priorly-queue.db").resolve())
 
 
+Executor = Callable[..., Any]
+"""``executor(engine, job_id, *, stale_after_s)``: claims and runs one job."""
+
+
 @dataclass
 class Queue:
-    """A Huey instance with the job task registered, and the engine its workers use."""
+    """A Huey instance with the job task registered, and the engine its workers use.
+
+    Attributes:
+        huey: the Huey instance.
+        task: the ``priorly.run_job`` task (calling it enqueues a job id).
+        settings: the settings the queue was built from.
+        executor: what the task runs in a consumer; set by :mod:`app.jobs.worker`.
+    """
 
     huey: Huey
     task: Any
     settings: Settings
+    executor: Executor | None = None
     _engine: Engine | None = None
 
     @property
@@ -81,6 +88,7 @@ def get_queue(settings: Settings) -> Queue:
 
 def _build(settings: Settings) -> Queue:
     if settings.redis_url:
+        # redis is an optional dependency (priorly[redis]): checked only when configured.
         try:
             import redis  # noqa: F401
         except ImportError:
@@ -97,75 +105,11 @@ def _build(settings: Settings) -> Queue:
 
     @huey.task(name=TASK_NAME)
     def run_job(job_id: int) -> None:
-        from app.jobs.runner import execute_job
-
         q = holder["queue"]
-        execute_job(q.engine, job_id, stale_after_s=q.settings.job_stale_after_s)
+        if q.executor is None:
+            raise RuntimeError("this queue has no executor: consume it through app.jobs.worker")
+        q.executor(q.engine, job_id, stale_after_s=q.settings.job_stale_after_s)
 
     queue = Queue(huey=huey, task=run_job, settings=settings)
     holder["queue"] = queue
     return queue
-
-
-class _EmbeddedConsumer(Consumer):  # type: ignore[misc]
-    """A consumer that runs inside another program: no signal handlers of its own."""
-
-    def _set_signal_handlers(self) -> None:
-        return None
-
-
-def _reaper_loop(queue: Queue, stop: threading.Event) -> None:
-    from app.jobs.runner import reap_dead_jobs
-
-    interval = max(0.5, queue.settings.job_stale_after_s / 3)
-    while True:
-        try:
-            for job_id in reap_dead_jobs(
-                queue.engine, stale_after_s=queue.settings.job_stale_after_s
-            ):
-                queue.enqueue(job_id)
-        except Exception:  # the reaper must survive a database hiccup
-            log.exception("reaping dead jobs failed")
-        if stop.wait(interval):
-            return
-
-
-@dataclass
-class BackgroundWorker:
-    """Consumer threads and a reaper thread started by :func:`start_background_worker`."""
-
-    consumer: Consumer
-    stop_event: threading.Event
-    reaper: threading.Thread
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.consumer.stop(graceful=False)
-
-
-def start_background_worker(settings: Settings, workers: int = 1) -> BackgroundWorker:
-    """Start ``workers`` consumer threads and a reaper in this process (``priorly serve``)."""
-    queue = get_queue(settings)
-    consumer = _EmbeddedConsumer(
-        queue.huey, workers=workers, worker_type="thread", periodic=False, max_delay=1.0
-    )
-    consumer.start()
-    stop = threading.Event()
-    reaper = threading.Thread(target=_reaper_loop, args=(queue, stop), daemon=True, name="reaper")
-    reaper.start()
-    return BackgroundWorker(consumer, stop, reaper)
-
-
-def run_worker(settings: Settings, workers: int = 1, worker_type: str = "thread") -> None:
-    """Run a consumer in the foreground until interrupted (``priorly worker``)."""
-    queue = get_queue(settings)
-    stop = threading.Event()
-    reaper = threading.Thread(target=_reaper_loop, args=(queue, stop), daemon=True, name="reaper")
-    reaper.start()
-    consumer = Consumer(
-        queue.huey, workers=workers, worker_type=worker_type, periodic=False, max_delay=1.0
-    )
-    try:
-        consumer.run()
-    finally:
-        stop.set()

@@ -24,8 +24,6 @@ import os
 import socket
 import threading
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -33,20 +31,15 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from app.errors import error_line, is_user_error
+from app.jobs.context import JobCancelled, JobContext, JobLost
+from app.jobs.tasks import task_of
 from app.tables import Job, JobStatus, utcnow
 
 log = logging.getLogger("priorly.jobs")
 
 MAX_ATTEMPTS = 3
 """A job whose worker died this many times is marked failed instead of retried."""
-
-
-class JobCancelled(Exception):
-    """Raised inside a job function when the job was cancelled."""
-
-
-class JobLost(Exception):
-    """This worker no longer holds the job (it was presumed dead and the job retried)."""
 
 
 def worker_id() -> str:
@@ -76,48 +69,6 @@ def _worker_dead_here(worker: str | None) -> bool:
     except ValueError:
         return False
     return not _pid_alive(pid)
-
-
-@dataclass
-class JobContext:
-    """What a job function gets: its row's data, the engine, progress reporting.
-
-    Attributes:
-        job_id, kind, study_id, payload: from the job row.
-        engine: open a ``Session(engine)`` for database work.
-    """
-
-    engine: Engine
-    job_id: int
-    kind: str
-    study_id: int | None
-    payload: dict[str, Any]
-    worker: str
-    _last: float = field(default=-1.0, repr=False)
-
-    def progress(self, fraction: float, message: str = "") -> None:
-        """Record progress in ``[0, 1]``; raises :class:`JobCancelled` if cancelled."""
-        fraction = min(1.0, max(0.0, float(fraction)))
-        with Session(self.engine) as db:
-            res = db.execute(
-                update(Job)
-                .where(col(Job.id) == self.job_id, col(Job.worker) == self.worker)
-                .values(progress=fraction, message=message[:500], heartbeat_at=utcnow())
-            )
-            db.commit()
-            if res.rowcount == 0:  # type: ignore[attr-defined]
-                raise JobLost(f"job {self.job_id} is no longer held by this worker")
-            cancel = db.exec(select(Job.cancel_requested).where(Job.id == self.job_id)).one()
-        if cancel:
-            raise JobCancelled()
-
-    def callback(self, start: float, end: float) -> Callable[[float, str], None]:
-        """A progress function mapping ``[0, 1]`` of a sub-step onto ``[start, end]``."""
-
-        def report(fraction: float, message: str = "") -> None:
-            self.progress(start + (end - start) * fraction, message)
-
-        return report
 
 
 def claim(engine: Engine, job_id: int, worker: str) -> Job | None:
@@ -173,16 +124,12 @@ def _heartbeat(
             log.exception("heartbeat of job %s failed", job_id)
 
 
-def _user_error(exc: BaseException) -> bool:
-    from app.cli import is_user_error
-
-    return is_user_error(exc)
-
-
 def execute_job(engine: Engine, job_id: int, *, stale_after_s: float = 60.0) -> str | None:
-    """Claim and run job ``job_id``; returns its final status (``None`` if not claimed)."""
-    from app.jobs.kinds import get_kind
+    """Claim and run job ``job_id``; returns its final status (``None`` if not claimed).
 
+    The job's ``error`` is the message of a user error (:func:`app.errors.is_user_error`),
+    else ``internal error (<class>: <message>)`` with the traceback in the log.
+    """
     me = worker_id()
     job = claim(engine, job_id, me)
     if job is None:
@@ -197,8 +144,7 @@ def execute_job(engine: Engine, job_id: int, *, stale_after_s: float = 60.0) -> 
     beat.start()
     ctx = JobContext(engine, job_id, job.kind, job.study_id, dict(job.payload or {}), me)
     try:
-        fn = get_kind(job.kind)
-        result = fn(ctx)
+        result = task_of(job.kind)(ctx)
     except JobCancelled:
         _finish(engine, job_id, me, status=JobStatus.cancelled.value, message="cancelled")
         return JobStatus.cancelled.value
@@ -206,8 +152,8 @@ def execute_job(engine: Engine, job_id: int, *, stale_after_s: float = 60.0) -> 
         log.warning("job %s was taken over by another worker", job_id)
         return None
     except Exception as exc:
-        if _user_error(exc):
-            error = " ".join(str(exc).split()) or type(exc).__name__
+        if is_user_error(exc):
+            error = error_line(exc)
         else:
             log.error("job %s failed:\n%s", job_id, traceback.format_exc())
             error = f"internal error ({type(exc).__name__}: {exc})"

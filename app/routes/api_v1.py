@@ -30,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import ratelimit
+from app import session as svc
 from app.auth import can_see_study
 from app.deps import EngineDep, SessionDep
 from app.errors import (
@@ -40,14 +41,13 @@ from app.errors import (
     NotFoundError,
     PriorlyError,
 )
-from app.services import answer_async
-from app.services import sessions as svc
 from app.services.apikeys import (
     KEY_PREFIX,
     AuthenticationError,
     authenticate_api_key,
 )
 from app.services.studies import get_study_by_slug
+from app.session import async_path as answer_async
 from app.tables import ElicitationSession, Researcher, Study
 
 # ----- errors ------------------------------------------------------------------------------

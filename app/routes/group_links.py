@@ -2,7 +2,7 @@
 
 The page is the respondent question page (``pages/respondent_question.html``, posting back
 here); the answer goes through :func:`app.services.group_rounds.answer_round`, i.e. the
-respondent answer path of :mod:`app.services.sessions`. A plain POST answers with a 303
+respondent answer path of :mod:`app.session`. A plain POST answers with a 303
 to the link's page; with htmx (``HX-Request``) with an ``HX-Redirect`` to it. A closed
 round refuses answers with 409 and says so; an unknown link is a 404 page.
 """
@@ -10,16 +10,16 @@ round refuses answers with 409 and says so; an unknown link is a 404 page.
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from app import session as svc
 from app.deps import EngineDep, SessionDep, TemplatesDep
 from app.errors import PriorlyError
 from app.routes.respondent import message_page
 from app.services import group_rounds as rounds
-from app.services import sessions as svc
 from app.tables import StudyStatus
 
 router = APIRouter(prefix="/g", include_in_schema=False)
@@ -86,7 +86,8 @@ def _thanks(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLRe
     )
 
 
-def _load(token: str, session: Any) -> rounds.MemberLink | None:
+def get_member_link(token: str, session: SessionDep) -> rounds.MemberLink | None:
+    """The member link ``/g/{token}`` of a published study, else ``None``."""
     try:
         link = rounds.member_by_token(token, session=session)
     except PriorlyError:
@@ -94,12 +95,14 @@ def _load(token: str, session: Any) -> rounds.MemberLink | None:
     return link if link.study.status == StudyStatus.published.value else None
 
 
+MemberLinkDep = Annotated[rounds.MemberLink | None, Depends(get_member_link)]
+
+
 @router.get("/{token}", response_class=HTMLResponse, name="group_round_link")
 def link_page(
-    token: str, request: Request, session: SessionDep, templates: TemplatesDep
+    token: str, request: Request, link: MemberLinkDep, session: SessionDep, templates: TemplatesDep
 ) -> Response:
     """The round question, or "thank you" once answered, or "closed"."""
-    link = _load(token, session)
     if link is None:
         return _unknown(request, templates)
     view = rounds.link_view(link, session=session)
@@ -114,12 +117,12 @@ def link_page(
 async def link_answer(
     token: str,
     request: Request,
+    link: MemberLinkDep,
     session: SessionDep,
     engine: EngineDep,
     templates: TemplatesDep,
 ) -> Response:
     """Store the answer (or "prefer not to answer" with ``skip``) and show the result."""
-    link = _load(token, session)
     if link is None:
         return _unknown(request, templates)
     form = await request.form()

@@ -17,17 +17,18 @@ browser or after the cookie was cleared. Link parameters of the start page (for 
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from itsdangerous import BadSignature, URLSafeSerializer
 from sqlmodel import Session
 
+from app import session as svc
 from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
-from app.services import sessions as svc
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
 from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus
@@ -87,11 +88,53 @@ def _session_from_cookie(
     return sess
 
 
-def _open_study(slug: str, session: Session) -> Study:
-    study = get_study_by_slug(slug, session=session)
-    if study.status != StudyStatus.published.value:
-        raise NotFoundError(f"survey {slug!r} is not open")
-    return study
+def get_open_study(slug: str, session: SessionDep) -> Study | None:
+    """The study of ``/s/{slug}`` if it exists and is published, else ``None``."""
+    try:
+        study = get_study_by_slug(slug, session=session)
+    except NotFoundError:
+        return None
+    return study if study.status == StudyStatus.published.value else None
+
+
+OpenStudyDep = Annotated[Study | None, Depends(get_open_study)]
+
+
+@dataclass(frozen=True)
+class Visit:
+    """The open study of ``/s/{slug}`` and this browser's session of it.
+
+    Attributes:
+        study: the published study, or ``None`` (no such study, or not open).
+        sess: the session named by the study's genuine, current cookie, or ``None``.
+    """
+
+    study: Study | None
+    sess: ElicitationSession | None
+
+    def require_session(
+        self, request: Request, templates: Any
+    ) -> Response | tuple[Study, ElicitationSession]:
+        """``(study, session)``, or the response of a page that cannot be shown: the
+        "not available" page (404) without an open study, the start page (303) without
+        a session."""
+        if self.study is None:
+            return _not_open(request, templates)
+        if self.sess is None:
+            return _see(str(request.url_for("respondent_start", slug=self.study.slug)))
+        return self.study, self.sess
+
+
+def get_visit(
+    request: Request, study: OpenStudyDep, session: SessionDep, settings: SettingsDep
+) -> Visit:
+    """The :class:`Visit` of this request (the cookie is read only for an open study)."""
+    if study is None:
+        return Visit(None, None)
+    return Visit(study, _session_from_cookie(request, study, session, settings))
+
+
+VisitDep = Annotated[Visit, Depends(get_visit)]
 
 
 def _is_htmx(request: Request) -> bool:
@@ -166,20 +209,12 @@ def _question_context(
 
 
 @router.get("/{slug}", response_class=HTMLResponse, name="respondent_start")
-def start_page(
-    slug: str,
-    request: Request,
-    session: SessionDep,
-    templates: TemplatesDep,
-    settings: SettingsDep,
-) -> Response:
+def start_page(slug: str, request: Request, visit: VisitDep, templates: TemplatesDep) -> Response:
     """The consent page (or straight to the current page when a session cookie exists)."""
-    try:
-        study = _open_study(slug, session)
-    except NotFoundError:
+    study = visit.study
+    if study is None:
         return _not_open(request, templates)
-    sess = _session_from_cookie(request, study, session, settings)
-    if sess is not None:
+    if visit.sess is not None:
         return _see(str(request.url_for("respondent_question", slug=slug)))
     try:
         panel = svc.clean_panel_params(dict(request.query_params)) or {}
@@ -194,15 +229,14 @@ def start_page(
 async def consent(
     slug: str,
     request: Request,
+    study: OpenStudyDep,
     session: SessionDep,
     engine: EngineDep,
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
     """Accept (create the respondent and session) or decline (nothing is stored)."""
-    try:
-        study = _open_study(slug, session)
-    except NotFoundError:
+    if study is None:
         return _not_open(request, templates)
     form = await request.form()
     if form.get("choice") != "accept":
@@ -226,10 +260,9 @@ async def consent(
 
 
 @router.get("/{slug}/declined", response_class=HTMLResponse, name="respondent_declined")
-def declined(slug: str, request: Request, session: SessionDep, templates: TemplatesDep) -> Response:
-    try:
-        study = _open_study(slug, session)
-    except NotFoundError:
+def declined(request: Request, study: OpenStudyDep, templates: TemplatesDep) -> Response:
+    """The page after declining: nothing was stored."""
+    if study is None:
         return _not_open(request, templates)
     return message_page(
         request,
@@ -245,13 +278,15 @@ def resume(
     slug: str,
     token: str,
     request: Request,
+    study: OpenStudyDep,
     session: SessionDep,
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
     """Continue a session from its resume link (sets the cookie again)."""
     try:
-        study = _open_study(slug, session)
+        if study is None:
+            raise NotFoundError(f"survey {slug!r} is not open")
         sess = svc.get_session_by_token(token, session=session)
         if sess.study_id != study.id:
             raise svc.SessionNotFoundError("not this study")
@@ -271,20 +306,17 @@ def resume(
 
 @router.get("/{slug}/q", response_class=HTMLResponse, name="respondent_question")
 def question_page(
-    slug: str,
     request: Request,
+    visit: VisitDep,
     session: SessionDep,
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
     """The page of the session's current state: attribute questions, a question, or done."""
-    try:
-        study = _open_study(slug, session)
-    except NotFoundError:
-        return _not_open(request, templates)
-    sess = _session_from_cookie(request, study, session, settings)
-    if sess is None:
-        return _see(str(request.url_for("respondent_start", slug=slug)))
+    got = visit.require_session(request, templates)
+    if isinstance(got, Response):
+        return got
+    study, sess = got
     view = svc.session_view(study, sess, session=session)
     return _render_view(request, templates, study, sess, view, session=session, settings=settings)
 
@@ -398,21 +430,18 @@ def _token_from_cookie(request: Request, study: Study, settings: Settings) -> st
 
 @router.post("/{slug}/about", name="respondent_about")
 async def about(
-    slug: str,
     request: Request,
+    visit: VisitDep,
     session: SessionDep,
     engine: EngineDep,
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
     """Store the attribute answers ("prefer not to answer" leaves one out)."""
-    try:
-        study = _open_study(slug, session)
-    except NotFoundError:
-        return _not_open(request, templates)
-    sess = _session_from_cookie(request, study, session, settings)
-    if sess is None:
-        return _see(str(request.url_for("respondent_start", slug=slug)))
+    got = visit.require_session(request, templates)
+    if isinstance(got, Response):
+        return got
+    study, sess = got
     form = await request.form()
     rt = svc.load_runtime(study, session=session, fit_if_missing=False)
     attrs: dict[str, str] = {}
@@ -458,19 +487,17 @@ async def about(
 async def answer(
     slug: str,
     request: Request,
+    visit: VisitDep,
     session: SessionDep,
     engine: EngineDep,
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
     """Store the answer to the current question; show the next one (or completion)."""
-    try:
-        study = _open_study(slug, session)
-    except NotFoundError:
-        return _not_open(request, templates)
-    sess = _session_from_cookie(request, study, session, settings)
-    if sess is None:
-        return _see(str(request.url_for("respondent_start", slug=slug)))
+    got = visit.require_session(request, templates)
+    if isinstance(got, Response):
+        return got
+    study, sess = got
     form = await request.form()
     htmx = _is_htmx(request)
     item_key = str(form.get("item", ""))
@@ -538,18 +565,15 @@ async def answer(
 def done(
     slug: str,
     request: Request,
-    session: SessionDep,
+    visit: VisitDep,
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
     """The completion page: the completion code and, if configured, the redirect link."""
-    try:
-        study = _open_study(slug, session)
-    except NotFoundError:
-        return _not_open(request, templates)
-    sess = _session_from_cookie(request, study, session, settings)
-    if sess is None:
-        return _see(str(request.url_for("respondent_start", slug=slug)))
+    got = visit.require_session(request, templates)
+    if isinstance(got, Response):
+        return got
+    study, sess = got
     if sess.status != SessionStatus.completed.value:
         return _see(str(request.url_for("respondent_question", slug=slug)))
     code = svc.completion_code(study, sess.id or 0, settings.secret_key.get_secret_value())

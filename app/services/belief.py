@@ -20,7 +20,7 @@ one deserialised model per process, cached by ``(fitted_model.id, training_hash)
 a worker reads a model blob once, and a newly activated model (new id) is picked up on
 the next request without any invalidation message between processes.
 
-The job queue (another part of the app) can call :func:`fit_study_model` the same way.
+The ``fit_model`` job (:mod:`app.jobs.tasks`) calls :func:`fit_study_model`.
 
 **The fixed order.** The criteria ``eig_anchored`` (the default of new studies) and
 ``fixed`` need the study's non-adaptive question order
@@ -39,6 +39,7 @@ the study is served with ``eig`` meanwhile (recorded in every decision) and
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -51,11 +52,32 @@ from typing import Any, Protocol
 import torch
 from sqlmodel import Session, select
 
-from app.errors import ConflictError
+import models  # noqa: F401  (registers every model family with models.base.load_model)
+from app.errors import ConflictError, InvalidInputError
 from app.gcfreeze import freeze_long_lived
-from app.tables import FittedModel, Item, Respondent, RespondentSource, Study
+from app.schemas import StudySettings
+from app.services.jobs import ACTIVE, start_job
+from app.settings import get_settings
+from app.tables import (
+    FittedModel,
+    Item,
+    ItemRole,
+    Job,
+    PersonaDistribution,
+    Respondent,
+    RespondentSource,
+    Study,
+    StudyPersona,
+)
+from elicitation.criteria import FixedOrder, get_criterion
+from elicitation.errors import ElicitationError
+from elicitation.model_choice import BELIEF_MODEL_CHOICES, fit_belief_model
+from inference_server.prompts import PromptItem
+from models.base import ItemBank, load_model
 from models.latent_class import DEFAULT_N_CLASSES as LC_DEFAULT_N_CLASSES
 from models.latent_class import DEFAULT_RESTARTS as LC_DEFAULT_RESTARTS
+from models.persona import PersonaMixture
+from models.persona_fit import fit_prior_em
 
 # The benchmark's ``default`` fit (models.latent_class defaults): what the study serves is
 # what docs/benchmarks.md measures.
@@ -70,10 +92,8 @@ class NoModelError(ConflictError):
     code = "no_model"
 
 
-def item_bank_of(items: Sequence[Item]):  # type: ignore[no-untyped-def]
+def item_bank_of(items: Sequence[Item]) -> ItemBank:
     """The :class:`models.ItemBank` of a study's items (keys in ``items`` order)."""
-    from models.base import ItemBank
-
     return ItemBank(tuple(i.key for i in items), tuple(len(i.options) for i in items))
 
 
@@ -181,11 +201,6 @@ def _fit_by_kind(  # type: ignore[no-untyped-def]
     fit_options: dict[str, dict[str, object]] | None = None,
 ):
     """The fitted model of :func:`fit_study_model` (logic in ``elicitation.model_choice``)."""
-    from app.errors import InvalidInputError
-    from app.tables import ItemRole
-    from elicitation.errors import ElicitationError
-    from elicitation.model_choice import BELIEF_MODEL_CHOICES, fit_belief_model
-
     if kind not in BELIEF_MODEL_CHOICES:
         raise InvalidInputError(
             f"belief_model: unknown {kind!r} (known: {', '.join(BELIEF_MODEL_CHOICES)})"
@@ -221,16 +236,10 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
     hash; the ``(model, template)`` with the most stored pairs is used); items without one
     (attributes, unscored pairs) are uniform over their options. The prior over personas
     is the personas' weights, or fitted by EM on ``history`` when the study has any
-    (:func:`models.persona.fit_prior_em`). Without stored distributions the model is a
+    (:func:`models.persona_fit.fit_prior_em`). Without stored distributions the model is a
     single uniform persona: every prediction is uniform until the study has history.
     ``metrics["notice"]`` says which, for the researcher and the JSON API.
     """
-    import hashlib
-
-    from app.tables import PersonaDistribution, StudyPersona
-    from inference_server.prompts import PromptItem
-    from models.persona import PersonaMixture, fit_prior_em
-
     bank = item_bank_of(items)
     mask = bank.option_mask().to(torch.float64)
     uniform = mask / mask.sum(-1, keepdim=True)
@@ -314,8 +323,6 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
 
 
 def _jsonable(metrics: dict[str, object]) -> dict[str, object]:
-    import json
-
     return json.loads(json.dumps(metrics, default=float))
 
 
@@ -386,9 +393,6 @@ def model_from_blob(ref: ActiveModelRef, blob: bytes):  # type: ignore[no-untype
     """Deserialise ``blob`` (the model ``ref``) into the per-process cache; returns the
     cached model (the first one stored when two threads raced). Called without holding a
     database connection: unpickling a model is CPU work."""
-    import models  # noqa: F401  (registers every model family)
-    from models.base import load_model
-
     _single_thread_torch()
     loaded = load_model(blob)
     with _CACHE_LOCK:
@@ -400,24 +404,17 @@ def model_from_blob(ref: ActiveModelRef, blob: bytes):  # type: ignore[no-untype
     return cached
 
 
-_THREADS_SET = False
-
-
+@functools.cache
 def _single_thread_torch() -> None:
     """Use one intra-op thread in a process that serves sessions.
 
     A session's torch work is a few tiny matrix products per request; a web process runs
     many requests at once (threads, several workers), so intra-op parallelism only adds
     contention (measured: the answer call is several times slower with the default thread
-    pool on a loaded 2-core machine). Set ``PRIORLY_TORCH_THREADS`` to override.
+    pool on a loaded 2-core machine). ``PRIORLY_TORCH_THREADS``
+    (:attr:`app.settings.Settings.torch_threads`) overrides it. Runs once per process.
     """
-    global _THREADS_SET
-    if _THREADS_SET:
-        return
-    import os
-
-    torch.set_num_threads(max(1, int(os.environ.get("PRIORLY_TORCH_THREADS", "1"))))
-    _THREADS_SET = True
+    torch.set_num_threads(get_settings().torch_threads)
 
 
 def clear_model_cache() -> None:
@@ -449,8 +446,6 @@ def order_roles(bank: Any, items: Sequence[_ItemLike]) -> tuple[tuple[str, ...],
     """``(pool, targets)``: the keys of the study's question and target items that the model
     knows (same key, same number of options), in study order: exactly the candidates and
     targets a live session uses (:func:`app.services.sessions.load_runtime`)."""
-    from app.tables import ItemRole
-
     known = dict(zip(bank.keys, bank.n_options, strict=True))
     in_model = [it for it in items if known.get(it.key) == len(it.options)]
     pool = tuple(it.key for it in in_model if it.role == ItemRole.question.value)
@@ -492,8 +487,6 @@ def compute_fixed_order(
     Raises:
         elicitation.errors.ElicitationError: the model cannot be searched (no targets...).
     """
-    from elicitation.criteria import FixedOrder
-
     bank = model.item_bank
     fixed = FixedOrder(**params)
     started = time.thread_time()
@@ -534,10 +527,6 @@ def ensure_fixed_order(
 
     ``model`` is ``row``'s deserialised model when the caller has it (the fit). Commits.
     """
-    from app.schemas import StudySettings
-    from elicitation.criteria import get_criterion
-    from elicitation.errors import ElicitationError
-
     assert study.id is not None
     try:
         selector = get_criterion(StudySettings.model_validate(study.settings or {}).criterion)
@@ -641,10 +630,6 @@ def wait_for_fixed_order_requests(timeout: float = 30.0) -> bool:
 
 
 def _queue_fixed_order_job(study_id: int, key: str, engine: Any, url: str) -> None:
-    from app.services.jobs import ACTIVE, start_job
-    from app.settings import get_settings
-    from app.tables import Job
-
     try:
         settings = get_settings()
         if settings.database_url != url:

@@ -10,6 +10,7 @@ without runs keeps no targets (sessions then use the target-free criterion, see
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,9 @@ from typing import Any
 
 from sqlmodel import Session, select
 
-from app.services.belief import ensure_fitted_model, try_ensure_fixed_order
+from app import db
+from app.services.belief import active_model_ref, ensure_fitted_model, try_ensure_fixed_order
+from app.services.importer import slugify
 from app.tables import Item, ItemRole, Study, StudyStatus
 
 DEFAULT_CONSENT = (
@@ -77,13 +80,8 @@ def prepare_demo(
 
     Called by ``priorly serve`` on every start: it does nothing when the demo study does
     not exist (``--no-demo``, another study list) or already has an active model; else it
-    chooses targets, fits the model (about a minute on the CES demo), and publishes.
+    chooses targets, fits the model and publishes.
     """
-    import json
-
-    from app.services.belief import active_model_ref
-    from app.services.importer import slugify
-
     try:
         name = json.loads((Path(dataset_dir) / "dataset.json").read_text(encoding="utf-8"))["name"]
     except (OSError, ValueError, KeyError):
@@ -102,8 +100,6 @@ def prepare_demo(
 def prepare_demo_database(settings: Any, *, log: Callable[[str], object] = print) -> None:
     """:func:`prepare_demo` on ``settings.database_url`` (``priorly serve`` calls it after
     the bootstrap import, so the first start fits the demo's model and publishes it)."""
-    from app import db
-
     engine = db.make_engine(settings.database_url)
     try:
         with Session(engine) as session:

@@ -34,6 +34,7 @@ from app.tables import (
     Study,
     StudyStatus,
 )
+from elicitation.criteria import criterion_names
 from elicitation.datasets import (
     CODEBOOK_FILE,
     RESPONSES_FILE,
@@ -131,8 +132,6 @@ def update_settings(study: Study, values: dict[str, Any], *, session: Session) -
     ``values`` is the nested :class:`StudySettings` shape; a validation error names the
     field (e.g. ``budgets.min_questions``).
     """
-    from elicitation.criteria import criterion_names
-
     try:
         validated = StudySettings.model_validate(values)
     except ValidationError as exc:

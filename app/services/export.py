@@ -406,7 +406,7 @@ def iter_predictions(
     is yielded when the study has no targets.
     """
     # the live loop (torch, the model families) is loaded only when predictions are asked for
-    from app.services import sessions as svc
+    from app import session as svc
 
     rt = svc.load_runtime(study, session=session, fit_if_missing=False)
     return _predictions(rt, svc.replay, study, session, after)

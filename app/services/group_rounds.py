@@ -1,4 +1,4 @@
-"""Group rounds in the live product: plan, open, track and close (issue 7, item 5).
+"""Group rounds in the live product: plan, open, track and close.
 
 A group study asks its *panel* (the study's live respondents, or its imported ones when
 it has none) in rounds: each round puts **one question** to a **few members**, chosen by
@@ -39,8 +39,10 @@ and never shown, so a round session can only be answered through its round link.
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
 import hmac
+import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,9 +53,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from app import session as svc
 from app.errors import ConflictError, InvalidInputError, NotFoundError
 from app.schemas import StudySettings
-from app.services import sessions as svc
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -72,6 +74,9 @@ from app.tables import (
     StudyStatus,
     utcnow,
 )
+from elicitation.errors import BudgetError
+from elicitation.group import SELECTOR_GAINS, GroupBudget, GroupElicitation, GroupMethod
+from models.base import MISSING
 
 ROUND_CRITERION = "group_round"
 """The ``criterion`` of a round session's decisions (the question was chosen for the group)."""
@@ -82,10 +87,9 @@ LIVE_QUESTION, LIVE_RESPONDENTS = "elook_budget", "elook"
 """The live planner's selectors (:mod:`elicitation.group`): the question and the members
 by the expected rise in correct target answers with one more answer ahead at the chance
 the budget gives (the lookahead accuracy gain over each member's best second
-questions). Session 8's benchmark (docs/group.md §4, ``elook_elook_none`` against the
-group EIG of ``greedy_eig``, both without the GNN as here) chose it; sessions 1-7 used
-the group EIG. The scores are then expected numbers of correct target answers gained
-(at most the number of targets per member), not nats."""
+questions); docs/group.md §4 compares it (``elook_elook_none``) with the group EIG of
+``greedy_eig``, both without the GNN as here. The scores are expected numbers of correct
+target answers gained (at most the number of targets per member), not nats."""
 
 
 class RoundClosedError(ConflictError):
@@ -216,8 +220,6 @@ def _panel_members(
 
 def group_budget(settings: StudySettings) -> Any:
     """The study's group settings as an :class:`elicitation.group.GroupBudget`."""
-    from elicitation.group import GroupBudget
-
     g = settings.group
     return GroupBudget(
         respondents=g.respondents_per_round or float(g.respondents_share),
@@ -242,9 +244,6 @@ def replay_group(
         InvalidInputError: no targets, or no respondents to form a panel.
         ConflictError: a round's question is no longer an item of the active model.
     """
-    from elicitation.group import GroupElicitation, GroupMethod
-    from models.base import MISSING
-
     rt = svc.load_runtime(study, session=session, fit_if_missing=False)
     if not rt.targets:
         raise InvalidInputError("choose at least one target item before planning a round")
@@ -365,9 +364,6 @@ def plan_next_round(
         GroupBudgetError: the budget is spent (rounds or total answers), or nobody is left
             who may be asked.
     """
-    from elicitation.errors import BudgetError
-    from elicitation.group import SELECTOR_GAINS
-
     if progress:
         progress(0.05, "loading the model and the panel")
     rep = replay_group(study, session=session, max_members=max_members, seed=seed)
@@ -812,9 +808,6 @@ def round_view(
 
 def links_csv(view: RoundView) -> str:
     """CSV of a round's members: ``respondent, respondent_id, expected_gain, status, link``."""
-    import csv
-    import io
-
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["respondent", "respondent_id", "expected_gain", "status", "link"])

@@ -1,5 +1,7 @@
 """Jobs seen from the web app: start one (row first, then the queue), list, cancel.
 
+Imports only the registry of kinds and the queue (:mod:`app.jobs`), never the job code.
+
 The job row is committed before its id is put on the queue, so a worker never sees an id
 without a row; a crash between the two leaves a ``queued`` row that
 :func:`requeue_orphans` (run at ``priorly serve`` / ``priorly worker`` start) queues again.
@@ -13,8 +15,8 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from app.errors import ConflictError, NotFoundError
-from app.jobs.kinds import get_kind
 from app.jobs.queue import get_queue
+from app.jobs.registry import check_kind
 from app.settings import Settings
 from app.tables import Job, JobStatus, Researcher, Study, utcnow
 
@@ -31,7 +33,7 @@ def start_job(
     session: Session,
 ) -> Job:
     """Create a queued job of ``kind`` for ``study`` and put it on the queue."""
-    get_kind(kind)  # unknown kind: InvalidInputError before anything is written
+    check_kind(kind)  # unknown kind: InvalidInputError before anything is written
     job = Job(
         kind=kind,
         study_id=study.id,

@@ -14,14 +14,14 @@ from typing import Any
 
 from sqlmodel import Session, select
 
-from app.services.sessions import (
-    _answer_pairs,
-    _answers_of,
-    _attribute_indices,
+from app.session import (
+    answer_pairs,
+    attribute_indices,
     load_runtime,
     replay,
+    respondent_and_answers,
 )
-from app.tables import ElicitationSession, Item, Respondent, Study
+from app.tables import ElicitationSession, Item, Study
 from models.cape_profile import ItemText, preference_profile
 
 
@@ -36,11 +36,10 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
 
     Raises:
         NoModelError: the study has no fitted belief model.
+        SessionNotFoundError: the session was erased after the caller read it (404).
     """
     rt = load_runtime(study, session=session, fit_if_missing=False)
-    respondent = session.get(Respondent, sess.respondent_id)
-    assert respondent is not None
-    answers = _answers_of(session, sess.id or 0)
+    respondent, answers = respondent_and_answers(session, sess)
     state = replay(rt, respondent, answers)
     criterion_ids = set(
         session.exec(
@@ -64,8 +63,8 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
         texts.append(
             ItemText(it.key, it.question, tuple(str(o[1]) for o in it.options), crit, crit)
         )
-    observed = set(_attribute_indices(rt, respondent.attributes))
-    observed |= {idx for idx, option in _answer_pairs(rt, answers) if option is not None}
+    observed = set(attribute_indices(rt, respondent.attributes))
+    observed |= {idx for idx, option in answer_pairs(rt, answers) if option is not None}
     profile = preference_profile(rt.model, state, texts, observed=sorted(observed))
     out = {
         "session_id": sess.id,

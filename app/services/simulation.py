@@ -33,11 +33,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
 from app.schemas import StudySettings
 from app.tables import Item, ItemRole, Respondent, RespondentSource, Study
+from elicitation.bench.individual import simulate
+from elicitation.bench.methods import (
+    FitContext,
+    Method,
+    fit_irt_model,
+    fit_latent_class_model,
+    get_method,
+    method_names,
+)
+from elicitation.bench.metrics import score_predictions
+from elicitation.criteria import get_criterion
+from models.base import MISSING, ItemBank
 
 BASELINES: tuple[str, ...] = ("random", "fixed", "full")
 DEFAULT_N_CLASSES: tuple[int, ...] = (8, 16)
@@ -104,15 +117,6 @@ def _study_method(criterion: str) -> tuple[str, Any]:
     that method, so the simulation selects exactly as the benchmark measured; others get
     a method built from the registry with the criterion's defaults.
     """
-    from elicitation.bench.methods import (
-        Method,
-        fit_irt_model,
-        fit_latent_class_model,
-        get_method,
-        method_names,
-    )
-    from elicitation.criteria import get_criterion
-
     if criterion in method_names() and criterion not in BASELINES:
         return f"{criterion} (study)", get_method(criterion)
     fit = fit_irt_model if criterion == "irt" else fit_latent_class_model
@@ -159,13 +163,6 @@ def run_study_simulation(
         InvalidInputError: no target or candidate items, too few historical respondents,
             or a bad budget.
     """
-    import torch
-
-    from elicitation.bench.individual import simulate
-    from elicitation.bench.methods import FitContext, get_method
-    from elicitation.bench.metrics import score_predictions
-    from models.base import MISSING, ItemBank
-
     opts = options or SimulationOptions()
     report = progress or (lambda f, m: None)
     started = time.perf_counter()
@@ -268,7 +265,7 @@ def run_study_simulation(
                     assert method.criterion is not None
                     if crit is None or not crit.uses_fixed_order:
                         # an order-based criterion keeps its fixed order for every chunk
-                        # (searched once); others are built per chunk as before
+                        # (searched once); others are built per chunk
                         crit = method.criterion(ctx)
                     preds, _ = simulate(
                         model, crit, observed[part], cand, answers[part], tgt, budget

@@ -32,7 +32,7 @@ from elicitation.bench.defaults import DEFAULT_METHODS
 from elicitation.bench.methods import FitContext, get_method, method_names
 from elicitation.bench.metrics import METRICS, score_predictions
 from elicitation.criteria import SelectionCriterion
-from elicitation.datasets import Dataset, load_dataset
+from elicitation.datasets import BenchmarkRun, Dataset, load_dataset
 from elicitation.errors import BenchmarkError, ElicitationError
 from models.base import MISSING, BeliefModel
 
@@ -148,6 +148,107 @@ def _json_safe(v: Any) -> Any:
     return str(v)
 
 
+def _scored_users(
+    test: Tensor, n_items: int, demo: list[int], cand: list[int], tgt: list[int]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The test users with at least one target answer: ``(observed [U, I]`` (their
+    demographics, ``-1`` elsewhere), ``answers [U, C]`` to the candidates, ``truth [U, T])``."""
+    truth = test[:, tgt]
+    users = (truth >= 0).any(1)  # users with at least one scored target
+    observed = torch.full((int(users.sum()), n_items), MISSING, dtype=torch.long)
+    observed[:, demo] = test[users][:, demo]
+    return observed, test[users][:, cand], truth[users]
+
+
+def _method_entry(
+    name: str,
+    ctx: FitContext,
+    observed: Tensor,
+    answers: Tensor,
+    truth: Tensor,
+    n_opt: Tensor,
+    budget: int,
+    run_seed: int,
+) -> tuple[dict[str, Any], BeliefModel]:
+    """One method on one run: its fitted model and the run's entry (the metrics of
+    :data:`METRICS` after ``0..budget`` questions, ``[budget + 1]`` each, and the first
+    items asked) for the test users ``observed [U, I]`` with ``answers [U, C]`` to the
+    run's candidates and ``truth [U, T]`` for its targets."""
+    bank, cand, tgt = ctx.item_bank, ctx.candidates, ctx.targets
+    method = get_method(name)
+    model = method.fit(ctx)
+    if method.observe_all:
+        obs = observed.clone()
+        obs[:, cand] = answers
+        p = model.predict_batch(model.initial_batch(obs), tgt)
+        preds = [p] * (budget + 1)
+        asked = None
+    else:
+        assert method.criterion is not None
+        crit = method.criterion(ctx)
+        preds, asked = simulate(model, crit, observed, cand, answers, tgt, budget)
+    curves: dict[str, list[float]] = {m: [] for m in METRICS}
+    for p in preds:
+        means = score_predictions(p, truth, n_opt[tgt]).means()
+        for m in METRICS:
+            curves[m].append(means[m])
+    entry: dict[str, Any] = {
+        "seed": run_seed,
+        "n_users": int(observed.shape[0]),
+        "n_pairs": int((truth >= 0).sum()),
+        **curves,
+    }
+    if asked is not None and asked.shape[1]:
+        first = asked[:, 0][asked[:, 0] >= 0]
+        if first.numel():
+            counts = torch.bincount(first, minlength=bank.n_items)
+            entry["most_common_first_item"] = bank.keys[int(counts.argmax())]
+            entry["distinct_first_items"] = int((counts > 0).sum())
+    return entry, model
+
+
+def _method_result(
+    name: str,
+    entries: list[dict[str, Any]],
+    info: dict[str, Any],
+    seconds: dict[str, float],
+    budget: int,
+) -> dict[str, Any]:
+    """One method's ``result.json`` entry: each metric's curve averaged over the runs'
+    ``entries``, the entries themselves, its description, model and fit+run time."""
+    res: dict[str, Any] = {}
+    for m in METRICS:
+        res[m] = [sum(e[m][n] for e in entries) / len(entries) for n in range(budget + 1)]
+    res["per_run"] = entries
+    res["description"] = get_method(name).description
+    res["model"] = info.get(name, {})
+    res["seconds"] = round(seconds[name], 3)
+    return res
+
+
+def _protocol(
+    train: Tensor,
+    val: Tensor,
+    test: Tensor,
+    runs: Sequence[BenchmarkRun],
+    seed: int,
+    options: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The ``protocol`` part of ``result.json``: user counts, runs, what the metrics mean."""
+    return {
+        "train_users": int(train.shape[0]),
+        "val_users": int(val.shape[0]),
+        "test_users": int(test.shape[0]),
+        "runs": [r.seed for r in runs],
+        "index": "number of questions asked (0..budget)",
+        "brier_mean": "squared error averaged over the item's options",
+        "brier_sum": "squared error summed over the item's options",
+        "log_loss": "nats, probability floored at 1e-12",
+        "seed": seed,
+        "fit_options": options,
+    }
+
+
 def run_individual(
     dataset: Dataset | str | Path,
     budget: int,
@@ -210,12 +311,7 @@ def run_individual(
         for run in runs:
             cand = bank.indices(run.cand_qids)
             tgt = bank.indices(run.eval_qids)
-            truth = test[:, tgt]
-            users = (truth >= 0).any(1)  # users with at least one scored target
-            observed = torch.full((int(users.sum()), bank.n_items), MISSING, dtype=torch.long)
-            observed[:, demo] = test[users][:, demo]
-            answers = test[users][:, cand]
-            truth_u = truth[users]
+            observed, answers, truth_u = _scored_users(test, bank.n_items, demo, cand, tgt)
             ctx = FitContext(
                 bank,
                 train,
@@ -231,35 +327,9 @@ def run_individual(
             for name in methods:
                 bar.set_postfix_str(f"run {run.seed} {name}")
                 t0 = time.perf_counter()
-                method = get_method(name)
-                model = method.fit(ctx)
-                if method.observe_all:
-                    obs = observed.clone()
-                    obs[:, cand] = answers
-                    p = model.predict_batch(model.initial_batch(obs), tgt)
-                    preds = [p] * (budget + 1)
-                    asked = None
-                else:
-                    assert method.criterion is not None
-                    crit = method.criterion(ctx)
-                    preds, asked = simulate(model, crit, observed, cand, answers, tgt, budget)
-                curves: dict[str, list[float]] = {m: [] for m in METRICS}
-                for p in preds:
-                    means = score_predictions(p, truth_u, n_opt[tgt]).means()
-                    for m in METRICS:
-                        curves[m].append(means[m])
-                entry: dict[str, Any] = {
-                    "seed": run.seed,
-                    "n_users": int(users.sum()),
-                    "n_pairs": int((truth_u >= 0).sum()),
-                    **curves,
-                }
-                if asked is not None and asked.shape[1]:
-                    first = asked[:, 0][asked[:, 0] >= 0]
-                    if first.numel():
-                        counts = torch.bincount(first, minlength=bank.n_items)
-                        entry["most_common_first_item"] = bank.keys[int(counts.argmax())]
-                        entry["distinct_first_items"] = int((counts > 0).sum())
+                entry, model = _method_entry(
+                    name, ctx, observed, answers, truth_u, n_opt, budget, run.seed
+                )
                 per_method[name].append(entry)
                 info.setdefault(
                     name, {"family": model.family, "metrics": _json_safe(model.metrics)}
@@ -271,27 +341,8 @@ def run_individual(
 
     out: dict[str, Any] = {"dataset": ds.name, "budget": budget, "methods": {}}
     for name in methods:
-        entries = per_method[name]
-        res: dict[str, Any] = {}
-        for m in METRICS:
-            res[m] = [sum(e[m][n] for e in entries) / len(entries) for n in range(budget + 1)]
-        res["per_run"] = entries
-        res["description"] = get_method(name).description
-        res["model"] = info.get(name, {})
-        res["seconds"] = round(seconds[name], 3)
-        out["methods"][name] = res
-    out["protocol"] = {
-        "train_users": int(train.shape[0]),
-        "val_users": int(val.shape[0]),
-        "test_users": int(test.shape[0]),
-        "runs": [r.seed for r in runs],
-        "index": "number of questions asked (0..budget)",
-        "brier_mean": "squared error averaged over the item's options",
-        "brier_sum": "squared error summed over the item's options",
-        "log_loss": "nats, probability floored at 1e-12",
-        "seed": seed,
-        "fit_options": options,
-    }
+        out["methods"][name] = _method_result(name, per_method[name], info, seconds, budget)
+    out["protocol"] = _protocol(train, val, test, runs, seed, options)
     return _json_safe(out)
 
 

@@ -24,6 +24,8 @@ from torch import Tensor
 from elicitation.criteria import DEFAULT_DELTA, DEFAULT_TAU, SelectionCriterion, get_criterion
 from elicitation.errors import BenchmarkError
 from models.base import MISSING, BeliefModel, ItemBank
+from models.irt import fit_grm
+from models.latent_class import fit_latent_classes
 
 
 @dataclass
@@ -131,8 +133,6 @@ def fit_latent_class_model(ctx: FitContext) -> BeliefModel:
     """
 
     def build() -> BeliefModel:
-        from models.latent_class import fit_latent_classes
-
         val = ctx.val if ctx.val.shape[0] else None
         kw = dict(ctx.options.get("latent_classes", {}))
         return fit_latent_classes(
@@ -150,8 +150,6 @@ def fit_irt_model(ctx: FitContext) -> BeliefModel:
     """
 
     def build() -> BeliefModel:
-        from models.irt import fit_grm
-
         data = torch.cat([ctx.train, ctx.val]) if ctx.val.shape[0] else ctx.train
         kw = dict(ctx.options.get("irt", {}))
         return fit_grm(data, ctx.item_bank, seed=ctx.base_seed, **kw)
@@ -185,7 +183,7 @@ register_method(
         fit_latent_class_model,
         _criterion("eig"),
         "latent classes + expected information gain about the targets under the exact "
-        "posterior (greedy one-step lookahead; the app's default until session 4)",
+        "posterior (greedy one-step lookahead)",
     )
 )
 register_method(

@@ -26,14 +26,16 @@ import csv
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from elicitation.budget import Budget
-from elicitation.criteria import get_criterion
+from elicitation.criteria import SelectionCriterion, get_criterion
 from elicitation.errors import BenchmarkError, ElicitationError
 from elicitation.session import decide
 from models.base import ItemBank
@@ -115,6 +117,85 @@ def _load_average() -> float | None:
         return None
 
 
+def _time_steps(
+    model: PersonaMixture,
+    eig: SelectionCriterion,
+    cand: list[int],
+    targets: list[int],
+    budget: Budget,
+    respondent_answers: Callable[[int], Tensor],
+    n_steps: int,
+) -> tuple[list[float], list[float], dict[str, int]]:
+    """Time ``n_steps`` live steps (``model.update`` then ``decide``) of simulated
+    respondents, one after another: ``(wall seconds, CPU seconds, stop reasons)``."""
+    times: list[float] = []
+    cpu_times: list[float] = []
+    stop_reasons: dict[str, int] = {}
+    while len(times) < n_steps:
+        y = respondent_answers(1)[0]
+        state = model.initial_state()
+        asked: list[int] = []
+        d = decide(
+            model,
+            state,
+            asked=asked,
+            candidates=cand,
+            targets=targets,
+            criterion=eig,
+            budget=budget,
+        )
+        while d.item is not None and len(times) < n_steps:
+            item = d.item
+            c0 = time.thread_time()
+            t0 = time.perf_counter()
+            state = model.update(state, item, int(y[item]))
+            asked.append(item)
+            d = decide(
+                model,
+                state,
+                asked=asked,
+                candidates=cand,
+                targets=targets,
+                criterion=eig,
+                budget=budget,
+            )
+            times.append(time.perf_counter() - t0)
+            cpu_times.append(time.thread_time() - c0)
+        if d.stop_reason is not None:
+            stop_reasons[str(d.stop_reason)] = stop_reasons.get(str(d.stop_reason), 0) + 1
+    return times, cpu_times, stop_reasons
+
+
+def _time_batch(
+    model: PersonaMixture,
+    eig: SelectionCriterion,
+    cand: list[int],
+    targets: list[int],
+    y: Tensor,
+    batch_steps: int,
+) -> tuple[int, float, float]:
+    """Time ``B`` respondents (answers ``y [B, I]``) stepping together: each step scores
+    all candidates and asks the best unasked one. ``(steps, wall seconds, CPU seconds)``."""
+    b_size = int(y.shape[0])
+    bank = model.item_bank
+    states = model.initial_batch(torch.full((b_size, bank.n_items), -1, dtype=torch.long))
+    cand_t = torch.tensor(cand)
+    avail = torch.ones(b_size, len(cand), dtype=torch.bool)
+    rows = torch.arange(b_size)
+    n_b = min(batch_steps, len(cand))
+    c0 = time.thread_time()
+    t0 = time.perf_counter()
+    for _ in range(n_b):
+        scores = eig.score_batch(model, states, cand, targets).masked_fill(~avail, -torch.inf)
+        pick = scores.argmax(1)
+        items = cand_t[pick]
+        states = model.update_batch(states, items, y[rows, items])
+        avail[rows, pick] = False
+    elapsed = time.perf_counter() - t0
+    cpu_elapsed = time.thread_time() - c0
+    return n_b, elapsed, cpu_elapsed
+
+
 def run_speed(
     personas: str | Path,
     *,
@@ -172,61 +253,15 @@ def run_speed(
         eig.prepare(model, cand, targets)
         order_s = time.thread_time() - t_order
     budget = Budget(max_questions=questions_per_respondent)
-    times: list[float] = []
-    cpu_times: list[float] = []
-    stop_reasons: dict[str, int] = {}
-    while len(times) < steps + warmup:
-        y = respondent_answers(1)[0]
-        state = model.initial_state()
-        asked: list[int] = []
-        d = decide(
-            model,
-            state,
-            asked=asked,
-            candidates=cand,
-            targets=targets,
-            criterion=eig,
-            budget=budget,
-        )
-        while d.item is not None and len(times) < steps + warmup:
-            item = d.item
-            c0 = time.thread_time()
-            t0 = time.perf_counter()
-            state = model.update(state, item, int(y[item]))
-            asked.append(item)
-            d = decide(
-                model,
-                state,
-                asked=asked,
-                candidates=cand,
-                targets=targets,
-                criterion=eig,
-                budget=budget,
-            )
-            times.append(time.perf_counter() - t0)
-            cpu_times.append(time.thread_time() - c0)
-        if d.stop_reason is not None:
-            stop_reasons[str(d.stop_reason)] = stop_reasons.get(str(d.stop_reason), 0) + 1
+    times, cpu_times, stop_reasons = _time_steps(
+        model, eig, cand, targets, budget, respondent_answers, steps + warmup
+    )
     ms = np.asarray(times[warmup:]) * 1e3
     cpu_ms = np.asarray(cpu_times[warmup:]) * 1e3
 
     # batch: B respondents, each step scores all candidates and asks the best unasked one
     y = respondent_answers(batch)
-    states = model.initial_batch(torch.full((batch, bank.n_items), -1, dtype=torch.long))
-    cand_t = torch.tensor(cand)
-    avail = torch.ones(batch, len(cand), dtype=torch.bool)
-    rows = torch.arange(batch)
-    n_b = min(batch_steps, len(cand))
-    c0 = time.thread_time()
-    t0 = time.perf_counter()
-    for _ in range(n_b):
-        scores = eig.score_batch(model, states, cand, targets).masked_fill(~avail, -torch.inf)
-        pick = scores.argmax(1)
-        items = cand_t[pick]
-        states = model.update_batch(states, items, y[rows, items])
-        avail[rows, pick] = False
-    elapsed = time.perf_counter() - t0
-    cpu_elapsed = time.thread_time() - c0
+    n_b, elapsed, cpu_elapsed = _time_batch(model, eig, cand, targets, y, batch_steps)
     return {
         "p50_ms": float(np.percentile(ms, 50)),
         "p99_ms": float(np.percentile(ms, 99)),

@@ -76,7 +76,7 @@ class LocalBackend(Backend):
         self.folder = folder
         self.num_threads = num_threads
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy, optional
 
         self.tokenizer: Any = AutoTokenizer.from_pretrained(folder)
         self.model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)

@@ -174,7 +174,7 @@ def test_predictions_csv_equals_replayed_predictions(
     client: TestClient, ces_study: Study, db: Session, engine
 ) -> None:  # type: ignore[no-untyped-def]
     """Per-respondent predictions equal the live loop's own predictions for each session."""
-    from app.services import sessions as svc
+    from app import session as svc
     from app.services.belief import fit_study_model
 
     fit_study_model(ces_study, session=db, n_classes=(2,), n_restarts=1)

@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from app import session as svc
 from app.jobs.runner import execute_job
 from app.services import group_rounds
-from app.services import sessions as svc
 from app.settings import Settings
 from app.tables import (
     Answer,

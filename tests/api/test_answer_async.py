@@ -1,4 +1,4 @@
-"""The answer call's event-loop path on PostgreSQL (``app/services/answer_async.py``).
+"""The answer call's event-loop path on PostgreSQL (``app/session/async_path.py``).
 
 Through the real app (TestClient, lifespan opens the asyncio pools) on a fresh PostgreSQL
 database: a whole questionnaire goes through the event-loop path (counted, so a silent
@@ -20,8 +20,10 @@ from live_study import LiveStudy, app_client, ces_sample_study
 from sqlalchemy import text
 from sqlmodel import select
 
-from app.services import answer_async
-from app.services import sessions as svc
+from app import session as svc
+from app.session import async_path as answer_async
+from app.session import runtime as session_runtime
+from app.session.sql import HISTORY
 from app.tables import Answer, ElicitationSession, Respondent, SelectionDecision, Study
 
 
@@ -74,8 +76,8 @@ def _check_stored(live: LiveStudy, sid: int, n_answers: int) -> None:
         respondent = db.get(Respondent, sess.respondent_id)
         rt = svc.load_runtime(study, session=db, fit_if_missing=False)  # type: ignore[arg-type]
         replayed = svc.replay(rt, respondent, answers)  # type: ignore[arg-type]
-    cached = svc._load_state(sess.state)  # type: ignore[arg-type]
-    assert svc._dump_state(cached) == svc._dump_state(replayed)
+    cached = svc.load_state(sess.state)  # type: ignore[arg-type]
+    assert svc.dump_state(cached) == svc.dump_state(replayed)
 
 
 def test_questionnaire_runs_in_the_event_loop(client: Any, live: LiveStudy) -> None:
@@ -108,7 +110,7 @@ def test_snapshot_and_history_read_in_one_statement(client: Any, live: LiveStudy
     snap = svc.read_session_by_token(body["token"], engine=live.engine)
     assert snap is not None
     with live.engine.connect() as conn:
-        history = conn.execute(text(svc.HISTORY), {"sid": snap.id, "pos": snap.state_version}).all()
+        history = conn.execute(text(HISTORY), {"sid": snap.id, "pos": snap.state_version}).all()
     assert merged is not None and merged[0] == snap
     assert [tuple(r) for r in merged[1]] == [tuple(r) for r in history]
     assert [r[0] for r in history] == [0, 0, 1]  # two answers, then the pending decision
@@ -141,7 +143,7 @@ def test_answer_landing_between_read_and_write(
     and returns the stored result; one answer row."""
     body = _create(client, live)
     option = body["question"]["options"][0]["letter"]
-    real_step = svc.fast_step
+    real_step = answer_async.fast_step
     competitor: dict[str, Any] = {}
 
     def step_after_competitor(*args: Any, **kwargs: Any) -> Any:
@@ -159,7 +161,7 @@ def test_answer_landing_between_read_and_write(
                 ).result()
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(svc, "fast_step", step_after_competitor)
+    monkeypatch.setattr(answer_async, "fast_step", step_after_competitor)
     before = dict(answer_async.STATS)
     r = _answer(client, body, option, "raced")
     assert r.status_code == 200, r.text
@@ -174,7 +176,9 @@ def test_stale_runtime_is_refreshed_without_handing_over(
     client: Any, live: LiveStudy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     body = _create(client, live)
-    monkeypatch.setattr(svc, "RUNTIME_TTL_S", 0.0)  # every cached runtime is stale at once
+    monkeypatch.setattr(
+        session_runtime, "RUNTIME_TTL_S", 0.0
+    )  # every cached runtime is stale at once
     before = dict(answer_async.STATS)
     option = body["question"]["options"][0]["letter"]
     r = _answer(client, body, option, "stale")
@@ -251,7 +255,7 @@ def test_session_start_runs_in_the_event_loop(client: Any, live: LiveStudy) -> N
         replayed = svc.replay(rt, respondent, [])
     assert [d.position for d in decisions] == [0]
     assert rt.by_id[decisions[0].item_id].key == body["question"]["item"]  # type: ignore[index]
-    assert svc._dump_state(svc._load_state(sess.state)) == svc._dump_state(replayed)  # type: ignore[arg-type]
+    assert svc.dump_state(svc.load_state(sess.state)) == svc.dump_state(replayed)  # type: ignore[arg-type]
 
     # the same external id again: 409 from the event-loop path, nothing written
     with live.session() as db:

@@ -21,7 +21,7 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from app import ratelimit
-from app.services import answer_async
+from app.session import async_path as answer_async
 from app.tables import Answer, RateLimitCounter
 
 LIMIT = 4

@@ -1,4 +1,4 @@
-"""The answer path's optimistic fast path (``sessions._submit_fast``) under forced races.
+"""The optimistic fast path (``app.session.fast.submit_fast``) under forced races.
 
 The fast path reads without a lock, runs the model step, and writes only if the session's
 ``state_version`` is unchanged. These tests make another answer land *between* that read
@@ -18,7 +18,8 @@ import pytest
 from live_study import LiveStudy, ces_sample_study
 from sqlmodel import select
 
-from app.services import sessions as svc
+from app import session as svc
+from app.session import fast, submit, tokens
 from app.tables import Answer, ElicitationSession, Respondent, SelectionDecision, Study
 
 
@@ -57,12 +58,12 @@ def _rows(live: LiveStudy, sid: int) -> tuple[list[Answer], list[SelectionDecisi
 
 
 class _RaceInStep:
-    """Wraps ``sessions._step`` (the fast path's model step, computed or from the step
-    memo): the first call (inside the first request's fast path, after its reads) runs
-    ``competitor`` to completion in another thread first."""
+    """Wraps ``app.session.fast.model_step`` (the fast path's model step, computed or
+    from the step memo): the first call (inside the first request's fast path, after its
+    reads) runs ``competitor`` to completion in another thread first."""
 
     def __init__(self, competitor: Any) -> None:
-        self.real = svc._step
+        self.real = fast.model_step
         self.competitor = competitor
         self.fired = False
         self.competitor_result: Any = None
@@ -107,8 +108,8 @@ def test_answer_landing_between_read_and_write_wins_and_stale_write_is_refused(
         )
 
     race = _RaceInStep(competitor)
-    monkeypatch.setattr(svc, "_step", race)
-    real_fast = svc._submit_fast
+    monkeypatch.setattr(fast, "model_step", race)
+    real_fast = submit.submit_fast
     fast_results: list[Any] = []
 
     def recording_fast(*args: Any, **kwargs: Any) -> Any:
@@ -116,7 +117,7 @@ def test_answer_landing_between_read_and_write_wins_and_stale_write_is_refused(
         fast_results.append(out)
         return out
 
-    monkeypatch.setattr(svc, "_submit_fast", recording_fast)
+    monkeypatch.setattr(submit, "submit_fast", recording_fast)
     if same_option:
         view = svc.submit_answer(
             study, sid, item_key=q.key, option=mine, idempotency_key="mine", engine=live.engine
@@ -143,7 +144,7 @@ def test_answer_landing_between_read_and_write_wins_and_stale_write_is_refused(
     assert [d.position for d in decisions] == [0, 1]
     assert decisions[0].item_id == q.item_id
     assert sess.state_version == 1
-    assert svc.states_equal(svc._load_state(sess.state), replayed)
+    assert svc.states_equal(svc.load_state(sess.state), replayed)
     assert race.competitor_result.n_posed == 1
     assert race.competitor_result.question.item_id == decisions[1].item_id
 
@@ -194,7 +195,7 @@ def test_stale_snapshot_from_authorization_is_not_trusted(live: LiveStudy) -> No
     assert [d.position for d in decisions] == [0, 1, 2]
     assert [d.item_id for d in decisions[:2]] == [q1.item_id, q2.item_id]
     assert sess.state_version == 2
-    assert svc.states_equal(svc._load_state(sess.state), replayed)
+    assert svc.states_equal(svc.load_state(sess.state), replayed)
 
 
 def test_unreachable_database_is_503_database_unavailable() -> None:
@@ -215,5 +216,5 @@ def test_unreachable_database_is_503_database_unavailable() -> None:
 def test_session_token_never_looks_like_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """A token drawn with the API-key prefix is redrawn (the API routes credentials by it)."""
     draws = iter(["pk_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "pk_b", "Zx_fine-token"])
-    monkeypatch.setattr(svc.secrets, "token_urlsafe", lambda _n: next(draws))
+    monkeypatch.setattr(tokens.secrets, "token_urlsafe", lambda _n: next(draws))
     assert svc.new_token() == "Zx_fine-token"

@@ -17,7 +17,7 @@ from live_study import LiveStudy, app_client, ces_sample_study
 from sqlalchemy import func
 from sqlmodel import select
 
-from app.services import sessions as svc
+from app import session as svc
 from app.services.apikeys import create_api_key, revoke_api_key
 from app.services.belief import stored_fixed_orders
 from app.tables import (
@@ -129,7 +129,7 @@ def test_full_questionnaire_matches_database_and_brute_force(client: Any, live: 
         rt = svc.load_runtime(study, session=db)
         replayed = svc.replay(rt, respondent, answers)
         assert sess.state_version == 10
-        assert svc.states_equal(svc._load_state(sess.state), replayed)
+        assert svc.states_equal(svc.load_state(sess.state), replayed)
 
         # every stored score is the brute-force EIG of that candidate minus delta per
         # unasked candidate before it in the fixed order stored with the model (the default

@@ -23,7 +23,9 @@ from live_study import (
 )
 from sqlmodel import select
 
-from app.services import sessions as svc
+from app import session as svc
+from app.session import decide as session_decide
+from app.session import runtime as session_runtime
 from app.tables import ElicitationSession, SelectionDecision, Study
 from elicitation.session import replay_state
 
@@ -62,7 +64,7 @@ def test_same_attributes_share_one_first_decision(
         rt = svc.load_runtime(study, session=db, fit_if_missing=False)  # type: ignore[arg-type]
     attribute = rt.attributes[0]
     a, b = attribute.options[0][0], attribute.options[1][0]
-    monkeypatch.setattr(svc, "RUNTIME_TTL_S", 3600.0)  # one runtime for the whole test
+    monkeypatch.setattr(session_runtime, "RUNTIME_TTL_S", 3600.0)  # one runtime for the whole test
     calls = count_decisions(monkeypatch)
     with app_client(live.url) as client:
         first = _start(client, live, {attribute.key: a})
@@ -75,9 +77,9 @@ def test_same_attributes_share_one_first_decision(
     assert s1 == s2  # same state blob, same scores, same item
     # what an uncached computation gives for each attribute set
     for stored, letter in ((s1, a), (s3, b)):
-        state = replay_state(rt.model, svc._attribute_indices(rt, {attribute.key: letter}), [])
-        fresh = svc._decide(rt, state, 0, [])
-        assert stored[0] == svc._dump_state(state)
+        state = replay_state(rt.model, svc.attribute_indices(rt, {attribute.key: letter}), [])
+        fresh = session_decide.decide_next(rt, state, 0, [])
+        assert stored[0] == svc.dump_state(state)
         assert stored[2] == fresh.item_id
         assert stored[1]["scores"] == fresh.scores["scores"]
 

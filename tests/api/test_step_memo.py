@@ -1,4 +1,4 @@
-"""Answer steps are computed once per study design and reused (``sessions.StepMemo``).
+"""Answer steps are computed once per study design and reused (``app.session.memo.StepMemo``).
 
 A step (the state updated with an answer, and the next decision) is a pure function of
 the state before, the answers so far and the answer, for a fixed study design. Checked on
@@ -25,7 +25,10 @@ from live_study import (
 )
 from sqlmodel import select
 
-from app.services import sessions as svc
+from app import session as svc
+from app.services.belief import model_from_blob
+from app.session import memo as session_memo
+from app.session import runtime as session_runtime
 from app.tables import Answer, ElicitationSession, Respondent, SelectionDecision, Study
 
 
@@ -40,7 +43,7 @@ def live(
 @pytest.fixture
 def fresh_memo() -> Iterator[None]:
     """Empty step memos (and runtimes) before and after the test, at the default size."""
-    size = svc.STEP_MEMO_MAX
+    size = session_memo.step_memo_size()
     svc.configure_step_memo(0)
     svc.configure_step_memo(size)
     yield
@@ -106,18 +109,20 @@ def _stored(live: LiveStudy, sid: int) -> tuple[bytes, list[tuple[Any, ...]], An
 def test_same_answers_reuse_every_step_bit_for_bit(
     live: LiveStudy, monkeypatch: pytest.MonkeyPatch, fresh_memo: None
 ) -> None:
-    monkeypatch.setattr(svc, "RUNTIME_TTL_S", 3600.0)  # rebuilt only where the test says
+    monkeypatch.setattr(
+        session_runtime, "RUNTIME_TTL_S", 3600.0
+    )  # rebuilt only where the test says
     calls = count_decisions(monkeypatch)
     with app_client(live.url) as client:
         first, answered = _run(client, live, 0)
         n = len(answered)
         assert n >= 3
         assert len(calls) == 1 + n  # the first decision, then one step per answer
-        hits = svc.STEP_MEMO_STATS["hits"]
+        hits = session_memo.STEP_MEMO_STATS["hits"]
         svc.clear_runtime_cache()  # a rebuilt runtime of the same design keeps the memo
         second, again = _run(client, live, 0)
         assert len(calls) == 1 + n + 1, "a respondent with the same answers ran the step"
-        assert svc.STEP_MEMO_STATS["hits"] == hits + n
+        assert session_memo.STEP_MEMO_STATS["hits"] == hits + n
         assert again == [{**b, "session_id": second} for b in answered]
         svc.configure_step_memo(0)  # the same answers, computed without the memo
         third, _ = _run(client, live, 0)
@@ -125,7 +130,7 @@ def test_same_answers_reuse_every_step_bit_for_bit(
     s1, s2, s3 = (_stored(live, sid) for sid in (first, second, third))
     assert s1[0] == s2[0] == s3[0]  # the cached state, byte for byte
     assert s1[1] == s2[1] == s3[1]  # every decision with its scores
-    assert svc.states_equal(svc._load_state(s2[0]), s2[2])  # = the replay of the answers
+    assert svc.states_equal(svc.load_state(s2[0]), s2[2])  # = the replay of the answers
 
 
 def test_other_answers_or_attributes_compute_new_steps(
@@ -135,7 +140,7 @@ def test_other_answers_or_attributes_compute_new_steps(
         study = db.get(Study, live.study_id)
         rt = svc.load_runtime(study, session=db, fit_if_missing=False)  # type: ignore[arg-type]
     attribute = rt.attributes[0]
-    monkeypatch.setattr(svc, "RUNTIME_TTL_S", 3600.0)
+    monkeypatch.setattr(session_runtime, "RUNTIME_TTL_S", 3600.0)
     calls = count_decisions(monkeypatch)
     with app_client(live.url) as client:
         _, answered = _run(client, live, 0)
@@ -149,7 +154,7 @@ def test_other_answers_or_attributes_compute_new_steps(
         assert len(calls) - before >= 1
     for sid in (other, with_attr):
         state, _, replayed = _stored(live, sid)
-        assert svc.states_equal(svc._load_state(state), replayed)
+        assert svc.states_equal(svc.load_state(state), replayed)
 
 
 def test_a_new_budget_gets_its_own_memo(live: LiveStudy, fresh_memo: None) -> None:
@@ -167,7 +172,7 @@ def test_random_criterion_keeps_no_memo(live: LiveStudy, fresh_memo: None) -> No
     with live.session() as db:
         study = db.get(Study, live.study_id)
         assert study is not None
-        rt = svc._build_runtime(
+        rt = session_runtime.build_runtime(
             Study(id=study.id, slug=study.slug, settings={**study.settings, "criterion": "random"}),
             *_runtime_parts(db, study),
         )
@@ -184,17 +189,19 @@ def _settings(live: LiveStudy) -> dict[str, Any]:
 
 
 def _runtime_parts(db: Any, study: Study) -> tuple[Any, ...]:
-    ref, model, blob, items, orders = svc._runtime_rows(study, db, False)
+    ref, model, blob, items, orders = session_runtime.runtime_rows(study, db, False)
     if model is None:
-        model = svc.model_from_blob(ref, blob)
+        model = model_from_blob(ref, blob)
     return ref, model, items, orders
 
 
 def test_memo_is_bounded_least_recently_used_first() -> None:
-    memo = svc.StepMemo(2)
-    steps = [svc.MemoStep(bytes([i]), i, "eig", "{}", None) for i in range(3)]
-    keys = [svc.StepMemo.key(b"state", [(0, "A"), (i, None)]) for i in range(3)]
-    assert keys[0] != keys[1] and svc.StepMemo.key(b"other", [(0, "A"), (0, None)]) != keys[0]
+    memo = session_memo.StepMemo(2)
+    steps = [session_memo.MemoStep(bytes([i]), i, "eig", "{}", None) for i in range(3)]
+    keys = [session_memo.StepMemo.key(b"state", [(0, "A"), (i, None)]) for i in range(3)]
+    assert (
+        keys[0] != keys[1] and session_memo.StepMemo.key(b"other", [(0, "A"), (0, None)]) != keys[0]
+    )
     memo.put(keys[0], steps[0])
     memo.put(keys[1], steps[1])
     assert memo.get(keys[0]) == steps[0]  # now the most recently used

@@ -26,10 +26,11 @@ from live_study import (
 )
 from sqlmodel import Session, select
 
+from app import session as svc
 from app.schemas import StudySettings
 from app.services import belief
-from app.services import sessions as svc
 from app.services.designer import set_roles
+from app.session import decide as session_decide
 from app.tables import FittedModel, Item, Job, JobStatus, SelectionDecision, Study
 from elicitation.criteria import DEFAULT_DELTA, FixedOrder, get_criterion
 
@@ -149,7 +150,7 @@ def test_prepared_study_serves_the_stored_order_without_recomputing_it(
         bank = rt.model.item_bank
         assert rt.selector.fixed.order == [bank.index(k) for k in stored]
         # built once per runtime: every decision gets the same object
-        assert svc._criterion(rt, 1, 0) is svc._criterion(rt, 2, 5) is rt.selector
+        assert session_decide.criterion_for(rt, 1, 0) is session_decide.criterion_for(rt, 2, 5) is rt.selector
     sid = _run_session(live.engine, study, 4)
     assert count_greedy == []  # the whole session ran without a fixed-order search
     with live.session() as db:

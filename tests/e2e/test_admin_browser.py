@@ -148,7 +148,7 @@ def test_every_admin_screen(server: dict[str, Any], page: Any) -> None:
     """Screenshots of the remaining screens (after a model fit and a few live respondents)."""
     from sqlmodel import Session, select
 
-    from app.services import sessions as svc
+    from app import session as svc
     from app.services.belief import fit_study_model
     from app.tables import Study
 

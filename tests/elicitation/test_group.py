@@ -24,6 +24,7 @@ from elicitation.group import (
     member_lookahead_accuracy_gain,
     pool_gain_rows,
     pool_weight_from_gains,
+    selectors,
     shrunk_stack_weights,
     stack_gain_rows,
     stacked_pool,
@@ -193,11 +194,11 @@ def test_relational_selection_of_a_large_group_respects_the_budget(
     gnn_view: GNNView, monkeypatch: pytest.MonkeyPatch, budget: int | float, expected: int
 ) -> None:
     # the threshold at 0 sends this 40-member group down the large-group path
-    monkeypatch.setattr(group_module, "KMEANS_EXACT_MAX", 0)
+    monkeypatch.setattr(selectors, "KMEANS_EXACT_MAX", 0)
     called = []
     real = group_module.two_level_kmeans_pick
     monkeypatch.setattr(
-        group_module,
+        selectors,
         "two_level_kmeans_pick",
         lambda *a, **kw: called.append(1) or real(*a, **kw),
     )
@@ -559,7 +560,7 @@ def test_lookahead_chance_follows_the_budget(
     member's :data:`LOOKAHEAD_SECOND` best second questions, set to 1 here so that it
     differs from the full lookahead), on the random four-persona mixture; some members
     already answered, so the members' gains differ."""
-    monkeypatch.setattr(group_module, "LOOKAHEAD_SECOND", 1)
+    monkeypatch.setattr(selectors, "LOOKAHEAD_SECOND", 1)
     model = _random_mixture()
     observed = torch.full((10, 7), -1)
     observed[:4, 1] = 1

@@ -105,12 +105,12 @@ def test_cli_writes_result_and_plot(
 def test_group_speed_cli_times_the_default_with_a_later_round(
     small_dataset_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`priorly bench group-speed`: one entry per group size with the default, the
-    sessions 1-7 default and the relational planner; `--rounds` reaches the lookahead
+    """`priorly bench group-speed`: one entry per group size with the default,
+    ``eig_eig_pool`` and the relational planner; `--rounds` reaches the lookahead
     (its chance of a later answer is > 0 in the timed round, so the slower gain is timed)."""
     import argparse
 
-    import elicitation.group as group
+    import elicitation.group.selectors as selectors
     import elicitation.group_bench as gb
     from app.commands import bench
 
@@ -130,13 +130,13 @@ def test_group_speed_cli_times_the_default_with_a_later_round(
 
     monkeypatch.setattr(gb, "prepare", small_prepare)
     chances: list[float] = []
-    orig_gain = group.member_lookahead_accuracy_gain
+    orig_gain = selectors.member_lookahead_accuracy_gain
 
     def recording_gain(*a, **kw):  # type: ignore[no-untyped-def]
         chances.append(a[4])
         return orig_gain(*a, **kw)
 
-    monkeypatch.setattr(group, "member_lookahead_accuracy_gain", recording_gain)
+    monkeypatch.setattr(selectors, "member_lookahead_accuracy_gain", recording_gain)
     assert args.func(args) == 0
     result = json.loads(out.read_text())
     assert [r["members"] for r in result["rounds"]][1] == 500

@@ -163,7 +163,7 @@ def test_stack_models_weights_the_model_that_predicts_targets() -> None:
 
 
 def test_markdown_tables_show_every_method_and_measure() -> None:
-    from elicitation.model_choice import markdown_tables
+    from elicitation.bench.report import markdown_tables
 
     result = {
         "budget": 2,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from models import DTYPE, ItemBank, ModelError, PersonaMixture, compress, fit_prior_em
-from models.persona import js_distance_matrix
+from models.persona_fit import js_distance_matrix
 
 
 def dictionary(k: int, seed: int, n_opt: tuple[int, ...] = (2, 3, 4, 3, 2, 3)) -> PersonaMixture:

@@ -15,7 +15,7 @@ import pytest
 from live_study import LiveStudy, fresh_database_url, make_live_study
 from rel_harness import MAX_QUESTIONS, UvicornServer
 
-from app.services import sessions as svc
+from app import session as svc
 from tests.conftest import DATASETS_DIR, write_small_dataset
 
 

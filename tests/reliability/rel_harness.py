@@ -40,7 +40,8 @@ from live_study import free_port
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from app.services import sessions as svc
+from app import session as svc
+from app.session import decide as session_decide
 from app.tables import ElicitationSession, Respondent, SelectionDecision, Study
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -549,7 +550,7 @@ def check_sessions(engine: Engine, study_id: int, session_ids: list[int]) -> Ses
             if sess is None:
                 out.problems.append(f"session {sid}: missing")
                 continue
-            answers = svc._answers_of(db, sid)
+            answers = svc.answers_of(db, sid)
             decisions = list(
                 db.exec(
                     select(SelectionDecision)
@@ -588,12 +589,12 @@ def check_sessions(engine: Engine, study_id: int, session_ids: list[int]) -> Ses
             if sess.state_version != n or sess.state is None:
                 p.append(f"session {sid}: state_version {sess.state_version} for {n} answers")
             elif not svc.states_equal(
-                svc._load_state(sess.state), svc.replay(rt, respondent, answers)
+                svc.load_state(sess.state), svc.replay(rt, respondent, answers)
             ):
                 p.append(f"session {sid}: cached state differs from the replay")
             for k in range(n + 1):
                 state = svc.replay(rt, respondent, answers[:k])
-                again = svc._decide(rt, state, sid, answers[:k])
+                again = session_decide.decide_next(rt, state, sid, answers[:k])
                 stored = decisions[k]
                 out.replayed_decisions += 1
                 if (again.item_id is None) != (stored.item_id is None) or (

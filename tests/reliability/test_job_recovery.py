@@ -19,7 +19,6 @@ Every wait polls the job row or the stored rows with a deadline (no synchronisin
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import json
@@ -37,8 +36,10 @@ from app.db import make_engine, upgrade
 from app.jobs.runner import execute_job
 from app.services.importer import import_dataset
 from app.services.jobs import start_job
+from app.services.personas import attribute_personas, make_persona_backend, study_items
 from app.settings import Settings
 from app.tables import FittedModel, Job, JobStatus, PersonaDistribution, Study
+from inference_server.generate import generate
 from tests.conftest import DATASETS_DIR, write_small_dataset
 
 FIT_PAYLOAD: dict[str, Any] = {"seed": 3}
@@ -98,27 +99,13 @@ def _blob_sha(engine: Any, model_id: int) -> str:
 
 def _uninterrupted_distributions(engine: Any, study_id: int) -> dict[tuple[str, ...], Any]:
     """The same pairs as the job, generated in this process into a dict store in one go."""
-    from app.commands.personas import _make_backend, attribute_matrix, study_items
-    from inference_server.generate import generate
-    from inference_server.personas import profiles_from_matrix
-
     p = PERSONA_PAYLOAD
     with Session(engine) as db:
         attrs, questions = study_items(study_id, session=db)
-        matrix = attribute_matrix(study_id, attrs, session=db)
-    personas = profiles_from_matrix(
-        attrs, matrix, mode="profiles", n=p["n_personas"], seed=p["seed"]
-    )
-    backend = _make_backend(
-        argparse.Namespace(
-            backend="local",
-            base_url=None,
-            model=None,
-            batch_size=p["batch_size"],
-            threshold=0.5,
-            threads=1,
+        personas = attribute_personas(
+            study_id, attrs, mode="profiles", n=p["n_personas"], seed=p["seed"], session=db
         )
-    )
+    backend = make_persona_backend("local", batch_size=p["batch_size"], threshold=0.5, threads=1)
 
     class DictStore:
         def __init__(self) -> None:

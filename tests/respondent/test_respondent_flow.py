@@ -14,7 +14,7 @@ from live_study import LiveStudy, app_client, fresh_database_url, make_live_stud
 from sqlalchemy import func
 from sqlmodel import select
 
-from app.services import sessions as svc
+from app import session as svc
 from app.tables import Answer, ElicitationSession, Respondent, SelectionDecision, Study
 
 

@@ -1,32 +1,27 @@
-"""The answer call and the API's session start on PostgreSQL without the thread pool: the
-common case of each in the event loop.
+"""The answer call and the API's session start on PostgreSQL in the event loop.
 
-Why: the answer call is the hottest path of the product (a respondent waits for the next
-question). Run as a plain ``def`` route, each call crossed into the thread pool two or
-three times (rate limiter, authorization, the route), and the threads of one process
-then queued for the GIL behind each other on every database round trip: under 200
-answers/s on a 2-core machine an answer spent ~12 ms waiting for ~2.5 ms of work, and
-the slowest percent waited for hundreds of milliseconds (docs/respondents.md). Here the
-same statements go through psycopg's asyncio connections, so a process serves its
-answers one model step at a time in its event loop and overlaps only the waits.
+The same steps as the synchronous fast path (:mod:`app.session.fast`: the same SQL, the
+same :func:`~app.session.fast.fast_step`) through psycopg's asyncio connections, so a
+process serves its answers one model step at a time in its event loop and overlaps only
+the database waits, without crossing into the thread pool:
 
-What runs here is exactly the fast path of :mod:`app.services.sessions` (the same SQL,
-the same :func:`~app.services.sessions.fast_step`): read the session by its token, read
-its answers and pending decision, update the state and choose the next item, and write
-answer + decision + state in one statement conditional on ``state_version``. Anything
-unusual (a retry, a conflict, a concurrent answer, a stale cached state, an API key
-instead of a session token, a study runtime to rebuild) goes to the thread pool and the
-synchronous code, which stays the single source of those rules. Both paths write with
-the same conditional statement, so they may run side by side in any number of processes.
+* :func:`read_session_and_history` / :func:`read_counted_session_and_history`: the session
+  by its token and its answers and pending decision in one statement (the second with the
+  API rate limiter's counter hit in the same statement);
+* :func:`submit_answer`: the model step, then answer + decision + state in one statement
+  conditional on ``state_version``;
+* :func:`owned_study` and :func:`start_session`: the API key and the study checked in one
+  statement, then the first decision and the one insert (:data:`~app.session.sql.PG_START`).
 
-Session starts through the API (``POST /api/v1/studies/{slug}/sessions``) follow the same
-pattern: the API key and the study are checked in one statement (:func:`owned_study`),
-and with the study's runtime cached the first decision and the one insert statement run
-here (:func:`start_session`). Under load, bursts of starts run in the thread pool made
-the slowest answers of the 1,000-respondent run wait behind them (docs/reliability.md).
+Anything unusual (a retry, a conflict, a concurrent answer, a stale cached state, a study
+runtime not built yet in this process) goes to the thread pool and the synchronous code
+(:func:`app.session.submit.submit_answer`, :func:`app.session.start.start_session`),
+which stays the single source of those rules. Both write with the same conditional
+statement, so they may run side by side in any number of processes.
 
-Only for PostgreSQL with ``psycopg_pool`` installed; ``PRIORLY_ASYNC_ANSWERS=0`` turns it
-off (everything then runs the synchronous code). SQLite always uses the thread pool.
+Only for PostgreSQL with ``psycopg_pool`` installed (:func:`enabled_for`); the setting
+``async_answers`` (``PRIORLY_ASYNC_ANSWERS=0``) turns it off. SQLite always uses the
+thread pool.
 """
 
 from __future__ import annotations
@@ -34,17 +29,43 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.engine import Engine, make_url
+from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
 from app import ratelimit
-from app.services import sessions as svc
 from app.services.apikeys import KEY_PREFIX, AuthenticationError, hash_key
+from app.session.errors import StudyNotFoundError
+from app.session.fast import FastStep, fast_snapshot_usable, fast_step
+from app.session.runtime import load_runtime, peek_runtime, runtime_key
+from app.session.sql import (
+    PG_SNAPSHOT_AND_HISTORY_BY_TOKEN,
+    PG_START,
+    PG_WRITE,
+    SessionSnapshot,
+    StudyHead,
+    driver_sql,
+    snapshot_of,
+)
+from app.session.start import StartedSession, check_start, external_id_taken, plan_start
+from app.session.start import start_session as start_session_sync
+from app.session.submit import answered_item, check_idempotency_key
+from app.session.submit import submit_answer as submit_answer_sync
+from app.session.tokens import hash_token
+from app.session.views import SessionView
+from app.settings import get_settings
+from app.tables import Study
+
+try:  # the ``postgres`` extra; without it this path is never enabled (enabled_for)
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool
+except ImportError:  # pragma: no cover - the postgres extra installs both
+    psycopg = None  # type: ignore[assignment]
+    AsyncConnectionPool = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger(__name__)
 
@@ -53,35 +74,20 @@ _PG = "postgresql"
 STATS = {"fast": 0, "handed_over": 0, "start_fast": 0, "start_handed_over": 0}
 """Per process: answers stored by the event-loop path, and answers it handed to the
 synchronous code (a retry, a conflict, a lost race, a cold runtime); the same for
-session starts (``start_*``). Read by tests and by the load test's breakdown; never reset
-by the app."""
+session starts (``start_*``). Read by tests and by ``scripts/loadtest_probe.py``; never
+reset by the app."""
 
 
 def enabled_for(engine: Engine) -> bool:
     """Whether the app should open an :class:`AsyncAnswerDatabase` for ``engine``."""
-    if engine.dialect.name != _PG or os.environ.get("PRIORLY_ASYNC_ANSWERS", "1") == "0":
+    if engine.dialect.name != _PG or not get_settings().async_answers:
         return False
-    try:
-        import psycopg_pool  # noqa: F401
-    except ImportError:  # pragma: no cover - the postgres extra installs it
-        return False
-    return True
+    return AsyncConnectionPool is not None
 
 
 def conninfo(engine: Engine) -> str:
     """libpq connection URI of ``engine`` (the SQLAlchemy URL without the driver name)."""
     return make_url(engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-POOL_MAX = int(os.environ.get("PRIORLY_ASYNC_POOL_SIZE", "4"))
-LIMITER_POOL_MAX = int(os.environ.get("PRIORLY_ASYNC_LIMITER_POOL_SIZE", "2"))
-"""Most connections of a process's two asyncio pools (answers; rate limiter). A coroutine
-holds its connection until the event loop resumes it, so under load some statements wait
-for a connection (in the 1,000-respondent load test with 4 + 2: 2 % of the answer
-statements, ~10 ms on average, and 10 % of the limiter's, ~18 ms). Larger pools did not
-help there: one run with 8 + 4 had more waiting and more CPU per answer (more backends
-competing for the same 2 cores; docs/reliability.md). PostgreSQL's ``max_connections``
-must exceed ``processes x (POOL_MAX + LIMITER_POOL_MAX + the synchronous pools)``."""
 
 
 class AsyncAnswerDatabase:
@@ -95,18 +101,26 @@ class AsyncAnswerDatabase:
 
     A checkout waits at most ``timeout`` seconds (then ``PoolTimeout``, a
     ``psycopg.OperationalError``: 503 ``database_unavailable``, like the synchronous pool).
+
+    Pool sizes default to the settings ``async_pool_size`` and ``async_limiter_pool_size``
+    (4 and 2). A coroutine holds its connection until the event loop resumes it, so under
+    load some statements wait for a connection (docs/reliability.md has the figures).
+    PostgreSQL's ``max_connections`` must exceed ``processes x (the two pools + the
+    synchronous pool)``.
     """
 
     def __init__(
         self,
         engine: Engine,
         *,
-        max_size: int = POOL_MAX,
-        limiter_max_size: int = LIMITER_POOL_MAX,
+        max_size: int | None = None,
+        limiter_max_size: int | None = None,
         timeout: float = 5.0,
     ) -> None:
-        from psycopg_pool import AsyncConnectionPool
-
+        settings = get_settings()
+        max_size = settings.async_pool_size if max_size is None else max_size
+        if limiter_max_size is None:
+            limiter_max_size = settings.async_limiter_pool_size
         info = conninfo(engine)
 
         async def _sync_off(conn: Any) -> None:
@@ -139,7 +153,7 @@ class AsyncAnswerDatabase:
 
     async def fetchone(self, statement: str, params: dict[str, Any]) -> Any:
         async with self.pool.connection() as conn:
-            cur = await conn.execute(svc._sql(_PG, statement), params)
+            cur = await conn.execute(driver_sql(_PG, statement), params)
             return await cur.fetchone()
 
     def limiter_connection(self) -> Any:
@@ -162,7 +176,7 @@ _KEY_AND_STUDY = """
 """
 
 
-async def owned_study(db: AsyncAnswerDatabase, credential: str, slug: str) -> svc.StudyHead:
+async def owned_study(db: AsyncAnswerDatabase, credential: str, slug: str) -> StudyHead:
     """The study ``slug`` if the API key ``credential`` may use it, in the event loop.
 
     The same rules and messages as the synchronous dependencies (``authenticate_api_key``,
@@ -185,10 +199,10 @@ async def owned_study(db: AsyncAnswerDatabase, credential: str, slug: str) -> sv
     if not active:
         raise AuthenticationError("the researcher of this API key is deactivated")
     if study_id is None or not (admin or (owner is not None and owner == researcher_id) or shared):
-        raise svc.StudyNotFoundError(f"no study {slug!r} among your studies")
+        raise StudyNotFoundError(f"no study {slug!r} among your studies")
     if isinstance(settings, str | bytes):
         settings = json.loads(settings)
-    return svc.StudyHead(
+    return StudyHead(
         id=int(study_id),
         slug=str(st_slug),
         status=str(status),
@@ -199,83 +213,75 @@ async def owned_study(db: AsyncAnswerDatabase, credential: str, slug: str) -> sv
 
 async def start_session(
     db: AsyncAnswerDatabase,
-    study: svc.StudyHead,
+    study: StudyHead,
     *,
     engine: Engine,
     attributes: dict[str, str] | None,
     external_id: str | None,
-) -> svc.StartedSession:
-    """:func:`app.services.sessions.start_session` (API form: drafts allowed, attributes
+) -> StartedSession:
+    """:func:`app.session.start.start_session` (API form: drafts allowed, attributes
     given) with the study's runtime cached: the prior state and first decision in the
     event loop and respondent + session + decision in one statement (the same
-    :func:`~app.services.sessions.plan_start` and :data:`~app.services.sessions.PG_START`
-    as the synchronous code). A study whose runtime this process has not built yet goes
-    to the thread pool (the build may fit a model).
+    :func:`~app.session.start.plan_start` and :data:`~app.session.sql.PG_START` as the
+    synchronous code). A study whose runtime this process has not built yet goes to the
+    thread pool (the build may fit a model).
 
-    Raises: what :func:`app.services.sessions.start_session` raises.
+    Raises: what :func:`app.session.start.start_session` raises.
     """
-    import psycopg
-
-    params = svc.check_start(study, external_id, None, True)
-    rt, fresh = svc.peek_runtime(study, engine=engine)
+    params = check_start(study, external_id, None, True)
+    rt, fresh = peek_runtime(study, engine=engine)
     if rt is None:
         STATS["start_handed_over"] += 1
         return await run_in_threadpool(_start_sync, study, engine, attributes, external_id)
     if not fresh:
         _refresh_runtime(study, engine)
-    plan = svc.plan_start(rt, study.id, attributes, external_id, params, False, _PG)
+    plan = plan_start(rt, study.id, attributes, external_id, params, False, _PG)
     try:
-        row = await db.fetchone(svc.PG_START, plan.values)
+        row = await db.fetchone(PG_START, plan.values)
     except psycopg.IntegrityError:
         if external_id is None:
             raise
-        raise svc.external_id_taken(external_id) from None
+        raise external_id_taken(external_id) from None
     STATS["start_fast"] += 1
     return plan.started(int(row[0]), int(row[1]))
 
 
 def _start_sync(
-    head: svc.StudyHead,
+    head: StudyHead,
     engine: Engine,
     attributes: dict[str, str] | None,
     external_id: str | None,
-) -> svc.StartedSession:
+) -> StartedSession:
     """The synchronous start with the study's ORM row (a first runtime build may fit)."""
-    from sqlmodel import Session
-
-    from app.tables import Study
-
     with Session(engine) as db:
         study = db.get(Study, head.id)
     if study is None:  # deleted between the two reads
-        raise svc.StudyNotFoundError(f"no study {head.slug!r} among your studies")
-    return svc.start_session(
+        raise StudyNotFoundError(f"no study {head.slug!r} among your studies")
+    return start_session_sync(
         study, engine=engine, attributes=attributes, external_id=external_id, allow_draft=True
     )
 
 
 async def read_session_and_history(
     db: AsyncAnswerDatabase, token: str
-) -> tuple[svc.SessionSnapshot, list[Any]] | None:
-    """:func:`app.services.sessions.read_session_by_token` and the session's
-    :data:`~app.services.sessions.HISTORY` rows at its ``state_version``, in one statement
-    (:data:`~app.services.sessions.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN`); ``None`` for an
+) -> tuple[SessionSnapshot, list[Any]] | None:
+    """:func:`app.session.sql.read_session_by_token` and the session's
+    :data:`~app.session.sql.HISTORY` rows at its ``state_version``, in one statement
+    (:data:`~app.session.sql.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN`); ``None`` for an
     unknown token."""
     if not token or len(token) > 200:
         return None
-    row = await db.fetchone(
-        svc.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN, {"token_hash": svc.hash_token(token)}
-    )
+    row = await db.fetchone(PG_SNAPSHOT_AND_HISTORY_BY_TOKEN, {"token_hash": hash_token(token)})
     return None if row is None else _snapshot_and_history(row)
 
 
-def _snapshot_and_history(row: Sequence[Any]) -> tuple[svc.SessionSnapshot, list[Any]]:
-    """A row of :data:`~app.services.sessions.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN` as
+def _snapshot_and_history(row: Sequence[Any]) -> tuple[SessionSnapshot, list[Any]]:
+    """A row of :data:`~app.session.sql.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN` as
     ``(snapshot, history rows)``."""
     history = row[11]
     if isinstance(history, str | bytes):
         history = json.loads(history)
-    return svc._snapshot_of(row), list(history or [])
+    return snapshot_of(row), list(history or [])
 
 
 # The API limiter's counter hit (app/ratelimit.py) and the read above in ONE statement:
@@ -285,14 +291,14 @@ _HIT_AND_SNAPSHOT = (
     "WITH hit AS ("
     + ratelimit.PG_UPSERT_SQL
     + ") SELECT hit.count, hit.expires_at, snap.* FROM hit LEFT JOIN ("
-    + svc._sql(_PG, svc.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN)
+    + driver_sql(_PG, PG_SNAPSHOT_AND_HISTORY_BY_TOKEN)
     + ") snap ON true"
 )
 
 
 async def read_counted_session_and_history(
     db: AsyncAnswerDatabase, token: str, counter_key: str, *, now: float | None = None
-) -> tuple[int, float, tuple[svc.SessionSnapshot, list[Any]] | None]:
+) -> tuple[int, float, tuple[SessionSnapshot, list[Any]] | None]:
     """:func:`read_session_and_history` with the API rate limiter's hit of
     ``counter_key`` (:func:`app.ratelimit.hit_async`) in the same statement, on the
     limiter's connections (``synchronous_commit = off``: the read is unaffected, the
@@ -303,7 +309,7 @@ async def read_counted_session_and_history(
         "key": counter_key,
         "now": now,
         "expires": now + ratelimit.API_WINDOW_S,
-        "token_hash": svc.hash_token(token) if token and len(token) <= 200 else "",
+        "token_hash": hash_token(token) if token and len(token) <= 200 else "",
     }
     async with db.limiter_connection() as conn:
         cur = await conn.execute(_HIT_AND_SNAPSHOT, params)
@@ -316,36 +322,36 @@ async def read_counted_session_and_history(
 
 async def submit_answer(
     db: AsyncAnswerDatabase,
-    snap: svc.SessionSnapshot,
+    snap: SessionSnapshot,
     *,
     item_key: str,
     option: str | None,
     idempotency_key: str | None,
     engine: Engine,
     history: list[Any],
-) -> svc.SessionView:
-    """:func:`app.services.sessions.submit_answer` for the session ``snap`` (read by the
+) -> SessionView:
+    """:func:`app.session.submit.submit_answer` for the session ``snap`` (read by the
     caller's authorization): the fast path here, everything else in the thread pool.
     ``history``: the session's HISTORY rows at ``snap.state_version``, read with the
     snapshot (:func:`read_session_and_history`).
 
-    Raises: what :func:`app.services.sessions.submit_answer` raises.
+    Raises: what :func:`app.session.submit.submit_answer` raises.
     """
     study = snap.study
-    svc.check_idempotency_key(idempotency_key)
-    rt, fresh = svc.peek_runtime(study, engine=engine)
+    check_idempotency_key(idempotency_key)
+    rt, fresh = peek_runtime(study, engine=engine)
     if rt is not None and not fresh:
         _refresh_runtime(study, engine)
     if rt is not None:
-        item = svc.answered_item(rt, item_key, option)
-        if svc.fast_snapshot_usable(rt, snap):
-            step = svc.fast_step(rt, snap, item, option, idempotency_key, history, _PG)
+        item = answered_item(rt, item_key, option)
+        if fast_snapshot_usable(rt, snap):
+            step = fast_step(rt, snap, item, option, idempotency_key, history, _PG)
             if step is not None and await _write(db, step):
                 STATS["fast"] += 1
                 return step.view(rt)
     STATS["handed_over"] += 1
     return await run_in_threadpool(
-        svc.submit_answer,
+        submit_answer_sync,
         study,
         snap.id,
         item_key=item_key,
@@ -358,17 +364,17 @@ async def submit_answer(
 _REFRESHING: dict[tuple[str, int, str], asyncio.Task[None]] = {}
 
 
-def _refresh_runtime(study: svc.StudyHead, engine: Engine) -> None:
+def _refresh_runtime(study: StudyHead, engine: Engine) -> None:
     """Rebuild the study's runtime in the thread pool, once at a time per study, while
-    answers go on with the stale one (it is at most :data:`~app.services.sessions.
-    RUNTIME_TTL_S` old, as with the synchronous path)."""
-    key = svc._runtime_key(engine, study)
+    answers go on with the stale one (at most
+    :data:`~app.session.runtime.RUNTIME_TTL_S` old, as with the synchronous path)."""
+    key = runtime_key(engine, study)
     if key in _REFRESHING:
         return
 
     async def refresh() -> None:
         try:
-            await run_in_threadpool(svc.load_runtime, study, engine=engine, fit_if_missing=False)
+            await run_in_threadpool(load_runtime, study, engine=engine, fit_if_missing=False)
         except Exception as exc:  # the next answer retries; the call itself is unaffected
             log.warning("study runtime refresh failed: %s", type(exc).__name__)
         finally:
@@ -377,12 +383,10 @@ def _refresh_runtime(study: svc.StudyHead, engine: Engine) -> None:
     _REFRESHING[key] = asyncio.get_running_loop().create_task(refresh())
 
 
-async def _write(db: AsyncAnswerDatabase, step: svc.FastStep) -> bool:
+async def _write(db: AsyncAnswerDatabase, step: FastStep) -> bool:
     """The conditional write; ``False`` when it wrote nothing (another answer was stored
     since the read, or a unique constraint fired): the synchronous path then decides."""
-    import psycopg
-
     try:
-        return await db.fetchone(svc.PG_WRITE, step.params) is not None
+        return await db.fetchone(PG_WRITE, step.params) is not None
     except psycopg.IntegrityError:
         return False

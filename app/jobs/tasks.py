@@ -1,13 +1,14 @@
-"""The kinds of job: a registry from ``job.kind`` to the function that does the work.
+"""The job functions: what each kind of job (:mod:`app.jobs.registry`) does.
 
-A job function takes a :class:`app.jobs.runner.JobContext` and returns a JSON-able dict
-(stored in ``job.result``). It must be deterministic given the job's payload (seeded),
-so that a job retried after its worker died ends with the same result, and it reports
-progress through ``ctx.progress`` (which also raises when the job was cancelled).
+A job function takes a :class:`app.jobs.context.JobContext` and returns a JSON-able dict
+(stored in ``job.result``). It is deterministic given the job's payload (seeded), so that
+a job retried after its worker died ends with the same result, and it reports progress
+through ``ctx.progress`` (which also raises when the job was cancelled). Only the worker
+side (:mod:`app.jobs.runner`) imports this module.
 
 Kinds:
 
-* ``fit_model``: fit the study's default belief model on its history and activate it
+* ``fit_model``: fit the study's belief model on its history and activate it
   (:func:`app.services.belief.fit_study_model`; it also computes the fixed question order
   that ``eig_anchored`` and ``fixed`` need).
 * ``fixed_order``: compute and store the fixed question order of the study's active model
@@ -19,9 +20,9 @@ Kinds:
 * ``train_gnn``: train the relational GNN (:func:`gnn.train.train_gnn`) on the study's
   history; stored as an inactive ``fitted_model`` row of family ``gnn``.
 * ``plan_group_round``: the next group round's question and respondents with their
-  scores (:mod:`elicitation.group`), stored in the job's result.
+  scores (:func:`app.services.group_rounds.plan_next_round`), stored in the job's result.
 * ``persona_generation``: persona answer distributions from a language model
-  (:func:`inference_server.generate.generate`, resumable).
+  (:mod:`app.services.personas`, resumable).
 """
 
 from __future__ import annotations
@@ -30,40 +31,21 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from sqlmodel import Session, select
 
 from app.errors import InvalidInputError, NotFoundError
-from app.jobs.runner import JobContext
+from app.jobs.context import JobContext
+from app.jobs.registry import KINDS, check_kind
+from app.services import personas as persona_service
+from app.services.belief import ensure_fixed_order, fit_study_model, historical_matrix
+from app.services.group_rounds import plan_next_round
+from app.services.simulation import SimulationOptions, run_study_simulation
 from app.tables import FittedModel, Item, ItemRole, Study
+from gnn.graph import schema_from_data
+from gnn.train import GNNConfig, train_gnn
 
 JobFn = Callable[[JobContext], dict[str, Any]]
-
-_KINDS: dict[str, JobFn] = {}
-LABELS: dict[str, str] = {}
-
-
-def register_kind(name: str, label: str) -> Callable[[JobFn], JobFn]:
-    """Decorator: register a job function under ``name`` (``label`` is shown in the UI)."""
-
-    def deco(fn: JobFn) -> JobFn:
-        _KINDS[name] = fn
-        LABELS[name] = label
-        return fn
-
-    return deco
-
-
-def kind_names() -> list[str]:
-    return list(_KINDS)
-
-
-def get_kind(name: str) -> JobFn:
-    try:
-        return _KINDS[name]
-    except KeyError:
-        raise InvalidInputError(
-            f"unknown job kind {name!r} (known: {', '.join(kind_names())})"
-        ) from None
 
 
 def _study(ctx: JobContext, db: Session) -> Study:
@@ -73,11 +55,9 @@ def _study(ctx: JobContext, db: Session) -> Study:
     return study
 
 
-@register_kind("fit_model", "Fit the belief model")
 def fit_model(ctx: JobContext) -> dict[str, Any]:
-    """Fit and activate the study's belief model (latent classes on its history)."""
-    from app.services.belief import fit_study_model
-
+    """Fit and activate the study's belief model (its ``belief_model`` setting) on its
+    history; payload ``seed`` (default 0)."""
     ctx.progress(0.05, "fitting latent classes")
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
@@ -90,11 +70,8 @@ def fit_model(ctx: JobContext) -> dict[str, Any]:
         }
 
 
-@register_kind("fixed_order", "Compute the fixed question order")
 def fixed_order(ctx: JobContext) -> dict[str, Any]:
     """Store the fixed order of the study's active model, pool and targets (idempotent)."""
-    from app.services.belief import ensure_fixed_order
-
     ctx.progress(0.05, "computing the fixed question order")
     with Session(ctx.engine) as db:
         result = ensure_fixed_order(_study(ctx, db), session=db)
@@ -103,26 +80,16 @@ def fixed_order(ctx: JobContext) -> dict[str, Any]:
     return {"status": result.status, "key": result.key, "cpu_seconds": result.cpu_seconds}
 
 
-@register_kind("simulation", "Simulate before fielding")
 def simulation(ctx: JobContext) -> dict[str, Any]:
     """Replay the study's history through its design (see app.services.simulation)."""
-    from app.services.simulation import SimulationOptions, run_study_simulation
-
     opts = SimulationOptions.from_payload(ctx.payload)
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
         return run_study_simulation(study, session=db, options=opts, progress=ctx.progress)
 
 
-@register_kind("train_gnn", "Train the group GNN")
 def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
     """Train the relational GNN on the study's history; store it (inactive, family gnn)."""
-    import torch
-
-    from app.services.belief import historical_matrix
-    from gnn.graph import schema_from_data
-    from gnn.train import GNNConfig, train_gnn
-
     seed = int(ctx.payload.get("seed", 0))
     max_epochs = int(ctx.payload.get("max_epochs", 200))
     with Session(ctx.engine) as db:
@@ -179,7 +146,6 @@ def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
         return {"fitted_model_id": row.id, "members": n, **row.metrics}
 
 
-@register_kind("plan_group_round", "Plan the next group round")
 def plan_group_round(ctx: JobContext) -> dict[str, Any]:
     """Choose the next round's question and respondents (elicitation.group), with scores.
 
@@ -190,8 +156,6 @@ def plan_group_round(ctx: JobContext) -> dict[str, Any]:
     about the targets; respondents: the largest expected gains. The plan is stored in the
     job's result; nothing else is written (a round is opened from it on the groups page).
     """
-    from app.services.group_rounds import plan_next_round
-
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
         return plan_next_round(
@@ -203,81 +167,59 @@ def plan_group_round(ctx: JobContext) -> dict[str, Any]:
         )
 
 
-@register_kind("persona_generation", "Generate persona distributions (LLM)")
 def persona_generation(ctx: JobContext) -> dict[str, Any]:
     """Score the study's personas × questions with a language model (resumable).
 
-    The same pieces as ``priorly personas generate`` (app.commands.personas and
-    inference_server.generate): personas are the most frequent attribute profiles of the
-    study's respondents (``n_personas``, default 16); the backend is the embedded local
-    model, or an OpenAI-compatible server (``backend: "openai"``, ``base_url``, ``model``).
-    Stored pairs are never recomputed and every chunk is committed, so a job retried after
-    its worker died resumes where it stopped and ends with the same stored distributions.
-    ``limit`` (payload) means "the first ``limit`` pairs of the persona × question grid"
-    (in :func:`inference_server.generate.generate`'s order), not "``limit`` new pairs in
-    this attempt": the attempt asks ``generate`` for ``limit`` minus those of the first
-    ``limit`` pairs already stored, so a retried job stores the same pairs as an
-    uninterrupted one.
+    The same pieces as ``priorly personas generate`` (:mod:`app.services.personas`):
+    personas are the most frequent attribute profiles of the study's respondents
+    (``n_personas``, default 16); the backend is the embedded local model, or an
+    OpenAI-compatible server (``backend: "openai"``, ``base_url``, ``model``). Stored pairs
+    are never recomputed and every chunk is committed, so a job retried after its worker
+    died resumes where it stopped and ends with the same stored distributions. ``limit``
+    (payload) means "the first ``limit`` pairs of the persona × question grid" (in
+    :func:`inference_server.generate.generate`'s order), not "``limit`` new pairs in this
+    attempt", so a retried job stores the same pairs as an uninterrupted one.
     """
-    import argparse
-
-    from app.commands.personas import (
-        SqlDistributionStore,
-        _make_backend,
-        attribute_matrix,
-        save_study_personas,
-        study_items,
-    )
-    from inference_server.generate import generate, pair_key
-    from inference_server.personas import profiles_from_matrix
-
     p = ctx.payload
-    args = argparse.Namespace(
-        backend=str(p.get("backend", "local")),
-        base_url=p.get("base_url"),
-        model=p.get("model"),
-        batch_size=int(p.get("batch_size", 8)),
-        concurrency=int(p.get("concurrency", 4)),
-        threshold=float(p.get("threshold", 0.5)),
-        threads=1,
-    )
     ctx.progress(0.0, "building the persona dictionary")
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
         assert study.id is not None
-        attrs, questions = study_items(study.id, session=db)
+        attrs, questions = persona_service.study_items(study.id, session=db)
         if not questions:
             raise InvalidInputError("the study has no questions to score")
         if not attrs:
             raise InvalidInputError("the study has no attribute items to build personas from")
-        matrix = attribute_matrix(study.id, attrs, session=db)
-        personas = profiles_from_matrix(
+        personas = persona_service.attribute_personas(
+            study.id,
             attrs,
-            matrix,
             mode="profiles",
             n=int(p.get("n_personas", 16)),
             seed=int(p.get("seed", 0)),
+            session=db,
         )
-        save_study_personas(study.id, personas, "attributes", session=db)
-        backend = _make_backend(args)
-        store = SqlDistributionStore(db)
-        texts = [persona.text for persona in personas]
-        limit = None if p.get("limit") is None else max(0, int(p["limit"]))
-        if limit is not None:
-            grid = list(dict.fromkeys(pair_key(backend, t, q) for t in texts for q in questions))
-            first = grid[:limit]
-            limit -= len(store.existing(first))
+        persona_service.save_study_personas(study.id, personas, "attributes", session=db)
+        backend = persona_service.make_persona_backend(
+            str(p.get("backend", "local")),
+            base_url=p.get("base_url"),
+            model=p.get("model"),
+            batch_size=int(p.get("batch_size", 8)),
+            concurrency=int(p.get("concurrency", 4)),
+            threshold=float(p.get("threshold", 0.5)),
+            threads=1,
+        )
 
         def progress(done: int, todo: int) -> None:
             ctx.progress(0.02 + 0.98 * done / max(1, todo), f"{done} of {todo} pairs scored")
 
-        stats = generate(
-            texts,
+        limit = None if p.get("limit") is None else max(0, int(p["limit"]))
+        stats = persona_service.score_personas(
+            [persona.text for persona in personas],
             questions,
             backend,
-            store,
+            session=db,
             chunk_size=int(p.get("chunk", 32)),
-            limit=limit,
+            first_pairs=limit,
             on_progress=progress,
         )
         return {
@@ -290,3 +232,22 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
             "model_id": backend.model_id,
             "template_version": backend.template.version_id,
         }
+
+
+TASKS: dict[str, JobFn] = {
+    "fit_model": fit_model,
+    "fixed_order": fixed_order,
+    "simulation": simulation,
+    "train_gnn": train_gnn_job,
+    "plan_group_round": plan_group_round,
+    "persona_generation": persona_generation,
+}
+"""``kind → job function``; the same names as :data:`app.jobs.registry.KINDS`."""
+
+if set(TASKS) != set(KINDS):  # pragma: no cover - a kind without a function is a bug
+    raise RuntimeError(f"job kinds without a function or label: {set(TASKS) ^ set(KINDS)}")
+
+
+def task_of(kind: str) -> JobFn:
+    """The function of ``kind``; :class:`InvalidInputError` for an unknown kind."""
+    return TASKS[check_kind(kind).name]

@@ -1,0 +1,183 @@
+"""The app side of "which question next": one selection step for a session.
+
+:func:`decide_next` runs :func:`elicitation.session.decide` on a belief state with the
+study runtime's candidates, targets, criterion object (:func:`criterion_for`) and budget,
+and returns the ``selection_decision`` row's values (:class:`~app.session.sql.DecisionRow`)
+with every candidate's score. :func:`model_step` is the answer's whole model step (update
+the state with the answer, then :func:`decide_next`), read from and written to the step
+memo; :func:`first_state_and_decision` is the prior state and first decision of a start,
+cached per attribute set.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from app.session.errors import StudyMisconfiguredError
+from app.session.memo import MemoStep, StepMemo
+from app.session.runtime import ItemInfo, StudyRuntime
+from app.session.sql import AnswerRow, DecisionRow
+from app.session.state import attribute_indices, dump_state, load_state
+from app.tables import Answer
+from elicitation.budget import Budget
+from elicitation.criteria import get_criterion
+from elicitation.errors import ElicitationError
+from elicitation.session import decide, replay_state
+
+
+def _budget(rt: StudyRuntime) -> Budget:
+    """The study's stopping rules as the selection step takes them."""
+    b = rt.settings.budgets
+    return Budget(
+        max_questions=b.max_questions,
+        min_questions=b.min_questions,
+        stop_eig_threshold=b.stop_eig_threshold,
+        stop_entropy_threshold=b.stop_entropy_threshold,
+    )
+
+
+def criterion_for(rt: StudyRuntime, session_id: int, position: int, seed: int | None = None) -> Any:
+    """The study's criterion: the runtime's object (built once, holding any stored fixed
+    order); ``random`` gets a seed per session and position (recorded in the decision's
+    ``criterion_params``, so every order can be reproduced)."""
+    if rt.criterion == "random":
+        return get_criterion(
+            "random", seed=seed if seed is not None else session_id * 1009 + position
+        )
+    if rt.selector is not None:
+        return rt.selector
+    return get_criterion(rt.criterion)
+
+
+def decide_next(
+    rt: StudyRuntime,
+    state: Any,
+    sess_id: int,
+    answers: Sequence[Answer | AnswerRow],
+    seed: int | None = None,
+) -> DecisionRow:
+    """The decision after ``answers`` (position ``len(answers)``) from ``state``.
+
+    Args:
+        state: the belief state after the attributes and ``answers``.
+        answers: the session's answers so far (anything with ``item_id`` and ``option``;
+            ``option`` ``None`` is a skip).
+        seed: the ``random`` criterion's seed (default: from session and position).
+
+    Returns:
+        The decision's column values (not stored): the chosen item id or ``None`` with a
+        stop reason, the criterion used, and in ``scores`` every candidate's score, the
+        target entropies, the criterion's parameters and the model id.
+
+    Raises:
+        StudyMisconfiguredError: the selection step refused the study's setup.
+    """
+    asked = [rt.model_index[a.item_id] for a in answers if a.option is not None]
+    skipped = [rt.model_index[a.item_id] for a in answers if a.option is None]
+    try:
+        decision = decide(
+            rt.model,
+            state,
+            asked=asked,
+            skipped=skipped,
+            candidates=[rt.model_index[c.id] for c in rt.candidates],  # type: ignore[index]
+            targets=[rt.model_index[t.id] for t in rt.targets],  # type: ignore[index]
+            criterion=criterion_for(rt, sess_id, len(answers), seed),
+            budget=_budget(rt),
+        )
+    except ElicitationError as exc:
+        raise StudyMisconfiguredError(f"study {rt.slug!r}: {exc}") from None
+    keys = list(rt.model.item_bank.keys)
+    detail = decision.to_dict(keys)
+    item_id = None if decision.item is None else rt.by_key[keys[decision.item]].id
+    return DecisionRow(
+        session_id=sess_id,
+        position=len(answers),
+        item_id=item_id,
+        criterion=decision.criterion,
+        scores={
+            "scores": detail["scores"],
+            "target_entropy": detail["target_entropy"],
+            "expected_target_entropy": detail["expected_target_entropy"],
+            "best_gain": detail["best_gain"],
+            "criterion_params": detail["criterion_params"],
+            "model_id": rt.model_id,
+            **(
+                {"requested_criterion": rt.requested_criterion}
+                if rt.requested_criterion is not None
+                else {}
+            ),
+        },
+        stop_reason=detail["stop_reason"],
+    )
+
+
+def first_state_and_decision(
+    rt: StudyRuntime, attributes: Mapping[str, str]
+) -> tuple[Any, DecisionRow]:
+    """The prior state given the attributes, and the first decision (not stored yet).
+
+    Both are a function of the runtime (model, items, criterion, budget) and the known
+    attributes only, so they are computed once per attribute set and runtime and then
+    copied (:data:`FIRST_DECISIONS_MAX` sets per runtime): a burst of session starts then
+    costs no model work. Not for ``random``, whose first pick is seeded per session.
+    """
+    key = tuple(sorted(attributes.items()))
+    cache = rt.criterion != "random"
+    hit = rt.first_decisions.get(key) if cache else None
+    if hit is not None:
+        state, decision = hit
+        return state, replace(decision, scores=dict(decision.scores))
+    state = replay_state(rt.model, attribute_indices(rt, attributes), [])
+    decision = decide_next(rt, state, 0, [], seed=secrets.randbelow(2**31))
+    if cache and len(rt.first_decisions) < FIRST_DECISIONS_MAX:
+        rt.first_decisions[key] = (state, replace(decision, scores=dict(decision.scores)))
+    return state, decision
+
+
+FIRST_DECISIONS_MAX = 1024
+"""Attribute sets whose first decision one study runtime keeps (beyond it, computed each
+time; the runtime itself is rebuilt every
+:data:`app.session.runtime.RUNTIME_TTL_S` seconds)."""
+
+
+def model_step(
+    rt: StudyRuntime,
+    state_before: bytes,
+    session_id: int,
+    answers: Sequence[AnswerRow],
+    item: ItemInfo,
+    option: str | None,
+) -> MemoStep:
+    """An answer's model step: ``state_before`` (stored bytes) updated with the answer
+    ``option`` to ``item`` (the last of ``answers``), and the next decision.
+
+    Read from the runtime's :class:`~app.session.memo.StepMemo` when this step was computed
+    before, else computed and stored there; either way the result is the same bytes (the
+    step is a pure function of its inputs and the study design)."""
+    memo = rt.step_memo
+    key = None
+    if memo is not None:
+        key = StepMemo.key(state_before, [(rt.model_index[a.item_id], a.option) for a in answers])
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+    state = load_state(state_before)
+    if option is not None:
+        idx = [o[0] for o in item.options].index(option)
+        state = rt.model.update(state, rt.model_index[item.id], idx)
+    decision = decide_next(rt, state, session_id, answers)
+    step = MemoStep(
+        dump_state(state),
+        decision.item_id,
+        decision.criterion,
+        json.dumps(decision.scores),
+        decision.stop_reason,
+    )
+    if memo is not None and key is not None:
+        memo.put(key, step)
+    return step

@@ -1,0 +1,330 @@
+"""What the routes show: where a session stands, its answers, predictions and explanation.
+
+:class:`SessionView` is the result of every start, attribute submission and answer: the
+phase (``attributes`` / ``question`` / ``done``), the current :class:`QuestionView` and
+the progress. The readers (:func:`session_view`, :func:`session_answers`,
+:func:`predictions`, :func:`explanation`) use the caller's database session and never the
+cached state (predictions replay the stored answers).
+
+The position of a decision is the number of questions posed before it: decision 0 picks
+the first question, decision ``n`` the question after ``n`` answers (or skips). A stopped
+session's last decision has ``item_id`` NULL and a ``stop_reason``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from sqlalchemy import func
+from sqlmodel import Session, select
+
+from app.session.errors import NotCurrentQuestionError, SessionNotFoundError
+from app.session.runtime import ItemInfo, StudyRuntime, load_runtime
+from app.session.sql import DecisionRow
+from app.session.state import replay, respondent_and_answers
+from app.session.tokens import hash_token
+from app.tables import (
+    Answer,
+    ElicitationSession,
+    Item,
+    SelectionDecision,
+    SessionStatus,
+    Study,
+)
+
+TOP_PERSONAS = 5
+"""Personas listed with a session's predictions (the largest posterior weights)."""
+
+
+@dataclass(frozen=True)
+class QuestionView:
+    """The question a respondent is asked now.
+
+    Attributes:
+        number: 1-based number of this question in the session.
+        options: ``[(letter, label), ...]`` in scale order.
+    """
+
+    item_id: int
+    key: str
+    text: str
+    options: list[tuple[str, str]]
+    number: int
+    topic: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """Where a session stands.
+
+    Attributes:
+        status: ``active`` / ``completed`` / ...
+        phase: ``attributes`` (the browser still asks the attribute questions),
+            ``question`` (a question is waiting) or ``done``.
+        n_posed: questions answered or skipped so far.
+        max_questions: the most questions this session can pose (it may stop earlier).
+        question: the current question, or ``None``.
+        stop_reason: why the session stopped (``None`` while active).
+    """
+
+    session_id: int
+    study_slug: str
+    status: str
+    phase: str
+    n_posed: int
+    max_questions: int
+    allow_skip: bool
+    question: QuestionView | None
+    stop_reason: str | None
+
+
+def question_view(item: ItemInfo, number: int) -> QuestionView:
+    """``item`` shown as the ``number``-th question."""
+    return QuestionView(
+        item_id=item.id or 0,
+        key=item.key,
+        text=item.question,
+        options=[(str(o[0]), str(o[1])) for o in item.options],
+        number=number,
+        topic=item.topic,
+    )
+
+
+def view_at(
+    rt: StudyRuntime,
+    sess: ElicitationSession,
+    decision: SelectionDecision | DecisionRow | None,
+    position: int,
+) -> SessionView:
+    """The view after ``position`` questions were posed, given the decision at ``position``."""
+    if decision is None:
+        phase = "attributes"
+        question = None
+    elif decision.item_id is None:
+        phase = "done"
+        question = None
+    else:
+        phase = "question"
+        question = question_view(rt.by_id[decision.item_id], position + 1)
+    status = sess.status if phase != "question" else SessionStatus.active.value
+    return SessionView(
+        session_id=sess.id or 0,
+        study_slug=rt.slug,
+        status=status if phase != "done" else SessionStatus.completed.value,
+        phase=phase,
+        n_posed=position,
+        max_questions=rt.max_questions,
+        allow_skip=rt.allow_skip,
+        question=question,
+        stop_reason=decision.stop_reason if decision is not None else None,
+    )
+
+
+def plain_view(
+    rt: StudyRuntime, session_id: int, item_id: int | None, stop_reason: str | None, n: int
+) -> SessionView:
+    """The view after ``n`` questions posed, whose next decision chose ``item_id``."""
+    if item_id is None:
+        return SessionView(
+            session_id=session_id,
+            study_slug=rt.slug,
+            status=SessionStatus.completed.value,
+            phase="done",
+            n_posed=n,
+            max_questions=rt.max_questions,
+            allow_skip=rt.allow_skip,
+            question=None,
+            stop_reason=stop_reason,
+        )
+    return SessionView(
+        session_id=session_id,
+        study_slug=rt.slug,
+        status=SessionStatus.active.value,
+        phase="question",
+        n_posed=n,
+        max_questions=rt.max_questions,
+        allow_skip=rt.allow_skip,
+        question=question_view(rt.by_id[item_id], n + 1),
+        stop_reason=None,
+    )
+
+
+def check_study(sess: ElicitationSession, study_id: int, slug: str) -> None:
+    """Raise :class:`SessionNotFoundError` when ``sess`` is not a session of the study."""
+    if sess.study_id != study_id:
+        raise SessionNotFoundError(f"no session {sess.id} in study {slug!r}")
+
+
+def decision_at(db: Session, session_id: int, position: int) -> SelectionDecision | None:
+    """The stored decision of the session at ``position``, if any."""
+    return db.exec(
+        select(SelectionDecision).where(
+            SelectionDecision.session_id == session_id, SelectionDecision.position == position
+        )
+    ).first()
+
+
+def current_view(rt: StudyRuntime, db: Session, sess: ElicitationSession) -> SessionView:
+    """The view after the stored answers (their count is the pending position)."""
+    n = int(
+        db.exec(select(func.count()).select_from(Answer).where(Answer.session_id == sess.id)).one()
+    )
+    return view_at(rt, sess, decision_at(db, sess.id or 0, n), n)
+
+
+def result_of(
+    rt: StudyRuntime, db: Session, sess: ElicitationSession, answer: Answer
+) -> SessionView:
+    """The view that followed ``answer`` (what the request that stored it returned)."""
+    earlier = int(
+        db.exec(
+            select(func.count())
+            .select_from(Answer)
+            .where(Answer.session_id == sess.id, Answer.id <= answer.id)  # type: ignore[operator]
+        ).one()
+    )
+    return view_at(rt, sess, decision_at(db, sess.id or 0, earlier), earlier)
+
+
+def get_session_by_token(token: str, *, session: Session) -> ElicitationSession:
+    """The session whose token is ``token``; :class:`SessionNotFoundError` otherwise."""
+    if not token or len(token) > 200:
+        raise SessionNotFoundError("unknown session token")
+    sess = session.exec(
+        select(ElicitationSession).where(ElicitationSession.token_hash == hash_token(token))
+    ).first()
+    if sess is None:
+        raise SessionNotFoundError("unknown session token")
+    return sess
+
+
+def session_view(study: Study, sess: ElicitationSession, *, session: Session) -> SessionView:
+    """Where the session stands now."""
+    rt = load_runtime(study, session=session, fit_if_missing=False)
+    return current_view(rt, session, sess)
+
+
+@dataclass(frozen=True)
+class AnswerRecord:
+    """A stored answer: item key, option letter (``None``: skipped), ISO time."""
+
+    item: str
+    option: str | None
+    answered_at: str
+
+
+def session_answers(sess: ElicitationSession, *, session: Session) -> list[AnswerRecord]:
+    """The stored answers of a session, in order (item keys and letters)."""
+    rows = session.exec(
+        select(Answer, Item.key)
+        .join(Item, Item.id == Answer.item_id)  # type: ignore[arg-type]
+        .where(Answer.session_id == sess.id)
+        .order_by(Answer.id)  # type: ignore[arg-type]
+    ).all()
+    return [AnswerRecord(key, a.option, a.created_at.isoformat()) for a, key in rows]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The predictive distribution of one item: ``{option letter: probability}``."""
+
+    item: str
+    role: str
+    question: str
+    distribution: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """Predictive distributions of every unasked item and every target, and top personas."""
+
+    items: list[Prediction]
+    targets: list[Prediction]
+    personas: list[dict[str, Any]]
+    n_answers: int
+
+
+def predictions(study: Study, sess: ElicitationSession, *, session: Session) -> Predictions:
+    """Predictions from the replayed state (never trusting the cache for a read).
+
+    Raises:
+        SessionNotFoundError: the session was erased after the caller read it (404).
+    """
+    rt = load_runtime(study, session=session, fit_if_missing=False)
+    respondent, answers = respondent_and_answers(session, sess)
+    state = replay(rt, respondent, answers)
+    answered = {a.item_id for a in answers}
+    unasked = [it for it in rt.candidates if it.id not in answered]
+    wanted = unasked + rt.targets
+    probs = rt.model.predict(state, [rt.model_index[it.id] for it in wanted]) if wanted else None  # type: ignore[index]
+
+    def pred(j: int, it: ItemInfo) -> Prediction:
+        row = probs[j].tolist() if probs is not None else []
+        return Prediction(
+            item=it.key,
+            role=it.role,
+            question=it.question,
+            distribution={str(o[0]): float(row[k]) for k, o in enumerate(it.options)},
+        )
+
+    out = [pred(j, it) for j, it in enumerate(wanted)]
+    personas: list[dict[str, Any]] = []
+    latent = getattr(rt.model, "latent_posterior", None)
+    if callable(latent):
+        w = latent(state)
+        top = torch.topk(w, min(TOP_PERSONAS, int(w.numel())))
+        labels = getattr(rt.model, "labels", None)
+        for weight, idx in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+            personas.append(
+                {
+                    "persona": int(idx),
+                    "label": labels[idx] if labels else f"class {idx + 1}",
+                    "weight": float(weight),
+                }
+            )
+    return Predictions(
+        items=out[: len(unasked)],
+        targets=out[len(unasked) :],
+        personas=personas,
+        n_answers=len(answers),
+    )
+
+
+def explanation(study: Study, sess: ElicitationSession, *, session: Session) -> dict[str, Any]:
+    """The last selection decision: the chosen item (or stop reason) and every score.
+
+    Raises:
+        NotCurrentQuestionError: no decision yet (409); SessionNotFoundError: the session
+            was erased after the caller read it (404).
+    """
+    row = session.exec(
+        select(SelectionDecision)
+        .where(SelectionDecision.session_id == sess.id)
+        .order_by(SelectionDecision.position.desc())  # type: ignore[attr-defined]
+    ).first()
+    if row is None:
+        gone = (
+            session.exec(
+                select(ElicitationSession.id).where(ElicitationSession.id == sess.id)
+            ).first()
+            is None
+        )
+        if gone:  # erased after the caller's authorization read it
+            raise SessionNotFoundError(f"no session {sess.id}")
+        raise NotCurrentQuestionError("no question has been chosen in this session yet")
+    item_key = None
+    if row.item_id is not None:
+        item = session.get(Item, row.item_id)
+        item_key = item.key if item is not None else None
+    detail = dict(row.scores or {})
+    scores = detail.pop("scores", {})
+    return {
+        "position": row.position,
+        "item": item_key,
+        "stop_reason": row.stop_reason,
+        "criterion": row.criterion,
+        "scores": dict(sorted(scores.items(), key=lambda kv: -kv[1])),
+        **{k: v for k, v in detail.items() if k != "model_id"},
+    }

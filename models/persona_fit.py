@@ -1,0 +1,201 @@
+"""Offline fits on a fixed persona dictionary ``μ [K, I, O]``: the prior and compression.
+
+* :func:`fit_prior_em` — empirical-Bayes prior ``p(θ)`` by EM over historical respondents;
+* :func:`compress` — drop personas with negligible prior and merge the rest into
+  prototypes by prior-weighted k-means under the Jensen–Shannon distance
+  (:func:`js_distance_matrix`).
+
+Example::
+
+    log_prior, trace = fit_prior_em(mixture, responses)  # responses [N, I], -1 = missing
+    small = compress(mixture.with_prior(log_prior), n_prototypes=64)
+
+Pure numerics (torch, float64): no web framework, no settings.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from models.base import DTYPE, ItemBank, ModelError, ShapeError
+from models.persona import DEFAULT_FLOOR, PersonaMixture, normalise_log
+
+
+def fit_prior_em(
+    mu: PersonaMixture | Tensor,
+    responses: Tensor,
+    *,
+    item_bank: ItemBank | None = None,
+    max_iter: int = 500,
+    tol: float = 1e-8,
+    floor: float = DEFAULT_FLOOR,
+) -> tuple[Tensor, list[float]]:
+    """Empirical-Bayes persona prior by EM (METHODS.md section 1).
+
+    With ``ℓ[u, θ] = Σ_{i observed} log max(μ[θ, i, y_ui], floor)``:
+
+        E-step  γ[u, θ] ∝ p(θ) · exp(ℓ[u, θ])
+        M-step  p(θ) = (1/N) Σ_u γ[u, θ]
+
+    starting from the uniform prior. Only non-missing entries count: callers mask the
+    target columns (and any other held-out answers) to ``-1``. Each iteration increases
+    the mean log marginal likelihood ``(1/N) Σ_u log Σ_θ p(θ) exp(ℓ[u, θ])``.
+
+    Args:
+        mu: a :class:`PersonaMixture` (its dictionary and floor are used, its prior ignored)
+            or a ``[K, I, O]`` table (then ``item_bank`` is required).
+        responses: ``LongTensor [N, I]``, ``-1`` = missing.
+        max_iter: maximum EM iterations.
+        tol: stop when the mean log-likelihood improves by less than ``tol``.
+
+    Returns:
+        ``(log_prior [K], trace)`` where ``trace[t]`` is the mean log-likelihood under the
+        prior after ``t`` M-steps (``trace[0]`` = uniform prior; the last entry is the
+        returned prior's).
+    """
+    if isinstance(mu, PersonaMixture):
+        model = mu
+    else:
+        if item_bank is None:
+            raise ModelError("fit_prior_em: item_bank is required when mu is a tensor")
+        model = PersonaMixture(item_bank, mu, floor=floor)
+    ll = model.log_likelihood_matrix(responses)  # [N, K]
+    n, k = ll.shape
+    if n == 0:
+        raise ShapeError("fit_prior_em: responses has no rows")
+    log_prior = torch.full((k,), -math.log(k), dtype=DTYPE)
+    trace: list[float] = []
+    for _ in range(max_iter + 1):
+        joint = ll + log_prior  # [N, K]
+        log_z = torch.logsumexp(joint, dim=1, keepdim=True)
+        trace.append(float(log_z.mean()))
+        if len(trace) > 1 and trace[-1] - trace[-2] < tol:
+            break
+        if len(trace) == max_iter + 1:
+            break
+        gamma = (joint - log_z).exp()  # [N, K]
+        prior = gamma.mean(0)
+        log_prior = torch.where(
+            prior > 0, prior.clamp_min(1e-300).log(), torch.full_like(prior, -math.inf)
+        )
+    return normalise_log(log_prior), trace
+
+
+# ---------------------------------------------------------------------------
+# Compression
+# ---------------------------------------------------------------------------
+
+
+def _entropy_rows(p: Tensor) -> Tensor:
+    """Entropy over the last axis with ``0 log 0 = 0``."""
+    return -(p * p.clamp_min(1e-300).log()).sum(-1)
+
+
+def js_distance_matrix(a: Tensor, b: Tensor, *, chunk_elems: int = 1 << 20) -> Tensor:
+    """Jensen–Shannon distance between persona tables, averaged over items.
+
+    ``d(a_m, b_n) = sqrt( (1/I) Σ_i JS(a[m, i], b[n, i]) )`` with
+    ``JS(p, q) = H((p + q)/2) − (H(p) + H(q))/2`` (natural log, so ``0 <= JS <= log 2``).
+    With ``s = p + q`` (``Σ s = 2`` per item): ``H((p+q)/2) = log 2 − ½ Σ s log s``, so each
+    pair costs one add and one ``x log x`` per entry.
+
+    Args:
+        a: ``[M, I, O]`` distributions. b: ``[N, I, O]`` distributions.
+
+    Returns:
+        ``[M, N]`` distances.
+    """
+    m, i_n, o_n = a.shape
+    n = b.shape[0]
+    a2 = a.reshape(m, i_n * o_n)
+    b2 = b.reshape(n, i_n * o_n)
+    ha = _entropy_rows(a).sum(1)  # [M]
+    hb = _entropy_rows(b).sum(1)  # [N]
+    out = torch.empty(m, n, dtype=DTYPE)
+    step = max(1, chunk_elems // max(1, n * i_n * o_n))
+    for s in range(0, m, step):
+        pair = a2[s : s + step].unsqueeze(1) + b2.unsqueeze(0)  # [m, N, I*O]
+        slogs = torch.xlogy(pair, pair).sum(-1)  # Σ_i Σ_k s log s
+        hm = i_n * math.log(2.0) - 0.5 * slogs
+        js = hm - 0.5 * (ha[s : s + step].unsqueeze(1) + hb.unsqueeze(0))
+        out[s : s + step] = (js.clamp_min(0) / i_n).sqrt()
+    return out
+
+
+def compress(
+    mixture: PersonaMixture,
+    n_prototypes: int,
+    *,
+    min_prior: float = 1e-5,
+    seed: int = 0,
+    max_iter: int = 50,
+) -> PersonaMixture:
+    """Merge personas into prototypes (METHODS.md section 1, "compression").
+
+    1. Drop personas with prior ``< min_prior`` (the rest are renormalised).
+    2. If at most ``n_prototypes`` remain, return them unchanged (same predictive).
+    3. Otherwise prior-weighted k-means under :func:`js_distance_matrix`: seeds by
+       prior-weighted k-means++; assign each persona to its nearest prototype; each
+       prototype's table is the prior-weighted mean of its members' distributions and its
+       prior the sum of its members' priors. Stops when assignments no longer change.
+
+    Returns:
+        A new :class:`PersonaMixture` with at most ``n_prototypes`` personas and total prior
+        mass 1. ``metrics["compressed_from"]`` records the original ``K``.
+    """
+    if n_prototypes < 1:
+        raise ModelError(f"n_prototypes must be >= 1, got {n_prototypes}")
+    prior = mixture.log_prior.exp()
+    keep = (prior >= min_prior) & (prior > 0)
+    if not bool(keep.any()):
+        raise ModelError(f"no persona has prior >= min_prior={min_prior}")
+    mu = mixture.mu[keep]
+    w = prior[keep] / prior[keep].sum()
+    labels = (
+        [lab for lab, kp in zip(mixture.labels, keep.tolist(), strict=True) if kp]
+        if mixture.labels is not None
+        else None
+    )
+    k = int(mu.shape[0])
+    if k <= n_prototypes:
+        out = PersonaMixture(mixture.item_bank, mu, w.log(), floor=mixture.floor, labels=labels)
+        out.metrics = {"compressed_from": mixture.n_personas, "n_prototypes": k}
+        return out
+    gen = torch.Generator().manual_seed(seed)
+    # k-means++ seeding, weighted by the prior.
+    centres = [int(torch.multinomial(w, 1, generator=gen))]
+    d2 = js_distance_matrix(mu, mu[centres[-1]].unsqueeze(0))[:, 0] ** 2
+    for _ in range(1, n_prototypes):
+        p = w * d2
+        if float(p.sum()) <= 0:
+            rest = [j for j in range(k) if j not in set(centres)]
+            centres.append(rest[int(torch.randint(len(rest), (1,), generator=gen))])
+        else:
+            centres.append(int(torch.multinomial(p / p.sum(), 1, generator=gen)))
+        d2 = torch.minimum(d2, js_distance_matrix(mu, mu[centres[-1]].unsqueeze(0))[:, 0] ** 2)
+    cent = mu[centres].clone()  # [P, I, O]
+    assign = torch.full((k,), -1, dtype=torch.long)
+    for _ in range(max_iter):
+        dist = js_distance_matrix(mu, cent)  # [K, P]
+        new = dist.argmin(1)
+        # An empty prototype takes the persona farthest from its own prototype.
+        counts = torch.bincount(new, minlength=n_prototypes)
+        for p_idx in (counts == 0).nonzero().flatten().tolist():
+            far = int((dist[torch.arange(k), new] * (counts[new] > 1)).argmax())
+            counts[new[far]] -= 1
+            new[far] = p_idx
+            counts[p_idx] = 1
+        if bool((new == assign).all()):
+            break
+        assign = new
+        mass = torch.zeros(n_prototypes, dtype=DTYPE).index_add_(0, assign, w)
+        cent = torch.zeros_like(cent).index_add_(0, assign, w.view(-1, 1, 1) * mu)
+        cent = cent / mass.view(-1, 1, 1)
+    mass = torch.zeros(n_prototypes, dtype=DTYPE).index_add_(0, assign, w)
+    cent = torch.zeros_like(cent).index_add_(0, assign, w.view(-1, 1, 1) * mu) / mass.view(-1, 1, 1)
+    out = PersonaMixture(mixture.item_bank, cent, mass.log(), floor=mixture.floor)
+    out.metrics = {"compressed_from": mixture.n_personas, "n_prototypes": n_prototypes}
+    return out
