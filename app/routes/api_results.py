@@ -18,6 +18,7 @@ from app.deps import SessionDep
 from app.routes.api_docs import BEARER
 from app.routes.api_v1 import _ERRORS, ApiResearcher, ApiRoute, get_owned_study
 from app.services import results
+from app.services.studies import visible_study_summaries
 from app.tables import Study
 
 router = APIRouter(
@@ -116,7 +117,7 @@ class PredictionsPage(BaseModel):
     "study for an admin (the admin UI's rule).",
 )
 def list_studies(researcher: ApiResearcher, session: SessionDep) -> dict[str, Any]:
-    rows = results.visible_studies(researcher, session=session)
+    rows = visible_study_summaries(researcher, session=session)
     return {
         "studies": [
             {

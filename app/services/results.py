@@ -4,8 +4,8 @@ responses and per-respondent predictions one page at a time.
 The rows are the exports' own (:mod:`app.services.export`): :func:`~app.services.export.iter_rows`
 for responses (one row per live session, the wide CSV's row) and
 :func:`~app.services.export.iter_predictions` for predictions (the predictions CSV's numbers),
-so the API and the files never disagree. Visibility is the admin UI's rule
-(:func:`app.auth.visible_study_ids`: owner, shared with, or admin).
+so the API and the files never disagree. The studies a key lists are the admin UI's
+(:func:`app.services.studies.visible_study_summaries`: owner, shared with, or admin).
 
 Pages use keyset pagination over the live sessions' ids: a page holds the rows whose session
 id is above the cursor's, in id order, at most ``limit`` of them. A cursor is opaque to
@@ -27,7 +27,6 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from app.auth import visible_study_ids
 from app.errors import InvalidInputError
 from app.services.export import (
     SKIP_MARK,
@@ -37,8 +36,7 @@ from app.services.export import (
     iter_predictions,
     iter_rows,
 )
-from app.services.studies import StudySummary, list_study_summaries
-from app.tables import ElicitationSession, Researcher, Study
+from app.tables import ElicitationSession, Study
 
 MAX_ID = 2**31 - 1
 """Ids are 32-bit INTEGER columns: a cursor past this is refused instead of overflowing."""
@@ -66,12 +64,6 @@ class Page:
 
     rows: list[dict[str, Any]]
     next_cursor: str | None
-
-
-def visible_studies(researcher: Researcher, *, session: Session) -> list[StudySummary]:
-    """The studies ``researcher`` may see (every study for an admin), newest first."""
-    visible = visible_study_ids(researcher, session=session)
-    return [s for s in list_study_summaries(session=session) if visible is None or s.id in visible]
 
 
 def encode_cursor(listing: Listing, study: Study, after: int) -> str:
