@@ -130,9 +130,12 @@ class RelationalConv(RGCNConv):
 
     ``out_v = x_v W_0 + b + sum_r mean_{u in N_r(v)} x_u W_r``
 
-    where each mean is PyG's fused message passing on an
-    :class:`~torch_geometric.EdgeIndex` (a sparse-dense matrix product, with the
-    transposed pattern cached for the backward pass).
+    where each mean is PyG's fused message passing (``propagate`` ->
+    :meth:`message_and_aggregate`) on the relation's :class:`~torch_geometric.EdgeIndex`
+    of :class:`Adjacency`: one sparse-dense product ``D_r^{-1} A_r (X W_r)``, ``A_r[v, u] = 1``
+    for each edge ``u -> v`` of type ``r`` and ``D_r`` its in-degrees (at least 1); the
+    backward pass multiplies with ``A_r^T``, whose sorted pattern the ``EdgeIndex`` computes
+    once and caches.
 
     Args:
         in_dim: input width.
@@ -158,7 +161,12 @@ class RelationalConv(RGCNConv):
         return out
 
     def message_and_aggregate(self, edge_index: EdgeIndex, x: Tensor) -> Tensor:  # type: ignore[override]
-        """``mean_{u in N(v)} x_u`` for every node ``v``: ``[V, d]`` -> ``[V, d]``."""
+        """``mean_{u in N(v)} x_u`` for every node ``v``: ``[V, d]`` -> ``[V, d]``.
+
+        ``edge_index`` is sorted by destination (the order PyG's fused path requires),
+        so the product is taken with its transpose, as in
+        :class:`~torch_geometric.nn.GraphConv`.
+        """
         return edge_index.matmul(x, reduce=self.aggr, transpose=True)
 
 
