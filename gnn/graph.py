@@ -250,7 +250,8 @@ def _homogeneous(
     schema: GraphSchema, n_members: int, edge_index: Tensor, edge_type: Tensor
 ) -> Data:
     node_type = torch.repeat_interleave(
-        torch.arange(3), torch.tensor([n_members, schema.n_subgroups, schema.n_option_nodes])
+        torch.tensor([NODE_MEMBER, NODE_SUBGROUP, NODE_OPTION]),
+        torch.tensor([n_members, schema.n_subgroups, schema.n_option_nodes]),
     )
     return Data(
         edge_index=edge_index, edge_type=edge_type, node_type=node_type, num_nodes=len(node_type)
