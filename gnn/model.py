@@ -40,22 +40,32 @@ warnings.filterwarnings("ignore", "Sparse CSC tensor support is in beta", UserWa
 warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled", UserWarning)
 
 
-def _relation_edges(src: Tensor, dst: Tensor, n: int) -> EdgeIndex:
-    """``[2, E_r]`` edges ``src -> dst`` of one relation as an :class:`EdgeIndex` sorted
-    by destination, with its compressed (CSC) pointers cached."""
+def _relation_edges(src: Tensor, dst: Tensor, n: int) -> tuple[EdgeIndex, Tensor]:
+    """``[2, E_r]`` edges ``src -> dst`` of one relation as an :class:`EdgeIndex` sorted by
+    destination, with its compressed (CSC) pointers, and the sorted destinations. (The
+    transposed form, for a backward pass, is built by the first one and cached.)"""
     order = torch.argsort(dst * n + src)
     edges = EdgeIndex(torch.stack([src[order], dst[order]]), sparse_size=(n, n), sort_order="col")
     edges.get_csc()
-    return edges
+    return edges, dst[order]
+
+
+def _mean_weights(dst: Tensor, keep: Tensor, n: int) -> Tensor:
+    """``keep_e / sum_{e' into dst_e} keep_e'`` for each edge ``e`` (float32)."""
+    k = keep.float()
+    deg = torch.zeros(n).index_add_(0, dst, k).clamp(min=1.0)
+    return k / deg[dst]
 
 
 class Adjacency:
-    """The edges of each relation, ready for sparse mean aggregation.
+    """Row-normalised adjacency of each relation, for mean aggregation.
 
     ``edges[r]`` is the ``[2, E_r]`` :class:`~torch_geometric.EdgeIndex` (source row,
-    destination row) of the edges of relation ``r``, sorted by destination, so that
-    ``edges[r].matmul(X, reduce="mean", transpose=True)[v] = mean_{u in N_r(v)} X[u]``
-    (zero rows for nodes without such edges) is one sparse-dense matrix product.
+    destination row) of the edges of relation ``r``, sorted by destination, and
+    ``weights[r] [E_r]`` their weights ``1 / (#edges of type r into the destination)``, so
+    ``A_r[v, u] = weight`` of edge ``u -> v`` and
+    ``(A_r X)[v] = edges[r].matmul(X, weights[r], transpose=True)[v] = mean_{u in N_r(v)} X[u]``
+    (zero rows for nodes without such edges): one sparse-dense matrix product.
     A member has at most one edge to a given subgroup or option node, so there are no
     duplicate edges.
 
@@ -65,31 +75,36 @@ class Adjacency:
     Example::
 
         adj = Adjacency(build_graph(schema, attributes, responses))
-        len(adj.edges)  # 4
+        len(adj.edges), adj.weights[0].shape  # 4, [E_0]
     """
 
     def __init__(self, graph: GroupGraph) -> None:
         v = graph.n_nodes
         src, dst = graph.edge_index
-        self.edges: list[EdgeIndex] = [
-            _relation_edges(src[graph.edge_type == r], dst[graph.edge_type == r], v)
-            for r in range(N_RELATIONS)
-        ]
+        self.edges: list[EdgeIndex] = []
+        self.weights: list[Tensor] = []
+        for r in range(N_RELATIONS):
+            sel = graph.edge_type == r
+            edges, d = _relation_edges(src[sel], dst[sel], v)
+            self.edges.append(edges)
+            self.weights.append(_mean_weights(d, torch.ones_like(d, dtype=torch.bool), v))
 
     @classmethod
-    def from_edges(cls, edges: list[EdgeIndex]) -> Adjacency:
-        """An adjacency from already built per-relation edges (see :class:`AdjacencyPattern`)."""
+    def from_parts(cls, edges: list[EdgeIndex], weights: list[Tensor]) -> Adjacency:
+        """An adjacency from built edges and weights (see :class:`AdjacencyPattern`)."""
         adj = cls.__new__(cls)
-        adj.edges = edges
+        adj.edges, adj.weights = edges, weights
         return adj
 
 
 class AdjacencyPattern:
-    """The sorted edges of a fixed graph, for cheap sub-graphs of its edges.
+    """The sparsity pattern of a fixed graph, for cheap masked sub-graphs.
 
-    Masked training keeps a different subset of the answer edges every epoch. The sort
-    by destination is done once here; :meth:`adjacency` selects the kept edges of each
-    relation in that order (a sub-sequence of a sorted sequence stays sorted).
+    Masked training keeps a different subset of the answer edges every epoch. The edges
+    are sorted and their compressed forms built once here; :meth:`adjacency` only
+    recomputes the mean weights
+    ``A_r[v, u] = keep_e / sum_{e' of type r into v} keep_e'`` of the kept edges
+    (dropped edges are explicit zeros, so the products equal those of the sub-graph).
 
     Args:
         graph: the graph with every edge that any mask may keep.
@@ -103,39 +118,35 @@ class AdjacencyPattern:
     def __init__(self, graph: GroupGraph) -> None:
         self.n = v = graph.n_nodes
         src, dst = graph.edge_index
+        self.edges: list[EdgeIndex] = []
         self.parts: list[tuple[Tensor, Tensor]] = []
         for r in range(N_RELATIONS):
             ids = (graph.edge_type == r).nonzero().reshape(-1)
-            order = torch.argsort(dst[ids] * v + src[ids])
-            ids = ids[order]
-            self.parts.append((ids, torch.stack([src[ids], dst[ids]])))
+            ids = ids[torch.argsort(dst[ids] * v + src[ids])]
+            edges, d = _relation_edges(src[ids], dst[ids], v)
+            self.edges.append(edges)
+            self.parts.append((ids, d))
 
     def adjacency(self, keep: Tensor) -> Adjacency:
         """:class:`Adjacency` of the sub-graph of the edges with ``keep [E]`` true."""
-        v = self.n
-        return Adjacency.from_edges(
-            [
-                EdgeIndex(pairs[:, keep[ids]], sparse_size=(v, v), sort_order="col")
-                for ids, pairs in self.parts
-            ]
+        return Adjacency.from_parts(
+            self.edges, [_mean_weights(d, keep[ids], self.n) for ids, d in self.parts]
         )
 
 
 class RelationalConv(RGCNConv):
     """One relational GCN layer with mean aggregation per relation (R-GCN).
 
-    PyG's :class:`~torch_geometric.nn.RGCNConv` (``aggr="mean"``; parameters ``weight
-    [R, in, out]`` = ``W_r``, ``root [in, out]`` = ``W_0``, ``bias [out]``; Glorot
-    initialisation) run on one sparse adjacency per relation:
+    PyG's :class:`~torch_geometric.nn.RGCNConv` (parameters ``weight [R, in, out]`` =
+    ``W_r``, ``root [in, out]`` = ``W_0``, ``bias [out]``; Glorot initialisation) run on
+    the row-normalised sparse adjacency ``A_r`` of each relation (:class:`Adjacency`):
 
-    ``out_v = x_v W_0 + b + sum_r mean_{u in N_r(v)} x_u W_r``
+    ``out_v = x_v W_0 + b + sum_r (A_r X W_r)_v = x_v W_0 + b + sum_r mean_{u in N_r(v)} x_u W_r``
 
-    where each mean is PyG's fused message passing (``propagate`` ->
+    Each product is PyG's fused message passing (``propagate`` ->
     :meth:`message_and_aggregate`) on the relation's :class:`~torch_geometric.EdgeIndex`
-    of :class:`Adjacency`: one sparse-dense product ``D_r^{-1} A_r (X W_r)``, ``A_r[v, u] = 1``
-    for each edge ``u -> v`` of type ``r`` and ``D_r`` its in-degrees (at least 1); the
-    backward pass multiplies with ``A_r^T``, whose sorted pattern the ``EdgeIndex`` computes
-    once and caches.
+    with the edge weights; the backward pass multiplies with ``A_r^T``, whose compressed
+    form the ``EdgeIndex`` caches.
 
     Args:
         in_dim: input width.
@@ -151,23 +162,31 @@ class RelationalConv(RGCNConv):
     SUPPORTS_FUSED_EDGE_INDEX = True
 
     def __init__(self, in_dim: int, out_dim: int, n_relations: int) -> None:
-        super().__init__(in_dim, out_dim, n_relations, aggr="mean")
+        # the mean is in the adjacency's weights, so the aggregation is their sum
+        super().__init__(in_dim, out_dim, n_relations, aggr="add")
 
     def forward(self, x: Tensor, adjacency: Adjacency) -> Tensor:  # type: ignore[override]
         """``x [V, in]`` -> ``[V, out]``."""
+        # propagate_type: (x: Tensor, edge_weight: Tensor)
         out = x @ self.root + self.bias
-        for r, edges in enumerate(adjacency.edges):
-            out = out + self.propagate(edges, x=x @ self.weight[r], edge_type_ptr=None)
+        for r, (edges, w) in enumerate(zip(adjacency.edges, adjacency.weights, strict=True)):
+            out = out + self.propagate(edges, x=x @ self.weight[r], edge_weight=w)
         return out
 
-    def message_and_aggregate(self, edge_index: EdgeIndex, x: Tensor) -> Tensor:  # type: ignore[override]
-        """``mean_{u in N(v)} x_u`` for every node ``v``: ``[V, d]`` -> ``[V, d]``.
+    def message(self, x_j: Tensor, edge_weight: Tensor) -> Tensor:  # type: ignore[override]
+        """``w_e x_u`` for each edge ``e = u -> v`` (the unfused path)."""
+        return edge_weight.view(-1, 1) * x_j
+
+    def message_and_aggregate(  # type: ignore[override]
+        self, edge_index: EdgeIndex, x: Tensor, edge_weight: Tensor
+    ) -> Tensor:
+        """``(A X)[v] = sum_{e = u -> v} w_e x_u`` for every node ``v``: ``[V, d]`` -> ``[V, d]``.
 
         ``edge_index`` is sorted by destination (the order PyG's fused path requires),
         so the product is taken with its transpose, as in
         :class:`~torch_geometric.nn.GraphConv`.
         """
-        return edge_index.matmul(x, reduce=self.aggr, transpose=True)
+        return edge_index.matmul(x, input_value=edge_weight, reduce="sum", transpose=True)
 
 
 class RelationalGNN(nn.Module):

@@ -69,7 +69,7 @@ def test_relational_conv_equals_the_enumerated_mean_aggregation() -> None:
     conv = RelationalConv(8, 5, 4)
     with torch.no_grad():
         conv.bias.copy_(torch.randn(5))
-    assert isinstance(conv, RGCNConv) and conv.aggr == "mean"
+    assert isinstance(conv, RGCNConv)
     x1 = torch.randn(graph.n_nodes, 8, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_(True)
     out = conv(x1, Adjacency(graph))
@@ -86,14 +86,18 @@ def test_relational_conv_equals_the_enumerated_mean_aggregation() -> None:
     ref = RGCNConv(8, 5, 4, aggr="mean")
     ref.load_state_dict(conv.state_dict())
     torch.testing.assert_close(ref(x1, graph.edge_index, graph.edge_type), out)
+    # plain edge lists take PyG's unfused gather / weighted scatter path: same output
+    adj = Adjacency(graph)
+    plain = Adjacency.from_parts([e.as_tensor() for e in adj.edges], adj.weights)
+    torch.testing.assert_close(conv(x1, plain), out)
 
 
 FAST = GNNConfig(dim=16, lr=1e-2, max_epochs=80, patience=80, seed=3, num_threads=1)
 
 
 def test_masked_pattern_equals_the_adjacency_of_the_sub_graph() -> None:
-    """Selecting the kept edges of the full graph's sorted pattern gives the sub-graph's
-    per-relation edges, in the same order, and the same layer output."""
+    """Re-weighting the full graph's pattern gives the sub-graph's row-normalised
+    adjacency of each relation (dropped edges weigh 0) and the same layer output."""
     schema, attrs, resp = _toy()
     sm, sn = attribute_pairs(schema, attrs)
     am, aq, ao = answer_triples(resp)
@@ -104,11 +108,15 @@ def test_masked_pattern_equals_the_adjacency_of_the_sub_graph() -> None:
         torch.cat([torch.ones(2 * len(sm), dtype=torch.bool), keep, keep])
     )
     exact = Adjacency(sub)
+    v = full.n_nodes
     for r in range(4):
-        assert torch.equal(masked.edges[r].as_tensor(), exact.edges[r].as_tensor())
-        assert masked.edges[r].sparse_size() == exact.edges[r].sparse_size()
+        dense = [
+            torch.sparse_coo_tensor(a.edges[r].as_tensor().flip(0), a.weights[r], (v, v)).to_dense()
+            for a in (masked, exact)
+        ]
+        torch.testing.assert_close(dense[0], dense[1], rtol=0, atol=0)
     conv = RelationalConv(6, 6, 4)
-    x = torch.randn(full.n_nodes, 6)
+    x = torch.randn(v, 6)
     torch.testing.assert_close(conv(x, masked), conv(x, exact))
 
 
