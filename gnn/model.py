@@ -6,9 +6,11 @@ Encoder (``d = 64`` by default) over the homogeneous view of a
 * input features: learnable ``d``-dim embeddings for subgroup and option nodes; members
   have zero features (so any new member can be embedded without retraining);
 * a per-type linear layer + ReLU: ``h0_v = ReLU(W_type(v) x_v + b_type(v))``;
-* two relational GCN layers (:class:`RelationalConv`, PyG's
-  :class:`~torch_geometric.nn.RGCNConv` with ``aggr="mean"``) with ReLU and dropout 0.1,
-  each ``h^{l+1}_v = W_0 h^l_v + b + sum_r mean_{u in N_r(v)} W_r h^l_u`` (4 relations);
+* two relational GCN layers (:class:`RelationalConv`: PyG's
+  :class:`~torch_geometric.nn.RGCNConv` on the row-normalised sparse adjacency of each
+  relation) with ReLU and dropout 0.1, each
+  ``h^{l+1}_v = W_0 h^l_v + b + sum_r mean_{u in N_r(v)} W_r h^l_u`` (4 relations; the
+  function of ``RGCNConv(aggr="mean")`` on the edge list);
 * a per-type output linear layer: ``z_v = U_type(v) h2_v``.
 
 Decoder: ``p(option c | member v, question q) = softmax_{c in options(q)} <z_v, z_c> / tau``
@@ -146,7 +148,9 @@ class RelationalConv(RGCNConv):
     Each product is PyG's fused message passing (``propagate`` ->
     :meth:`message_and_aggregate`) on the relation's :class:`~torch_geometric.EdgeIndex`
     with the edge weights; the backward pass multiplies with ``A_r^T``, whose compressed
-    form the ``EdgeIndex`` caches.
+    form the ``EdgeIndex`` caches. The same function as ``RGCNConv(in, out, R,
+    aggr="mean")(x, edge_index, edge_type)`` with the same parameters, without its
+    per-relation gather / scatter of edge messages.
 
     Args:
         in_dim: input width.
