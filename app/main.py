@@ -19,13 +19,18 @@ from app.db import head_revision, make_engine
 from app.errors import PriorlyError
 from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware
-from app.middleware import install_log_redaction
+from app.middleware import (
+    HostileInputMiddleware,
+    SecurityHeadersMiddleware,
+    install_log_redaction,
+)
 from app.ratelimit import ApiRateLimitMiddleware, RedisCounter
 from app.routes import admin, api_v1, health, pages, respondent
 from app.services import answer_async
 from app.services import sessions as sessions_service
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
+from app.textguard import install_text_guard
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -75,16 +80,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     admin.install(app)  # the admin UI (after the handlers: its error pages wrap them)
     install_log_redaction()  # tokens in resume/invitation/member-link paths stay out of logs
+    install_text_guard()  # no NUL / lone surrogate reaches a statement (app/textguard.py)
+    # 422 for a NUL character or a lone surrogate in the path, query, form or JSON body.
+    app.add_middleware(HostileInputMiddleware)
     # Per-credential limit on /api/v1 calls (429), counters in Redis or the database.
     app.add_middleware(
         ApiRateLimitMiddleware,
         key_limit=settings.api_rate_limit_per_minute,
         session_limit=settings.session_rate_limit_per_minute,
     )
-    # Outermost: refuse oversized bodies before anything reads them (413).
+    # Refuse oversized bodies before anything reads them (413).
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
         max_upload_bytes=settings.max_upload_bytes,
     )
+    # Outside everything: CSP, framing, nosniff, referrer (and HSTS in prod) on every answer.
+    app.add_middleware(SecurityHeadersMiddleware, hsts=settings.env == "prod")
     return app

@@ -1,0 +1,227 @@
+"""Hostile input that used to end in a 500, on a real uvicorn over SQLite and PostgreSQL.
+
+* NUL characters (U+0000: PostgreSQL refuses them in text) and lone surrogates (not UTF-8)
+  in the path, a query parameter, a form field or a JSON string: 422 with the JSON error
+  ``{"code": "invalid_input", "message": ...}`` naming the place, before any route runs
+  (:class:`app.middleware.HostileInputMiddleware`); in an uploaded file: the import form
+  names the file and line (the importer's check), never a 500.
+* A ``codebook.jsonl`` line and a ``dataset.json`` nested 5,000 deep: the upload preview
+  names the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from secutil import HostileWorld, admin_client, hostile_world
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def world(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HostileWorld]:
+    with hostile_world(request.param, tmp_path_factory.mktemp(f"hostile-{request.param}")) as w:
+        yield w
+
+
+def _refused(r: httpx.Response, where: str) -> None:
+    assert r.status_code == 422, (r.status_code, r.text)
+    body = r.json()
+    assert body["code"] == "invalid_input"
+    assert where in body["message"], body["message"]
+
+
+def test_nul_without_login(world: HostileWorld) -> None:
+    base = world.server.base
+    _refused(httpx.get(f"{base}/s/a%00b"), "the path contains a NUL character")
+    _refused(httpx.post(f"{base}/s/a%00b/consent", data={}), "the path")
+    _refused(
+        httpx.post(
+            f"{base}/api/v1/studies/a%00b/sessions",
+            json={},
+            headers={"Authorization": "Bearer pk_madeup_0000"},
+        ),
+        "the path",
+    )
+    with httpx.Client(base_url=base) as client:
+        client.get("/admin/login")
+        _refused(
+            client.post(
+                "/admin/login",
+                data={
+                    "email": "a\x00b@x.io",
+                    "password": "x" * 12,
+                    "csrf_token": client.cookies["priorly_csrf"],
+                },
+            ),
+            "form field 'email' contains a NUL character (U+0000) at position 1",
+        )
+    _refused(httpx.get(f"{base}/s/{world.live.slug}?x=%00"), "query parameter 'x'")
+
+
+def test_nul_and_surrogates_with_credentials(world: HostileWorld) -> None:
+    base, live = world.server.base, world.live
+    owner = {"Authorization": f"Bearer {live.owner_key}"}
+    url = f"{base}/api/v1/studies/{live.slug}/sessions"
+    _refused(httpx.post(url, json={"external_id": "a\x00b"}, headers=owner), "$.external_id")
+    surrogate = b'{"external_id": "x\\ud800y"}'
+    r = httpx.post(url, content=surrogate, headers={**owner, "content-type": "application/json"})
+    _refused(r, "the JSON body at $.external_id contains a lone surrogate (U+D800)")
+    created = httpx.post(url, json={}, headers=owner)
+    assert created.status_code == 201, created.text
+    sess = created.json()
+    answer = {
+        "item": sess["question"]["item"],
+        "option": sess["question"]["options"][0]["letter"],
+        "idempotency_key": "k\x00",
+    }
+    r = httpx.post(
+        f"{base}/api/v1/sessions/{sess['session_id']}/answers",
+        json=answer,
+        headers={"Authorization": f"Bearer {sess['token']}"},
+    )
+    _refused(r, "$.idempotency_key")
+    with admin_client(world.server) as admin:
+        _refused(admin.post("/admin/studies", data={"name": "x\x00y"}), "form field 'name'")
+        _refused(admin.post("/admin/keys", data={"name": "\x00"}), "form field 'name'")
+        _refused(
+            admin.post(f"/admin/studies/{live.slug}/share", data={"email": "a\x00@b.io"}),
+            "form field 'email'",
+        )
+        _refused(
+            admin.post(
+                "/admin/import/upload",
+                data={"name": "up\x00load", "action": "preview"},
+                files={"responses.csv": ("responses.csv", b"id\n1\n")},
+            ),
+            "form field 'name'",
+        )
+
+
+def _upload(
+    admin: httpx.Client, files: dict[str, bytes], action: str = "preview"
+) -> httpx.Response:
+    return admin.post(
+        "/admin/import/upload",
+        data={"name": "hostile upload", "action": action},
+        files={name: (name, content) for name, content in files.items()},
+    )
+
+
+def _dataset_files(folder: Path) -> dict[str, bytes]:
+    """The files of a 30-respondent CES copy, as an upload sends them."""
+    from conftest import DATASETS_DIR, write_small_dataset
+
+    small = write_small_dataset(DATASETS_DIR / "ces", folder / "ces", 30)
+    return {p.name: p.read_bytes() for p in sorted(small.iterdir()) if p.is_file()}
+
+
+def test_uploaded_files_with_nul_or_deep_nesting(world: HostileWorld, tmp_path: Path) -> None:
+    files = _dataset_files(tmp_path)
+    deep = "[" * 5000 + "]" * 5000
+    lines = files["codebook.jsonl"].decode().splitlines()
+    first = json.loads(lines[0])
+    with admin_client(world.server) as admin:
+        ok = _upload(admin, files)
+        assert ok.status_code == 200, ok.text
+        for action, name, content, expected in (
+            (
+                "preview",
+                "codebook.jsonl",
+                "\n".join([lines[0], f'{{"id": "x", "deep": {deep}}}', *lines[1:]]).encode(),
+                "codebook.jsonl, line 2: JSON nested too deeply",
+            ),
+            (
+                "preview",
+                "dataset.json",
+                f'{{"name": "x", "deep": {deep}}}'.encode(),
+                "dataset.json",
+            ),
+            (
+                "import",
+                "codebook.jsonl",
+                "\n".join([json.dumps({**first, "question": "Q\x00?"}), *lines[1:]]).encode(),
+                "codebook.jsonl, line 1: item",
+            ),
+        ):
+            r = _upload(admin, {**files, name: content}, action)
+            assert r.status_code < 500, r.text
+            assert expected in r.text, (name, r.text[-2000:])
+            assert "/tmp" not in r.text  # no server temp path in the error
+
+
+def test_import_command_nested_json(tmp_path: Path) -> None:
+    """``priorly import`` of a dataset with a line nested 5,000 deep: exit 2, one line."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    for name, content in _dataset_files(tmp_path).items():
+        (folder / name).write_bytes(content)
+    deep = "[" * 5000 + "]" * 5000
+    (folder / "codebook.jsonl").write_text(
+        (folder / "codebook.jsonl").read_text() + f'{{"id": "x", "deep": {deep}}}\n'
+    )
+    env = {**os.environ, "PRIORLY_DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}"}
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "db", "upgrade"],
+        env=env,
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "app.cli", "import", str(folder)],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "codebook.jsonl, line" in err[0], r.stderr
+    assert "nested too deeply" in err[0]
+
+
+# ----- security headers -----------------------------------------------------------------
+
+
+def test_security_headers_on_admin_login_and_respondent_pages(world: HostileWorld) -> None:
+    base, slug = world.server.base, world.live.slug
+    with admin_client(world.server) as admin:
+        pages = [admin.get("/admin"), admin.get(f"/admin/studies/{slug}")]
+    pages += [httpx.get(f"{base}/admin/login"), httpx.get(f"{base}/s/{slug}")]
+    pages += [httpx.get(f"{base}/api/v1/sessions/1")]
+    for r in pages:
+        assert r.status_code < 500, r.text
+        csp = r.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp
+        assert "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+        assert r.headers["x-frame-options"] == "DENY"
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["referrer-policy"] == "no-referrer"
+        assert "strict-transport-security" not in r.headers  # not in PRIORLY_ENV=test
+    for r in pages[:3]:  # no inline script or event handler the policy would block
+        assert "<script>" not in r.text and " onclick=" not in r.text
+        assert " onsubmit=" not in r.text
+
+
+def test_hsts_in_prod() -> None:
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    settings = Settings(env="prod", secret_key="p" * 40, database_url="sqlite:///:memory:")  # type: ignore[arg-type]
+    client = TestClient(create_app(settings))
+    r = client.get("/static/js/confirm.js")
+    assert r.status_code == 200
+    assert r.headers["strict-transport-security"].startswith("max-age=31536000")
