@@ -517,6 +517,9 @@ async def create_session(
             external_id=body.external_id,
             allow_draft=True,
         )
+    if request.app.state.settings.session_rate_limit_per_minute > 0:
+        # the new token is verified: its calls count on its own counter from the first
+        await ratelimit.register_new_credential(request.app.state, started.token)
     resume = request.url_for("respondent_resume", slug=study.slug, token=started.token)
     return {
         **_session_out(started.view),

@@ -225,3 +225,78 @@ def test_hsts_in_prod() -> None:
     r = client.get("/static/js/confirm.js")
     assert r.status_code == 200
     assert r.headers["strict-transport-security"].startswith("max-age=31536000")
+
+
+# ----- the API limit and made-up credentials ------------------------------------------------
+
+LOW_LIMIT = 20
+
+
+def _counter_rows(url: str) -> set[str]:
+    from sqlalchemy import select
+    from sqlmodel import Session
+
+    from app.db import make_engine
+    from app.tables import RateLimitCounter
+
+    engine = make_engine(url)
+    try:
+        with Session(engine) as db:
+            return set(db.exec(select(RateLimitCounter.key)).scalars().all())  # type: ignore[call-overload]
+    finally:
+        engine.dispose()
+
+
+def test_made_up_credentials_share_the_address_limit(world: HostileWorld, tmp_path: Path) -> None:
+    """100 calls, each with a new made-up bearer value (API-key-like, token-like, on the
+    answer call too): after the address's limit they get 429, and no counter is made for
+    any of them. A real session's token keeps its own counter (still answered)."""
+    import secrets
+
+    from live_study import free_port  # noqa: F401  (the server helper's dependency)
+    from secutil import live_server
+
+    from app.ratelimit import counter_key
+
+    live = world.live
+    env = {"PRIORLY_SESSION_RATE_LIMIT_PER_MINUTE": str(LOW_LIMIT)}
+    with live_server(live.url, tmp_path / "limited.log", env_extra=env, log_level="warning") as srv:
+        owner = {"Authorization": f"Bearer {live.owner_key}"}
+        created = httpx.post(
+            f"{srv.base}/api/v1/studies/{live.slug}/sessions", json={}, headers=owner
+        )
+        assert created.status_code == 201, created.text
+        sess = created.json()
+        made_up = [
+            f"pk_{secrets.token_hex(4)}_{secrets.token_urlsafe(32)}"
+            if i % 2
+            else secrets.token_urlsafe(32)
+            for i in range(100)
+        ]
+        statuses = []
+        for i, credential in enumerate(made_up):
+            headers = {"Authorization": f"Bearer {credential}"}
+            if i % 3 == 0:
+                r = httpx.post(
+                    f"{srv.base}/api/v1/sessions/{sess['session_id']}/answers",
+                    json={
+                        "item": sess["question"]["item"],
+                        "option": "A",
+                        "idempotency_key": f"k{i}",
+                    },
+                    headers=headers,
+                )
+            else:
+                r = httpx.get(f"{srv.base}/api/v1/sessions/{sess['session_id']}", headers=headers)
+            statuses.append(r.status_code)
+        assert statuses.count(429) >= 100 - LOW_LIMIT - 1, statuses
+        assert set(statuses) <= {401, 429}, statuses
+        rows = _counter_rows(live.url)
+        assert not rows & {counter_key("api", c) for c in made_up}
+        # the real respondent, from the same address, still has its own counter
+        mine = httpx.get(
+            f"{srv.base}/api/v1/sessions/{sess['session_id']}",
+            headers={"Authorization": f"Bearer {sess['token']}"},
+        )
+        assert mine.status_code == 200, mine.text
+        assert counter_key("api", sess["token"]) in _counter_rows(live.url)
