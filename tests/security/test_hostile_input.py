@@ -300,3 +300,111 @@ def test_made_up_credentials_share_the_address_limit(world: HostileWorld, tmp_pa
         )
         assert mine.status_code == 200, mine.text
         assert counter_key("api", sess["token"]) in _counter_rows(live.url)
+
+
+# ----- logout, password change, account removal; the CSRF token of the login -----------------
+
+
+def _logged_in_cookie(world: HostileWorld, email: str) -> dict[str, str]:
+    with admin_client(world.server, email) as admin:
+        return dict(admin.cookies)
+
+
+def _keys_page(world: HostileWorld, cookies: dict[str, str]) -> int:
+    r = httpx.get(f"{world.server.base}/admin/keys", cookies=cookies, follow_redirects=False)
+    return r.status_code
+
+
+def test_logout_and_password_change_end_the_session(world: HostileWorld) -> None:
+    from secutil import OWNER_EMAIL, PASSWORD
+    from sqlmodel import Session, select
+
+    from app.auth import set_password
+    from app.db import make_engine
+    from app.tables import AdminSession, Researcher
+
+    base = world.server.base
+    with admin_client(world.server) as admin:
+        saved = dict(admin.cookies)
+        assert _keys_page(world, saved) == 200
+        out = admin.post("/admin/logout", data={"csrf_token": admin.cookies["priorly_csrf"]})
+        assert out.status_code in (200, 303)
+    assert _keys_page(world, saved) == 303  # the saved cookie is dead: to the login page
+    # a password change ends every login of the account (two browsers here)
+    first, second = (_logged_in_cookie(world, OWNER_EMAIL) for _ in range(2))
+    assert _keys_page(world, first) == 200 and _keys_page(world, second) == 200
+    engine = make_engine(world.live.url)
+    try:
+        with Session(engine) as db:
+            owner = db.exec(select(Researcher).where(Researcher.email == OWNER_EMAIL)).one()
+            set_password(owner, PASSWORD, session=db)  # even to the same password
+        assert _keys_page(world, first) == 303 and _keys_page(world, second) == 303
+        # removing the account removes its logins
+        third = _logged_in_cookie(world, OWNER_EMAIL)
+        with Session(engine) as db:
+            owner = db.exec(select(Researcher).where(Researcher.email == OWNER_EMAIL)).one()
+            owner.is_active = False
+            db.add(owner)
+            db.commit()
+            assert _keys_page(world, third) == 303
+            owner.is_active = True
+            db.add(owner)
+            db.commit()
+            assert db.exec(select(AdminSession).where(AdminSession.researcher_id == owner.id)).all()
+        # only hashes are stored
+        with Session(engine) as db:
+            hashes = {row.token_hash for row in db.exec(select(AdminSession)).all()}
+        assert third["priorly_session"] not in hashes
+    finally:
+        engine.dispose()
+    assert httpx.get(f"{base}/admin/login").status_code == 200
+
+
+def test_csrf_token_is_bound_to_the_login(world: HostileWorld) -> None:
+    """A planted ``priorly_csrf`` cookie with a matching field no longer passes."""
+    with admin_client(world.server) as admin:
+        session_cookie = admin.cookies["priorly_session"]
+        planted = "planted-token-0123456789"
+        r = httpx.post(
+            f"{world.server.base}/admin/keys",
+            data={"name": "csrf probe", "csrf_token": planted},
+            cookies={"priorly_session": session_cookie, "priorly_csrf": planted},
+        )
+        assert r.status_code == 403, r.text
+        ok = admin.post(
+            "/admin/keys", data={"name": "real", "csrf_token": admin.cookies["priorly_csrf"]}
+        )
+        assert ok.status_code == 200, ok.text
+
+
+def test_host_prefixed_cookies_in_prod(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+    from sqlmodel import Session
+
+    from app.auth import create_account
+    from app.db import make_engine, upgrade
+    from app.main import create_app
+    from app.settings import Settings
+
+    url = f"sqlite:///{tmp_path / 'prod.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    with Session(engine) as db:
+        create_account("p@example.org", "prod password 123", session=db)
+    engine.dispose()
+    settings = Settings(env="prod", secret_key="p" * 40, database_url=url)  # type: ignore[arg-type]
+    with TestClient(create_app(settings), base_url="https://priorly.example.org") as client:
+        page = client.get("/admin/login")
+        csrf = client.cookies["__Host-priorly_csrf"]
+        assert "; secure" in page.headers["set-cookie"].lower()
+        r = client.post(
+            "/admin/login",
+            data={"email": "p@example.org", "password": "prod password 123", "csrf_token": csrf},
+            follow_redirects=False,
+        )
+        assert r.status_code == 303, r.text
+        set_cookies = r.headers.get_list("set-cookie")
+        session = [c for c in set_cookies if c.startswith("__Host-priorly_session=")]
+        assert session and "secure" in session[0].lower() and "path=/" in session[0].lower()
+        assert "domain=" not in session[0].lower()
+        assert client.get("/admin/keys", follow_redirects=False).status_code == 200
