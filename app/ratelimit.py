@@ -53,6 +53,7 @@ from anyio import to_thread
 from sqlalchemy import create_engine, delete, event, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ConfigurationError, PriorlyError
@@ -664,3 +665,46 @@ def rate_limited_response(expires: float, limit: int) -> Response:
         headers={"retry-after": str(retry_after)},
         media_type="application/json",
     )
+
+
+# ----- survey pages --------------------------------------------------------------------------
+
+RESPONDENT_WINDOW_S = 60.0
+
+
+def _client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+async def respondent_page_limit(request: Request) -> None:
+    """Dependency of the survey pages (``/s/...``): per client address, at most
+    ``respondent_start_rate_limit_per_minute`` new respondents (``POST .../consent``) and
+    ``session_rate_limit_per_minute`` other posts per minute; :class:`RateLimited` (429,
+    ``Retry-After``) beyond. Pages that only show (GET) are not counted. The counters are
+    the API limiter's (Redis, else the database), so every process counts the same."""
+    if request.method != "POST":
+        return
+    state = request.app.state
+    settings = state.settings
+    if request.url.path.endswith("/consent"):
+        kind, limit, what = (
+            "resp-start",
+            settings.respondent_start_rate_limit_per_minute,
+            "surveys started",
+        )
+    else:
+        kind, limit, what = "resp-post", settings.session_rate_limit_per_minute, "answers sent"
+    counter = ApiCounter.of(state)
+    if limit <= 0 or counter is None:
+        return
+    try:
+        count, expires = await counter.hit(counter_key(kind, _client_address(request)))
+    except (SQLAlchemyError, OSError, *_DBAPI_ERRORS, *_REDIS_ERRORS) as exc:
+        log.warning("rate limiter unavailable, page let through: %s", type(exc).__name__)
+        return
+    if count > limit:
+        wait = max(1, math.ceil(expires - time.time()))
+        raise RateLimited(
+            f"too many {what} from your network address: please try again in {wait} s",
+            retry_after=wait,
+        )

@@ -64,6 +64,18 @@ class Settings(BaseSettings):
             (429 beyond; 0 turns the limit off).
         session_rate_limit_per_minute: the same per session token, and per client
             address for calls without a credential.
+        respondent_start_rate_limit_per_minute: the most respondents one client address
+            may start (consent on the survey pages) per minute (429 beyond; 0: no limit);
+            the survey pages' other posts count against ``session_rate_limit_per_minute``
+            per address.
+        trusted_proxies: comma-separated addresses (or CIDR networks, or ``*``) of the
+            reverse proxies / load balancers in front of the app. Only for a request from
+            one of them is the client address taken from ``X-Forwarded-For`` (and the
+            scheme from ``X-Forwarded-Proto``); every per-address limit (login lockout,
+            API and survey-page limits) uses that address. Default: the local machine
+            only. Behind a balancer at 10.0.0.5: ``PRIORLY_TRUSTED_PROXIES=10.0.0.5``.
+            Never ``*`` on a server clients can reach directly (anyone could then choose
+            their address).
         step_memo_size: answer steps (state and answer -> new state and next question)
             each process keeps per study design and reuses for respondents who gave the
             same answers (``app.services.sessions.StepMemo``); 0 turns it off.
@@ -90,6 +102,9 @@ class Settings(BaseSettings):
     login_lockout_s: float = Field(default=900.0, gt=0)
     api_rate_limit_per_minute: int = Field(default=6000, ge=0)
     session_rate_limit_per_minute: int = Field(default=600, ge=0)
+    respondent_start_rate_limit_per_minute: int = Field(default=30, ge=0)
+    # Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (app/main.py).
+    trusted_proxies: str = "127.0.0.1"
     # Answer steps reused across respondents (app/services/sessions.py).
     step_memo_size: int = Field(default=2048, ge=0)
 

