@@ -1,4 +1,14 @@
-"""Keeping secrets out of log lines.
+"""ASGI middleware and logging filters that guard every request: log redaction, hostile
+input, security headers.
+
+* :class:`RedactPathSecrets` / :func:`install_log_redaction`: tokens in paths stay out of
+  the logs (below).
+* :class:`HostileInputMiddleware`: 422 for a NUL character or a lone surrogate in the path,
+  the query, a form field or a JSON string, naming where, before any route runs.
+* :class:`SecurityHeadersMiddleware`: CSP, framing, nosniff, referrer and (in prod) HSTS
+  headers on every answer.
+
+Keeping secrets out of log lines.
 
 Three links carry a credential in their path, by design (a person follows them without
 any other credential): a respondent's resume link ``/s/{slug}/resume/{token}``, an

@@ -6,7 +6,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
 MAX_COUNT = 10_000
 """The most questions per session, rounds, or questions per respondent and round."""
 MAX_PEOPLE = 100_000_000
