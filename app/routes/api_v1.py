@@ -49,6 +49,7 @@ from app.services.apikeys import (
 from app.services.studies import get_study_by_slug
 from app.session import async_path as answer_async
 from app.tables import ElicitationSession, Researcher, Study
+from app.textguard import clip
 
 # ----- errors ------------------------------------------------------------------------------
 
@@ -112,7 +113,8 @@ def _code_of(exc: PriorlyError) -> str:
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
+    body = {"code": code, "message": clip(message)}  # never a huge input echoed in full
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -521,6 +523,9 @@ async def create_session(
             external_id=body.external_id,
             allow_draft=True,
         )
+    if request.app.state.settings.session_rate_limit_per_minute > 0:
+        # the new token is verified: its calls count on its own counter from the first
+        await ratelimit.register_new_credential(request.app.state, started.token)
     resume = request.url_for("respondent_resume", slug=study.slug, token=started.token)
     return {
         **_session_out(started.view),

@@ -149,9 +149,27 @@ def iter_rows(
         last = people[-1].id or 0
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""First characters that make a spreadsheet read a cell as a formula (OWASP CSV injection)."""
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def safe_cell(value: Any) -> Any:
+    """``value`` for a CSV cell a spreadsheet opens: a text starting with ``= + - @``, a
+    tab or a carriage return gets a leading ``'`` (so ``=HYPERLINK(...)`` is shown as
+    text, not run), unless it is a plain number such as ``-0.5``. Other values unchanged.
+
+    >>> safe_cell("=HYPERLINK(1)"), safe_cell("-0.5"), safe_cell("B"), safe_cell(3)
+    ("'=HYPERLINK(1)", '-0.5', 'B', 3)
+    """
+    if isinstance(value, str) and value.startswith(FORMULA_START) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
 def _csv_line(values: list[Any]) -> str:
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(values)
+    csv.writer(buf, lineterminator="\n").writerow([safe_cell(v) for v in values])
     return buf.getvalue()
 
 

@@ -150,6 +150,10 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/api/docs/assets/{name}"): Case(everyone(200), path="/api/docs/assets/swagger-ui.css"),
     ("GET", "/api/docs/first-session"): Case(everyone(200)),
     ("GET", "/healthz"): Case(everyone(200)),
+    # OPTIONS lists the methods of an API path (no data: 204 for anyone)
+    ("OPTIONS", "/api/v1/{path:path}"): Case(
+        everyone(204), path="/api/v1/sessions/{session_id}", writes=False
+    ),
     ("GET", "/"): Case(everyone(200)),
     # ---- respondent pages: the cookie names the caller's own session, never another ----
     ("GET", "/s/{slug}"): Case({**everyone(200), "resp_this": 303, "resp_other": 303}),
