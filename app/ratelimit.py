@@ -44,6 +44,7 @@ import json
 import logging
 import math
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -316,6 +317,7 @@ class RedisCounter:
 
     def __init__(self, url: str) -> None:
         try:
+            # optional: the redis extra (PRIORLY_REDIS_URL)
             import redis.asyncio as redis_asyncio
         except ImportError:  # pragma: no cover - the redis extra is not installed
             raise ConfigurationError(
@@ -354,6 +356,7 @@ class RedisCounter:
 
 def _redis_errors() -> tuple[type[BaseException], ...]:
     try:
+        # optional: the redis extra (PRIORLY_REDIS_URL)
         from redis.exceptions import RedisError
     except ImportError:  # pragma: no cover - the redis extra is not installed
         return ()
@@ -465,11 +468,9 @@ def address_key(scope: Scope) -> str:
 
 def _dbapi_errors() -> tuple[type[BaseException], ...]:
     """The DB-API drivers' base errors (raw connections raise these, not SQLAlchemy's)."""
-    import sqlite3
-
     errors: list[type[BaseException]] = [sqlite3.Error]
     try:
-        import psycopg
+        import psycopg  # optional: the postgres extra
 
         errors.append(psycopg.Error)
     except ImportError:  # pragma: no cover - PostgreSQL support not installed

@@ -14,6 +14,7 @@ stable ``code`` (see :data:`ERROR_CODES`).
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
@@ -46,6 +47,7 @@ from app.services.apikeys import (
     AuthenticationError,
     authenticate_api_key,
 )
+from app.services.profile import session_profile
 from app.services.studies import get_study_by_slug
 from app.session import async_path as answer_async
 from app.tables import ElicitationSession, Researcher, Study
@@ -80,11 +82,9 @@ def _db_unavailable_errors() -> tuple[type[BaseException], ...]:
     """Driver and SQLAlchemy errors that mean "the database cannot serve now" (503): a
     refused or dropped connection, a locked SQLite file. The answer path's raw DB-API
     statements raise the drivers' own classes, the ORM SQLAlchemy's."""
-    import sqlite3
-
     errors: list[type[BaseException]] = [SAOperationalError, sqlite3.OperationalError]
     try:
-        import psycopg
+        import psycopg  # optional: the postgres extra
 
         errors.append(psycopg.OperationalError)
     except ImportError:  # pragma: no cover (psycopg is a dependency)
@@ -654,8 +654,6 @@ def get_explanation(auth: AuthorizedSession, session: SessionDep) -> dict[str, A
     summary="The respondent's preference profile (ranked criteria and items, plain-text summary)",
 )
 def get_profile(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
-    from app.services.profile import session_profile
-
     sess, study = auth
     return session_profile(study, sess, session=session)
 

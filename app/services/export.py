@@ -284,7 +284,7 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
     Returns:
         ``(frame, variable_labels {name: label}, value_labels {name: {code: label}})``.
     """
-    import pandas as pd
+    import pandas as pd  # heavy: loaded only for the SPSS / Stata exports
 
     items = export_items(study, session=session)
     names = variable_names([it.key for it in items])
@@ -333,7 +333,7 @@ def write_sav(
     study: Study, path: Path, *, session: Session, include_imported: bool = False
 ) -> Path:
     """Write the answers as an SPSS ``.sav`` with variable and value labels; skip = missing."""
-    import pyreadstat
+    import pyreadstat  # heavy: loaded only for the SPSS / Stata exports
 
     frame, var_labels, value_labels = labelled_frame(
         study, session=session, include_imported=include_imported
@@ -357,7 +357,7 @@ def write_dta(
     Stata variable labels hold at most 80 characters: longer ones are cut (with ``…``);
     the full texts are in the codebook export.
     """
-    import pyreadstat
+    import pyreadstat  # heavy: loaded only for the SPSS / Stata exports
 
     frame, var_labels, value_labels = labelled_frame(
         study, session=session, include_imported=include_imported
