@@ -1,4 +1,5 @@
-"""FastAPI dependencies and their ``Annotated`` aliases (``SessionDep``, ``SettingsDep``).
+"""FastAPI dependencies and their ``Annotated`` aliases (``SessionDep``, ``SettingsDep``),
+and :data:`DbId`, the type of a row's id in a path.
 
 Dependencies that only read ``request.app.state`` are ``async def``: FastAPI runs a plain
 ``def`` dependency in the thread pool, and that hop (a queue put, a thread wake-up, a GIL
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from jinja2_fragments.fastapi import Jinja2Blocks
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -42,3 +43,10 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 TemplatesDep = Annotated[Jinja2Blocks, Depends(get_templates)]
+
+MAX_DB_ID = 2**31 - 1
+"""The largest id a row can have: id columns are 32-bit integers (PostgreSQL ``integer``)."""
+
+DbId = Annotated[int, Path(ge=1, le=MAX_DB_ID, description="a row's id, 1 to 2^31 - 1")]
+"""A row's id (or a group round's number) in a path: outside 1 to 2^31 - 1 the request is
+answered 422 (``loc: ["path", name]``, the bound in ``msg``) before any query runs."""

@@ -101,15 +101,23 @@ def setup_vllm_env(venv: Path | None = None, *, device: str = "auto", force: boo
         force: reinstall even if the environment is marked ready.
 
     Raises:
-        ServerError: a step failed (the message names the command).
+        ServerError: a step failed (the message names the command), or the environment is
+            ready for the other device (a CPU build serving with GPU arguments, or the
+            reverse, would fail later and less clearly).
     """
     venv = venv or default_venv()
     py = venv_python(venv)
-    if not force and (venv / MARKER).is_file() and py.is_file():
-        return py
     dev = detect_device() if device == "auto" else device
     if dev not in ("cpu", "gpu"):
         raise ServerError(f"unknown device {device!r} (cpu, gpu, auto)")
+    if not force and (venv / MARKER).is_file() and py.is_file():
+        built = (venv / MARKER).read_text().strip()
+        if built in ("cpu", "gpu") and built != dev:
+            raise ServerError(
+                f"the vLLM environment {venv} is set up for the {built.upper()}, not the "
+                f"{dev.upper()}: choose another folder (--venv, $PRIORLY_VLLM_VENV)"
+            )
+        return py
     if not py.is_file():
         _run([sys.executable, "-m", "venv", str(venv)], "creating the vLLM virtual environment")
     pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
@@ -339,6 +347,9 @@ class VLLMServer:
 
         The group holds the API server and the engine processes it forked; it is signalled
         even when the API server has already exited, so no engine process is left behind.
+        Safe to call from a signal handler that interrupted ``self.proc.wait()``: it waits
+        by polling, and the server's own process, exited but not yet reaped (the
+        interrupted ``wait()`` reaps it), counts as gone.
         """
         if self.proc is None:
             return
@@ -347,21 +358,23 @@ class VLLMServer:
             os.killpg(pgid, signal.SIGTERM)
         except ProcessLookupError:
             return
-        try:
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)  # anyone left in the group?
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
+        if self._wait_group_gone(pgid, grace):
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(grace)
+        self._wait_group_gone(pgid, grace)
+
+    def _wait_group_gone(self, pgid: int, timeout: float) -> bool:
+        """Poll until no running process is left in group ``pgid``; ``False`` on timeout."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            self.proc.poll()  # reaps the server when no other wait() holds it
+            if not _group_running(pgid, self.proc.pid):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
 
     def __enter__(self) -> VLLMServer:
         self.start()
@@ -445,6 +458,31 @@ def run_background(state: Path, model_wait: float = 1800.0, poll: float = 2.0) -
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _group_running(pgid: int, own: int) -> bool:
+    """Whether group ``pgid`` holds a process other than ``own`` exited and unreaped.
+
+    ``own`` is this process's child, which only this process can reap; any other member,
+    zombies included (init reaps them), counts. Reads ``/proc`` (Linux); elsewhere every
+    member counts.
+    """
+    if not _group_alive(pgid):
+        return False
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and not (int(d.name) == own and fields[0] == "Z"):
+            return True
+    return False
 
 
 def _group_alive(pgid: int) -> bool:

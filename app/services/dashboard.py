@@ -16,6 +16,8 @@
   ``max_questions``, and the group answer budget when one is set.
 
 At most :data:`MAX_SESSIONS` most recent sessions are replayed (the count figures use all).
+:func:`dashboard_page` adds the figures: one distribution plot per target and a bar chart
+of the aggregate persona posterior (SVG text).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from app import session as svc
 from app.schemas import StudySettings
+from app.services import plots
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -118,8 +123,6 @@ def _exposure(study: Study, session: Session) -> list[dict[str, Any]]:
 
 def build_dashboard(study: Study, *, session: Session) -> Dashboard:
     """Everything the dashboard page shows (see the module docstring)."""
-    from app import session as svc
-
     counts = _counts(study, session)
     exposure = _exposure(study, session)
     settings = StudySettings.model_validate(study.settings or {})
@@ -156,8 +159,6 @@ def build_dashboard(study: Study, *, session: Session) -> Dashboard:
     if not rt.targets:
         dash.model_note = "no predictions: the study has no target items"
         return dash
-    import torch
-
     idx = [rt.model_index[t.id] for t in rt.targets]
     prior = rt.model.predict(rt.model.initial_state({}), idx)
     pairs = session.exec(
@@ -212,3 +213,27 @@ def build_dashboard(study: Study, *, session: Session) -> Dashboard:
             for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
         ]
     return dash
+
+
+def dashboard_page(study: Study, *, session: Session) -> dict[str, Any]:
+    """The dashboard page: ``study``, ``dash`` (:func:`build_dashboard`), ``target_svgs``
+    (one predicted-distribution plot per target, with the prior) and ``persona_svg`` (the
+    aggregate persona posterior; ``None`` without personas or before the first session)."""
+    dash = build_dashboard(study, session=session)
+    target_svgs = [
+        plots.distribution_svg(
+            f"{t.key}: {t.question} (n = {t.n})", t.labels, t.mean, t.low, t.high, t.prior
+        )
+        for t in dash.targets
+    ]
+    persona_svg = (
+        plots.bars_svg(
+            "aggregate persona posterior",
+            [p["label"] for p in dash.personas],
+            [p["weight"] for p in dash.personas],
+            "mean posterior weight",
+        )
+        if dash.personas and dash.counts["started"]
+        else None
+    )
+    return {"study": study, "dash": dash, "target_svgs": target_svgs, "persona_svg": persona_svg}

@@ -24,7 +24,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import ConflictError, InvalidInputError, NotFoundError
 from app.schemas import StudySettings
-from app.services.importer import ImportResult, import_dataset, slugify
+from app.services.importer import ImportResult, hide_folder, import_dataset, slugify
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -34,6 +34,7 @@ from app.tables import (
     Study,
     StudyStatus,
 )
+from elicitation.criteria import criterion_names
 from elicitation.datasets import (
     CODEBOOK_FILE,
     RESPONSES_FILE,
@@ -131,8 +132,6 @@ def update_settings(study: Study, values: dict[str, Any], *, session: Session) -
     ``values`` is the nested :class:`StudySettings` shape; a validation error names the
     field (e.g. ``budgets.min_questions``).
     """
-    from elicitation.criteria import criterion_names
-
     try:
         validated = StudySettings.model_validate(values)
     except ValidationError as exc:
@@ -393,7 +392,10 @@ def preview_upload(files: dict[str, bytes], manifest_fields: dict[str, str]) -> 
     with tempfile.TemporaryDirectory(prefix="priorly-upload-") as tmp:
         folder = Path(tmp)
         _write_upload(folder, files, manifest_fields)
-        ds: Dataset = load_dataset(folder)
+        try:
+            ds: Dataset = load_dataset(folder)
+        except DatasetError as exc:  # no server path in the browser
+            raise hide_folder(exc, folder) from None
         head = ds.responses[:5].tolist()
         letters = [item.letters for item in ds.codebook]
         rows = [
@@ -425,6 +427,9 @@ def import_upload(
         folder = Path(tmp)
         _write_upload(folder, files, manifest_fields)
         name = manifest_fields.get("name", "").strip() or None
-        result = import_dataset(folder, session=session, study_name=name)
+        try:
+            result = import_dataset(folder, session=session, study_name=name)
+        except DatasetError as exc:  # no server path in the browser
+            raise hide_folder(exc, folder) from None
     _set_owner(result.study_id, owner, session=session)
     return result

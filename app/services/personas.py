@@ -27,6 +27,7 @@ import numpy as np
 from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
+from app.settings import get_settings
 from app.tables import Item, ItemRole, PersonaDistribution, Respondent, StudyPersona
 from elicitation.datasets import CodebookItem
 from inference_server.backends import make_backend
@@ -174,19 +175,25 @@ def make_persona_backend(
     threads: int | None = None,
 ) -> Any:
     """The scoring backend: ``local`` (the embedded model, or the model folder ``model``)
-    or ``openai`` (an OpenAI-compatible server at ``base_url`` serving ``model``, default
+    or ``openai`` (an OpenAI-compatible server at ``base_url`` serving ``model``; unset
+    values come from the settings ``PRIORLY_LLM_BASE_URL``, ``PRIORLY_LLM_MODEL`` and
+    ``PRIORLY_LLM_API_KEY``, the model defaulting to
     :data:`inference_server.model_store.DEFAULT_MODEL`). Loading a local model is lazy.
 
     Raises:
-        InvalidInputError: ``openai`` without ``base_url``.
+        InvalidInputError: ``openai`` without ``base_url`` nor ``PRIORLY_LLM_BASE_URL``.
     """
     if kind == "openai":
+        settings = get_settings()
+        base_url = base_url or settings.llm_base_url
         if not base_url:
-            raise InvalidInputError("--backend openai needs --base-url")
+            raise InvalidInputError("--backend openai needs --base-url or PRIORLY_LLM_BASE_URL")
+        key = settings.llm_api_key
         return make_backend(
             "openai",
             base_url=base_url,
-            model=model or DEFAULT_MODEL,
+            model=model or settings.llm_model or DEFAULT_MODEL,
+            api_key=key.get_secret_value() if key is not None else None,
             batch_size=batch_size,
             concurrency=concurrency,
             threshold=threshold,

@@ -1,4 +1,5 @@
-"""Reading studies: summaries for listings, lookups by slug."""
+"""Reading studies: summaries for listings (all, or those a researcher may see), lookups by
+slug, a study's persona dictionary."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from dataclasses import dataclass
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from app.auth import visible_study_ids
 from app.errors import NotFoundError
-from app.tables import Item, Respondent, Study
+from app.tables import Item, Researcher, Respondent, Study, StudyPersona
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,28 @@ def list_study_summaries(*, session: Session) -> list[StudySummary]:
         )
         for s in studies
     ]
+
+
+def visible_study_summaries(researcher: Researcher, *, session: Session) -> list[StudySummary]:
+    """The rows of :func:`list_study_summaries` that ``researcher`` may see (all for an
+    admin; otherwise owned or shared)."""
+    visible = visible_study_ids(researcher, session=session)
+    return [s for s in list_study_summaries(session=session) if visible is None or s.id in visible]
+
+
+def study_personas(study: Study, *, session: Session, limit: int) -> tuple[list[StudyPersona], int]:
+    """The first ``limit`` entries of the study's persona dictionary (in creation order)
+    and how many entries it has in all."""
+    rows = session.exec(
+        select(StudyPersona)
+        .where(StudyPersona.study_id == study.id)
+        .order_by(col(StudyPersona.id))
+        .limit(limit)
+    ).all()
+    total = session.exec(
+        select(func.count()).select_from(StudyPersona).where(StudyPersona.study_id == study.id)
+    ).one()
+    return list(rows), int(total)
 
 
 def count_studies(*, session: Session) -> int:

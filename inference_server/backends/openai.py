@@ -2,14 +2,25 @@
 
 Two request modes:
 
-* ``"completions"`` (default) — ``POST /v1/completions`` with the chat-templated prompt
-  text (rendered here with the model's tokenizer, so it is byte-identical to what the
-  ``local`` backend scores), ``max_tokens=1``, ``logprobs=k``, ``temperature=0``. Several
-  prompts go in one request (``prompt`` is a list), which vLLM batches; with prefix
-  caching on, each persona's shared prefix is computed once on the server.
+* ``"completions"`` (default) — ``POST /v1/completions`` with the chat-templated prompt,
+  ``max_tokens=1``, ``logprobs=k``, ``temperature=0``. Several prompts go in one request
+  (``prompt`` is a list), which vLLM batches; with prefix caching on, each persona's
+  shared prefix is computed once on the server. The chat template is applied
+
+  - here, with the model's own tokenizer (``template_from="local"``: a local model folder,
+    or the embedded model's converted folder), giving the prompt text byte-identical to
+    what the ``local`` backend scores; or
+  - by the server (``template_from="server"``): vLLM's ``POST /tokenize`` with
+    ``messages`` and ``add_generation_prompt=true`` returns the token ids of the rendered
+    chat, which go to ``/v1/completions`` as ``prompt`` (a list of id lists). This works
+    for any chat model the server serves, with no local files. A server without
+    ``/tokenize`` (HTTP 404) makes the backend fall back to ``"chat"`` mode.
 * ``"chat"`` — ``POST /v1/chat/completions`` with the messages, ``logprobs=true``,
-  ``top_logprobs=k``, one pair per request (for servers whose tokenizer this process
-  does not have).
+  ``top_logprobs=k``, one pair per request (the server applies the chat template).
+
+Before its first request the backend checks ``GET /v1/models``: a server that cannot be
+reached, or that does not serve ``model``, raises one
+:class:`~inference_server.errors.BackendError` naming the URL and the models it serves.
 
 The letters' probabilities are read from the top-``k`` log-probabilities of the single
 generated position (:func:`~inference_server.prompts.letters_from_top_logprobs`); with
@@ -31,13 +42,14 @@ import math
 import os
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from inference_server.backends.base import Backend, ScoreRequest, register_backend
 from inference_server.errors import BackendError
-from inference_server.model_store import DEFAULT_MODEL, resolve_model
+from inference_server.model_store import DEFAULT_MODEL, MARKER, cache_dir, is_model_folder
 from inference_server.prompts import (
     DEFAULT_MASS_THRESHOLD,
     DEFAULT_TEMPLATE,
@@ -60,9 +72,12 @@ class OpenAIBackend(Backend):
         model: the served model name (``model_id`` of stored distributions).
         mode: ``"completions"`` or ``"chat"``.
         tokenizer_path: a local model folder whose tokenizer renders the chat template
-            (``"completions"`` mode; default: the embedded model's converted folder when
-            ``model`` is the embedded model's name).
-        api_key: sent as a bearer token when given (default ``$OPENAI_API_KEY``, if set).
+            (``"completions"`` mode).
+        template_from: where the chat template is applied in ``"completions"`` mode:
+            ``"local"`` (``tokenizer_path``, else the embedded model's converted folder when
+            ``model`` is the embedded model's name), ``"server"`` (vLLM's ``/tokenize``), or
+            ``"auto"`` (default): ``"local"`` when such a folder exists, else ``"server"``.
+        api_key: sent as a bearer token when given.
         template: the prompt template.
         threshold: valid-letter mass below which a pair is flagged.
         batch_size: prompts per completions request.
@@ -72,6 +87,14 @@ class OpenAIBackend(Backend):
             5xx), waiting ``backoff · 2^attempt`` seconds (± 10% jitter) in between.
         backoff: the first wait in seconds.
         top_logprobs: ``k`` (vLLM's default server limit is 20).
+
+    Example (a model whose files are only on the server)::
+
+        b = OpenAIBackend("http://gpu-box:8001", "Qwen/Qwen2.5-7B-Instruct")
+        b.template_from                      # "server": no local folder for that name
+        b.check()                            # ["Qwen/Qwen2.5-7B-Instruct"], else BackendError
+        (s,) = b.score([ScoreRequest("A retired teacher from Ohio.", item)])
+        s.probs                              # one probability per option of ``item``
     """
 
     name = "openai"
@@ -83,6 +106,7 @@ class OpenAIBackend(Backend):
         *,
         mode: str = "completions",
         tokenizer_path: str | None = None,
+        template_from: str = "auto",
         api_key: str | None = None,
         template: PromptTemplate = DEFAULT_TEMPLATE,
         threshold: float = DEFAULT_MASS_THRESHOLD,
@@ -96,10 +120,13 @@ class OpenAIBackend(Backend):
         super().__init__(model_id=model, template=template, threshold=threshold)
         if mode not in ("completions", "chat"):
             raise BackendError(f"unknown mode {mode!r} (completions, chat)")
+        if template_from not in ("auto", "local", "server"):
+            raise BackendError(f"unknown template_from {template_from!r} (auto, local, server)")
         if batch_size < 1 or concurrency < 1 or max_retries < 0 or timeout <= 0:
             raise BackendError("batch_size, concurrency >= 1, max_retries >= 0, timeout > 0")
         url = base_url.rstrip("/")
         self.base_url = url if url.endswith("/v1") else url + "/v1"
+        self.root_url = self.base_url.removesuffix("/v1")
         self.mode = mode
         self.batch_size = batch_size
         self.concurrency = concurrency
@@ -107,11 +134,22 @@ class OpenAIBackend(Backend):
         self.max_retries = max_retries
         self.backoff = backoff
         self.top_logprobs = top_logprobs
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._tokenizer: Any = None
-        if mode == "completions":
-            self._tokenizer = _load_tokenizer(model, tokenizer_path)
+        self._checked = False
+        self.template_from = "server" if mode == "chat" else template_from
+        if mode == "completions" and template_from != "server":
+            folder = tokenizer_path or _embedded_folder(model)
+            if folder is not None:
+                self._tokenizer = _load_tokenizer(folder)
+                self.template_from = "local"
+            elif template_from == "local":
+                raise BackendError(
+                    f"template_from='local' needs the tokenizer of {model!r}: pass "
+                    "tokenizer_path (a local model folder)"
+                )
+            else:
+                self.template_from = "server"
 
     # ----- rendering -------------------------------------------------------------------
     def render(self, persona: str, item: Any) -> str:
@@ -122,12 +160,91 @@ class OpenAIBackend(Backend):
             )
         )
 
+    async def _server_tokens(
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, req: ScoreRequest
+    ) -> list[int]:
+        """The token ids of the chat-templated prompt, rendered by the server."""
+        url = f"{self.root_url}/tokenize"
+        body = {
+            "model": self.model_id,
+            "messages": self.template.messages(req.persona, req.item),
+            "add_generation_prompt": True,
+            "add_special_tokens": False,
+        }
+        data = await self._post(client, sem, url, body)
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if (
+            not isinstance(tokens, list)
+            or not tokens
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
+        ):
+            raise BackendError(f"{url}: 'tokens' is not a non-empty list of token ids")
+        return tokens
+
+    # ----- the server check ----------------------------------------------------------------
+    async def _served_models(self, client: httpx.AsyncClient) -> list[str]:
+        """``GET /v1/models``: the served model names, or :class:`BackendError`."""
+        url = f"{self.base_url}/models"
+        try:
+            resp = await client.get(url)
+        except httpx.TimeoutException:
+            raise BackendError(
+                f"{url}: the inference server did not answer within {self.timeout:g} s"
+            ) from None
+        except httpx.TransportError as exc:
+            raise BackendError(
+                f"{url}: cannot reach the inference server ({type(exc).__name__}: {exc})"
+            ) from None
+        if resp.status_code != 200:
+            raise BackendError(f"{url}: HTTP {resp.status_code}: {resp.text[:300]}")
+        try:
+            return [str(m["id"]) for m in resp.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise BackendError(f"{url}: not a model list: {resp.text[:200]!r}") from None
+
+    async def _acheck(self, client: httpx.AsyncClient) -> list[str]:
+        """:meth:`check` on an open client; also settles ``template_from="server"``."""
+        served = await self._served_models(client)
+        if self.model_id not in served:
+            raise BackendError(
+                f"the inference server at {self.root_url} does not serve {self.model_id!r}; "
+                f"it serves: {', '.join(served) or '(no model)'}"
+            )
+        if self.mode == "completions" and self.template_from == "server":
+            url = f"{self.root_url}/tokenize"
+            body = {"model": self.model_id, "messages": [{"role": "user", "content": "Hi"}]}
+            try:
+                probe = await client.post(url, json=body)
+            except httpx.HTTPError as exc:
+                raise BackendError(f"{url}: {type(exc).__name__}: {exc}") from None
+            if probe.status_code in (404, 405):
+                self.mode = "chat"  # no /tokenize (not vLLM): the server applies the template
+            elif probe.status_code != 200:
+                raise BackendError(f"{url}: HTTP {probe.status_code}: {probe.text[:300]}")
+        return served
+
+    def check(self) -> list[str]:
+        """Check that the server answers and serves ``model``; return the served names.
+
+        Raises:
+            BackendError: the server cannot be reached, does not answer in time, answers
+                something that is not a model list, or does not serve ``model`` (the
+                message names the URL and the served models).
+        """
+
+        async def run() -> list[str]:
+            async with self._client() as client:
+                return await self._acheck(client)
+
+        served = asyncio.run(run())
+        self._checked = True
+        return served
+
     # ----- HTTP --------------------------------------------------------------------------
     async def _post(
-        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, path: str, body: dict[str, Any]
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, url: str, body: dict[str, Any]
     ) -> Any:
-        """POST with retries; the parsed JSON body, or :class:`BackendError`."""
-        url = f"{self.base_url}{path}"
+        """POST to ``url`` with retries; the parsed JSON body, or :class:`BackendError`."""
         last = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -198,15 +315,22 @@ class OpenAIBackend(Backend):
     async def _completions(
         self, client: httpx.AsyncClient, sem: asyncio.Semaphore, reqs: Sequence[ScoreRequest]
     ) -> list[LetterScore]:
+        prompts: list[Any]
+        if self._tokenizer is not None:
+            prompts = [self.render(r.persona, r.item) for r in reqs]
+        else:
+            prompts = list(
+                await asyncio.gather(*(self._server_tokens(client, sem, r) for r in reqs))
+            )
         body = {
             "model": self.model_id,
-            "prompt": [self.render(r.persona, r.item) for r in reqs],
+            "prompt": prompts,
             "max_tokens": 1,
             "temperature": 0,
             "logprobs": self.top_logprobs,
         }
-        data = await self._post(client, sem, "/completions", body)
         where = f"{self.base_url}/completions"
+        data = await self._post(client, sem, where, body)
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or len(choices) != len(reqs):
             got = len(choices) if isinstance(choices, list) else "no"
@@ -233,8 +357,8 @@ class OpenAIBackend(Backend):
             "logprobs": True,
             "top_logprobs": self.top_logprobs,
         }
-        data = await self._post(client, sem, "/chat/completions", body)
         where = f"{self.base_url}/chat/completions"
+        data = await self._post(client, sem, where, body)
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or len(choices) != 1:
             raise BackendError(f"{where}: expected 1 choice")
@@ -244,6 +368,9 @@ class OpenAIBackend(Backend):
         """Async :meth:`score`: all batches in flight, at most ``concurrency`` at once."""
         sem = asyncio.Semaphore(self.concurrency)
         async with self._client() as client:
+            if not self._checked:
+                await self._acheck(client)
+                self._checked = True
             if self.mode == "chat":
                 return list(await asyncio.gather(*(self._chat(client, sem, r) for r in requests)))
             batches = [
@@ -261,21 +388,11 @@ class OpenAIBackend(Backend):
     def health(self) -> list[str]:
         """The served model names (``GET /v1/models``); :class:`BackendError` if down."""
 
-        async def run() -> Any:
+        async def run() -> list[str]:
             async with self._client() as client:
-                url = f"{self.base_url}/models"
-                try:
-                    resp = await client.get(url)
-                    resp.raise_for_status()
-                    return resp.json()
-                except (httpx.HTTPError, ValueError) as exc:
-                    raise BackendError(f"{url}: {type(exc).__name__}: {exc}") from None
+                return await self._served_models(client)
 
-        data = asyncio.run(run())
-        try:
-            return [str(m["id"]) for m in data["data"]]
-        except (KeyError, TypeError):
-            raise BackendError(f"{self.base_url}/models: unexpected response") from None
+        return asyncio.run(run())
 
 
 def _logprob(v: Any, where: str) -> float:
@@ -284,18 +401,23 @@ def _logprob(v: Any, where: str) -> float:
     return float(min(v, 0.0))
 
 
-def _load_tokenizer(model: str, tokenizer_path: str | None) -> Any:
-    """The tokenizer that renders the chat template for completions mode."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer  # heavy, optional: only in completions mode
+def _embedded_folder(model: str) -> str | None:
+    """The embedded model's converted folder when ``model`` names it and it exists."""
+    if model != DEFAULT_MODEL:
+        return None
+    dest = cache_dir() / "models" / DEFAULT_MODEL
+    return str(dest) if (dest / MARKER).is_file() and is_model_folder(dest) else None
 
-    if tokenizer_path is None:
-        if model != DEFAULT_MODEL:
-            raise BackendError(
-                f"completions mode needs the tokenizer of {model!r}: pass tokenizer_path "
-                "(a local model folder) or use mode='chat'"
-            )
-        tokenizer_path = str(resolve_model(DEFAULT_MODEL)[1])
+
+def _load_tokenizer(tokenizer_path: str) -> Any:
+    """The tokenizer of a local model folder, which renders the chat template."""
+    if not Path(tokenizer_path).is_dir():
+        raise BackendError(f"tokenizer_path {tokenizer_path!r} is not a folder")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # transformers is heavy and optional (the llm extra): imported only when a local
+    # tokenizer is asked for.
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     if tok.chat_template is None:
         raise BackendError(f"the tokenizer at {tokenizer_path} has no chat template")

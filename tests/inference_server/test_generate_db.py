@@ -25,6 +25,7 @@ from app import db
 from app.cli import main
 from app.services.personas import study_items
 from app.settings import get_settings
+from inference_server.model_store import DEFAULT_MODEL
 
 NASTY = '<script>alert("hi")</script> {{ persona }} {% if x %}{persona}{% endif %} & "q"'
 PERSONAS = [NASTY, "A retired teacher from Ohio.", "A young nurse in Nevada."]
@@ -42,11 +43,22 @@ class FakeVLLM:
         self.garbage_after: int | None = None
         self.prompts: list[str] = []
         self.requests = 0
+        self.authorization: set[str | None] = set()
         outer = self
 
         class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802  (GET /v1/models: the served model)
+                outer.authorization.add(self.headers.get("Authorization"))
+                payload = json.dumps({"data": [{"id": DEFAULT_MODEL}]}).encode()
+                self.send_response(200 if self.path == "/v1/models" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.authorization.add(self.headers.get("Authorization"))
                 outer.requests += 1
                 if outer.garbage_after is not None and outer.requests > outer.garbage_after:
                     payload = b'{"choices": [{"index": 0, "logprobs": {"top_logprobs": [{"A"'
@@ -107,7 +119,6 @@ def test_generate_resumes_and_never_stores_wrong(
     from app.tables import Job, PersonaDistribution, StudyPersona
     from inference_server.backends import OpenAIBackend
     from inference_server.generate import PairKey, pair_key
-    from inference_server.model_store import DEFAULT_MODEL
 
     pfile = tmp_path / "personas.jsonl"
     pfile.write_text("\n".join(json.dumps({"text": t}) for t in PERSONAS) + "\n")
@@ -195,3 +206,48 @@ def test_generate_with_server_down_fails_retryably(
     engine.dispose()
     assert [j.status for j in jobs] == ["failed"]
     assert jobs[0].error and "BackendError" in jobs[0].error
+
+
+def test_generate_takes_the_server_from_the_settings(
+    study_db: str,
+    fake: FakeVLLM,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PRIORLY_LLM_BASE_URL / _MODEL / _API_KEY stand in for --base-url and --model; a
+    server that serves another model is one clear error and no distribution is stored."""
+    from app.tables import PersonaDistribution
+
+    pfile = tmp_path / "personas.txt"
+    pfile.write_text("\n".join(PERSONAS[1:]) + "\n")
+    args = ["personas", "generate", "--study", "gen-test", "--backend", "openai"]
+    args += ["--personas", str(pfile), "--limit", "3"]
+    monkeypatch.setenv("PRIORLY_LLM_BASE_URL", fake.url + "/")
+    monkeypatch.setenv("PRIORLY_LLM_API_KEY", "s3cret-key")
+    monkeypatch.setenv("PRIORLY_LLM_MODEL", "meta-llama/Llama-3.1-8B-Instruct")
+    get_settings.cache_clear()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"the inference server at {fake.url} does not serve "
+        f"'meta-llama/Llama-3.1-8B-Instruct'; it serves: {DEFAULT_MODEL}"
+    ) in err
+    assert "Traceback" not in err and "s3cret-key" not in err
+    assert fake.requests == 0  # nothing was scored
+
+    monkeypatch.setenv("PRIORLY_LLM_MODEL", DEFAULT_MODEL)
+    get_settings.cache_clear()
+    engine = db.make_engine(study_db)
+    with Session(engine) as s:
+        assert s.exec(select(PersonaDistribution)).all() == []
+        assert main(args) == 0
+        assert json.loads(capsys.readouterr().out)["computed"] == 3
+        assert len(s.exec(select(PersonaDistribution)).all()) == 3
+    engine.dispose()
+    assert fake.authorization == {"Bearer s3cret-key"}  # on every request, GET and POST
+
+    monkeypatch.setenv("PRIORLY_LLM_BASE_URL", "127.0.0.1:8001")
+    get_settings.cache_clear()
+    assert main(args) == 2
+    assert "PRIORLY_LLM_BASE_URL: not an http:// or https:// URL" in capsys.readouterr().err

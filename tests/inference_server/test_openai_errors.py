@@ -7,6 +7,7 @@ raise :class:`BackendError` — never return a distribution.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
@@ -20,7 +21,7 @@ import pytest
 from inference_server.backends import OpenAIBackend, ScoreRequest
 from inference_server.errors import BackendError
 from inference_server.model_store import resolve_model
-from inference_server.prompts import PromptItem
+from inference_server.prompts import DEFAULT_TEMPLATE, PromptItem
 from inference_server.server import free_port
 
 ITEM = PromptItem("q1", "Do you agree?", ("Agree", "Disagree"))
@@ -57,22 +58,38 @@ Handler = Callable[[dict[str, Any]], tuple[int, bytes]]
 
 
 class _Server:
-    def __init__(self, handle: Handler) -> None:
+    def __init__(self, handle: Handler, models: tuple[str, ...], tokenize: bool) -> None:
         self.handle = handle
+        self.models = models
+        self.tokenize = tokenize
         self.requests: list[dict[str, Any]] = []
         outer = self
 
         class H(BaseHTTPRequestHandler):
+            def reply(self, code: int, payload: bytes) -> None:
+                # A client that timed out has closed the connection: nothing to answer.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path != "/v1/models":
+                    self.reply(404, b'{"detail": "Not Found"}')
+                    return
+                self.reply(200, json.dumps({"data": [{"id": m} for m in outer.models]}).encode())
+
             def do_POST(self) -> None:  # noqa: N802
                 n = int(self.headers.get("Content-Length", 0))
                 body = json.loads(self.rfile.read(n))
+                if self.path == "/tokenize" and not outer.tokenize:
+                    self.reply(404, b'{"detail": "Not Found"}')
+                    return
+                body["_path"] = self.path
                 outer.requests.append(body)
-                code, payload = outer.handle(body)
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                self.reply(*outer.handle(body))
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -91,8 +108,8 @@ class _Server:
 def serve() -> Iterator[Callable[[Handler], _Server]]:
     servers: list[_Server] = []
 
-    def make(handle: Handler) -> _Server:
-        s = _Server(handle)
+    def make(handle: Handler, models: tuple[str, ...] = ("m",), tokenize: bool = False) -> _Server:
+        s = _Server(handle, models, tokenize)
         servers.append(s)
         return s
 
@@ -140,9 +157,11 @@ def test_completions_batches_and_orders_by_index(serve) -> None:
     s = serve(handle)
     tok = str(resolve_model(None)[1])
     b = backend(s.url, mode="completions", batch_size=2, concurrency=1, tokenizer_path=tok)
+    assert b.template_from == "local"
     res = b.score([ScoreRequest(f"persona {i}", it) for i, it in enumerate(items)])
     for r, want in zip(res, [(0.5, 0.5), (0.1, 0.9), (1 / 3,) * 3], strict=True):
         assert r.probs == pytest.approx(want)
+    assert {r["_path"] for r in s.requests} == {"/v1/completions"}  # no /tokenize
     assert sorted(len(r["prompt"]) for r in s.requests) == [1, 2]
     assert all(r["prompt"][0].startswith("<|im_start|>system") for r in s.requests)
 
@@ -199,10 +218,9 @@ def test_client_error_not_retried(serve) -> None:
 
 def test_server_down() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    with pytest.raises(BackendError, match=r"cannot connect.*after 2 attempts"):
-        backend(url, max_retries=1).score([ScoreRequest("p", ITEM)])
-    with pytest.raises(BackendError, match="/v1/models"):
-        backend(url).health()
+    for call in (lambda b: b.score([ScoreRequest("p", ITEM)]), lambda b: b.health()):
+        with pytest.raises(BackendError, match=rf"^{url}/v1/models: cannot reach the inference"):
+            call(backend(url))
 
 
 def test_server_that_never_answers_times_out() -> None:
@@ -210,5 +228,96 @@ def test_server_that_never_answers_times_out() -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with pytest.raises(BackendError, match=r"/v1/models: .* did not answer within 0.3 s"):
+            backend(url, timeout=0.3).score([ScoreRequest("p", ITEM)])
+
+
+def test_request_that_never_answers_is_retried_then_fails(serve) -> None:
+    release = threading.Event()
+
+    def handle(body: dict[str, Any]) -> tuple[int, bytes]:
+        release.wait()  # holds the request until the test ends
+        return 200, json.dumps(chat_body({"A": 1.0})).encode()
+
+    s = serve(handle)
+    try:
         with pytest.raises(BackendError, match=r"timed out after 0.3 s \(after 2 attempts\)"):
-            backend(url, timeout=0.3, max_retries=1).score([ScoreRequest("p", ITEM)])
+            backend(s.url, timeout=0.3, max_retries=1).score([ScoreRequest("p", ITEM)])
+    finally:
+        release.set()
+    assert len(s.requests) == 2
+
+
+def test_wrong_model_names_the_url_and_the_served_models(serve) -> None:
+    s = serve(lambda body: (200, json.dumps(chat_body({"A": 1.0})).encode()), ("x/Llama", "y"))
+    for mode in ("chat", "completions"):
+        b = backend(s.url, mode=mode)
+        with pytest.raises(BackendError) as err:
+            b.score([ScoreRequest("p", ITEM)])
+        assert str(err.value) == (
+            f"the inference server at {s.url} does not serve 'm'; it serves: x/Llama, y"
+        )
+        with pytest.raises(BackendError, match="it serves: x/Llama, y"):
+            b.check()
+    assert s.requests == []  # nothing was scored
+
+
+def test_completions_with_the_server_chat_template(serve) -> None:
+    """No local tokenizer: ``/tokenize`` renders each prompt's ids, which are what is scored."""
+
+    def handle(body: dict[str, Any]) -> tuple[int, bytes]:
+        if body["_path"] == "/tokenize":
+            system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
+            return 200, json.dumps({"tokens": [len(system), len(user), 7], "count": 3}).encode()
+        tops = [{"A": 0.25 if ids[0] % 2 else 0.75, "B": 0.25} for ids in body["prompt"]]
+        return 200, json.dumps(completion_body(tops)).encode()
+
+    s = serve(handle, tokenize=True)
+    b = backend(s.url, mode="completions", template_from="auto", batch_size=2)
+    assert b.template_from == "server"  # model "m" has no local folder
+    reqs = [ScoreRequest(p, it) for p in ("<b>odd</b>", "even{{x}}!") for it in (ITEM, ITEM3)]
+    res = b.score(reqs)
+    tokenized = [r for r in s.requests if r["_path"] == "/tokenize"]
+    completions = [r for r in s.requests if r["_path"] == "/v1/completions"]
+    assert len(tokenized) == 1 + len(reqs)  # the probe, then one per pair
+    for r in tokenized[1:]:
+        assert r["add_generation_prompt"] is True and r["add_special_tokens"] is False
+        assert r["model"] == "m"
+    assert {r["messages"][0]["content"].split("Person: ")[1] for r in tokenized[1:]} == {
+        "<b>odd</b>",
+        "even{{x}}!",
+    }
+    sent = [ids for r in completions for ids in r["prompt"]]
+    assert sorted(map(tuple, sent)) == sorted(
+        (len(t["messages"][0]["content"]), len(t["messages"][1]["content"]), 7)
+        for t in tokenized[1:]
+    )
+    for req, r in zip(reqs, res, strict=True):
+        system = DEFAULT_TEMPLATE.messages(req.persona, req.item)[0]["content"]
+        a = 0.25 if len(system) % 2 else 0.75
+        want = (a / (a + 0.25), 0.25 / (a + 0.25))
+        assert r.probs[:2] == pytest.approx(want)
+
+
+def test_server_without_tokenize_falls_back_to_chat(serve) -> None:
+    s = serve(lambda body: (200, json.dumps(chat_body({"A": 0.5, "B": 0.5})).encode()))
+    b = backend(s.url, mode="completions")
+    (res,) = b.score([ScoreRequest("p", ITEM)])
+    assert b.mode == "chat" and res.probs == pytest.approx((0.5, 0.5))
+    assert [r["_path"] for r in s.requests] == ["/v1/chat/completions"]
+
+
+@pytest.mark.parametrize("tokens", [[], ["a"], [True], None])
+def test_bad_tokenize_answer_raises(serve, tokens: Any) -> None:
+    def handle(body: dict[str, Any]) -> tuple[int, bytes]:
+        return 200, json.dumps({"tokens": tokens}).encode()
+
+    s = serve(handle, tokenize=True)
+    with pytest.raises(BackendError, match=r"/tokenize: 'tokens' is not a non-empty list"):
+        backend(s.url, mode="completions").score([ScoreRequest("p", ITEM)])
+    assert all(r["_path"] == "/tokenize" for r in s.requests)
+
+
+def test_template_from_local_without_folder_is_a_clear_error() -> None:
+    with pytest.raises(BackendError, match="needs the tokenizer of 'm'"):
+        backend("http://127.0.0.1:1", mode="completions", template_from="local")

@@ -21,6 +21,7 @@ from inference_server.server import (
     MARKER,
     VLLMServer,
     run_background,
+    setup_vllm_env,
     stop_background,
     vllm_command,
     wait_background,
@@ -59,6 +60,16 @@ def test_server_that_dies_while_starting(tmp_path: Path) -> None:
     with pytest.raises(ServerError, match=r"(?s)exited with code 3.*engine failed: out of memory"):
         with server:
             pass
+
+
+def test_environment_for_the_other_device_is_refused(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / MARKER).write_text("cpu")
+    assert setup_vllm_env(venv, device="cpu") == venv / "bin" / "python"
+    with pytest.raises(ServerError, match=r"/venv is set up for the CPU, not the GPU"):
+        setup_vllm_env(venv, device="gpu")
 
 
 def test_unknown_model_folder(tmp_path: Path) -> None:
@@ -114,6 +125,28 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     assert not _alive(server.proc.pid)
     with pytest.raises(ProcessLookupError):
         os.kill(child_pid, 0)
+
+
+def test_stop_from_a_signal_handler_during_wait(tmp_path: Path) -> None:
+    """``priorly inference serve`` stops the server from its SIGTERM handler while the main
+    thread waits for it: stop() must not wait out its grace period on the held wait()."""
+    child = tmp_path / "child.pid"
+    venv = _fake_venv(tmp_path, f"sleep 600 &\necho $! > {child}\nwait\n")
+    server = VLLMServer(venv=venv, device="cpu", log_path=tmp_path / "log").start()
+    assert server.proc is not None
+    assert _poll(lambda: child.is_file() and child.read_text().strip() != "")
+    previous = signal.signal(signal.SIGALRM, lambda *_: server.stop(grace=30))
+    try:
+        t0 = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        assert server.proc.wait() == -signal.SIGTERM  # blocking: holds the wait lock
+        assert time.monotonic() - t0 < 15  # not the 30 s grace period
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert _poll(lambda: not _alive(server.proc.pid))
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(child.read_text()), 0)
 
 
 def test_single_process_command_and_environment(tmp_path: Path) -> None:

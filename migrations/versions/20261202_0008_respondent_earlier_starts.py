@@ -1,8 +1,8 @@
 """Respondent ``earlier_starts``: how many respondents the same browser had started in the
 study before this one (a repeated start from one browser is shown to the researcher).
 
-Revision ID: 0007_respondent_earlier_starts
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-12-02 03:00:00
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007_respondent_earlier_starts"
-down_revision: str | None = "0006"
+revision: str = "0008"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

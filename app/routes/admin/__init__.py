@@ -1,0 +1,78 @@
+"""The admin UI under ``/admin``: pages (full HTML) and htmx partials.
+
+Routes are thin: parse the form, call one service, render. Authentication and study
+access are dependencies (:data:`app.auth.CurrentResearcher`, :data:`app.auth.VisibleStudy`:
+404 for a study the researcher may not see); every state-changing request passes
+:func:`app.auth.verify_csrf` (a router-level dependency). A user error in a form is shown
+inline in the re-rendered form (status 422), never as a bare error page.
+
+One module per area (``login``, ``studies``, ``design``, ``jobs``, ``dashboard``,
+``groups``, ``exports``, ``keys``, ``accounts``), each with its own ``router``;
+:data:`router` joins them under ``/admin``. :func:`install` adds the router, the
+CSRF-cookie middleware and the error handlers that turn a missing login into a redirect to
+the login page.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from app import auth
+from app.errors import PriorlyError
+from app.routes import group_links
+from app.routes.admin import (
+    accounts,
+    dashboard,
+    design,
+    exports,
+    groups,
+    jobs,
+    keys,
+    login,
+    studies,
+)
+
+# HTML pages and forms, not an API: kept out of the OpenAPI schema (/api/docs documents
+# the JSON API; the fuzz test checks every operation the schema lists).
+router = APIRouter(dependencies=[Depends(auth.verify_csrf)], include_in_schema=False)
+for _area in (login, studies, design, jobs, dashboard, groups, exports, keys, accounts):
+    router.include_router(_area.router, prefix="/admin")
+
+
+def install(app: FastAPI) -> None:
+    """Add the admin router, the group round links (``/g/{token}``), the CSRF-cookie
+    middleware and the admin error handlers."""
+    app.include_router(router)
+    app.include_router(group_links.router)
+    app.add_middleware(auth.CsrfCookieMiddleware)
+    templates = app.state.templates
+
+    async def login_required(request: Request, exc: Exception) -> Response:
+        login_url = str(request.url_for("admin_login"))
+        if request.headers.get("hx-request"):
+            return Response(status_code=401, headers={"HX-Redirect": login_url})
+        if request.method == "GET":
+            return RedirectResponse(login_url, status_code=303)
+        return HTMLResponse("please log in", status_code=401)
+
+    previous = app.exception_handlers.get(PriorlyError)
+
+    async def admin_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, PriorlyError)
+        if not request.url.path.startswith("/admin"):
+            if previous is not None:
+                result = previous(request, exc)
+                return await result if inspect.isawaitable(result) else result
+            return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
+        return templates.TemplateResponse(  # type: ignore[no-any-return]
+            request,
+            "admin/error.html",
+            {"message": str(exc), "status": exc.http_status, "researcher": None, "csrf_token": ""},
+            status_code=exc.http_status,
+        )
+
+    app.add_exception_handler(auth.LoginRequired, login_required)
+    app.add_exception_handler(PriorlyError, admin_error)

@@ -1,0 +1,163 @@
+"""What the admin routes share: the page a route answers with, the submitted form, and how
+a user error in a form becomes an inline message.
+
+* :data:`PageDep` (:class:`Page`): render a template with the logged-in researcher and
+  the CSRF token, or redirect (303) to a named route.
+* :data:`FormDep` (:class:`FormFields`): the submitted form, read as text fields, checkboxes,
+  optional numbers (an empty field is ``None``, anything else must parse) and files.
+* :func:`user_error_message` / :func:`error_status`: a user error
+  (:func:`app.errors.is_user_error`) is shown in the re-rendered form; any other exception
+  propagates (a bug keeps its traceback and becomes a 500).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.responses import RedirectResponse, Response
+from starlette.datastructures import FormData
+
+from app import auth
+from app.deps import MAX_DB_ID, TemplatesDep
+from app.errors import InvalidInputError, PriorlyError, is_user_error
+
+
+def render(
+    request: Request,
+    templates: Any,
+    name: str,
+    context: dict[str, Any],
+    *,
+    block: str | None = None,
+    status: int = 200,
+) -> Response:
+    """Template ``name`` (or only its ``block``) with ``context``, the logged-in researcher
+    and the CSRF token."""
+    ctx = {
+        "researcher": getattr(request.state, "researcher", None),
+        "csrf_token": auth.csrf_token(request),
+        **context,
+    }
+    if block is not None:
+        return templates.TemplateResponse(request, name, ctx, block_name=block, status_code=status)
+    return templates.TemplateResponse(request, name, ctx, status_code=status)
+
+
+def see_other(url: str) -> RedirectResponse:
+    """A 303 redirect to ``url`` (a reload of the target does not post again)."""
+    return RedirectResponse(url, status_code=303)
+
+
+def form_str(form: Any, name: str, default: str = "") -> str:
+    """The text field ``name`` of ``form``; ``default`` when it is missing or a file."""
+    value = form.get(name, default)
+    return value if isinstance(value, str) else default
+
+
+class Page:
+    """Dependency: the request and the templates, to answer with a page or a redirect."""
+
+    def __init__(self, request: Request, templates: TemplatesDep) -> None:
+        self.request = request
+        self.templates = templates
+
+    def render(
+        self, name: str, context: dict[str, Any], *, block: str | None = None, status: int = 200
+    ) -> Response:
+        """See :func:`render`."""
+        return render(self.request, self.templates, name, context, block=block, status=status)
+
+    def url(self, route: str, **params: Any) -> str:
+        """The absolute URL of the named route."""
+        return str(self.request.url_for(route, **params))
+
+    def redirect(
+        self, route: str, *, query: dict[str, Any] | None = None, **params: Any
+    ) -> Response:
+        """303 to the named route (with ``query`` parameters, if any)."""
+        url = self.request.url_for(route, **params)
+        return see_other(str(url.include_query_params(**query) if query else url))
+
+    @property
+    def htmx(self) -> bool:
+        """Whether htmx sent the request (it swaps a block of the page, not the page)."""
+        return bool(self.request.headers.get("hx-request"))
+
+
+PageDep = Annotated[Page, Depends(Page)]
+
+
+def opt_number(value: str, kind: type[int] | type[float], what: str) -> Any:
+    """``None`` for an empty field, else the field as ``kind`` (InvalidInputError if not)."""
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        raise InvalidInputError(f"not {what}: {value!r}") from None
+
+
+class FormFields:
+    """The submitted form of a request, read field by field."""
+
+    def __init__(self, form: FormData) -> None:
+        self.form = form
+
+    def text(self, name: str, default: str = "") -> str:
+        """See :func:`form_str`."""
+        return form_str(self.form, name, default)
+
+    def checked(self, name: str) -> bool:
+        """Whether the checkbox ``name`` is ticked."""
+        return self.text(name) == "on"
+
+    def opt_int(self, name: str) -> int | None:
+        """The field as a whole number, ``None`` when empty (InvalidInputError otherwise)."""
+        return opt_number(self.text(name), int, "a whole number")  # type: ignore[no-any-return]
+
+    def opt_float(self, name: str) -> float | None:
+        """The field as a number, ``None`` when empty (InvalidInputError otherwise)."""
+        return opt_number(self.text(name), float, "a number")  # type: ignore[no-any-return]
+
+    def opt_id(self, name: str) -> int | None:
+        """The field as a row's id, ``None`` when empty; InvalidInputError for anything but
+        a whole number from 1 to :data:`app.deps.MAX_DB_ID`."""
+        value = self.opt_int(name)
+        if value is not None and not 1 <= value <= MAX_DB_ID:
+            raise InvalidInputError(f"{name}: not an id (1 to {MAX_DB_ID}): {value}")
+        return value
+
+    async def files(self, names: tuple[str, ...], *, max_bytes: int) -> dict[str, bytes]:
+        """The uploaded files among ``names`` (a field without a file is left out); a file
+        declared larger than ``max_bytes`` is an InvalidInputError."""
+        out: dict[str, bytes] = {}
+        for name in names:
+            upload = self.form.get(name)
+            if upload is not None and not isinstance(upload, str):
+                if upload.size is not None and upload.size > max_bytes:
+                    raise InvalidInputError(f"{name} is larger than the upload limit")
+                out[name] = await upload.read()
+        return out
+
+
+async def read_form(request: Request) -> FormFields:
+    """Dependency: the request's form (parsed once; the CSRF check reads the same)."""
+    return FormFields(await request.form())
+
+
+FormDep = Annotated[FormFields, Depends(read_form)]
+
+
+def user_error_message(exc: Exception) -> str:
+    """The message of a user error, to show in the form; any other exception is raised
+    again."""
+    if not is_user_error(exc):
+        raise exc
+    return str(exc)
+
+
+def error_status(exc: Exception) -> int:
+    """The status of a user error in a form: its own (409 conflict, 404, ...) or 422."""
+    return exc.http_status if isinstance(exc, PriorlyError) else 422

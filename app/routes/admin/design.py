@@ -1,0 +1,181 @@
+"""The study designer: the study page, and the forms that change a study's texts,
+settings, items, status and sharing.
+
+Each form runs one designer change: on success it redirects (303) to the study page with a
+short notice (``?notice=texts saved``), so a reload does not post again; a user error
+re-renders the study page with the message inline (422).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse, Response
+from sqlmodel import Session
+
+from app.auth import CurrentResearcher, VisibleStudy
+from app.deps import DbId, SessionDep
+from app.routes.admin.common import FormDep, PageDep, user_error_message
+from app.services import accounts, designer
+from app.services.study_view import study_overview
+from app.tables import Study
+
+router = APIRouter()
+
+
+def _study_page(
+    page: PageDep,
+    study: Study,
+    session: Session,
+    *,
+    error: str | None = None,
+    notice: str | None = None,
+    status: int = 200,
+) -> Response:
+    ctx = {**study_overview(study, session=session), "error": error, "notice": notice}
+    return page.render("admin/study.html", ctx, status=status)
+
+
+@router.get("/studies/{slug}", response_class=HTMLResponse, name="admin_study")
+def study_page(
+    page: PageDep, study: VisibleStudy, session: SessionDep, notice: str | None = None
+) -> Response:
+    return _study_page(page, study, session, notice=(notice or "")[:200] or None)
+
+
+def _study_form(
+    page: PageDep, study: Study, session: Session, change: Callable[[], str]
+) -> Response:
+    """Run a designer change: on success redirect to the study page with the notice
+    ``change`` returns; on a user error re-render the study page with the error (422)."""
+    try:
+        notice = change()
+    except Exception as exc:
+        return _study_page(page, study, session, error=user_error_message(exc), status=422)
+    return page.redirect("admin_study", slug=study.slug, query={"notice": notice})
+
+
+@router.post("/studies/{slug}/texts")
+async def study_texts(
+    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
+) -> Response:
+    def change() -> str:
+        designer.update_texts(
+            study,
+            session=session,
+            name=form.text("name"),
+            description=form.text("description"),
+            consent_text=form.text("consent_text"),
+            completion_code=form.text("completion_code"),
+            redirect_url=form.text("redirect_url"),
+        )
+        return "texts saved"
+
+    return _study_form(page, study, session, change)
+
+
+@router.post("/studies/{slug}/settings")
+async def study_settings(
+    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
+) -> Response:
+    def change() -> str:
+        values = {
+            "criterion": form.text("criterion"),
+            "ask_attributes": form.checked("ask_attributes"),
+            "belief_model": form.text("belief_model") or "default",
+            "budgets": {
+                "max_questions": form.opt_int("max_questions") or 0,
+                "min_questions": form.opt_int("min_questions") or 0,
+                "stop_eig_threshold": form.opt_float("stop_eig_threshold"),
+                "stop_entropy_threshold": form.opt_float("stop_entropy_threshold"),
+                "allow_skip": form.checked("allow_skip"),
+            },
+            "group": {
+                "rounds": form.opt_int("rounds") or 0,
+                "respondents_per_round": form.opt_int("respondents_per_round"),
+                "respondents_share": form.opt_float("respondents_share") or 0.0,
+                "total_answers": form.opt_int("total_answers"),
+                "max_questions_per_respondent": form.opt_int("max_questions_per_respondent") or 0,
+            },
+        }
+        designer.update_settings(study, values, session=session)
+        return "budgets saved"
+
+    return _study_form(page, study, session, change)
+
+
+@router.post("/studies/{slug}/items")
+async def add_item(
+    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
+) -> Response:
+    def change() -> str:
+        designer.add_item(
+            study,
+            session=session,
+            key=form.text("key"),
+            question=form.text("question"),
+            options_text=form.text("options"),
+            role=form.text("role", "question"),
+            topic=form.text("topic"),
+            is_preference_criterion=form.checked("is_preference_criterion"),
+        )
+        return "item added"
+
+    return _study_form(page, study, session, change)
+
+
+@router.post("/studies/{slug}/items/{item_id}")
+async def update_item(
+    item_id: DbId, page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
+) -> Response:
+    """``action=delete`` deletes the item; otherwise the fields left empty keep their
+    values (the options included)."""
+    item = designer.get_item(study, item_id, session=session)
+
+    def change() -> str:
+        if form.text("action") == "delete":
+            designer.delete_item(study, item, session=session)
+            return "item deleted"
+        options_text = form.text("options")
+        if not options_text.strip():
+            options_text = "\n".join(f"{o[0]}: {o[1]}" for o in item.options)
+        designer.update_item(
+            study,
+            item,
+            session=session,
+            question=form.text("question", item.question) or item.question,
+            options_text=options_text,
+            role=form.text("role", item.role),
+            topic=form.text("topic", item.topic or ""),
+            is_preference_criterion=form.checked("is_preference_criterion"),
+        )
+        return f"item {item.key} saved"
+
+    return _study_form(page, study, session, change)
+
+
+@router.post("/studies/{slug}/status")
+async def study_status(
+    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
+) -> Response:
+    def change() -> str:
+        designer.set_status(study, form.text("status"), session=session)
+        return f"study {study.status}"
+
+    return _study_form(page, study, session, change)
+
+
+@router.post("/studies/{slug}/share")
+async def study_share(
+    page: PageDep,
+    form: FormDep,
+    study: VisibleStudy,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+) -> Response:
+    def change() -> str:
+        shared = accounts.share_study(study, form.text("email"), by=researcher, session=session)
+        return f"shared with {shared.email}"
+
+    return _study_form(page, study, session, change)

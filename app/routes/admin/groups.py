@@ -1,0 +1,104 @@
+"""Group elicitation rounds: the rounds page (plan the next round, open it from the latest
+plan), one round (question, budget use, the live member table), its members' personal
+links as CSV, and closing it."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse, Response
+
+from app.auth import CurrentResearcher, VisibleStudy
+from app.deps import DbId, EngineDep, SessionDep, SettingsDep
+from app.errors import InvalidInputError
+from app.routes.admin.common import FormDep, PageDep, error_status, user_error_message
+from app.services import group_rounds, group_views
+
+router = APIRouter()
+
+
+def _link_base(page: PageDep) -> str:
+    """The absolute URL of a member's personal link without its token."""
+    return page.url("group_round_link", token="x")[:-1]
+
+
+@router.get("/studies/{slug}/groups", response_class=HTMLResponse, name="admin_groups")
+def groups_page(page: PageDep, study: VisibleStudy, session: SessionDep) -> Response:
+    return page.render("admin/groups.html", group_views.groups_overview(study, session=session))
+
+
+@router.post("/studies/{slug}/groups/open")
+async def open_group_round(
+    page: PageDep,
+    form: FormDep,
+    study: VisibleStudy,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    engine: EngineDep,
+    settings: SettingsDep,
+) -> Response:
+    """Open a round from the plan of job ``job_id``; a refused plan (another round open,
+    a stale plan, the budget spent, ...) is shown on the rounds page with its status."""
+    try:
+        job_id = form.opt_id("job_id")
+        if job_id is None:
+            raise InvalidInputError("job_id: the plan to open is missing")
+        rnd = group_rounds.open_round(
+            study,
+            job_id,
+            engine=engine,
+            secret=settings.secret_key.get_secret_value(),
+            researcher=researcher,
+        )
+    except Exception as exc:
+        ctx = {**group_views.groups_overview(study, session=session)}
+        ctx["error"] = user_error_message(exc)
+        return page.render("admin/groups.html", ctx, status=error_status(exc))
+    return page.redirect("admin_group_round", slug=study.slug, number=rnd.number)
+
+
+@router.get(
+    "/studies/{slug}/groups/{number}", response_class=HTMLResponse, name="admin_group_round"
+)
+def group_round_page(
+    number: DbId, page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
+) -> Response:
+    """One round: question, budget use and the live member table (htmx polls the
+    ``track`` block every 2 s while the round is open; the closed table stops polling)."""
+    ctx = group_views.round_page(
+        study,
+        number,
+        session=session,
+        secret=settings.secret_key.get_secret_value(),
+        link_base=_link_base(page),
+    )
+    return page.render("admin/group_round.html", ctx, block="track" if page.htmx else None)
+
+
+@router.get("/studies/{slug}/groups/{number}/links.csv", name="admin_group_round_links")
+def group_round_links(
+    number: DbId, page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
+) -> Response:
+    """The round's members with their personal links, as CSV (UTF-8 with a BOM), for a
+    mail merge."""
+    text = group_views.round_links_csv(
+        study,
+        number,
+        session=session,
+        secret=settings.secret_key.get_secret_value(),
+        link_base=_link_base(page),
+    )
+    return Response(
+        "\ufeff" + text,
+        media_type="text/csv; charset=utf-8",
+        headers={
+            "Content-Disposition": f'attachment; filename="{study.slug}-round-{number}-links.csv"'
+        },
+    )
+
+
+@router.post("/studies/{slug}/groups/{number}/close")
+def close_group_round(
+    number: DbId, page: PageDep, study: VisibleStudy, engine: EngineDep
+) -> Response:
+    group_rounds.close_round(study, number, engine=engine)
+    return page.redirect("admin_group_round", slug=study.slug, number=number)

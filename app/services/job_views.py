@@ -1,0 +1,85 @@
+"""Background jobs as the admin pages show them: rows with a label and progress, the jobs
+page, a page about one kind of job, one job's row, cancelling, a simulation's plot.
+
+A job row is a dict ``{"job", "label", "active", "percent"}``: the :class:`Job`, the
+kind's label, whether it is queued or running (the row then polls itself) and its progress
+in whole percent, e.g. ``percent = round(100 * 0.426) = 43``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import Session
+
+from app.errors import NotFoundError
+from app.jobs.registry import LABELS, kind_names
+from app.schemas import StudySettings
+from app.services import jobs
+from app.services.plots import simulation_svg
+from app.services.studies import study_personas
+from app.tables import Job, JobStatus, Study
+
+PERSONAS_SHOWN = 200
+"""Personas listed on the jobs page (the count covers all of them)."""
+
+
+def job_row(job: Job) -> dict[str, Any]:
+    """The row of ``job`` (see the module docstring)."""
+    return {
+        "job": job,
+        "label": LABELS.get(job.kind, job.kind),
+        "active": job.status in jobs.ACTIVE,
+        "percent": int(round(100 * (job.progress or 0.0))),
+    }
+
+
+def jobs_overview(study: Study, *, session: Session) -> dict[str, Any]:
+    """The jobs page: ``study``, its newest ``jobs`` as rows, the ``kinds`` that can be
+    started (``(name, label)``), and the study's persona dictionary (``personas``, the
+    first :data:`PERSONAS_SHOWN`; ``n_personas``, all)."""
+    personas, n_personas = study_personas(study, session=session, limit=PERSONAS_SHOWN)
+    return {
+        "study": study,
+        "jobs": [job_row(j) for j in jobs.study_jobs(study, session=session)],
+        "kinds": [(k, LABELS[k]) for k in kind_names()],
+        "personas": personas,
+        "n_personas": n_personas,
+    }
+
+
+def kind_overview(study: Study, kind: str, *, session: Session) -> dict[str, Any]:
+    """A page about one job kind: ``study``, its queued or running jobs of ``kind`` among
+    the newest 20 (``pending``, as rows), the newest succeeded one (``latest``) and the
+    study's validated ``settings``."""
+    return {
+        "study": study,
+        "pending": [
+            job_row(j)
+            for j in jobs.study_jobs(study, session=session, limit=20)
+            if j.kind == kind and j.status in jobs.ACTIVE
+        ],
+        "latest": jobs.latest_result(study, kind, session=session),
+        "settings": StudySettings.model_validate(study.settings or {}),
+    }
+
+
+def study_job_row(study: Study, job_id: int, *, session: Session) -> dict[str, Any]:
+    """The row of job ``job_id`` of ``study`` (:class:`NotFoundError` for another study's)."""
+    return job_row(jobs.get_study_job(study, job_id, session=session))
+
+
+def cancel_study_job(study: Study, job_id: int, *, session: Session) -> dict[str, Any]:
+    """Cancel job ``job_id`` of ``study`` (:func:`app.services.jobs.cancel_job`); its row."""
+    job = jobs.get_study_job(study, job_id, session=session)
+    jobs.cancel_job(job, session=session)
+    return job_row(job)
+
+
+def simulation_plot(study: Study, job_id: int, *, session: Session) -> str:
+    """The SVG plot of the succeeded simulation job ``job_id`` of ``study``;
+    :class:`NotFoundError` for any other job."""
+    job = jobs.get_study_job(study, job_id, session=session)
+    if job.kind != "simulation" or job.status != JobStatus.succeeded.value or not job.result:
+        raise NotFoundError("this job has no simulation plot")
+    return simulation_svg(job.result)
