@@ -29,6 +29,7 @@ from sqlmodel import Session
 from app import session as svc
 from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
+from app.services.demo import is_preparing
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
 from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus
@@ -209,11 +210,23 @@ def _question_context(
 
 
 @router.get("/{slug}", response_class=HTMLResponse, name="respondent_start")
-def start_page(slug: str, request: Request, visit: VisitDep, templates: TemplatesDep) -> Response:
-    """The consent page (or straight to the current page when a session cookie exists)."""
+def start_page(
+    slug: str, request: Request, visit: VisitDep, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    """The consent page (or straight to the current page when a session cookie exists);
+    the "preparing" page while the study's first model is being fitted, whose poll
+    (``HX-Trigger: preparing``) gets 204 until then and ``HX-Refresh`` after."""
     study = visit.study
     if study is None:
         return _not_open(request, templates)
+    if visit.sess is None and is_preparing(study, session=session):
+        if request.headers.get("HX-Trigger") == "preparing":
+            return Response(status_code=204)
+        return templates.TemplateResponse(
+            request, "pages/respondent_preparing.html", {"study": study}
+        )
+    if request.headers.get("HX-Trigger") == "preparing":
+        return Response(headers={"HX-Refresh": "true"})
     if visit.sess is not None:
         return _see(str(request.url_for("respondent_question", slug=slug)))
     try:
