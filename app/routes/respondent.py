@@ -251,6 +251,8 @@ async def consent(
     """Accept (create the respondent and session) or decline (nothing is stored)."""
     if study is None:
         return _not_open(request, templates)
+    if is_preparing(study, session=session):  # a consent page from before: wait for the model
+        return _see(str(request.url_for("respondent_start", slug=slug)))
     form = await request.form()
     if form.get("choice") != "accept":
         return _see(str(request.url_for("respondent_declined", slug=slug)))

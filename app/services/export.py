@@ -5,6 +5,7 @@ What is exported: the live respondents (one row per respondent, all their sessio
 merged: a survey and a group round) with their attributes and ``answer`` rows; with
 ``include_imported`` also the imported (historical) respondents and their stored answers.
 A declined attribute (demographic) is :data:`SKIP_MARK` like a skipped question.
+Preview sessions (a researcher's "preview as respondent") are left out.
 Cells hold option *letters* (CSV) or option *codes* ``1..K`` in scale order (SPSS, Stata,
 with value labels ``"A: label"``); a skipped question is :data:`SKIP_MARK` in CSV and
 :data:`SKIP_CODE` (labelled ``skipped``) in SPSS/Stata; an item never asked is empty.
@@ -85,7 +86,11 @@ def _session_batches(
             session.exec(
                 select(ElicitationSession, Respondent)
                 .join(Respondent, col(Respondent.id) == col(ElicitationSession.respondent_id))
-                .where(ElicitationSession.study_id == study.id, col(ElicitationSession.id) > last)
+                .where(
+                    ElicitationSession.study_id == study.id,
+                    col(ElicitationSession.id) > last,
+                    col(ElicitationSession.is_preview).is_(False),
+                )
                 .order_by(col(ElicitationSession.id))
                 .limit(BATCH)
             ).all()
@@ -124,7 +129,10 @@ def _people(study: Study, session: Session) -> Iterator[_Person]:
     asks = bool((study.settings or {}).get("ask_attributes", True))
     has_session = (
         select(ElicitationSession.id)
-        .where(col(ElicitationSession.respondent_id) == col(Respondent.id))
+        .where(
+            col(ElicitationSession.respondent_id) == col(Respondent.id),
+            col(ElicitationSession.is_preview).is_(False),
+        )
         .exists()
     )
     last = 0
@@ -143,7 +151,10 @@ def _people(study: Study, session: Session) -> Iterator[_Person]:
         sessions: dict[int, list[ElicitationSession]] = {p.id or 0: [] for p in people}
         for sess in session.exec(
             select(ElicitationSession)
-            .where(col(ElicitationSession.respondent_id).in_(rids))
+            .where(
+                col(ElicitationSession.respondent_id).in_(rids),
+                col(ElicitationSession.is_preview).is_(False),
+            )
             .order_by(col(ElicitationSession.id))
         ).all():
             sessions[sess.respondent_id].append(sess)

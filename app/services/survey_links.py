@@ -1,5 +1,7 @@
-"""Getting a study out: the public list of open surveys, a survey's address and its QR
-code (an SVG drawn on the server by :mod:`segno`; nothing loaded from elsewhere).
+"""Getting a study out: the public list of open surveys, a survey's address, its QR
+code (an SVG drawn on the server by :mod:`segno`; nothing loaded from elsewhere) and
+"preview as respondent" (:func:`start_preview`: a session flagged ``is_preview``, which
+dashboards and exports leave out).
 
 Example::
 
@@ -15,9 +17,14 @@ import io
 from dataclasses import dataclass
 
 import segno
+from sqlalchemy import update
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from app.tables import Study, StudyStatus
+from app.errors import ConflictError
+from app.schemas import StudySettings
+from app.session import StartedSession, start_session
+from app.tables import ElicitationSession, Study, StudyStatus
 
 
 @dataclass(frozen=True)
@@ -62,3 +69,26 @@ def qr_svg(url: str, *, scale: int = 4) -> str:
         light="#fff",
     )
     return out.getvalue().decode("utf-8")
+
+
+def start_preview(study: Study, *, engine: Engine) -> StartedSession:
+    """Start a researcher's preview of the survey: an ordinary session of ``study`` (the
+    same pages, questions and attribute step as a respondent's), flagged ``is_preview``
+    so that dashboards and exports do not count it.
+
+    Raises:
+        ConflictError: the study is not published (the survey pages serve only open
+            studies); the session package's errors (no model, ...).
+    """
+    if study.status != StudyStatus.published.value:
+        raise ConflictError("publish the study to preview its survey")
+    ask = StudySettings.model_validate(study.settings or {}).ask_attributes
+    started = start_session(study, engine=engine, ask_attributes=ask)
+    with Session(engine) as db:
+        db.execute(
+            update(ElicitationSession)
+            .where(col(ElicitationSession.id) == started.session_id)
+            .values(is_preview=True)
+        )
+        db.commit()
+    return started

@@ -25,7 +25,7 @@ from app.tables import (
     SelectionDecision,
     Study,
 )
-from tests.admin.conftest import login
+from tests.admin.conftest import csrf, login
 
 LONG_QUESTION = "Wie zufrieden sind Sie — ganz allgemein — mit «Demokratie» in Ihrem Land? " * 3
 
@@ -303,3 +303,72 @@ def test_predictions_csv_equals_replayed_predictions(
             assert rows[(rows["target"] == p.item) & (rows["predicted"] == 1)][
                 "option"
             ].tolist() == [best]
+
+
+# ----- getting a study out: survey link, QR code, preview (not counted) ----------------------
+
+
+def test_studies_list_shares_the_survey_and_a_preview_is_not_counted(
+    settings, small_dataset: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The studies list shows the published study's survey link (copy button), its QR
+    code (an SVG from this server) and "preview as respondent"; the preview runs the real
+    survey pages but appears in no export, dashboard count or respondent count."""
+    from live_study import make_live_study
+
+    from app.auth import create_account
+    from app.main import create_app
+    from app.services.dashboard import build_dashboard
+    from app.services.studies import list_study_summaries
+
+    live = make_live_study(settings.database_url, small_dataset)
+    with Session(live.engine) as s:
+        create_account("boss@example.org", "boss password 123", session=s, is_admin=True)
+    try:
+        with TestClient(create_app(settings), base_url="http://localhost") as client:
+            login(client, "boss@example.org", "boss password 123")
+            home = client.get("/admin")
+            survey = f"http://localhost/s/{live.slug}"
+            row = home.text.split(f'<tr data-slug="{live.slug}">')[1].split("</tr>")[0]
+            assert f'value="{survey}"' in row and f'data-copy="{survey}"' in row
+            assert f'src="http://localhost/admin/studies/{live.slug}/qr.svg"' in row
+            assert "Preview as respondent" in row
+
+            qr = client.get(f"/admin/studies/{live.slug}/qr.svg")
+            assert qr.status_code == 200 and qr.headers["content-type"] == "image/svg+xml"
+            assert qr.text.startswith("<svg") and f"<title>{survey}</title>" in qr.text
+            assert "http" not in qr.text.replace(survey, "").replace(
+                "http://www.w3.org/2000/svg", ""
+            )  # nothing loaded from elsewhere
+
+            r = client.post(
+                f"/admin/studies/{live.slug}/preview",
+                data={"csrf_token": csrf(client)},
+                follow_redirects=False,
+            )
+            assert r.status_code == 303 and f"/s/{live.slug}/resume/" in r.headers["location"]
+            page = client.get(r.headers["location"], follow_redirects=True)
+            assert page.status_code == 200 and page.url.path == f"/s/{live.slug}/q"
+
+            with Session(live.engine) as s:
+                preview = s.exec(select(ElicitationSession)).one()
+                assert preview.is_preview
+                study = s.exec(select(Study).where(Study.id == live.study_id)).one()
+                assert build_dashboard(study, session=s).counts["started"] == 0
+                summary = [x for x in list_study_summaries(session=s) if x.slug == live.slug]
+                assert summary[0].n_respondents == 30  # the imported ones only
+            wide = pd.read_csv(
+                io.BytesIO(_get(client, study, "answers_wide.csv")), encoding="utf-8-sig"
+            )
+            assert len(wide) == 0
+    finally:
+        live.engine.dispose()
+
+
+def test_preview_of_a_draft_says_publish_first(client: TestClient, live_study) -> None:  # type: ignore[no-untyped-def]
+    study, _plan = live_study
+    login(client, "alice@example.org")
+    home = client.get("/admin")
+    assert "publish it to share the link" in home.text
+    r = client.post(f"/admin/studies/{study.slug}/preview", data={"csrf_token": csrf(client)})
+    assert r.status_code == 409 and "publish the study to preview" in r.text
