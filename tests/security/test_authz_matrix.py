@@ -226,6 +226,8 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/admin/studies/{slug}/simulation"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/groups"): Case(study_member(200, "GET")),
+    ("GET", "/admin/studies/{slug}/qr.svg"): Case(study_member(200, "GET")),
+    ("POST", "/admin/studies/{slug}/preview"): Case(study_member(303, "POST")),
     ("GET", "/admin/studies/{slug}/export"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/export/{name}"): Case(
         study_member(200, "GET"), path="/admin/studies/{slug}/export/answers_long.csv"
