@@ -337,9 +337,9 @@ def csv_long(study: Study, *, session: Session) -> Iterator[str]:
                 option = None if value == SKIP_MARK else value
                 yield line(resp, first.id, item, option, first.created_at)
         for a in person.answers:
-            item = by_id.get(a.item_id)
-            if item is not None:
-                yield line(resp, a.session_id, item, a.option, a.created_at)
+            asked = by_id.get(a.item_id)
+            if asked is not None:
+                yield line(resp, a.session_id, asked, a.option, a.created_at)
 
 
 def codebook_jsonl(study: Study, *, session: Session) -> Iterator[str]:
