@@ -29,7 +29,7 @@ from sqlmodel import Session
 from app import session as svc
 from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
-from app.services.demo import is_preparing
+from app.services.demo import survey_readiness
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
 from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus
@@ -173,6 +173,17 @@ def _not_open(request: Request, templates: Any) -> HTMLResponse:
     )
 
 
+def _not_ready(request: Request, templates: Any, study: Study) -> HTMLResponse:
+    return message_page(
+        request,
+        templates,
+        "Survey not ready",
+        "This survey is not ready yet. Please try again later.",
+        status_code=503,
+        study=study,
+    )
+
+
 def _safe_redirect(url: str | None, code: str) -> str | None:
     """The study's redirect URL with ``{code}`` filled in; only http(s) URLs are used."""
     if not url:
@@ -215,18 +226,23 @@ def start_page(
 ) -> Response:
     """The consent page (or straight to the current page when a session cookie exists);
     the "preparing" page while the study's first model is being fitted, whose poll
-    (``HX-Trigger: preparing``) gets 204 until then and ``HX-Refresh`` after."""
+    (``HX-Trigger: preparing``) gets 204 until then and ``HX-Refresh`` after; "not
+    ready" (503) for a study without a model and without a fit job."""
     study = visit.study
     if study is None:
         return _not_open(request, templates)
-    if visit.sess is None and is_preparing(study, session=session):
-        if request.headers.get("HX-Trigger") == "preparing":
+    readiness = survey_readiness(study, session=session) if visit.sess is None else "ready"
+    polled = request.headers.get("HX-Trigger") == "preparing"
+    if readiness == "preparing":
+        if polled:
             return Response(status_code=204)
         return templates.TemplateResponse(
             request, "pages/respondent_preparing.html", {"study": study}
         )
-    if request.headers.get("HX-Trigger") == "preparing":
+    if polled:
         return Response(headers={"HX-Refresh": "true"})
+    if readiness == "no_model":
+        return _not_ready(request, templates, study)
     if visit.sess is not None:
         return _see(str(request.url_for("respondent_question", slug=slug)))
     try:
@@ -251,7 +267,7 @@ async def consent(
     """Accept (create the respondent and session) or decline (nothing is stored)."""
     if study is None:
         return _not_open(request, templates)
-    if is_preparing(study, session=session):  # a consent page from before: wait for the model
+    if survey_readiness(study, session=session) != "ready":  # never fit while one waits
         return _see(str(request.url_for("respondent_start", slug=slug)))
     form = await request.form()
     if form.get("choice") != "accept":

@@ -4,7 +4,7 @@
 :func:`queue_demo_preparation`: the demo study gets its targets and consent text, is
 published, and its belief model is fitted by a ``fit_model`` job (the in-process worker
 runs it), so the server answers at once. Until the model exists the survey at
-``/s/<slug>`` shows a "preparing" page (:func:`is_preparing`); nothing is fitted inside a
+``/s/<slug>`` shows a "preparing" page (:func:`survey_readiness`); nothing is fitted inside a
 request.
 
 Nothing here knows a dataset by name: the targets come from the dataset's own benchmark
@@ -156,11 +156,18 @@ def queue_demo_preparation(
     return DemoPreparation(study.slug, "queued", job.id)
 
 
-def is_preparing(study: Study, *, session: Session) -> bool:
-    """Whether ``study`` has no active model yet and a fit job is queued or running for
-    it: its survey shows the "preparing" page instead of the consent page."""
+Readiness = Literal["ready", "preparing", "no_model"]
+
+
+def survey_readiness(study: Study, *, session: Session) -> Readiness:
+    """Whether ``study``'s survey can start a session: ``ready`` (it has an active model),
+    ``preparing`` (no model yet, a fit job is queued or running: the survey shows the
+    "preparing" page) or ``no_model`` (no model and no fit job: the survey is not available
+    until a researcher fits one). A survey never fits a model while a respondent waits."""
     assert study.id is not None
     has_model = session.exec(
         select(FittedModel.id).where(FittedModel.study_id == study.id, FittedModel.is_active)  # type: ignore[arg-type]
     ).first()
-    return has_model is None and _active_fit_job(study.id, session=session) is not None
+    if has_model is not None:
+        return "ready"
+    return "preparing" if _active_fit_job(study.id, session=session) is not None else "no_model"

@@ -161,3 +161,35 @@ def test_busy_port_says_use_port(tmp_path: Path) -> None:
     assert f"port {port}" in lines[0] and "--port" in lines[0]
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "x.db").exists()  # nothing written before the port check
+
+
+def test_a_survey_never_fits_while_a_respondent_waits(
+    migrated_sqlite_url: str, small_dataset_factory: Callable[..., Path]
+) -> None:
+    """A published study without a model and without a fit job: "not ready" (503), and a
+    consent posted anyway goes back to the start page; no model is fitted by either."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.services.demo import open_for_fielding
+    from app.services.importer import import_dataset
+    from app.tables import FittedModel
+
+    eng = make_engine(migrated_sqlite_url)
+    try:
+        with Session(eng) as s:
+            result = import_dataset(small_dataset_factory("ces", 20), session=s)
+            study = s.exec(select(Study).where(Study.id == result.study_id)).one()
+            open_for_fielding(study, session=s)
+        settings = Settings(database_url=migrated_sqlite_url, env="dev")
+        with TestClient(create_app(settings)) as client:
+            page = client.get("/s/ces")
+            assert page.status_code == 503 and "not ready" in page.text
+            r = client.post("/s/ces/consent", data={"choice": "accept"}, follow_redirects=False)
+            assert r.status_code == 303 and r.headers["location"].endswith("/s/ces")
+        with Session(eng) as s:
+            assert s.exec(select(FittedModel)).all() == []
+            assert s.exec(select(Respondent)).all() != []  # only the imported ones
+            assert all(r.source == "import" for r in s.exec(select(Respondent)).all())
+    finally:
+        eng.dispose()
