@@ -100,13 +100,17 @@ def _serve(args: argparse.Namespace) -> int:
         engine = db.make_engine(settings.database_url)
         try:
             with Session(engine) as session:
+                demo = None
                 if not args.no_demo:
-                    queue_demo_preparation(settings, session=session, log=print)
+                    demo = queue_demo_preparation(settings, session=session, log=print)
                 requeue_orphans(settings, session=session)
         finally:
             engine.dispose()
+        in_process = not args.no_worker and args.workers > 0
+        if demo is not None and demo.state != "ready" and not in_process:
+            print("no job worker in this process: run 'priorly worker' to fit the demo's model")
         worker = None
-        if not args.no_worker and args.workers > 0:
+        if in_process:
             worker = start_background_worker(settings, workers=args.workers)
             print(f"job worker: {args.workers} thread(s) in this process")
         print(f"serving on http://{settings.host}:{settings.port}", flush=True)
