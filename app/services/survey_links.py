@@ -5,8 +5,6 @@ dashboards and exports leave out).
 
 Example::
 
-    >>> survey_url("http://127.0.0.1:8000/", "ces")
-    'http://127.0.0.1:8000/s/ces'
     >>> qr_svg("http://127.0.0.1:8000/s/ces").startswith("<svg")
     True
 """
@@ -23,6 +21,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import ConflictError
 from app.schemas import StudySettings
+from app.services.demo import survey_readiness
 from app.session import StartedSession, start_session
 from app.tables import ElicitationSession, Study, StudyStatus
 
@@ -44,11 +43,6 @@ def open_surveys(*, session: Session) -> list[OpenSurvey]:
         .order_by(col(Study.name), col(Study.id))
     ).all()
     return [OpenSurvey(name=str(n), slug=str(s)) for n, s in rows]
-
-
-def survey_url(base_url: str, slug: str) -> str:
-    """The respondent address of study ``slug`` on the server at ``base_url``."""
-    return f"{base_url.rstrip('/')}/s/{slug}"
 
 
 def qr_svg(url: str, *, scale: int = 4) -> str:
@@ -78,10 +72,18 @@ def start_preview(study: Study, *, engine: Engine) -> StartedSession:
 
     Raises:
         ConflictError: the study is not published (the survey pages serve only open
-            studies); the session package's errors (no model, ...).
+            studies) or has no fitted model yet; the session package's errors.
     """
     if study.status != StudyStatus.published.value:
         raise ConflictError("publish the study to preview its survey")
+    with Session(engine) as db:
+        readiness = survey_readiness(study, session=db)
+    if readiness != "ready":  # the model is never fitted inside a request
+        raise ConflictError(
+            "the study's model is still being fitted: preview it when the job is done"
+            if readiness == "preparing"
+            else "the study has no fitted model yet: fit it (Jobs) before previewing"
+        )
     ask = StudySettings.model_validate(study.settings or {}).ask_attributes
     started = start_session(study, engine=engine, ask_attributes=ask)
     with Session(engine) as db:

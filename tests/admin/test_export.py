@@ -19,6 +19,7 @@ from app.services.export import SKIP_CODE, SKIP_MARK, variable_names
 from app.tables import (
     Answer,
     ElicitationSession,
+    FittedModel,
     Item,
     Researcher,
     Respondent,
@@ -365,10 +366,20 @@ def test_studies_list_shares_the_survey_and_a_preview_is_not_counted(
         live.engine.dispose()
 
 
-def test_preview_of_a_draft_says_publish_first(client: TestClient, live_study) -> None:  # type: ignore[no-untyped-def]
+def test_preview_needs_a_published_study_with_a_model(
+    client: TestClient, live_study, db: Session
+) -> None:  # type: ignore[no-untyped-def]
     study, _plan = live_study
     login(client, "alice@example.org")
     home = client.get("/admin")
     assert "publish it to share the link" in home.text
     r = client.post(f"/admin/studies/{study.slug}/preview", data={"csrf_token": csrf(client)})
     assert r.status_code == 409 and "publish the study to preview" in r.text
+    # published without a model: no fit inside the request, no session
+    study.status = "published"
+    db.add(study)
+    db.commit()
+    r = client.post(f"/admin/studies/{study.slug}/preview", data={"csrf_token": csrf(client)})
+    assert r.status_code == 409 and "no fitted model yet" in r.text
+    assert len(db.exec(select(ElicitationSession)).all()) == len(_plan)
+    assert db.exec(select(FittedModel)).all() == []
