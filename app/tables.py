@@ -29,6 +29,7 @@ from sqlalchemy import (
     LargeBinary,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlmodel import Field, SQLModel
 
@@ -231,7 +232,8 @@ class ElicitationSession(SQLModel, table=True):
     """One respondent's run through a study.
 
     ``state`` caches the serialised belief state after ``state_version`` answers; it must
-    always equal the replay of the stored answers.
+    always equal the replay of the stored answers. ``is_preview`` marks a researcher's
+    "preview as respondent" run: dashboards and exports leave it out.
     """
 
     __tablename__ = "elicitation_session"
@@ -247,6 +249,7 @@ class ElicitationSession(SQLModel, table=True):
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
     completed_at: datetime | None = _ts(nullable=True)
+    is_preview: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
 
 
 class Answer(SQLModel, table=True):

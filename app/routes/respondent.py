@@ -31,6 +31,7 @@ from sqlmodel import Session
 from app import session as svc
 from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
+from app.services.demo import survey_readiness
 from app.services.learned import learned_about
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
@@ -225,6 +226,17 @@ def _not_open(request: Request, templates: Any) -> HTMLResponse:
     )
 
 
+def _not_ready(request: Request, templates: Any, study: Study) -> HTMLResponse:
+    return message_page(
+        request,
+        templates,
+        "Survey not ready",
+        "This survey is not ready yet. Please try again later.",
+        status_code=503,
+        study=study,
+    )
+
+
 def _safe_redirect(url: str | None, code: str) -> str | None:
     """The study's redirect URL with ``{code}`` filled in; only http(s) URLs are used."""
     if not url:
@@ -278,11 +290,28 @@ def _question_context(
 
 
 @router.get("/{slug}", response_class=HTMLResponse, name="respondent_start")
-def start_page(slug: str, request: Request, visit: VisitDep, templates: TemplatesDep) -> Response:
-    """The consent page (or straight to the current page when a session cookie exists)."""
+def start_page(
+    slug: str, request: Request, visit: VisitDep, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    """The consent page (or straight to the current page when a session cookie exists);
+    the "preparing" page while the study's first model is being fitted, whose poll
+    (``HX-Trigger: preparing``) gets 204 until then and ``HX-Refresh`` after; "not
+    ready" (503) for a study without a model and without a fit job."""
     study = visit.study
     if study is None:
         return _not_open(request, templates)
+    readiness = survey_readiness(study, session=session) if visit.sess is None else "ready"
+    polled = request.headers.get("HX-Trigger") == "preparing"
+    if readiness == "preparing":
+        if polled:
+            return Response(status_code=204)
+        return templates.TemplateResponse(
+            request, "pages/respondent_preparing.html", {"study": study}
+        )
+    if polled:
+        return Response(headers={"HX-Refresh": "true"})
+    if readiness == "no_model":
+        return _not_ready(request, templates, study)
     if visit.sess is not None:
         return _see(str(request.url_for("respondent_question", slug=slug)))
     try:
@@ -312,6 +341,8 @@ async def consent(
     study = visit.study
     if study is None:
         return _not_open(request, templates)
+    if survey_readiness(study, session=session) != "ready":  # never fit while one waits
+        return _see(str(request.url_for("respondent_start", slug=slug)))
     form = await request.form()
     if form.get("choice") != "accept":
         return _see(str(request.url_for("respondent_declined", slug=slug)))

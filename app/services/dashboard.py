@@ -72,8 +72,11 @@ class Dashboard:
 
 def _not_round_session() -> Any:
     """SQL condition: an ordinary session, not a group round's one-question session (those
-    are counted on the group rounds page, not as respondents started or completed)."""
-    return col(ElicitationSession.id).not_in(select(GroupRoundMember.session_id))
+    are counted on the group rounds page, not as respondents started or completed) nor a
+    researcher's preview."""
+    return col(ElicitationSession.id).not_in(select(GroupRoundMember.session_id)) & col(
+        ElicitationSession.is_preview
+    ).is_(False)
 
 
 def _counts(study: Study, session: Session) -> dict[str, int]:
@@ -105,7 +108,9 @@ def _exposure(study: Study, session: Session) -> list[dict[str, Any]]:
     rows = session.exec(
         select(col(Answer.item_id), func.count(), func.count(col(Answer.option)))
         .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
-        .where(ElicitationSession.study_id == study.id)
+        .where(
+            ElicitationSession.study_id == study.id, col(ElicitationSession.is_preview).is_(False)
+        )
         .group_by(col(Answer.item_id))
     ).all()
     by = {int(i): (int(n), int(k)) for i, n, k in rows}

@@ -1,11 +1,22 @@
-"""Make an imported study answerable at once: targets, consent text, published, fitted.
+"""Make an imported study answerable: targets, consent text, published, a model.
 
 ``priorly serve`` imports the bundled demo dataset into an empty database and then calls
-:func:`prepare_study_for_fielding`, so ``/s/<slug>`` works out of the box. Nothing here
-knows a dataset by name: the targets come from the dataset's own benchmark runs (the first
-run's held-out ``eval_qids``, the questions its authors chose to predict), and a study
-without runs keeps no targets (sessions then use the target-free criterion, see
-:mod:`app.services.sessions`).
+:func:`queue_demo_preparation`: the demo study gets its targets and consent text, is
+published, and its belief model is fitted by a ``fit_model`` job (the in-process worker
+runs it), so the server answers at once. Until the model exists the survey at
+``/s/<slug>`` shows a "preparing" page (:func:`survey_readiness`); nothing is fitted inside a
+request.
+
+Nothing here knows a dataset by name: the targets come from the dataset's own benchmark
+runs (the first run's held-out ``eval_qids``, the questions its authors chose to predict),
+and a study without runs keeps no targets (sessions then use the target-free criterion,
+see :mod:`app.session`).
+
+Example::
+
+    >>> with Session(engine) as db:  # doctest: +SKIP
+    ...     queue_demo_preparation(settings, session=db)
+    DemoPreparation(slug='ces', state='queued', job_id=1)
 """
 
 from __future__ import annotations
@@ -14,14 +25,15 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
-from app import db
 from app.services.belief import active_model_ref, ensure_fitted_model, try_ensure_fixed_order
 from app.services.importer import slugify
-from app.tables import Item, ItemRole, Study, StudyStatus
+from app.services.jobs import ACTIVE, start_job
+from app.settings import Settings
+from app.tables import FittedModel, Item, ItemRole, Job, Study, StudyStatus
 
 DEFAULT_CONSENT = (
     "This is a short adaptive survey: each question is chosen from your earlier answers. "
@@ -29,6 +41,9 @@ DEFAULT_CONSENT = (
     "research only. You may skip questions you prefer not to answer, stop at any time, and "
     "ask for your answers to be deleted."
 )
+
+FIT_KIND = "fit_model"
+"""The job kind that fits a study's belief model (:mod:`app.jobs.registry`)."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +54,27 @@ class PreparedStudy:
     published: bool
 
 
-def prepare_study_for_fielding(study: Study, *, session: Session) -> PreparedStudy:
-    """Choose targets (when none are chosen), add a consent text, fit a model, store its
-    fixed question order (:func:`app.services.belief.try_ensure_fixed_order`), publish.
+@dataclass(frozen=True)
+class DemoPreparation:
+    """What :func:`queue_demo_preparation` found or did.
 
-    Idempotent: a study that already has targets, a consent text, an active model or is
-    published keeps them.
+    Attributes:
+        slug: the demo study's slug.
+        state: ``"ready"`` (it has an active model), ``"fitting"`` (a fit job was already
+            queued or running) or ``"queued"`` (a fit job was queued now).
+        job_id: the fit job, when one is queued or running.
+    """
+
+    slug: str
+    state: Literal["ready", "fitting", "queued"]
+    job_id: int | None = None
+
+
+def open_for_fielding(study: Study, *, session: Session) -> tuple[list[str], bool]:
+    """Choose targets (when none are chosen), add a consent text and publish ``study``;
+    returns ``(target keys, whether it was published now)``. Fits nothing.
+
+    Idempotent: a study that already has targets, a consent text or is published keeps them.
     """
     assert study.id is not None
     items = list(session.exec(select(Item).where(Item.study_id == study.id)).all())
@@ -58,51 +88,86 @@ def prepare_study_for_fielding(study: Study, *, session: Session) -> PreparedStu
                 targets.append(it.key)
     if not study.consent_text:
         study.consent_text = DEFAULT_CONSENT
+    published = study.status == StudyStatus.draft.value
+    if published:
+        study.status = StudyStatus.published.value
     session.add(study)
     session.commit()
+    return sorted(targets), published
+
+
+def prepare_study_for_fielding(study: Study, *, session: Session) -> PreparedStudy:
+    """:func:`open_for_fielding`, then fit a model in this process (when the study has no
+    active one) and store its fixed question order
+    (:func:`app.services.belief.try_ensure_fixed_order`). For scripts and tests; the
+    server queues the fit instead (:func:`queue_demo_preparation`)."""
+    targets, published = open_for_fielding(study, session=session)
     row = ensure_fitted_model(study, session=session)
-    # The targets may have been chosen just now, after the fit: store the fixed order of
+    # The targets may have been chosen after an earlier fit: store the fixed order of
     # this pool and these targets too, so the first respondent finds it.
     try_ensure_fixed_order(study, session=session, row=row)
-    published = False
-    if study.status == StudyStatus.draft.value:
-        study.status = StudyStatus.published.value
-        session.add(study)
-        session.commit()
-        published = True
-    return PreparedStudy(study.slug, sorted(targets), row.id or 0, published)
+    return PreparedStudy(study.slug, targets, row.id or 0, published)
 
 
-def prepare_demo(
-    dataset_dir: Path, *, session: Session, log: Callable[[str], object] = lambda _m: None
-) -> PreparedStudy | None:
-    """Make the demo study (imported from ``dataset_dir``) answerable, once.
-
-    Called by ``priorly serve`` on every start: it does nothing when the demo study does
-    not exist (``--no-demo``, another study list) or already has an active model; else it
-    chooses targets, fits the model and publishes.
-    """
+def demo_study(dataset_dir: Path, *, session: Session) -> Study | None:
+    """The study imported from the demo dataset ``dataset_dir`` (by its slug), if any."""
     try:
         name = json.loads((Path(dataset_dir) / "dataset.json").read_text(encoding="utf-8"))["name"]
     except (OSError, ValueError, KeyError):
         return None
-    study = session.exec(select(Study).where(Study.slug == slugify(str(name)))).first()
-    if study is None or study.id is None or active_model_ref(study.id, session=session):
+    return session.exec(select(Study).where(Study.slug == slugify(str(name)))).first()
+
+
+def _active_fit_job(study_id: int, *, session: Session) -> Job | None:
+    return session.exec(
+        select(Job)
+        .where(Job.study_id == study_id, Job.kind == FIT_KIND, col(Job.status).in_(ACTIVE))
+        .order_by(col(Job.id).desc())
+    ).first()
+
+
+def queue_demo_preparation(
+    settings: Settings, *, session: Session, log: Callable[[str], object] = lambda _m: None
+) -> DemoPreparation | None:
+    """Open the demo study (``settings.demo_dataset``) and queue the fit of its model, once.
+
+    Called by ``priorly serve`` on every start: ``None`` when there is no demo study
+    (``--no-demo``, another study list); ``ready`` when it has an active model;
+    ``fitting`` when a fit job is already queued or running; else it chooses targets,
+    publishes and queues a ``fit_model`` job (``queued``).
+    """
+    study = demo_study(settings.demo_dataset, session=session)
+    if study is None or study.id is None:
         return None
-    log(f"fitting the belief model of the demo study {study.slug!r} (once; about a minute)")
-    prepared = prepare_study_for_fielding(study, session=session)
+    survey = f"http://{settings.host}:{settings.port}/s/{study.slug}"
+    if active_model_ref(study.id, session=session) is not None:
+        log(f"demo survey: {survey}")
+        return DemoPreparation(study.slug, "ready")
+    running = _active_fit_job(study.id, session=session)
+    if running is not None:
+        log(f"demo survey: {survey} (its model is being fitted by job {running.id})")
+        return DemoPreparation(study.slug, "fitting", running.id)
+    targets, _ = open_for_fielding(study, session=session)
+    job = start_job(FIT_KIND, study, researcher=None, settings=settings, session=session)
     log(
-        f"demo study ready at /s/{prepared.slug} (targets: {', '.join(prepared.targets) or 'none'})"
+        f"demo survey: {survey} (targets: {', '.join(targets) or 'none'}); its model is "
+        f"fitted by job {job.id} in the background, the survey says 'preparing' until then"
     )
-    return prepared
+    return DemoPreparation(study.slug, "queued", job.id)
 
 
-def prepare_demo_database(settings: Any, *, log: Callable[[str], object] = print) -> None:
-    """:func:`prepare_demo` on ``settings.database_url`` (``priorly serve`` calls it after
-    the bootstrap import, so the first start fits the demo's model and publishes it)."""
-    engine = db.make_engine(settings.database_url)
-    try:
-        with Session(engine) as session:
-            prepare_demo(settings.demo_dataset, session=session, log=log)
-    finally:
-        engine.dispose()
+Readiness = Literal["ready", "preparing", "no_model"]
+
+
+def survey_readiness(study: Study, *, session: Session) -> Readiness:
+    """Whether ``study``'s survey can start a session: ``ready`` (it has an active model),
+    ``preparing`` (no model yet, a fit job is queued or running: the survey shows the
+    "preparing" page) or ``no_model`` (no model and no fit job: the survey is not available
+    until a researcher fits one). A survey never fits a model while a respondent waits."""
+    assert study.id is not None
+    has_model = session.exec(
+        select(FittedModel.id).where(FittedModel.study_id == study.id, FittedModel.is_active)  # type: ignore[arg-type]
+    ).first()
+    if has_model is not None:
+        return "ready"
+    return "preparing" if _active_fit_job(study.id, session=session) is not None else "no_model"

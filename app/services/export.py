@@ -1,8 +1,11 @@
 """Exports of a study: answers (CSV wide / long, SPSS ``.sav``, Stata ``.dta``), the codebook
 (JSONL) and per-respondent predictions (CSV). UTF-8 throughout.
 
-What is exported: the live respondents (one per session) and their ``answer`` rows; with
+What is exported: the live respondents (one row per respondent, all their sessions
+merged: a survey and a group round) with their attributes and ``answer`` rows; with
 ``include_imported`` also the imported (historical) respondents and their stored answers.
+A declined attribute (demographic) is :data:`SKIP_MARK` like a skipped question.
+Preview sessions (a researcher's "preview as respondent") are left out.
 Cells hold option *letters* (CSV) or option *codes* ``1..K`` in scale order (SPSS, Stata,
 with value labels ``"A: label"``); a skipped question is :data:`SKIP_MARK` in CSV and
 :data:`SKIP_CODE` (labelled ``skipped``) in SPSS/Stata; an item never asked is empty.
@@ -29,7 +32,16 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from app.tables import Answer, ElicitationSession, Item, Respondent, RespondentSource, Study
+from app.tables import (
+    Answer,
+    ElicitationSession,
+    Item,
+    ItemRole,
+    Respondent,
+    RespondentSource,
+    SelectionDecision,
+    Study,
+)
 
 SKIP_MARK = "<skip>"
 SKIP_CODE = -1
@@ -49,6 +61,8 @@ class ExportRow:
     started_at: datetime | None
     completed_at: datetime | None
     cells: dict[str, str]
+    respondent_pk: int = 0
+    """The respondent's database id (the API's responses cursor)."""
 
 
 def export_items(study: Study, *, session: Session) -> list[Item]:
@@ -74,7 +88,11 @@ def _session_batches(
             session.exec(
                 select(ElicitationSession, Respondent)
                 .join(Respondent, col(Respondent.id) == col(ElicitationSession.respondent_id))
-                .where(ElicitationSession.study_id == study.id, col(ElicitationSession.id) > last)
+                .where(
+                    ElicitationSession.study_id == study.id,
+                    col(ElicitationSession.id) > last,
+                    col(ElicitationSession.is_preview).is_(False),
+                )
                 .order_by(col(ElicitationSession.id))
                 .limit(BATCH)
             ).all()
@@ -90,36 +108,141 @@ def _label(resp: Respondent) -> str:
     return resp.external_id or f"r{resp.id}"
 
 
+@dataclass(frozen=True)
+class _Person:
+    """A respondent with sessions, their sessions (id order), every answer of those
+    sessions (answer order) and whether they were asked the attribute items."""
+
+    respondent: Respondent
+    sessions: list[ElicitationSession]
+    answers: list[Answer]
+    asked_attributes: bool
+
+
+def _people(study: Study, session: Session, *, after: int = 0) -> Iterator[_Person]:
+    """The study's respondents that have at least one session, in respondent id order
+    from the first id above ``after``, read ``BATCH`` respondents at a time (keyset
+    pagination).
+
+    A respondent was asked the attribute items when the study asks them
+    (``settings["ask_attributes"]``, default on) and one of their sessions got past the
+    attribute step (it has a first decision): an attribute missing from their
+    ``attributes`` was then declined.
+    """
+    asks = bool((study.settings or {}).get("ask_attributes", True))
+    has_session = (
+        select(ElicitationSession.id)
+        .where(
+            col(ElicitationSession.respondent_id) == col(Respondent.id),
+            col(ElicitationSession.is_preview).is_(False),
+        )
+        .exists()
+    )
+    last = after
+    while True:
+        people = list(
+            session.exec(
+                select(Respondent)
+                .where(Respondent.study_id == study.id, col(Respondent.id) > last, has_session)
+                .order_by(col(Respondent.id))
+                .limit(BATCH)
+            ).all()
+        )
+        if not people:
+            return
+        rids = [p.id for p in people]
+        sessions: dict[int, list[ElicitationSession]] = {p.id or 0: [] for p in people}
+        for sess in session.exec(
+            select(ElicitationSession)
+            .where(
+                col(ElicitationSession.respondent_id).in_(rids),
+                col(ElicitationSession.is_preview).is_(False),
+            )
+            .order_by(col(ElicitationSession.id))
+        ).all():
+            sessions[sess.respondent_id].append(sess)
+        sids = [s.id for group in sessions.values() for s in group]
+        owner = {s.id: s.respondent_id for group in sessions.values() for s in group}
+        answers: dict[int, list[Answer]] = {p.id or 0: [] for p in people}
+        for a in session.exec(
+            select(Answer).where(col(Answer.session_id).in_(sids)).order_by(col(Answer.id))
+        ).all():
+            answers[owner[a.session_id]].append(a)
+        started = set(
+            session.exec(
+                select(SelectionDecision.session_id).where(
+                    col(SelectionDecision.session_id).in_(sids), SelectionDecision.position == 0
+                )
+            ).all()
+        )
+        for p in people:
+            mine = sessions[p.id or 0]
+            yield _Person(
+                respondent=p,
+                sessions=mine,
+                answers=answers[p.id or 0],
+                asked_attributes=asks and any(s.id in started for s in mine),
+            )
+        last = people[-1].id or 0
+
+
+def _attribute_cells(person: _Person, attribute_keys: list[str]) -> dict[str, str]:
+    """The respondent's attribute letters; :data:`SKIP_MARK` for one they declined."""
+    given = dict(person.respondent.attributes or {})
+    if person.asked_attributes:
+        for key in attribute_keys:
+            given.setdefault(key, SKIP_MARK)
+    return given
+
+
 def iter_rows(
     study: Study, *, session: Session, include_imported: bool = False, after: int = 0
 ) -> Iterator[ExportRow]:
-    """Respondents with their answers, in session id order (live) then id order (imported).
+    """One row per respondent: those with sessions in respondent id order, then (with
+    ``include_imported``) the imported respondents without a session, in id order.
 
-    ``after``: start after the live session with this id (keyset pagination, as the API's
-    cursors do); the imported respondents are not affected by it.
+    A respondent with several sessions (a survey and a group round) is one row: the first
+    session gives the meta columns, the answers of every session fill the cells (a later
+    answer replaces an earlier one, a later skip never replaces an answer). An imported
+    respondent's stored answers are included only with ``include_imported``.
+
+    ``after``: start after the respondent with this database id (keyset pagination, as
+    the API's cursors do; ``ExportRow.respondent_pk``).
     """
-    keys_by_id = {it.id: it.key for it in export_items(study, session=session)}
-    for batch in _session_batches(study, session, after=after):
-        ids = [s.id for s, _ in batch]
-        answers: dict[int, dict[str, str]] = {i or 0: {} for i in ids}
-        for a in session.exec(select(Answer).where(col(Answer.session_id).in_(ids))).all():
+    items = export_items(study, session=session)
+    keys_by_id = {it.id: it.key for it in items}
+    attribute_keys = [it.key for it in items if it.role == ItemRole.attribute.value]
+    for person in _people(study, session, after=after):
+        resp = person.respondent
+        cells = _attribute_cells(person, attribute_keys)
+        if include_imported and resp.source == RespondentSource.import_.value:
+            cells.update(resp.answers or {})
+        for a in person.answers:
             key = keys_by_id.get(a.item_id)
-            if key is not None:
-                answers[a.session_id][key] = a.option if a.option is not None else SKIP_MARK
-        for sess, resp in batch:
-            cells = dict(resp.attributes or {})
-            cells.update(answers[sess.id or 0])
-            yield ExportRow(
-                respondent_id=_label(resp),
-                session_id=sess.id,
-                source=resp.source,
-                status=sess.status,
-                started_at=sess.created_at,
-                completed_at=sess.completed_at,
-                cells=cells,
-            )
+            if key is None:
+                continue
+            if a.option is not None:
+                cells[key] = a.option
+            elif cells.get(key) in (None, SKIP_MARK):
+                cells[key] = SKIP_MARK
+        first = person.sessions[0]
+        yield ExportRow(
+            respondent_id=_label(resp),
+            session_id=first.id,
+            source=resp.source,
+            status=first.status,
+            started_at=first.created_at,
+            completed_at=first.completed_at,
+            cells=cells,
+            respondent_pk=resp.id or 0,
+        )
     if not include_imported:
         return
+    no_session = ~(
+        select(ElicitationSession.id)
+        .where(col(ElicitationSession.respondent_id) == col(Respondent.id))
+        .exists()
+    )
     last = 0
     while True:
         people = session.exec(
@@ -128,6 +251,7 @@ def iter_rows(
                 Respondent.study_id == study.id,
                 Respondent.source == RespondentSource.import_.value,
                 col(Respondent.id) > last,
+                no_session,
             )
             .order_by(col(Respondent.id))
             .limit(BATCH)
@@ -204,39 +328,43 @@ LONG_COLUMNS = (
 
 
 def csv_long(study: Study, *, session: Session) -> Iterator[str]:
-    """CSV, one row per live answer (in answer order), with item text and option label."""
-    items = {it.id: it for it in export_items(study, session=session)}
+    """CSV, one row per live answer, with item text and option label: respondent by
+    respondent (as :func:`iter_rows`), each one's attribute items first (a declined one is
+    :data:`SKIP_MARK`; dated by their first session's start), then their answers in the
+    order given (every session of theirs)."""
+    items = export_items(study, session=session)
+    by_id = {it.id: it for it in items}
+    attributes = [it for it in items if it.role == ItemRole.attribute.value]
+
+    def line(resp: Respondent, sid: int | None, item: Item, option: str | None, at: Any) -> str:
+        labels = {o[0]: o[1] for o in item.options}
+        shown = option if option is not None else SKIP_MARK
+        return _csv_line(
+            [
+                _label(resp),
+                sid,
+                item.key,
+                item.role,
+                item.question,
+                shown,
+                labels.get(shown, "") if shown != SKIP_MARK else "",
+                _iso(at),
+            ]
+        )
+
     yield "\ufeff" + _csv_line(list(LONG_COLUMNS))
-    last = 0
-    while True:
-        batch = session.exec(
-            select(Answer, ElicitationSession, Respondent)
-            .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
-            .join(Respondent, col(Respondent.id) == col(ElicitationSession.respondent_id))
-            .where(ElicitationSession.study_id == study.id, col(Answer.id) > last)
-            .order_by(col(Answer.id))
-            .limit(BATCH)
-        ).all()
-        if not batch:
-            return
-        for a, sess, resp in batch:
-            item = items.get(a.item_id)
-            if item is None:
-                continue
-            labels = {o[0]: o[1] for o in item.options}
-            yield _csv_line(
-                [
-                    _label(resp),
-                    sess.id,
-                    item.key,
-                    item.role,
-                    item.question,
-                    a.option if a.option is not None else SKIP_MARK,
-                    labels.get(a.option, "") if a.option is not None else "",
-                    _iso(a.created_at),
-                ]
-            )
-        last = batch[-1][0].id or 0
+    for person in _people(study, session):
+        resp, first = person.respondent, person.sessions[0]
+        cells = _attribute_cells(person, [it.key for it in attributes])
+        for item in attributes:
+            if item.key in cells:
+                value = cells[item.key]
+                option = None if value == SKIP_MARK else value
+                yield line(resp, first.id, item, option, first.created_at)
+        for a in person.answers:
+            asked = by_id.get(a.item_id)
+            if asked is not None:
+                yield line(resp, a.session_id, asked, a.option, a.created_at)
 
 
 def codebook_jsonl(study: Study, *, session: Session) -> Iterator[str]:

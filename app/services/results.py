@@ -2,17 +2,18 @@
 responses and per-respondent predictions one page at a time.
 
 The rows are the exports' own (:mod:`app.services.export`): :func:`~app.services.export.iter_rows`
-for responses (one row per live session, the wide CSV's row) and
-:func:`~app.services.export.iter_predictions` for predictions (the predictions CSV's numbers),
-so the API and the files never disagree. The studies a key lists are the admin UI's
-(:func:`app.services.studies.visible_study_summaries`: owner, shared with, or admin).
+for responses (one row per live respondent, the wide CSV's row) and
+:func:`~app.services.export.iter_predictions` for predictions (one row per live session,
+the predictions CSV's numbers), so the API and the files never disagree. The studies a key
+lists are the admin UI's (:func:`app.services.studies.visible_study_summaries`: owner,
+shared with, or admin).
 
-Pages use keyset pagination over the live sessions' ids: a page holds the rows whose session
-id is above the cursor's, in id order, at most ``limit`` of them. A cursor is opaque to
-clients: ``base64url("<listing>:<study id>:<last session id>")``, e.g. the cursor after
-session 42 of study 7's responses is ``cmVzcG9uc2VzOjc6NDI`` (``responses:7:42``). Rows
-added while a client pages appear on a later page (their ids are larger); none is returned
-twice.
+Pages use keyset pagination: responses over the respondents' database ids, predictions over
+the sessions' ids; a page holds at most ``limit`` rows above the cursor's id, in id order. A
+cursor is opaque to clients: ``base64url("<listing>:<study id>:<last id>")``, e.g. the
+cursor after session 42 of study 7's predictions is ``cHJlZGljdGlvbnM6Nzo0Mg``
+(``predictions:7:42``). Rows added while a client pages appear on a later page (their ids
+are larger); none is returned twice.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from app.errors import InvalidInputError
 from app.services.export import (
@@ -36,7 +37,7 @@ from app.services.export import (
     iter_predictions,
     iter_rows,
 )
-from app.tables import ElicitationSession, Study
+from app.tables import Study
 
 MAX_ID = 2**31 - 1
 """Ids are 32-bit INTEGER columns: a cursor past this is refused instead of overflowing."""
@@ -110,34 +111,23 @@ def check_limit(listing: Listing, limit: int | None) -> int:
     return limit
 
 
-def _more_after(study: Study, after: int, *, session: Session) -> bool:
-    """Whether the study has a live session with an id above ``after``."""
-    return (
-        session.exec(
-            select(ElicitationSession.id)
-            .where(ElicitationSession.study_id == study.id, col(ElicitationSession.id) > after)
-            .limit(1)
-        ).first()
-        is not None
-    )
-
-
 def _page(
     listing: Listing,
     study: Study,
     rows: Iterator[Any],
     limit: int,
     render: Any,
-    *,
-    session: Session,
+    position: Any,
 ) -> Page:
-    taken = list(islice(rows, limit))
+    """The first ``limit`` of ``rows`` rendered, and the cursor after the last of them
+    (``position(row)``) when at least one more row follows."""
+    taken = list(islice(rows, limit + 1))
+    more = len(taken) > limit
+    taken = taken[:limit]
     out = [render(r) for r in taken]
-    if len(taken) < limit:
+    if not more:
         return Page(out, None)
-    last = taken[-1].session_id or 0
-    more = _more_after(study, last, session=session)
-    return Page(out, encode_cursor(listing, study, last) if more else None)
+    return Page(out, encode_cursor(listing, study, position(taken[-1])))
 
 
 def _iso(value: Any) -> str | None:
@@ -186,7 +176,7 @@ def responses_page(
         }
 
     rows = iter_rows(study, session=session, after=after)
-    return _page(RESPONSES, study, rows, n, render, session=session)
+    return _page(RESPONSES, study, rows, n, render, lambda r: r.respondent_pk)
 
 
 def predictions_page(
@@ -228,4 +218,4 @@ def predictions_page(
         }
 
     rows = iter_predictions(study, session=session, after=after)
-    return _page(PREDICTIONS, study, rows, n, render, session=session)
+    return _page(PREDICTIONS, study, rows, n, render, lambda r: r.session_id or 0)

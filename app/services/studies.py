@@ -10,7 +10,7 @@ from sqlmodel import Session, col, select
 
 from app.auth import visible_study_ids
 from app.errors import NotFoundError
-from app.tables import Item, Researcher, Respondent, Study, StudyPersona
+from app.tables import ElicitationSession, Item, Researcher, Respondent, Study, StudyPersona
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,22 @@ class StudySummary:
 
 
 def list_study_summaries(*, session: Session) -> list[StudySummary]:
-    """All studies with their item and respondent counts, newest first (two grouped counts)."""
+    """All studies with their item and respondent counts (a researcher's preview is not a
+    respondent), newest first (two grouped counts)."""
     item_study = col(Item.study_id)
     respondent_study = col(Respondent.study_id)
     items: dict[int, int] = dict(
         session.exec(select(item_study, func.count()).group_by(item_study)).all()
     )
+    previewers = select(ElicitationSession.respondent_id).where(
+        col(ElicitationSession.is_preview).is_(True)
+    )
     people: dict[int, int] = dict(
-        session.exec(select(respondent_study, func.count()).group_by(respondent_study)).all()
+        session.exec(
+            select(respondent_study, func.count())
+            .where(col(Respondent.id).not_in(previewers))
+            .group_by(respondent_study)
+        ).all()
     )
     newest_first = (col(Study.created_at).desc(), col(Study.id).desc())
     studies = session.exec(select(Study).order_by(*newest_first)).all()

@@ -16,8 +16,17 @@ from sqlmodel import Session, select
 
 from app.services.designer import add_item, create_study
 from app.services.export import SKIP_CODE, SKIP_MARK, variable_names
-from app.tables import Answer, ElicitationSession, Item, Researcher, Respondent, Study
-from tests.admin.conftest import login
+from app.tables import (
+    Answer,
+    ElicitationSession,
+    FittedModel,
+    Item,
+    Researcher,
+    Respondent,
+    SelectionDecision,
+    Study,
+)
+from tests.admin.conftest import csrf, login
 
 LONG_QUESTION = "Wie zufrieden sind Sie — ganz allgemein — mit «Demokratie» in Ihrem Land? " * 3
 
@@ -108,12 +117,91 @@ def test_csv_wide_and_long_equal_stored_answers(
         keep_default_na=False,
     )
     stored = db.exec(select(Answer).order_by(Answer.id)).all()  # type: ignore[arg-type]
-    assert len(long) == len(stored) == sum(len(c) - 1 for c in plan.values())
-    for (_, row), a in zip(long.iterrows(), stored, strict=True):
+    demographics = long[long["role"] == "attribute"]
+    answers = long[long["role"] != "attribute"]
+    assert len(answers) == len(stored) == sum(len(c) - 1 for c in plan.values())
+    for (_, row), a in zip(answers.iterrows(), stored, strict=True):
         assert row["option"] == (a.option if a.option is not None else SKIP_MARK)
         assert plan[row["respondent_id"]][row["item"]] == row["option"]
+    assert sorted(
+        zip(demographics["respondent_id"], demographics["option"], strict=True)
+    ) == sorted((ext, cells["age"]) for ext, cells in plan.items())
+    assert set(demographics[demographics["option"] == "A"]["option_label"]) == {"18–34"}
     q = long[long["item"] == "1q"].iloc[0]
     assert q["question"] == LONG_QUESTION.strip() and q["option_label"] == "etwas"
+
+
+def _export_frames(client: TestClient, study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def read(name: str) -> pd.DataFrame:
+        raw = _get(client, study, name)
+        return pd.read_csv(io.BytesIO(raw), encoding="utf-8-sig", dtype=str, keep_default_na=False)
+
+    return read("answers_wide.csv"), read("answers_long.csv")
+
+
+def test_two_sessions_are_one_row_and_a_declined_demographic_is_skip(
+    client: TestClient, live_study, db: Session, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A respondent who answered the survey and then a group round (a second session) is
+    one wide row holding both sessions' answers; a respondent who went through the
+    attribute step without answering "age" has ``<skip>`` for it in the wide and the long
+    CSV (documented), and every demographic is in the long CSV."""
+    study, plan = live_study
+    items = {it.key: it for it in db.exec(select(Item).where(Item.study_id == study.id)).all()}
+    p3 = db.exec(select(Respondent).where(Respondent.external_id == "p3")).one()
+    first = db.exec(
+        select(ElicitationSession).where(ElicitationSession.respondent_id == p3.id)
+    ).one()
+    # the group round: a second session of p3 answering the item p3 was never asked
+    rnd = ElicitationSession(
+        study_id=study.id or 0, respondent_id=p3.id or 0, token_hash=secrets.token_hex(16)
+    )
+    db.add(rnd)
+    db.flush()
+    db.add(Answer(session_id=rnd.id or 0, item_id=items["1q"].id or 0, option="C"))
+    # p5 declined the demographic: past the attribute step (first decision), no "age"
+    p5 = Respondent(study_id=study.id or 0, external_id="p5", attributes={})
+    db.add(p5)
+    db.flush()
+    s5 = ElicitationSession(
+        study_id=study.id or 0, respondent_id=p5.id or 0, token_hash=secrets.token_hex(16)
+    )
+    db.add(s5)
+    db.flush()
+    db.add(
+        SelectionDecision(
+            session_id=s5.id or 0, position=0, item_id=items["vote"].id, criterion="eig"
+        )
+    )
+    db.add(Answer(session_id=s5.id or 0, item_id=items["vote"].id or 0, option="Y"))
+    db.commit()
+    login(client, "alice@example.org")
+    wide, long = _export_frames(client, study)
+
+    assert wide["respondent_id"].is_unique and len(wide) == len(plan) + 1
+    row = wide[wide["respondent_id"] == "p3"].iloc[0]
+    assert (row["age"], row["1q"], row["vote"]) == ("A", "C", "N")
+    assert row["session_id"] == str(first.id)  # the survey's session, not the round's
+    row = wide[wide["respondent_id"] == "p5"].iloc[0]
+    assert (row["age"], row["1q"], row["vote"]) == (SKIP_MARK, "", "Y")
+    # respondents of the fixture did not reach an attribute step: nothing is invented
+    assert (wide[wide["respondent_id"] != "p5"]["age"] != SKIP_MARK).all()
+
+    mine = long[long["respondent_id"] == "p5"]
+    assert list(zip(mine["item"], mine["role"], mine["option"], strict=True)) == [
+        ("age", "attribute", SKIP_MARK),
+        ("vote", "target", "Y"),
+    ]
+    p3_rows = long[long["respondent_id"] == "p3"]
+    assert list(p3_rows["item"]) == ["age", "vote", "1q"]
+    assert p3_rows.iloc[-1]["session_id"] == str(rnd.id)
+
+    path = tmp_path / "answers.sav"
+    path.write_bytes(_get(client, study, "answers.sav"))
+    frame, _meta = pyreadstat.read_sav(str(path), user_missing=True)
+    assert frame["respondent_id"].is_unique and len(frame) == len(plan) + 1
+    age = variable_names(["age"])["age"]
+    assert frame.loc[frame["respondent_id"] == "p5", age].tolist() == [SKIP_CODE]
 
 
 @pytest.mark.parametrize("fmt", ["sav", "dta"])
@@ -216,3 +304,82 @@ def test_predictions_csv_equals_replayed_predictions(
             assert rows[(rows["target"] == p.item) & (rows["predicted"] == 1)][
                 "option"
             ].tolist() == [best]
+
+
+# ----- getting a study out: survey link, QR code, preview (not counted) ----------------------
+
+
+def test_studies_list_shares_the_survey_and_a_preview_is_not_counted(
+    settings, small_dataset: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The studies list shows the published study's survey link (copy button), its QR
+    code (an SVG from this server) and "preview as respondent"; the preview runs the real
+    survey pages but appears in no export, dashboard count or respondent count."""
+    from live_study import make_live_study
+
+    from app.auth import create_account
+    from app.main import create_app
+    from app.services.dashboard import build_dashboard
+    from app.services.studies import list_study_summaries
+
+    live = make_live_study(settings.database_url, small_dataset)
+    with Session(live.engine) as s:
+        create_account("boss@example.org", "boss password 123", session=s, is_admin=True)
+    try:
+        with TestClient(create_app(settings), base_url="http://localhost") as client:
+            login(client, "boss@example.org", "boss password 123")
+            home = client.get("/admin")
+            survey = f"http://localhost/s/{live.slug}"
+            row = home.text.split(f'<tr data-slug="{live.slug}">')[1].split("</tr>")[0]
+            assert f'value="{survey}"' in row and f'data-copy="{survey}"' in row
+            assert f'src="http://localhost/admin/studies/{live.slug}/qr.svg"' in row
+            assert "Preview as respondent" in row
+
+            qr = client.get(f"/admin/studies/{live.slug}/qr.svg")
+            assert qr.status_code == 200 and qr.headers["content-type"] == "image/svg+xml"
+            assert qr.text.startswith("<svg") and f"<title>{survey}</title>" in qr.text
+            assert "http" not in qr.text.replace(survey, "").replace(
+                "http://www.w3.org/2000/svg", ""
+            )  # nothing loaded from elsewhere
+
+            r = client.post(
+                f"/admin/studies/{live.slug}/preview",
+                data={"csrf_token": csrf(client)},
+                follow_redirects=False,
+            )
+            assert r.status_code == 303 and f"/s/{live.slug}/resume/" in r.headers["location"]
+            page = client.get(r.headers["location"], follow_redirects=True)
+            assert page.status_code == 200 and page.url.path == f"/s/{live.slug}/q"
+
+            with Session(live.engine) as s:
+                preview = s.exec(select(ElicitationSession)).one()
+                assert preview.is_preview
+                study = s.exec(select(Study).where(Study.id == live.study_id)).one()
+                assert build_dashboard(study, session=s).counts["started"] == 0
+                summary = [x for x in list_study_summaries(session=s) if x.slug == live.slug]
+                assert summary[0].n_respondents == 30  # the imported ones only
+            wide = pd.read_csv(
+                io.BytesIO(_get(client, study, "answers_wide.csv")), encoding="utf-8-sig"
+            )
+            assert len(wide) == 0
+    finally:
+        live.engine.dispose()
+
+
+def test_preview_needs_a_published_study_with_a_model(
+    client: TestClient, live_study, db: Session
+) -> None:  # type: ignore[no-untyped-def]
+    study, _plan = live_study
+    login(client, "alice@example.org")
+    home = client.get("/admin")
+    assert "publish it to share the link" in home.text
+    r = client.post(f"/admin/studies/{study.slug}/preview", data={"csrf_token": csrf(client)})
+    assert r.status_code == 409 and "publish the study to preview" in r.text
+    # published without a model: no fit inside the request, no session
+    study.status = "published"
+    db.add(study)
+    db.commit()
+    r = client.post(f"/admin/studies/{study.slug}/preview", data={"csrf_token": csrf(client)})
+    assert r.status_code == 409 and "no fitted model yet" in r.text
+    assert len(db.exec(select(ElicitationSession)).all()) == len(_plan)
+    assert db.exec(select(FittedModel)).all() == []

@@ -1,17 +1,18 @@
 """The web app on a migrated SQLite file: /healthz checks the database, the home page
-lists the studies, templates autoescape."""
+lists only the open surveys, templates autoescape."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from app.db import make_engine
 from app.main import create_app
 from app.services.importer import import_dataset
 from app.settings import Settings
+from app.tables import Study, StudyStatus
 
 
 def _import(url: str, folder: Path, name: str) -> None:
@@ -46,26 +47,41 @@ def test_healthz_unreachable(tmp_path: Path) -> None:
     assert r.json()["database"].startswith("unreachable: ")
 
 
-def test_home_lists_studies(migrated_sqlite_url: str, small_dataset_factory) -> None:  # type: ignore[no-untyped-def]
-    _import(migrated_sqlite_url, small_dataset_factory("ces", 30), "CES demo")
+def _publish(url: str, slug: str) -> None:
+    eng = make_engine(url)
+    try:
+        with Session(eng) as s:
+            study = s.exec(select(Study).where(Study.slug == slug)).one()
+            study.status = StudyStatus.published.value
+            s.add(study)
+            s.commit()
+    finally:
+        eng.dispose()
+
+
+def test_home_shows_visitors_only_open_surveys(
+    migrated_sqlite_url: str, small_dataset_factory
+) -> None:  # type: ignore[no-untyped-def]
+    """Drafts, slugs and counts stay private: a visitor sees the open surveys' titles and
+    links, nothing else."""
+    _import(migrated_sqlite_url, small_dataset_factory("ces", 30), "CES draft")
     _import(migrated_sqlite_url, small_dataset_factory("opinionqa", 12), "<b>Pew</b> & co")
+    _publish(migrated_sqlite_url, "b-pew-b-co")
     with TestClient(create_app(Settings(database_url=migrated_sqlite_url))) as client:
         r = client.get("/")
         css = client.get("/static/css/priorly.css")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     html = r.text
-    assert '<tr data-slug="ces-demo">' in html
-    row = html.split('<tr data-slug="ces-demo">')[1].split("</tr>")[0]
-    assert (
-        "CES demo" in row and '<td class="num">39</td>' in row and '<td class="num">30</td>' in row
-    )
-    row2 = html.split('<tr data-slug="b-pew-b-co">')[1].split("</tr>")[0]
-    assert "&lt;b&gt;Pew&lt;/b&gt; &amp; co" in row2 and "<b>Pew</b>" not in html
-    assert '<td class="num">12</td>' in row2
+    assert "CES draft" not in html and "ces-draft" not in html  # a draft is not shown
+    assert 'href="http://testserver/s/b-pew-b-co"' in html
+    assert "&lt;b&gt;Pew&lt;/b&gt; &amp; co" in html and "<b>Pew</b>" not in html
+    assert ">12<" not in html and ">30<" not in html and "draft" not in html.lower()
     assert css.status_code == 200
 
 
-def test_home_empty(migrated_sqlite_url: str) -> None:
+def test_home_empty(migrated_sqlite_url: str, small_dataset_factory) -> None:  # type: ignore[no-untyped-def]
+    _import(migrated_sqlite_url, small_dataset_factory("ces", 30), "CES draft")
     with TestClient(create_app(Settings(database_url=migrated_sqlite_url))) as client:
         r = client.get("/")
-    assert r.status_code == 200 and "No studies yet" in r.text
+    assert r.status_code == 200 and "There is no open survey here" in r.text
+    assert "CES draft" not in r.text

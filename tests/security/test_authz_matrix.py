@@ -246,6 +246,8 @@ ROUTES: dict[tuple[str, str], Case] = {
         study_member(404, "POST"), path="/admin/studies/{slug}/respondents/999999/erase"
     ),
     ("GET", "/admin/studies/{slug}/groups"): Case(study_member(200, "GET")),
+    ("GET", "/admin/studies/{slug}/qr.svg"): Case(study_member(200, "GET")),
+    ("POST", "/admin/studies/{slug}/preview"): Case(study_member(303, "POST")),
     ("GET", "/admin/studies/{slug}/export"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/export/{name}"): Case(
         study_member(200, "GET"), path="/admin/studies/{slug}/export/answers_long.csv"

@@ -32,13 +32,14 @@ from app.routes.admin import (
     jobs,
     keys,
     login,
+    sharing,
     studies,
 )
 
 # HTML pages and forms, not an API: kept out of the OpenAPI schema (/api/docs documents
 # the JSON API; the fuzz test checks every operation the schema lists).
 router = APIRouter(dependencies=[Depends(auth.verify_csrf)], include_in_schema=False)
-for _area in (login, studies, design, jobs, dashboard, groups, exports, keys, accounts):
+for _area in (login, studies, sharing, design, jobs, dashboard, groups, exports, keys, accounts):
     router.include_router(_area.router, prefix="/admin")
 
 
