@@ -14,6 +14,7 @@ import json
 import re
 import secrets
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,11 @@ from elicitation.datasets import (
     DatasetError,
     load_dataset,
 )
+from models.cape_cooccurrence import CapeCooccurrence
+from models.cape_factor import CapeFactor
+from models.cape_linear import CapeLinear
+from models.cape_mixture import StackedMixture
+from models.persona import PersonaMixture
 
 MANIFEST_FILE = "dataset.json"
 OPTIONAL_FILES = ("user_split.json", "runs.csv")
@@ -52,14 +58,30 @@ _LETTER = re.compile(r"^[A-Za-z0-9]{1,32}$")
 # ----- studies ---------------------------------------------------------------------------
 
 
-def create_study(name: str, *, owner: Researcher, session: Session) -> Study:
-    """A new empty draft study owned by ``owner``."""
+NAME_MAX_LEN = 200
+"""The longest study name (characters)."""
+
+
+def check_name(name: str) -> str:
+    """``name`` without surrounding spaces; InvalidInputError when it is empty, longer
+    than :data:`NAME_MAX_LEN` (never cut) or has no letter or digit for the slug."""
     name = name.strip()
+    if not name:
+        raise InvalidInputError("the study needs a name")
+    if len(name) > NAME_MAX_LEN:
+        raise InvalidInputError(
+            f"the study name has {len(name):,} characters; the limit is {NAME_MAX_LEN}"
+        )
+    if not slugify(name):
+        raise InvalidInputError("the study name needs at least one letter or digit")
+    return name
+
+
+def create_study(name: str, *, owner: Researcher, session: Session) -> Study:
+    """A new empty draft study owned by ``owner``; its slug is :func:`slugify` of the name
+    (``"Größe 2026"`` -> ``grosse-2026``, ``"Опрос"`` -> ``опрос``)."""
+    name = check_name(name)
     slug = slugify(name)
-    if not name or not slug:
-        raise InvalidInputError("the study needs a name with letters or digits")
-    if len(name) > 200:
-        raise InvalidInputError("the study name is longer than 200 characters")
     if session.exec(select(Study).where(Study.slug == slug)).first() is not None:
         raise ConflictError(f"a study with slug {slug!r} already exists; choose another name")
     study = Study(
@@ -104,9 +126,7 @@ def update_texts(
     redirect_url: str,
 ) -> Study:
     """Set the study's name, description, consent text, completion code and redirect URL."""
-    name = name.strip()
-    if not name or len(name) > 200:
-        raise InvalidInputError("the name must have 1 to 200 characters")
+    name = check_name(name)
     code = completion_code.strip()
     if len(code) > 100:
         raise InvalidInputError("the completion code is longer than 100 characters")
@@ -143,6 +163,14 @@ def update_settings(study: Study, values: dict[str, Any], *, session: Session) -
         raise InvalidInputError(
             f"criterion: unknown {validated.criterion!r} (known: {', '.join(criterion_names())})"
         )
+    if not criterion_runs_with(validated.criterion, validated.belief_model):
+        usable = ", ".join(criteria_for(validated.belief_model))
+        raise InvalidInputError(
+            f"criterion: {validated.criterion!r} cannot run with the belief model "
+            f"{BELIEF_MODEL_LABELS.get(validated.belief_model, validated.belief_model)!r} "
+            f"(it needs the model's {CRITERION_NEEDS[validated.criterion]}); choose one of: "
+            f"{usable}"
+        )
     study.settings = validated.model_dump(mode="json")
     session.add(study)
     session.commit()
@@ -165,6 +193,161 @@ def set_status(study: Study, status: str, *, session: Session) -> Study:
     session.commit()
     session.refresh(study)
     return study
+
+
+# ----- what each setting means, and which criteria a belief model can run ----------------
+
+CRITERION_NEEDS: dict[str, str] = {
+    "posterior_entropy": "latent_posterior",
+    "irt": "theta_posterior",
+}
+"""The model method a criterion needs beyond the common interface (``models.base``)."""
+
+BELIEF_MODEL_CLASSES: dict[str, tuple[type, ...]] = {
+    "default": (PersonaMixture,),
+    "persona_mixture": (PersonaMixture,),
+    "auto": (StackedMixture,),
+    "cape_cooccurrence": (CapeCooccurrence,),
+    "cape_linear": (CapeLinear,),
+    "cape_factor": (CapeFactor,),
+}
+"""The model classes each ``belief_model`` setting fits (``default``: latent classes, a
+:class:`PersonaMixture`)."""
+
+BELIEF_MODEL_LABELS: dict[str, str] = {
+    "default": "latent classes (default)",
+    "auto": "automatic choice (latent classes or CAPE, best on validation)",
+    "cape_cooccurrence": "CAPE co-occurrence",
+    "cape_linear": "CAPE linear factor",
+    "cape_factor": "CAPE latent factor (Pyro)",
+    "persona_mixture": "language-model personas",
+}
+"""How the settings form names each belief model: by the family it fits."""
+
+FAMILY_LABELS: dict[str, str] = {
+    "latent_class": "latent classes",
+    "persona_mixture": "language-model personas",
+    "stacked_mixture": "automatic choice (stacked mixture)",
+    **{k: v for k, v in BELIEF_MODEL_LABELS.items() if k.startswith("cape_")},
+}
+"""A fitted model's family in words (unknown families are shown as stored)."""
+
+CRITERION_HELP: dict[str, str] = {
+    "eig_anchored": (
+        "Asks the question expected to tell you most about the target items, but prefers "
+        "to keep a fixed, precomputed order unless another question is clearly better. "
+        "The recommended choice: nearly as informative as full adaptivity, and respondents "
+        "with similar answers see similar questionnaires."
+    ),
+    "eig": (
+        "Each time asks the question expected to reduce uncertainty about the target items "
+        "the most (expected information gain). Pick it for the most adaptive survey."
+    ),
+    "eig_tempered": (
+        "Like eig, but judges questions under a deliberately less certain belief, so it "
+        "explores more early on. Pick it when eig keeps asking very similar questions."
+    ),
+    "eig2": (
+        "Looks two questions ahead instead of one. Slower per answer; pick it when pairs of "
+        "questions are informative together but not alone."
+    ),
+    "fixed": (
+        "Everyone gets the same order, chosen once to be as informative as possible on "
+        "average. Pick it when every respondent must see the same questionnaire."
+    ),
+    "random": ("Questions in a random order. Only useful as a baseline to compare against."),
+    "posterior_entropy": (
+        "Asks what best tells which kind of respondent (latent class or persona) a person "
+        "is, ignoring the targets. Pick it to describe respondents rather than predict "
+        "targets. Needs latent classes or personas as the belief model."
+    ),
+    "irt": (
+        "Item response theory's adaptive testing: narrows down a single ability score. "
+        "Needs an IRT model, which this app does not fit, so it cannot be chosen here."
+    ),
+}
+"""Plain-language help for each selection criterion: what it does, when to pick it."""
+
+BELIEF_MODEL_HELP: dict[str, str] = {
+    "default": (
+        "Groups past respondents into latent classes of people who answer alike and "
+        "predicts a new respondent from the classes their answers match. Robust; the usual "
+        "choice when you have imported past responses."
+    ),
+    "auto": (
+        "Fits latent classes and the CAPE models, compares them on held-out respondents and "
+        "combines the best. Slower to fit; pick it when you have enough data (hundreds of "
+        "respondents) and want the most accurate predictions."
+    ),
+    "cape_cooccurrence": (
+        "Predicts from how often answers occur together in past data. Fast and simple; "
+        "good with many respondents and few items."
+    ),
+    "cape_linear": (
+        "A linear factor model of the answers with exact updating. Well calibrated; good "
+        "when answers vary along a few broad attitudes."
+    ),
+    "cape_factor": (
+        "A non-linear latent factor model (fitted with Pyro). The most flexible and the "
+        "slowest to fit."
+    ),
+    "persona_mixture": (
+        "Uses answers simulated by a language model for a set of personas as the prior. "
+        "Pick it when you have no past responses; needs a persona generation job first."
+    ),
+}
+"""Plain-language help for each belief model."""
+
+STOPPING_HELP: dict[str, str] = {
+    "max_questions": "The most questions a respondent is asked (after the attribute items).",
+    "min_questions": "Always ask at least this many, whatever the stopping rules below say.",
+    "stop_eig_threshold": (
+        "Stop early when even the best remaining question is expected to teach less than "
+        "this (in nats; 0.01 is small). Leave empty to ask up to the maximum."
+    ),
+    "stop_entropy_threshold": (
+        "Stop early once the predictions of the target items are this certain (mean "
+        "entropy in nats; 0 is certain, about 0.7 is a coin flip between two options). "
+        "Leave empty to ignore."
+    ),
+    "allow_skip": "Show a 'skip' button; a skipped question counts as asked but not answered.",
+}
+"""Plain-language help for the stopping settings."""
+
+
+def describe_fit(family: str, metrics: dict[str, Any] | None) -> str:
+    """A fitted model in words, e.g. ``"latent classes, 516 classes, validation
+    log-likelihood -12.31 per respondent"`` (what the jobs and designer pages show)."""
+    m = metrics or {}
+    if m.get("model") == "latent_class":
+        parts = ["latent classes"]
+    else:
+        parts = [FAMILY_LABELS.get(family, family)]
+    if isinstance(m.get("n_classes"), int):
+        parts.append(f"{m['n_classes']:,} classes")
+    if isinstance(m.get("val_log_lik"), (int, float)):
+        parts.append(f"validation log-likelihood {m['val_log_lik']:.2f} per respondent")
+    chosen = [r for r in m.get("model_choice") or [] if isinstance(r, dict) and r.get("chosen")]
+    if chosen and isinstance(chosen[0].get("mean_log_loss"), (int, float)):
+        parts.append(
+            f"chose {chosen[0].get('name')}, validation target log loss "
+            f"{chosen[0]['mean_log_loss']:.2f}"
+        )
+    return ", ".join(parts)
+
+
+def criterion_runs_with(criterion: str, belief_model: str) -> bool:
+    """Whether the models that ``belief_model`` fits have what ``criterion`` needs."""
+    need = CRITERION_NEEDS.get(criterion)
+    if need is None:
+        return True
+    classes = BELIEF_MODEL_CLASSES.get(belief_model, ())
+    return bool(classes) and all(hasattr(cls, need) for cls in classes)
+
+
+def criteria_for(belief_model: str) -> list[str]:
+    """The registered criteria that can run with ``belief_model``'s models."""
+    return [c for c in criterion_names() if criterion_runs_with(c, belief_model)]
 
 
 # ----- items -----------------------------------------------------------------------------
@@ -254,11 +437,28 @@ def update_item(
     role: str,
     topic: str,
     is_preference_criterion: bool,
+    missing: Sequence[str] = (),
 ) -> Item:
-    """Edit an item. Its options may change only while no live answer refers to them."""
+    """Edit an item: its wording, its options (the lines' order is the scale order; edit a
+    label to reword it), role, topic and preference flag.
+
+    ``missing`` lists option letters that are not answers (e.g. "Don't know/Refused"):
+    they are dropped from the options, and imported answers with those letters then count
+    as missing (the fit treats letters that are no option as missing). Option letters may
+    be removed only while no live answer refers to them.
+    """
     if not question.strip():
         raise InvalidInputError("the question text is empty")
     options = parse_options(options_text)
+    drop = {m.strip() for m in missing if m.strip()}
+    unknown = sorted(drop - {o[0] for o in options})
+    if unknown:
+        raise InvalidInputError(f"item {item.key}: no option {', '.join(unknown)} to mark missing")
+    options = [o for o in options if o[0] not in drop]
+    if len(options) < 2:
+        raise InvalidInputError(
+            f"item {item.key}: at least two options must remain answers after marking missing"
+        )
     if options != item.options and has_live_answers(study, session=session):
         old = {o[0] for o in item.options}
         if not old <= {o[0] for o in options}:
