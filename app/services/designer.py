@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
 import tempfile
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -532,9 +534,16 @@ def _set_owner(study_id: int, owner: Researcher, *, session: Session) -> None:
     session.commit()
 
 
+UPLOAD_TTL_S = 3600.0
+"""How long a previewed upload is kept for its import (seconds)."""
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{20,64}$")
+_META_FILE = "upload-meta.json"
+
+
 @dataclass(frozen=True)
 class UploadPreview:
-    """What an upload would import."""
+    """What an upload would import; ``token`` names the stored upload to import it."""
 
     name: str
     n_respondents: int
@@ -545,9 +554,15 @@ class UploadPreview:
     n_runs: int
     head: list[list[str]]
     columns: list[str]
+    token: str = ""
+    notes: tuple[str, ...] = ()
 
 
-def _write_upload(folder: Path, files: dict[str, bytes], manifest_fields: dict[str, str]) -> None:
+def _write_upload(
+    folder: Path, files: dict[str, bytes], manifest_fields: dict[str, str]
+) -> list[str]:
+    """Write the uploaded files into ``folder`` as a dataset folder; returns notes on what
+    was left out (a split or runs file the manifest names but that was not uploaded)."""
     total = sum(len(v) for v in files.values())
     if total > MAX_UPLOAD_BYTES:
         raise InvalidInputError(f"the upload is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
@@ -555,13 +570,35 @@ def _write_upload(folder: Path, files: dict[str, bytes], manifest_fields: dict[s
         if not files.get(required):
             raise InvalidInputError(f"upload {required}")
     for name, data in files.items():
-        if data and name in (RESPONSES_FILE, CODEBOOK_FILE, MANIFEST_FILE, *OPTIONAL_FILES):
+        if data and name in (RESPONSES_FILE, CODEBOOK_FILE, *OPTIONAL_FILES):
             (folder / name).write_bytes(data)
-    if not files.get(MANIFEST_FILE):
-        (folder / MANIFEST_FILE).write_text(
-            json.dumps(_manifest_from_fields(files[RESPONSES_FILE], manifest_fields)),
-            encoding="utf-8",
-        )
+    notes: list[str] = []
+    if files.get(MANIFEST_FILE):
+        manifest = _uploaded_manifest(files[MANIFEST_FILE])
+        for key, file in (("split", "user_split.json"), ("runs", "runs.csv")):
+            if key not in manifest:
+                continue
+            if files.get(file):
+                manifest[key] = file
+            else:
+                notes.append(
+                    f"dataset.json names {key} file {manifest.pop(key)!r}: not uploaded, left out"
+                )
+    else:
+        manifest = _manifest_from_fields(files[RESPONSES_FILE], manifest_fields)
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest), encoding="utf-8")
+    return notes
+
+
+def _uploaded_manifest(data: bytes) -> dict[str, Any]:
+    """The uploaded ``dataset.json`` as a dict (DatasetError when it is not a JSON object)."""
+    try:
+        manifest = json.loads(data.decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(MANIFEST_FILE, f"not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise DatasetError(MANIFEST_FILE, "must be a JSON object")
+    return manifest
 
 
 def _manifest_from_fields(responses: bytes, fields: dict[str, str]) -> dict[str, Any]:
@@ -583,33 +620,136 @@ def _manifest_from_fields(responses: bytes, fields: dict[str, str]) -> dict[str,
     }
 
 
-def preview_upload(files: dict[str, bytes], manifest_fields: dict[str, str]) -> UploadPreview:
-    """Validate uploaded files exactly as the importer will; describe what they hold.
+def _describe(folder: Path, manifest_fields: dict[str, str], notes: list[str]) -> UploadPreview:
+    ds: Dataset = _load(folder)
+    head = ds.responses[:5].tolist()
+    letters = [item.letters for item in ds.codebook]
+    rows = [
+        [ds.respondent_ids[i]] + [letters[j][v] if v >= 0 else "" for j, v in enumerate(row)]
+        for i, row in enumerate(head)
+    ]
+    return UploadPreview(
+        name=manifest_fields.get("name", "").strip() or ds.name,
+        n_respondents=ds.n_respondents,
+        n_items=len(ds.codebook),
+        attributes=list(ds.demographics),
+        questions=list(ds.questions),
+        has_split=ds.split is not None,
+        n_runs=len(ds.runs),
+        head=rows,
+        columns=[ds.id_column] + [item.id for item in ds.codebook],
+        notes=tuple(notes),
+    )
+
+
+def _load(folder: Path) -> Dataset:
+    """``load_dataset(folder)``; an error names the uploaded file, never the server's
+    folder."""
+    try:
+        return load_dataset(folder)
+    except DatasetError as exc:
+        raise InvalidInputError(str(exc).replace(str(folder), "the upload")) from None
+
+
+def _import_folder(folder: Path, *, session: Session, study_name: str | None) -> ImportResult:
+    """``import_dataset`` of an upload's folder; an error names the uploaded file, never
+    the server's folder."""
+    try:
+        return import_dataset(folder, session=session, study_name=study_name)
+    except DatasetError as exc:
+        raise InvalidInputError(str(exc).replace(str(folder), "the upload")) from None
+
+
+def uploads_root(root: Path | None = None) -> Path:
+    """Where previewed uploads wait for their import (``<temp>/priorly-uploads``)."""
+    return root if root is not None else Path(tempfile.gettempdir()) / "priorly-uploads"
+
+
+def remove_expired_uploads(root: Path | None = None, *, now: float | None = None) -> int:
+    """Delete stored uploads older than :data:`UPLOAD_TTL_S`; returns how many."""
+    base = uploads_root(root)
+    if not base.is_dir():
+        return 0
+    now = time.time() if now is None else now
+    n = 0
+    for folder in base.iterdir():
+        try:
+            if folder.is_dir() and now - folder.stat().st_mtime > UPLOAD_TTL_S:
+                shutil.rmtree(folder, ignore_errors=True)
+                n += 1
+        except OSError:
+            continue
+    return n
+
+
+def preview_upload(
+    files: dict[str, bytes],
+    manifest_fields: dict[str, str],
+    *,
+    owner: Researcher | None = None,
+    root: Path | None = None,
+) -> UploadPreview:
+    """Validate uploaded files exactly as the importer will and describe what they hold.
+
+    With ``owner``, the upload is kept (under :func:`uploads_root`, in a folder named by a
+    random token, for :data:`UPLOAD_TTL_S` seconds) so that :func:`import_stored_upload`
+    imports it without the files being chosen again; the preview's ``token`` names it.
 
     Raises:
         DatasetError / InvalidInputError: the importer's message (file, row, column).
     """
-    with tempfile.TemporaryDirectory(prefix="priorly-upload-") as tmp:
-        folder = Path(tmp)
-        _write_upload(folder, files, manifest_fields)
-        ds: Dataset = load_dataset(folder)
-        head = ds.responses[:5].tolist()
-        letters = [item.letters for item in ds.codebook]
-        rows = [
-            [ds.respondent_ids[i]] + [letters[j][v] if v >= 0 else "" for j, v in enumerate(row)]
-            for i, row in enumerate(head)
-        ]
-        return UploadPreview(
-            name=manifest_fields.get("name", "").strip() or ds.name,
-            n_respondents=ds.n_respondents,
-            n_items=len(ds.codebook),
-            attributes=list(ds.demographics),
-            questions=list(ds.questions),
-            has_split=ds.split is not None,
-            n_runs=len(ds.runs),
-            head=rows,
-            columns=[ds.id_column] + [item.id for item in ds.codebook],
-        )
+    if owner is None:
+        with tempfile.TemporaryDirectory(prefix="priorly-upload-") as tmp:
+            notes = _write_upload(Path(tmp), files, manifest_fields)
+            return _describe(Path(tmp), manifest_fields, notes)
+    remove_expired_uploads(root)
+    base = uploads_root(root)
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_urlsafe(24)
+    folder = base / token
+    folder.mkdir(mode=0o700)
+    try:
+        notes = _write_upload(folder, files, manifest_fields)
+        preview = _describe(folder, manifest_fields, notes)
+        meta = {"owner_id": owner.id, "fields": manifest_fields}
+        (folder / _META_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return replace(preview, token=token)
+
+
+def import_stored_upload(
+    token: str,
+    *,
+    owner: Researcher,
+    session: Session,
+    study_name: str = "",
+    root: Path | None = None,
+) -> ImportResult:
+    """Import the upload that :func:`preview_upload` kept under ``token`` (only for the
+    researcher who previewed it), then delete it.
+
+    Raises:
+        NotFoundError: no such upload (expired, imported already, or another's).
+    """
+    folder = uploads_root(root) / token
+    gone = NotFoundError(
+        "this upload is no longer kept (imported already, or older than "
+        f"{int(UPLOAD_TTL_S // 60)} minutes): choose the files again"
+    )
+    if not _TOKEN.match(token) or not (folder / _META_FILE).is_file():
+        raise gone
+    meta = json.loads((folder / _META_FILE).read_text(encoding="utf-8"))
+    if meta.get("owner_id") != owner.id:
+        raise gone
+    name = study_name.strip() or str(meta.get("fields", {}).get("name", "")).strip() or None
+    if name is not None:
+        check_name(name)
+    result = _import_folder(folder, session=session, study_name=name)
+    shutil.rmtree(folder, ignore_errors=True)
+    _set_owner(result.study_id, owner, session=session)
+    return result
 
 
 def import_upload(
@@ -624,6 +764,6 @@ def import_upload(
         folder = Path(tmp)
         _write_upload(folder, files, manifest_fields)
         name = manifest_fields.get("name", "").strip() or None
-        result = import_dataset(folder, session=session, study_name=name)
+        result = _import_folder(folder, session=session, study_name=name)
     _set_owner(result.study_id, owner, session=session)
     return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -372,3 +373,86 @@ def test_only_criteria_the_belief_model_can_run_are_offered_and_accepted(
     )
     assert r.status_code == 200
     assert '<option value="posterior_entropy"' not in dclient.get(base).text
+
+
+def test_preview_without_runs_then_import_the_kept_upload(
+    dclient: TestClient,
+    alice: Researcher,
+    db: Session,
+    small_dataset_factory: Callable[..., Path],
+) -> None:
+    import re
+
+    from app.services import designer
+
+    folder = small_dataset_factory("ces", 25, folder="upload-kept")
+    manifest = json.loads((folder / "dataset.json").read_text(encoding="utf-8"))
+    manifest["runs"] = "runs.csv"  # named, but not uploaded
+    (folder / "dataset.json").write_text(json.dumps(manifest), encoding="utf-8")
+    login(dclient, "alice@example.org")
+    r = dclient.post(
+        "/admin/import/upload",
+        data={"action": "preview", "name": "Kept upload", "csrf_token": csrf(dclient)},
+        files=_files(folder, "responses.csv", "codebook.jsonl", "dataset.json"),
+    )
+    assert r.status_code == 200, r.text
+    assert "file not found" not in r.text and "runs.csv" in r.text and "left out" in r.text
+    token = re.search(r'name="upload_token" value="([^"]+)"', r.text)
+    assert token is not None
+    kept = designer.uploads_root() / token.group(1)
+    assert (kept / "responses.csv").is_file()
+    assert db.exec(select(Study)).all() == []
+    # import from the preview page: no files chosen again
+    r = dclient.post(
+        "/admin/import/upload",
+        data={
+            "action": "import",
+            "upload_token": token.group(1),
+            "name": "Kept upload",
+            "csrf_token": csrf(dclient),
+        },
+    )
+    assert r.status_code == 200, r.text
+    study = db.exec(select(Study).where(Study.slug == "kept-upload")).one()
+    assert study.owner_id == alice.id
+    assert len(db.exec(select(Respondent).where(Respondent.study_id == study.id)).all()) == 25
+    assert not kept.exists()  # removed after the import
+    again = dclient.post(
+        "/admin/import/upload",
+        data={"action": "import", "upload_token": token.group(1), "csrf_token": csrf(dclient)},
+    )
+    assert again.status_code == 422 and "no longer kept" in again.text
+
+
+def test_kept_uploads_belong_to_their_researcher_and_expire(
+    alice: Researcher,
+    bob: Researcher,
+    db: Session,
+    small_dataset_factory: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    import time
+
+    from app.errors import NotFoundError
+    from app.services import designer
+
+    folder = small_dataset_factory("ces", 25, folder="upload-expiry")
+    files = {n: (folder / n).read_bytes() for n in ("responses.csv", "codebook.jsonl")}
+    root = tmp_path / "uploads"
+    preview = designer.preview_upload(files, {"name": "Expiring"}, owner=alice, root=root)
+    assert preview.token and (root / preview.token).is_dir()
+    with pytest.raises(NotFoundError):
+        designer.import_stored_upload(preview.token, owner=bob, session=db, root=root)
+    with pytest.raises(NotFoundError):
+        designer.import_stored_upload("../../etc", owner=alice, session=db, root=root)
+    assert designer.remove_expired_uploads(root) == 0
+    later = time.time() + designer.UPLOAD_TTL_S + 1
+    assert designer.remove_expired_uploads(root, now=later) == 1
+    assert not (root / preview.token).exists()
+    # a failed preview keeps nothing, and its message never names the server's folder
+    bad = dict(files)
+    bad["codebook.jsonl"] = b'{"id": "x"}\n'
+    with pytest.raises(Exception) as err:
+        designer.preview_upload(bad, {"name": "Broken"}, owner=alice, root=root)
+    assert str(root) not in str(err.value)
+    assert list(root.iterdir()) == []
