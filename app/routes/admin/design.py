@@ -139,17 +139,18 @@ def _item_row(
     notice: str | None = None,
     status: int = 200,
 ) -> Response:
-    """The htmx answer to an item form: the item's table row (an empty answer once the
-    item is deleted), with the notice or the error inside the row."""
-    if item is None:
-        return Response("", status_code=status)
+    """The htmx answer to an item form: the item's table row (none once the item is
+    deleted), with the notice or the error inside the row, and the item counts of the
+    section's heading (swapped out of band)."""
     ctx = {
         **study_item_context(study, session=session),
+        "items": designer.study_items(study, session=session),
         "it": item,
         "row_error": error,
         "row_notice": notice,
+        "oob": True,
     }
-    return page.render("admin/study.html", ctx, block="item_row", status=status)
+    return page.render("admin/study.html", ctx, block="item_update", status=status)
 
 
 @router.post("/studies/{slug}/items/roles")
