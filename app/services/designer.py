@@ -520,7 +520,9 @@ def import_shipped(
     if name not in shipped_datasets(datasets_dir):
         raise NotFoundError(f"no shipped dataset {name!r}")
     result = import_dataset(
-        datasets_dir / name, session=session, study_name=study_name.strip() or None
+        datasets_dir / name,
+        session=session,
+        study_name=check_name(study_name) if study_name.strip() else None,
     )
     _set_owner(result.study_id, owner, session=session)
     return result
@@ -764,6 +766,8 @@ def import_upload(
         folder = Path(tmp)
         _write_upload(folder, files, manifest_fields)
         name = manifest_fields.get("name", "").strip() or None
-        result = _import_folder(folder, session=session, study_name=name)
+        result = _import_folder(
+            folder, session=session, study_name=check_name(name) if name else None
+        )
     _set_owner(result.study_id, owner, session=session)
     return result

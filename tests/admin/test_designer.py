@@ -166,6 +166,11 @@ def test_import_shipped_dataset(dclient: TestClient, alice: Researcher, db: Sess
         data={"dataset": "ces_small", "name": "My CES", "csrf_token": csrf(dclient)},
     )
     assert again.status_code == 422 and "already exists" in again.text
+    long = dclient.post(
+        "/admin/import/shipped",
+        data={"dataset": "ces_small", "name": "n" * 5000, "csrf_token": csrf(dclient)},
+    )
+    assert long.status_code == 422 and "5,000 characters; the limit is 200" in long.text
     missing = dclient.post(
         "/admin/import/shipped", data={"dataset": "../etc", "csrf_token": csrf(dclient)}
     )

@@ -170,7 +170,8 @@ async def bulk_roles(
         notice, error, status = None, user_error_message(exc), 422
     if page.htmx:
         ctx = {
-            **study_overview(study, session=session),
+            **study_item_context(study, session=session),
+            "items": designer.study_items(study, session=session),
             "items_error": error,
             "items_notice": notice,
         }
