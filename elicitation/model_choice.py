@@ -485,8 +485,17 @@ def fit_auto(ctx: FitContext) -> BeliefModel:
     return _memo(ctx, "auto", lambda: _fit_auto(ctx), tuple(ctx.candidates), tuple(ctx.targets))
 
 
-def _fit_auto(ctx: FitContext) -> BeliefModel:
-    models = {name: FITTERS[name](ctx) for name in AUTO_CANDIDATES}
+def _fit_auto(ctx: FitContext, progress: Callable[[float, str], None] | None = None) -> BeliefModel:
+    models = {}
+    for i, name in enumerate(AUTO_CANDIDATES):
+        if progress is not None:
+            progress(
+                0.8 * i / len(AUTO_CANDIDATES),
+                f"auto: fitting {name} ({i + 1} of {len(AUTO_CANDIDATES)})",
+            )
+        models[name] = FITTERS[name](ctx)
+    if progress is not None:
+        progress(0.8, "auto: comparing the models on validation respondents, refitting the chosen")
     choice = stack_models(
         models,
         ctx.val,
@@ -534,6 +543,7 @@ def fit_belief_model(
     seed: int = 0,
     latent_class_options: Mapping[str, Any] | None = None,
     fit_options: Mapping[str, Mapping[str, Any]] | None = None,
+    progress: Callable[[float, str], None] | None = None,
 ) -> BeliefModel:
     """Fit the belief model ``kind`` (one of :data:`BELIEF_MODEL_CHOICES` but
     ``persona_mixture``) on a study's history: what the app's "fit model" job runs.
@@ -550,6 +560,10 @@ def fit_belief_model(
             ``n_classes``).
         fit_options: keyword arguments of the CAPE fits by family, e.g.
             ``{"cape_factor": {"dims": (2,), "steps": 200}}`` (smaller fits for tests).
+        progress: called with the fraction done in ``[0, 1]`` and a message: after each EM
+            restart of the latent classes (``"K grid: 8 classes (2 of 4), restart 1 of
+            2"``), and before each CAPE fit (``"auto: fitting cape_linear (3 of 4)"``).
+            Does not change the fit.
 
     Returns:
         the fitted model; for ``auto`` its ``metrics["model_choice"]`` is the comparison
@@ -564,8 +578,12 @@ def fit_belief_model(
     lc = dict(latent_class_options or {})
     opts = {k: dict(v) for k, v in (fit_options or {}).items()}
     if kind == "default":
-        return fit_latent_classes(train, item_bank, val_responses=val_t, seed=seed, **lc)
+        return fit_latent_classes(
+            train, item_bank, val_responses=val_t, seed=seed, progress=progress, **lc
+        )
     if kind in CAPE_FAMILIES:
+        if progress is not None:
+            progress(0.0, f"fitting {kind}")
         kw = opts.get(kind, {})
         if kind == "cape_cooccurrence":
             return CapeCooccurrence.fit(train, item_bank, validation=val_t, seed=seed, **kw)
@@ -600,7 +618,7 @@ def fit_belief_model(
     )
     before = set(_MEMO)
     try:
-        return _fit_auto(ctx)
+        return _fit_auto(ctx, progress)
     finally:  # a long-running worker keeps no fits of past studies
         for key in set(_MEMO) - before:
             _MEMO.pop(key, None)

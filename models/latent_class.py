@@ -181,22 +181,27 @@ def _restarts(
     max_iter: int,
     tol: float,
     seed: int,
+    on_fit: Callable[[int, int], None] | None = None,
 ) -> list[LatentClassFit]:
     """``n_restarts`` EM fits of ``k`` classes on ``data`` (restart ``r``: seed
-    ``seed + 1000 k + r``)."""
+    ``seed + 1000 k + r``); ``on_fit(k, r)`` is called after each."""
     enc = _Encoded(data, item_bank)
-    return [
-        fit_em(
-            enc,
-            item_bank,
-            k,
-            alpha=alpha,
-            max_iter=max_iter,
-            tol=tol,
-            seed=seed + 1000 * k + r,
+    fits = []
+    for r in range(n_restarts):
+        fits.append(
+            fit_em(
+                enc,
+                item_bank,
+                k,
+                alpha=alpha,
+                max_iter=max_iter,
+                tol=tol,
+                seed=seed + 1000 * k + r,
+            )
         )
-        for r in range(n_restarts)
-    ]
+        if on_fit is not None:
+            on_fit(k, r)
+    return fits
 
 
 def _best(runs: Sequence[LatentClassFit]) -> LatentClassFit:
@@ -324,6 +329,7 @@ def fit_latent_classes(
     patience: int | None = 2,
     ensemble: bool = True,
     seed: int = 0,
+    progress: Callable[[float, str], None] | None = None,
 ) -> PersonaMixture:
     """Fit latent classes, choosing ``K`` on validation log-likelihood; a persona mixture.
 
@@ -350,6 +356,10 @@ def fit_latent_classes(
             all restarts of one ``K`` and of every fit tried (see :func:`_mixture`); the
             average of mixtures is again a persona mixture. Needs validation data.
         seed: base seed (restart ``r`` of candidate ``K`` uses ``seed + 1000 K + r``).
+        progress: called after each EM restart with the fraction done in ``[0, 1]`` and a
+            message, e.g. ``(0.25, "K grid: 8 classes (2 of 4), restart 1 of 2")``; the
+            search over ``K`` is the first 80%, the refit the rest (the search may stop
+            early, see ``patience``). Does not change the fit.
 
     Returns:
         A :class:`PersonaMixture` (family ``persona_mixture``) with ``metrics``:
@@ -371,8 +381,20 @@ def fit_latent_classes(
     if yv is not None and yv.shape[0] == 0:
         yv = None
 
+    stage, start, span, stage_ks = "K grid", 0.0, 0.8, cands
+
+    def on_fit(k: int, r: int) -> None:
+        if progress is None:
+            return
+        i = stage_ks.index(k) if k in stage_ks else 0
+        done = (i * n_restarts + r + 1) / (len(stage_ks) * n_restarts)
+        progress(
+            start + span * done,
+            f"{stage}: {k} classes ({i + 1} of {len(stage_ks)}), restart {r + 1} of {n_restarts}",
+        )
+
     def fit_runs(data: Tensor, k: int) -> list[LatentClassFit]:
-        return _restarts(data, item_bank, k, n_restarts, alpha, max_iter, tol, seed)
+        return _restarts(data, item_bank, k, n_restarts, alpha, max_iter, tol, seed, on_fit)
 
     def score(model: PersonaMixture, k: int) -> float:
         return _selection_score(model, k, y, yv, item_bank)
@@ -385,6 +407,7 @@ def fit_latent_classes(
     if refit_with_validation and yv is not None:
         data = torch.cat([y, yv])
         needed = list(runs_by_k) if structure == "all" else [chosen]
+        stage, start, span, stage_ks = "refit with validation users", 0.8, 0.2, needed
         runs_by_k = {k: fit_runs(data, k) for k in needed}
     parts = _structure_parts(structure, chosen, runs_by_k)
     out = _mixture(parts, item_bank)

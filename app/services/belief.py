@@ -45,7 +45,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -146,6 +146,7 @@ def fit_study_model(
     seed: int = 0,
     belief_model: str | None = None,
     fit_options: dict[str, dict[str, object]] | None = None,
+    progress: Callable[[float, str], None] | None = None,
 ) -> FittedModel:
     """Fit the study's belief model on its history and store it as the active one.
 
@@ -157,6 +158,8 @@ def fit_study_model(
     respondents gets the persona prior (or a uniform prior when no persona distributions
     are stored), with ``metrics["notice"]`` saying so.
     Previously active models of the study are deactivated in the same transaction.
+    ``progress(fraction, message)`` reports the fit's progress (see
+    :func:`elicitation.model_choice.fit_belief_model`).
 
     Raises:
         InvalidInputError: ``auto`` on a study without target or question items.
@@ -166,8 +169,9 @@ def fit_study_model(
     train, val = historical_matrix(study.id, items, session=session)
     kind = belief_model or str((study.settings or {}).get("belief_model") or "default")
     model = _fit_by_kind(
-        kind, study, items, train, val, session, n_classes, n_restarts, seed, fit_options
-    )
+        kind, study, items, train, val, session, n_classes, n_restarts, seed, fit_options,
+        progress,
+    )  # fmt: skip
     for old in session.exec(
         select(FittedModel).where(FittedModel.study_id == study.id, FittedModel.is_active)  # type: ignore[arg-type]
     ).all():
@@ -199,6 +203,7 @@ def _fit_by_kind(  # type: ignore[no-untyped-def]
     n_restarts: int,
     seed: int,
     fit_options: dict[str, dict[str, object]] | None = None,
+    progress: Callable[[float, str], None] | None = None,
 ):
     """The fitted model of :func:`fit_study_model` (logic in ``elicitation.model_choice``)."""
     if kind not in BELIEF_MODEL_CHOICES:
@@ -221,6 +226,7 @@ def _fit_by_kind(  # type: ignore[no-untyped-def]
             seed=seed,
             latent_class_options={"n_classes": tuple(n_classes), "n_restarts": n_restarts},
             fit_options=fit_options,
+            progress=progress,
         )
     except ElicitationError as exc:
         raise InvalidInputError(f"belief_model {kind!r}: {exc}") from None

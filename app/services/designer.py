@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
 import tempfile
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import ConflictError, InvalidInputError, NotFoundError
 from app.schemas import StudySettings
-from app.services.importer import ImportResult, hide_folder, import_dataset, slugify
+from app.services.importer import ImportResult, import_dataset, slugify
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -42,6 +45,11 @@ from elicitation.datasets import (
     DatasetError,
     load_dataset,
 )
+from models.cape_cooccurrence import CapeCooccurrence
+from models.cape_factor import CapeFactor
+from models.cape_linear import CapeLinear
+from models.cape_mixture import StackedMixture
+from models.persona import PersonaMixture
 
 MANIFEST_FILE = "dataset.json"
 OPTIONAL_FILES = ("user_split.json", "runs.csv")
@@ -52,14 +60,30 @@ _LETTER = re.compile(r"^[A-Za-z0-9]{1,32}$")
 # ----- studies ---------------------------------------------------------------------------
 
 
-def create_study(name: str, *, owner: Researcher, session: Session) -> Study:
-    """A new empty draft study owned by ``owner``."""
+NAME_MAX_LEN = 200
+"""The longest study name (characters)."""
+
+
+def check_name(name: str) -> str:
+    """``name`` without surrounding spaces; InvalidInputError when it is empty, longer
+    than :data:`NAME_MAX_LEN` (never cut) or has no letter or digit for the slug."""
     name = name.strip()
+    if not name:
+        raise InvalidInputError("the study needs a name")
+    if len(name) > NAME_MAX_LEN:
+        raise InvalidInputError(
+            f"the study name has {len(name):,} characters; the limit is {NAME_MAX_LEN}"
+        )
+    if not slugify(name):
+        raise InvalidInputError("the study name needs at least one letter or digit")
+    return name
+
+
+def create_study(name: str, *, owner: Researcher, session: Session) -> Study:
+    """A new empty draft study owned by ``owner``; its slug is :func:`slugify` of the name
+    (``"Größe 2026"`` -> ``grosse-2026``, ``"Опрос"`` -> ``опрос``)."""
+    name = check_name(name)
     slug = slugify(name)
-    if not name or not slug:
-        raise InvalidInputError("the study needs a name with letters or digits")
-    if len(name) > 200:
-        raise InvalidInputError("the study name is longer than 200 characters")
     if session.exec(select(Study).where(Study.slug == slug)).first() is not None:
         raise ConflictError(f"a study with slug {slug!r} already exists; choose another name")
     study = Study(
@@ -104,9 +128,7 @@ def update_texts(
     redirect_url: str,
 ) -> Study:
     """Set the study's name, description, consent text, completion code and redirect URL."""
-    name = name.strip()
-    if not name or len(name) > 200:
-        raise InvalidInputError("the name must have 1 to 200 characters")
+    name = check_name(name)
     code = completion_code.strip()
     if len(code) > 100:
         raise InvalidInputError("the completion code is longer than 100 characters")
@@ -143,6 +165,14 @@ def update_settings(study: Study, values: dict[str, Any], *, session: Session) -
         raise InvalidInputError(
             f"criterion: unknown {validated.criterion!r} (known: {', '.join(criterion_names())})"
         )
+    if not criterion_runs_with(validated.criterion, validated.belief_model):
+        usable = ", ".join(criteria_for(validated.belief_model))
+        raise InvalidInputError(
+            f"criterion: {validated.criterion!r} cannot run with the belief model "
+            f"{BELIEF_MODEL_LABELS.get(validated.belief_model, validated.belief_model)!r} "
+            f"(it needs the model's {CRITERION_NEEDS[validated.criterion]}); choose one of: "
+            f"{usable}"
+        )
     study.settings = validated.model_dump(mode="json")
     session.add(study)
     session.commit()
@@ -165,6 +195,161 @@ def set_status(study: Study, status: str, *, session: Session) -> Study:
     session.commit()
     session.refresh(study)
     return study
+
+
+# ----- what each setting means, and which criteria a belief model can run ----------------
+
+CRITERION_NEEDS: dict[str, str] = {
+    "posterior_entropy": "latent_posterior",
+    "irt": "theta_posterior",
+}
+"""The model method a criterion needs beyond the common interface (``models.base``)."""
+
+BELIEF_MODEL_CLASSES: dict[str, tuple[type, ...]] = {
+    "default": (PersonaMixture,),
+    "persona_mixture": (PersonaMixture,),
+    "auto": (StackedMixture,),
+    "cape_cooccurrence": (CapeCooccurrence,),
+    "cape_linear": (CapeLinear,),
+    "cape_factor": (CapeFactor,),
+}
+"""The model classes each ``belief_model`` setting fits (``default``: latent classes, a
+:class:`PersonaMixture`)."""
+
+BELIEF_MODEL_LABELS: dict[str, str] = {
+    "default": "latent classes (default)",
+    "auto": "automatic choice (latent classes or CAPE, best on validation)",
+    "cape_cooccurrence": "CAPE co-occurrence",
+    "cape_linear": "CAPE linear factor",
+    "cape_factor": "CAPE latent factor (Pyro)",
+    "persona_mixture": "language-model personas",
+}
+"""How the settings form names each belief model: by the family it fits."""
+
+FAMILY_LABELS: dict[str, str] = {
+    "latent_class": "latent classes",
+    "persona_mixture": "language-model personas",
+    "stacked_mixture": "automatic choice (stacked mixture)",
+    **{k: v for k, v in BELIEF_MODEL_LABELS.items() if k.startswith("cape_")},
+}
+"""A fitted model's family in words (unknown families are shown as stored)."""
+
+CRITERION_HELP: dict[str, str] = {
+    "eig_anchored": (
+        "Asks the question expected to tell you most about the target items, but prefers "
+        "to keep a fixed, precomputed order unless another question is clearly better. "
+        "The recommended choice: nearly as informative as full adaptivity, and respondents "
+        "with similar answers see similar questionnaires."
+    ),
+    "eig": (
+        "Each time asks the question expected to reduce uncertainty about the target items "
+        "the most (expected information gain). Pick it for the most adaptive survey."
+    ),
+    "eig_tempered": (
+        "Like eig, but judges questions under a deliberately less certain belief, so it "
+        "explores more early on. Pick it when eig keeps asking very similar questions."
+    ),
+    "eig2": (
+        "Looks two questions ahead instead of one. Slower per answer; pick it when pairs of "
+        "questions are informative together but not alone."
+    ),
+    "fixed": (
+        "Everyone gets the same order, chosen once to be as informative as possible on "
+        "average. Pick it when every respondent must see the same questionnaire."
+    ),
+    "random": ("Questions in a random order. Only useful as a baseline to compare against."),
+    "posterior_entropy": (
+        "Asks what best tells which kind of respondent (latent class or persona) a person "
+        "is, ignoring the targets. Pick it to describe respondents rather than predict "
+        "targets. Needs latent classes or personas as the belief model."
+    ),
+    "irt": (
+        "Item response theory's adaptive testing: narrows down a single ability score. "
+        "Needs an IRT model, which this app does not fit, so it cannot be chosen here."
+    ),
+}
+"""Plain-language help for each selection criterion: what it does, when to pick it."""
+
+BELIEF_MODEL_HELP: dict[str, str] = {
+    "default": (
+        "Groups past respondents into latent classes of people who answer alike and "
+        "predicts a new respondent from the classes their answers match. Robust; the usual "
+        "choice when you have imported past responses."
+    ),
+    "auto": (
+        "Fits latent classes and the CAPE models, compares them on held-out respondents and "
+        "combines the best. Slower to fit; pick it when you have enough data (hundreds of "
+        "respondents) and want the most accurate predictions."
+    ),
+    "cape_cooccurrence": (
+        "Predicts from how often answers occur together in past data. Fast and simple; "
+        "good with many respondents and few items."
+    ),
+    "cape_linear": (
+        "A linear factor model of the answers with exact updating. Well calibrated; good "
+        "when answers vary along a few broad attitudes."
+    ),
+    "cape_factor": (
+        "A non-linear latent factor model (fitted with Pyro). The most flexible and the "
+        "slowest to fit."
+    ),
+    "persona_mixture": (
+        "Uses answers simulated by a language model for a set of personas as the prior. "
+        "Pick it when you have no past responses; needs a persona generation job first."
+    ),
+}
+"""Plain-language help for each belief model."""
+
+STOPPING_HELP: dict[str, str] = {
+    "max_questions": "The most questions a respondent is asked (after the attribute items).",
+    "min_questions": "Always ask at least this many, whatever the stopping rules below say.",
+    "stop_eig_threshold": (
+        "Stop early when even the best remaining question is expected to teach less than "
+        "this (in nats; 0.01 is small). Leave empty to ask up to the maximum."
+    ),
+    "stop_entropy_threshold": (
+        "Stop early once the predictions of the target items are this certain (mean "
+        "entropy in nats; 0 is certain, about 0.7 is a coin flip between two options). "
+        "Leave empty to ignore."
+    ),
+    "allow_skip": "Show a 'skip' button; a skipped question counts as asked but not answered.",
+}
+"""Plain-language help for the stopping settings."""
+
+
+def describe_fit(family: str, metrics: dict[str, Any] | None) -> str:
+    """A fitted model in words, e.g. ``"latent classes, 516 classes, validation
+    log-likelihood -12.31 per respondent"`` (what the jobs and designer pages show)."""
+    m = metrics or {}
+    if m.get("model") == "latent_class":
+        parts = ["latent classes"]
+    else:
+        parts = [FAMILY_LABELS.get(family, family)]
+    if isinstance(m.get("n_classes"), int):
+        parts.append(f"{m['n_classes']:,} classes")
+    if isinstance(m.get("val_log_lik"), (int, float)):
+        parts.append(f"validation log-likelihood {m['val_log_lik']:.2f} per respondent")
+    chosen = [r for r in m.get("model_choice") or [] if isinstance(r, dict) and r.get("chosen")]
+    if chosen and isinstance(chosen[0].get("mean_log_loss"), (int, float)):
+        parts.append(
+            f"chose {chosen[0].get('name')}, validation target log loss "
+            f"{chosen[0]['mean_log_loss']:.2f}"
+        )
+    return ", ".join(parts)
+
+
+def criterion_runs_with(criterion: str, belief_model: str) -> bool:
+    """Whether the models that ``belief_model`` fits have what ``criterion`` needs."""
+    need = CRITERION_NEEDS.get(criterion)
+    if need is None:
+        return True
+    classes = BELIEF_MODEL_CLASSES.get(belief_model, ())
+    return bool(classes) and all(hasattr(cls, need) for cls in classes)
+
+
+def criteria_for(belief_model: str) -> list[str]:
+    """The registered criteria that can run with ``belief_model``'s models."""
+    return [c for c in criterion_names() if criterion_runs_with(c, belief_model)]
 
 
 # ----- items -----------------------------------------------------------------------------
@@ -254,11 +439,28 @@ def update_item(
     role: str,
     topic: str,
     is_preference_criterion: bool,
+    missing: Sequence[str] = (),
 ) -> Item:
-    """Edit an item. Its options may change only while no live answer refers to them."""
+    """Edit an item: its wording, its options (the lines' order is the scale order; edit a
+    label to reword it), role, topic and preference flag.
+
+    ``missing`` lists option letters that are not answers (e.g. "Don't know/Refused"):
+    they are dropped from the options, and imported answers with those letters then count
+    as missing (the fit treats letters that are no option as missing). Option letters may
+    be removed only while no live answer refers to them.
+    """
     if not question.strip():
         raise InvalidInputError("the question text is empty")
     options = parse_options(options_text)
+    drop = {m.strip() for m in missing if m.strip()}
+    unknown = sorted(drop - {o[0] for o in options})
+    if unknown:
+        raise InvalidInputError(f"item {item.key}: no option {', '.join(unknown)} to mark missing")
+    options = [o for o in options if o[0] not in drop]
+    if len(options) < 2:
+        raise InvalidInputError(
+            f"item {item.key}: at least two options must remain answers after marking missing"
+        )
     if options != item.options and has_live_answers(study, session=session):
         old = {o[0] for o in item.options}
         if not old <= {o[0] for o in options}:
@@ -318,7 +520,9 @@ def import_shipped(
     if name not in shipped_datasets(datasets_dir):
         raise NotFoundError(f"no shipped dataset {name!r}")
     result = import_dataset(
-        datasets_dir / name, session=session, study_name=study_name.strip() or None
+        datasets_dir / name,
+        session=session,
+        study_name=check_name(study_name) if study_name.strip() else None,
     )
     _set_owner(result.study_id, owner, session=session)
     return result
@@ -332,9 +536,16 @@ def _set_owner(study_id: int, owner: Researcher, *, session: Session) -> None:
     session.commit()
 
 
+UPLOAD_TTL_S = 3600.0
+"""How long a previewed upload is kept for its import (seconds)."""
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{20,64}$")
+_META_FILE = "upload-meta.json"
+
+
 @dataclass(frozen=True)
 class UploadPreview:
-    """What an upload would import."""
+    """What an upload would import; ``token`` names the stored upload to import it."""
 
     name: str
     n_respondents: int
@@ -345,9 +556,15 @@ class UploadPreview:
     n_runs: int
     head: list[list[str]]
     columns: list[str]
+    token: str = ""
+    notes: tuple[str, ...] = ()
 
 
-def _write_upload(folder: Path, files: dict[str, bytes], manifest_fields: dict[str, str]) -> None:
+def _write_upload(
+    folder: Path, files: dict[str, bytes], manifest_fields: dict[str, str]
+) -> list[str]:
+    """Write the uploaded files into ``folder`` as a dataset folder; returns notes on what
+    was left out (a split or runs file the manifest names but that was not uploaded)."""
     total = sum(len(v) for v in files.values())
     if total > MAX_UPLOAD_BYTES:
         raise InvalidInputError(f"the upload is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
@@ -355,13 +572,35 @@ def _write_upload(folder: Path, files: dict[str, bytes], manifest_fields: dict[s
         if not files.get(required):
             raise InvalidInputError(f"upload {required}")
     for name, data in files.items():
-        if data and name in (RESPONSES_FILE, CODEBOOK_FILE, MANIFEST_FILE, *OPTIONAL_FILES):
+        if data and name in (RESPONSES_FILE, CODEBOOK_FILE, *OPTIONAL_FILES):
             (folder / name).write_bytes(data)
-    if not files.get(MANIFEST_FILE):
-        (folder / MANIFEST_FILE).write_text(
-            json.dumps(_manifest_from_fields(files[RESPONSES_FILE], manifest_fields)),
-            encoding="utf-8",
-        )
+    notes: list[str] = []
+    if files.get(MANIFEST_FILE):
+        manifest = _uploaded_manifest(files[MANIFEST_FILE])
+        for key, file in (("split", "user_split.json"), ("runs", "runs.csv")):
+            if key not in manifest:
+                continue
+            if files.get(file):
+                manifest[key] = file
+            else:
+                notes.append(
+                    f"dataset.json names {key} file {manifest.pop(key)!r}: not uploaded, left out"
+                )
+    else:
+        manifest = _manifest_from_fields(files[RESPONSES_FILE], manifest_fields)
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest), encoding="utf-8")
+    return notes
+
+
+def _uploaded_manifest(data: bytes) -> dict[str, Any]:
+    """The uploaded ``dataset.json`` as a dict (DatasetError when it is not a JSON object)."""
+    try:
+        manifest = json.loads(data.decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(MANIFEST_FILE, f"not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise DatasetError(MANIFEST_FILE, "must be a JSON object")
+    return manifest
 
 
 def _manifest_from_fields(responses: bytes, fields: dict[str, str]) -> dict[str, Any]:
@@ -383,36 +622,136 @@ def _manifest_from_fields(responses: bytes, fields: dict[str, str]) -> dict[str,
     }
 
 
-def preview_upload(files: dict[str, bytes], manifest_fields: dict[str, str]) -> UploadPreview:
-    """Validate uploaded files exactly as the importer will; describe what they hold.
+def _describe(folder: Path, manifest_fields: dict[str, str], notes: list[str]) -> UploadPreview:
+    ds: Dataset = _load(folder)
+    head = ds.responses[:5].tolist()
+    letters = [item.letters for item in ds.codebook]
+    rows = [
+        [ds.respondent_ids[i]] + [letters[j][v] if v >= 0 else "" for j, v in enumerate(row)]
+        for i, row in enumerate(head)
+    ]
+    return UploadPreview(
+        name=manifest_fields.get("name", "").strip() or ds.name,
+        n_respondents=ds.n_respondents,
+        n_items=len(ds.codebook),
+        attributes=list(ds.demographics),
+        questions=list(ds.questions),
+        has_split=ds.split is not None,
+        n_runs=len(ds.runs),
+        head=rows,
+        columns=[ds.id_column] + [item.id for item in ds.codebook],
+        notes=tuple(notes),
+    )
+
+
+def _load(folder: Path) -> Dataset:
+    """``load_dataset(folder)``; an error names the uploaded file, never the server's
+    folder."""
+    try:
+        return load_dataset(folder)
+    except DatasetError as exc:
+        raise InvalidInputError(str(exc).replace(str(folder), "the upload")) from None
+
+
+def _import_folder(folder: Path, *, session: Session, study_name: str | None) -> ImportResult:
+    """``import_dataset`` of an upload's folder; an error names the uploaded file, never
+    the server's folder."""
+    try:
+        return import_dataset(folder, session=session, study_name=study_name)
+    except DatasetError as exc:
+        raise InvalidInputError(str(exc).replace(str(folder), "the upload")) from None
+
+
+def uploads_root(root: Path | None = None) -> Path:
+    """Where previewed uploads wait for their import (``<temp>/priorly-uploads``)."""
+    return root if root is not None else Path(tempfile.gettempdir()) / "priorly-uploads"
+
+
+def remove_expired_uploads(root: Path | None = None, *, now: float | None = None) -> int:
+    """Delete stored uploads older than :data:`UPLOAD_TTL_S`; returns how many."""
+    base = uploads_root(root)
+    if not base.is_dir():
+        return 0
+    now = time.time() if now is None else now
+    n = 0
+    for folder in base.iterdir():
+        try:
+            if folder.is_dir() and now - folder.stat().st_mtime > UPLOAD_TTL_S:
+                shutil.rmtree(folder, ignore_errors=True)
+                n += 1
+        except OSError:
+            continue
+    return n
+
+
+def preview_upload(
+    files: dict[str, bytes],
+    manifest_fields: dict[str, str],
+    *,
+    owner: Researcher | None = None,
+    root: Path | None = None,
+) -> UploadPreview:
+    """Validate uploaded files exactly as the importer will and describe what they hold.
+
+    With ``owner``, the upload is kept (under :func:`uploads_root`, in a folder named by a
+    random token, for :data:`UPLOAD_TTL_S` seconds) so that :func:`import_stored_upload`
+    imports it without the files being chosen again; the preview's ``token`` names it.
 
     Raises:
         DatasetError / InvalidInputError: the importer's message (file, row, column).
     """
-    with tempfile.TemporaryDirectory(prefix="priorly-upload-") as tmp:
-        folder = Path(tmp)
-        _write_upload(folder, files, manifest_fields)
-        try:
-            ds: Dataset = load_dataset(folder)
-        except DatasetError as exc:  # no server path in the browser
-            raise hide_folder(exc, folder) from None
-        head = ds.responses[:5].tolist()
-        letters = [item.letters for item in ds.codebook]
-        rows = [
-            [ds.respondent_ids[i]] + [letters[j][v] if v >= 0 else "" for j, v in enumerate(row)]
-            for i, row in enumerate(head)
-        ]
-        return UploadPreview(
-            name=manifest_fields.get("name", "").strip() or ds.name,
-            n_respondents=ds.n_respondents,
-            n_items=len(ds.codebook),
-            attributes=list(ds.demographics),
-            questions=list(ds.questions),
-            has_split=ds.split is not None,
-            n_runs=len(ds.runs),
-            head=rows,
-            columns=[ds.id_column] + [item.id for item in ds.codebook],
-        )
+    if owner is None:
+        with tempfile.TemporaryDirectory(prefix="priorly-upload-") as tmp:
+            notes = _write_upload(Path(tmp), files, manifest_fields)
+            return _describe(Path(tmp), manifest_fields, notes)
+    remove_expired_uploads(root)
+    base = uploads_root(root)
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_urlsafe(24)
+    folder = base / token
+    folder.mkdir(mode=0o700)
+    try:
+        notes = _write_upload(folder, files, manifest_fields)
+        preview = _describe(folder, manifest_fields, notes)
+        meta = {"owner_id": owner.id, "fields": manifest_fields}
+        (folder / _META_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return replace(preview, token=token)
+
+
+def import_stored_upload(
+    token: str,
+    *,
+    owner: Researcher,
+    session: Session,
+    study_name: str = "",
+    root: Path | None = None,
+) -> ImportResult:
+    """Import the upload that :func:`preview_upload` kept under ``token`` (only for the
+    researcher who previewed it), then delete it.
+
+    Raises:
+        NotFoundError: no such upload (expired, imported already, or another's).
+    """
+    folder = uploads_root(root) / token
+    gone = NotFoundError(
+        "this upload is no longer kept (imported already, or older than "
+        f"{int(UPLOAD_TTL_S // 60)} minutes): choose the files again"
+    )
+    if not _TOKEN.match(token) or not (folder / _META_FILE).is_file():
+        raise gone
+    meta = json.loads((folder / _META_FILE).read_text(encoding="utf-8"))
+    if meta.get("owner_id") != owner.id:
+        raise gone
+    name = study_name.strip() or str(meta.get("fields", {}).get("name", "")).strip() or None
+    if name is not None:
+        check_name(name)
+    result = _import_folder(folder, session=session, study_name=name)
+    shutil.rmtree(folder, ignore_errors=True)
+    _set_owner(result.study_id, owner, session=session)
+    return result
 
 
 def import_upload(
@@ -427,9 +766,8 @@ def import_upload(
         folder = Path(tmp)
         _write_upload(folder, files, manifest_fields)
         name = manifest_fields.get("name", "").strip() or None
-        try:
-            result = import_dataset(folder, session=session, study_name=name)
-        except DatasetError as exc:  # no server path in the browser
-            raise hide_folder(exc, folder) from None
+        result = _import_folder(
+            folder, session=session, study_name=check_name(name) if name else None
+        )
     _set_owner(result.study_id, owner, session=session)
     return result

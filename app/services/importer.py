@@ -17,7 +17,6 @@ and its split (``train`` / ``val`` / ``test``, or NULL).
 from __future__ import annotations
 
 import json
-import re
 import time
 import unicodedata
 from dataclasses import dataclass
@@ -66,10 +65,57 @@ class ImportResult:
     seconds: float
 
 
+_TRANSLITERATE = str.maketrans(
+    {
+        "ß": "ss",
+        "æ": "ae",
+        "Æ": "ae",
+        "ø": "o",
+        "Ø": "o",
+        "œ": "oe",
+        "Œ": "oe",
+        "ł": "l",
+        "Ł": "l",
+        "đ": "d",
+        "Đ": "d",
+        "þ": "th",
+        "Þ": "th",
+        "ð": "d",
+        "ı": "i",
+    }
+)
+
+
+def _is_mark(c: str) -> bool:
+    """A combining mark (an accent, or a vowel sign of an Indic script)."""
+    return unicodedata.category(c).startswith("M")
+
+
 def slugify(text: str) -> str:
-    """A URL slug: ASCII lower-case words joined by ``-`` (``"CES 2024!"`` -> ``"ces-2024"``)."""
-    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
-    slug = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")
+    """A URL slug: lower-case words joined by ``-``.
+
+    Latin letters lose their accents (``"Größe Zürich"`` -> ``"grosse-zurich"``); letters
+    of other scripts are kept as they are, so a Cyrillic or Chinese name gives a readable
+    slug (``"Опрос 2026"`` -> ``"опрос-2026"``; browsers percent-encode it in the URL).
+    Punctuation and spaces become one ``-``. At most :data:`SLUG_MAX_LEN` characters.
+
+    Example::
+
+        >>> slugify("CES 2024!")
+        'ces-2024'
+    """
+    text = unicodedata.normalize("NFKC", text).translate(_TRANSLITERATE)
+    kept: list[str] = []
+    base = ""
+    for c in unicodedata.normalize("NFD", text):
+        if not _is_mark(c):
+            base = c
+        elif base.isascii():  # an accent on a Latin letter; other scripts keep their marks
+            continue
+        kept.append(c)
+    text = unicodedata.normalize("NFC", "".join(kept)).lower()
+    word = "".join(c if c.isalnum() or _is_mark(c) else " " for c in text)
+    slug = "-".join(word.split())
     return slug[:SLUG_MAX_LEN].rstrip("-")
 
 

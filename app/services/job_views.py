@@ -1,9 +1,10 @@
 """Background jobs as the admin pages show them: rows with a label and progress, the jobs
 page, a page about one kind of job, one job's row, cancelling, a simulation's plot.
 
-A job row is a dict ``{"job", "label", "active", "percent"}``: the :class:`Job`, the
-kind's label, whether it is queued or running (the row then polls itself) and its progress
-in whole percent, e.g. ``percent = round(100 * 0.426) = 43``.
+A job row is a dict ``{"job", "label", "active", "percent", "summary"}``: the
+:class:`Job`, the kind's label, whether it is queued or running (the row then polls itself),
+its progress in whole percent, e.g. ``percent = round(100 * 0.426) = 43``, and a succeeded
+job's result in words (:func:`result_summary`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from app.errors import NotFoundError
 from app.jobs.registry import LABELS, kind_names
 from app.schemas import StudySettings
 from app.services import jobs
+from app.services.designer import describe_fit
 from app.services.plots import simulation_svg
 from app.services.studies import study_personas
 from app.tables import Job, JobStatus, Study
@@ -31,7 +33,30 @@ def job_row(job: Job) -> dict[str, Any]:
         "label": LABELS.get(job.kind, job.kind),
         "active": job.status in jobs.ACTIVE,
         "percent": int(round(100 * (job.progress or 0.0))),
+        "summary": result_summary(job),
     }
+
+
+def result_summary(job: Job) -> str | None:
+    """A succeeded job's result in words: a fitted model by its family, size and validation
+    score (:func:`app.services.designer.describe_fit`); other kinds: their result fields
+    but ids, hashes and metrics. ``None`` before success."""
+    result = job.result or {}
+    if job.status != JobStatus.succeeded.value or not result:
+        return None
+    if job.kind == "fit_model":
+        return str(
+            result.get("summary")
+            or describe_fit(str(result.get("family", "")), result.get("metrics"))
+        )
+    shown = {
+        k: v
+        for k, v in result.items()
+        if k != "metrics"
+        and not k.endswith(("_id", "_hash", "_ids"))
+        and not isinstance(v, (dict, list))
+    }
+    return "; ".join(f"{k.replace('_', ' ')} {v}" for k, v in shown.items()) or None
 
 
 def jobs_overview(study: Study, *, session: Session) -> dict[str, Any]:

@@ -23,20 +23,38 @@ from elicitation.model_choice import BELIEF_MODEL_CHOICES
 ITEM_ROLES = ("question", "attribute", "target")
 
 
+def study_item_context(study: Study, *, session: Session) -> dict[str, Any]:
+    """What one item row of the designer needs besides the item: ``study``, ``roles``."""
+    return {"study": study, "roles": ITEM_ROLES}
+
+
 def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
     """The designer page's context: ``study``, ``items``, ``settings`` (validated),
-    ``criteria``, ``shares`` (researchers), ``owner``, ``roles``, ``fitted_model``
-    (:func:`active_model_row`), ``belief_models`` and ``serving`` (:func:`serving_summary`)."""
+    ``criteria`` (those that can run with the study's belief model), ``criterion_help``,
+    ``belief_models`` (value, label by the family it fits), ``belief_model_help``,
+    ``stopping_help``, ``shares`` (researchers), ``owner``, ``roles``, ``fitted_model``
+    (:func:`active_model_row`) and ``serving`` (:func:`serving_summary`)."""
+    settings = StudySettings.model_validate(study.settings or {})
     return {
-        "study": study,
+        **study_item_context(study, session=session),
         "items": designer.study_items(study, session=session),
-        "settings": StudySettings.model_validate(study.settings or {}),
-        "criteria": criterion_names(),
+        "settings": settings,
+        "criteria": designer.criteria_for(settings.belief_model),
+        "all_criteria": criterion_names(),
+        "criterion_help": designer.CRITERION_HELP,
+        "criterion_models": {
+            c: [m for m in BELIEF_MODEL_CHOICES if designer.criterion_runs_with(c, m)]
+            for c in criterion_names()
+        },
         "shares": study_shares(study, session=session),
         "owner": session.get(Researcher, study.owner_id) if study.owner_id else None,
-        "roles": ITEM_ROLES,
         "fitted_model": active_model_row(study, session=session),
-        "belief_models": BELIEF_MODEL_CHOICES,
+        "belief_models": [
+            (m, designer.BELIEF_MODEL_LABELS.get(m, m)) for m in BELIEF_MODEL_CHOICES
+        ],
+        "belief_model_help": designer.BELIEF_MODEL_HELP,
+        "stopping_help": designer.STOPPING_HELP,
+        "name_max_len": designer.NAME_MAX_LEN,
         "serving": serving_summary(study, session=session),
     }
 
@@ -53,15 +71,19 @@ def study_shares(study: Study, *, session: Session) -> list[Researcher]:
 
 
 def active_model_row(study: Study, *, session: Session) -> dict[str, Any] | None:
-    """The active fitted model's ``id``, ``family``, ``metrics`` and ``created_at`` (not its
-    blob), or ``None`` without one."""
+    """The active fitted model's ``id``, ``family``, ``metrics``, ``created_at`` (not its
+    blob) and ``label`` (:func:`app.services.designer.describe_fit`), or ``None``."""
     row = session.exec(
         select(FittedModel.id, FittedModel.family, FittedModel.metrics, FittedModel.created_at)
         .where(FittedModel.study_id == study.id, col(FittedModel.is_active))
         .order_by(col(FittedModel.id).desc())
     ).first()
     keys = ("id", "family", "metrics", "created_at")
-    return None if row is None else dict(zip(keys, row, strict=True))
+    if row is None:
+        return None
+    out = dict(zip(keys, row, strict=True))
+    out["label"] = designer.describe_fit(out["family"], out["metrics"])
+    return out
 
 
 def serving_summary(study: Study, *, session: Session) -> dict[str, Any] | None:

@@ -339,3 +339,73 @@ def test_train_gnn_job_stores_an_inactive_model(
     row = db.get(FittedModel, r["fitted_model_id"])
     assert row is not None and row.family == "gnn" and not row.is_active
     assert isinstance(TrainedGNN.from_bytes(row.blob), TrainedGNN)
+
+
+def test_fit_progress_reports_each_em_restart_over_the_k_grid(
+    db: Session, ces_study: Study
+) -> None:
+    """The latent class fit reports every EM restart, K by K, then the refit; the
+    fractions never go back; the model is the same as without a progress callback."""
+    from app.services.belief import fit_study_model
+
+    seen: list[tuple[float, str]] = []
+    row = fit_study_model(
+        ces_study,
+        session=db,
+        n_classes=(2, 3),
+        n_restarts=2,
+        progress=lambda f, m: seen.append((f, m)),
+    )
+    messages = [m for _, m in seen]
+    assert messages[:4] == [
+        "K grid: 2 classes (1 of 2), restart 1 of 2",
+        "K grid: 2 classes (1 of 2), restart 2 of 2",
+        "K grid: 3 classes (2 of 2), restart 1 of 2",
+        "K grid: 3 classes (2 of 2), restart 2 of 2",
+    ]
+    assert any(m.startswith("refit with validation users") for m in messages)
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and fractions[3] == pytest.approx(0.8)
+    assert fractions[-1] == pytest.approx(1.0)
+    again = fit_study_model(ces_study, session=db, n_classes=(2, 3), n_restarts=2)
+    assert again.blob == row.blob  # reporting changes nothing
+
+
+def test_fit_job_shows_progress_and_a_readable_result(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    """While the fit job runs, its row moves past 5% with the step it is on; the result
+    says what was fitted in words."""
+    import threading
+
+    from app.services.job_views import job_row
+
+    job = Job(kind="fit_model", study_id=ces_study.id, payload={})
+    db.add(job)
+    db.commit()
+    job_id = job.id or 0
+    seen: set[tuple[float, str]] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            j = _job(engine, job_id)
+            seen.add((j.progress, j.message or ""))
+            done.wait(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        status = execute_job(engine, job_id)
+    finally:
+        done.set()
+        watcher.join()
+    assert status == JobStatus.succeeded.value, _job(engine, job_id).error
+    steps = [(p, m) for p, m in seen if 0.05 < p < 0.9]
+    assert steps, sorted(seen)
+    assert all(m.startswith("fitting latent classes: ") for _, m in steps)
+    assert any("classes (" in m and "restart" in m for _, m in steps)
+    final = _job(engine, job_id)
+    summary = job_row(final)["summary"]
+    assert summary is not None and summary.startswith("latent classes, ")
+    assert " classes, validation log-likelihood " in summary and "hash" not in summary

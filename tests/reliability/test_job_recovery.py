@@ -177,7 +177,7 @@ def test_killed_worker_jobs_end_as_uninterrupted(
             fit_id = job.id or 0
         w1 = worker()
         poll_until(
-            lambda: _job(engine, fit_id).message == "fitting latent classes",
+            lambda: (_job(engine, fit_id).message or "").startswith("fitting latent classes"),
             180,
             "the first worker to start fitting",
             every=0.02,

@@ -3,7 +3,10 @@ settings, items, status and sharing.
 
 Each form runs one designer change: on success it redirects (303) to the study page with a
 short notice (``?notice=texts saved``), so a reload does not post again; a user error
-re-renders the study page with the message inline (422).
+re-renders the study page with the message inline (422). The item forms are also sent by
+htmx (header ``HX-Request``): an item's edit answers with its table row only and the bulk
+role change with the items section, so the page is not reloaded and keeps its scroll
+position.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from sqlmodel import Session
 
 from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, SessionDep
+from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, user_error_message
 from app.services import accounts, designer
-from app.services.study_view import study_overview
-from app.tables import Study
+from app.services.study_view import study_item_context, study_overview
+from app.tables import Item, Study
 
 router = APIRouter()
 
@@ -125,18 +129,72 @@ async def add_item(
     return _study_form(page, study, session, change)
 
 
+def _item_row(
+    page: PageDep,
+    study: Study,
+    item: Item | None,
+    session: Session,
+    *,
+    error: str | None = None,
+    notice: str | None = None,
+    status: int = 200,
+) -> Response:
+    """The htmx answer to an item form: the item's table row (none once the item is
+    deleted), with the notice or the error inside the row, and the item counts of the
+    section's heading (swapped out of band)."""
+    ctx = {
+        **study_item_context(study, session=session),
+        "items": designer.study_items(study, session=session),
+        "it": item,
+        "row_error": error,
+        "row_notice": notice,
+        "oob": True,
+    }
+    return page.render("admin/study.html", ctx, block="item_update", status=status)
+
+
+@router.post("/studies/{slug}/items/roles")
+async def bulk_roles(
+    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
+) -> Response:
+    """Set the role of the selected items (``keys``, several) to ``role``. htmx gets the
+    items section back; a plain form post is redirected to the study page."""
+    keys = [k for k in form.form.getlist("keys") if isinstance(k, str)]
+    role = form.text("role")
+    try:
+        if not keys:
+            raise InvalidInputError("select at least one item to change its role")
+        n = designer.set_roles(study, dict.fromkeys(keys, role), session=session)
+        notice, error, status = f"{n} item{'s' if n != 1 else ''} set to {role}", None, 200
+    except Exception as exc:
+        notice, error, status = None, user_error_message(exc), 422
+    if page.htmx:
+        ctx = {
+            **study_item_context(study, session=session),
+            "items": designer.study_items(study, session=session),
+            "items_error": error,
+            "items_notice": notice,
+        }
+        return page.render("admin/study.html", ctx, block="items", status=status)
+    if error is not None:
+        return _study_page(page, study, session, error=error, status=status)
+    return page.redirect("admin_study", slug=study.slug, query={"notice": notice})
+
+
 @router.post("/studies/{slug}/items/{item_id}")
 async def update_item(
     item_id: DbId, page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
 ) -> Response:
     """``action=delete`` deletes the item; otherwise the fields left empty keep their
-    values (the options included)."""
+    values (the options included); ``missing`` (several) marks option letters as not an
+    answer. htmx gets the item's row back (edited in place); a plain form post is
+    redirected to the study page."""
     item = designer.get_item(study, item_id, session=session)
 
     def change() -> str:
         if form.text("action") == "delete":
             designer.delete_item(study, item, session=session)
-            return "item deleted"
+            return f"item {item.key} deleted"
         options_text = form.text("options")
         if not options_text.strip():
             options_text = "\n".join(f"{o[0]}: {o[1]}" for o in item.options)
@@ -149,10 +207,20 @@ async def update_item(
             role=form.text("role", item.role),
             topic=form.text("topic", item.topic or ""),
             is_preference_criterion=form.checked("is_preference_criterion"),
+            missing=[m for m in form.form.getlist("missing") if isinstance(m, str)],
         )
         return f"item {item.key} saved"
 
-    return _study_form(page, study, session, change)
+    if not page.htmx:
+        return _study_form(page, study, session, change)
+    try:
+        notice = change()
+    except Exception as exc:
+        session.rollback()
+        session.refresh(item)
+        return _item_row(page, study, item, session, error=user_error_message(exc), status=422)
+    deleted = form.text("action") == "delete"
+    return _item_row(page, study, None if deleted else item, session, notice=notice)
 
 
 @router.post("/studies/{slug}/status")

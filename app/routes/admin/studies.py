@@ -105,14 +105,22 @@ async def import_upload(
     session: SessionDep,
     settings: SettingsDep,
 ) -> Response:
-    """``action=preview`` validates and shows the preview; ``action=import`` imports."""
-    files = await form.files(UPLOAD_FIELDS, max_bytes=designer.MAX_UPLOAD_BYTES)
+    """``action=preview`` validates the files, keeps them and shows the preview (with a
+    button that imports the kept upload: ``action=import`` with ``upload_token``);
+    ``action=import`` with files imports them at once."""
     fields = {k: form.text(k) for k in ("name", "id_column", "attributes")}
+    token = form.text("upload_token")
     try:
+        if form.text("action") == "import" and token:
+            result = designer.import_stored_upload(
+                token, owner=researcher, session=session, study_name=form.text("name")
+            )
+            return page.redirect("admin_study", slug=result.slug)
+        files = await form.files(UPLOAD_FIELDS, max_bytes=designer.MAX_UPLOAD_BYTES)
         if form.text("action") == "import":
             result = designer.import_upload(files, fields, owner=researcher, session=session)
             return page.redirect("admin_study", slug=result.slug)
-        preview = designer.preview_upload(files, fields)
+        preview = designer.preview_upload(files, fields, owner=researcher)
     except Exception as exc:
         return _import_page(page, settings, error=user_error_message(exc), fields=fields)
     return _import_page(page, settings, preview=preview, fields=fields)

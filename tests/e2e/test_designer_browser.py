@@ -1,0 +1,196 @@
+"""The study designer, the upload import and the fit job in a real headless Chromium
+(Debian's /usr/bin/chromium through Playwright) against ``priorly serve`` in a real process,
+with axe-core on each changed page and screenshots into ``docs/screenshots/admin/``.
+
+* An item far down the page is edited in place: the page is not reloaded (a marker set
+  in ``window`` survives) and keeps its scroll position; several items get a role at once.
+* An upload (without ``runs.csv``) is previewed and imported from the preview page without
+  choosing the files again.
+* The fit job shows its EM restarts while it runs and a readable result.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from live_study import free_port, wait_healthy
+
+CHROMIUM = "/usr/bin/chromium"
+AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
+SHOTS = REPO_ROOT / "docs" / "screenshots" / "admin"
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+EMAIL, PASSWORD = "designer@example.org", "e2e designer password"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """``priorly serve --no-demo`` on a fresh SQLite file, with one admin account."""
+    if not (os.access(CHROMIUM, os.X_OK) and AXE_JS.is_file()):
+        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
+    from sqlmodel import Session
+
+    from app.auth import create_account
+    from app.db import make_engine, upgrade
+
+    folder = tmp_path_factory.mktemp("designer-e2e")
+    datasets = folder / "datasets"
+    write_small_dataset(DATASETS_DIR / "ces", datasets / "ces_small", 150)
+    upload = write_small_dataset(DATASETS_DIR / "opinionqa", folder / "upload", 80)
+    (upload / "runs.csv").unlink()
+    url = f"sqlite:///{folder / 'designer.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    with Session(engine) as db:
+        create_account(EMAIL, PASSWORD, session=db, is_admin=True)
+    engine.dispose()
+    port = free_port()
+    env = {
+        **os.environ,
+        "PRIORLY_DATABASE_URL": url,
+        "PRIORLY_ENV": "dev",
+        "PRIORLY_DEMO_DATASET": str(datasets / "ces_small"),
+        "PRIORLY_QUEUE_PATH": str(folder / "queue.db"),
+        "OMP_NUM_THREADS": "1",
+    }
+    log = (folder / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--no-demo", "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, "priorly serve", log=folder / "server.log")
+        yield {"base": base, "upload": upload, "log": folder / "server.log"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def page(server: dict[str, Any]) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        pg = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        pg.goto(server["base"] + "/admin/login")
+        pg.fill("input[name=email]", EMAIL)
+        pg.fill("input[name=password]", PASSWORD)
+        pg.click("button[type=submit]")
+        pg.wait_for_url(server["base"] + "/admin")
+        yield pg
+        browser.close()
+
+
+def _shot(page: Any, name: str, *, full_page: bool = True) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full_page)
+
+
+def _axe(page: Any) -> list[dict[str, Any]]:
+    """Serious or critical axe-core violations of the page as it is now."""
+    page.add_script_tag(path=str(AXE_JS))
+    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
+    return [
+        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
+        for v in result["violations"]
+        if v.get("impact") in ("serious", "critical")
+    ]
+
+
+def test_edit_in_place_keeps_the_page_and_its_scroll(server: dict[str, Any], page: Any) -> None:
+    base = server["base"]
+    page.goto(base + "/admin/import")
+    page.select_option("#import-shipped select[name=dataset]", "ces_small")
+    page.fill("#import-shipped input[name=name]", "Designer e2e")
+    page.click("#import-shipped button[type=submit]")
+    page.wait_for_url(base + "/admin/studies/designer-e2e")
+    assert _axe(page) == []
+    page.click("#criterion-help summary")
+    page.click("#belief-help summary")
+    assert "irt" not in page.locator("select[name=criterion]").inner_text()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("section:has(#budgets)").screenshot(path=str(SHOTS / "18-designer-help.png"))
+
+    # an item far down the page: open its editor, reword it, save
+    row = page.locator("table.items tbody tr").nth(-3)
+    key = row.get_attribute("data-key")
+    row.locator("details summary").click()
+    row.scroll_into_view_if_needed()
+    page.evaluate("window.__notReloaded = true")
+    y_before = page.evaluate("window.scrollY")
+    assert y_before > 1500  # really far down
+    row.locator("textarea[name=question]").fill("Reworded in place?")
+    row.locator("button:has-text('Save item')").click()
+    page.wait_for_selector(f"tr[data-key='{key}'] >> text=item {key} saved")
+    assert page.evaluate("window.__notReloaded === true")
+    assert abs(page.evaluate("window.scrollY") - y_before) < 100
+    assert "Reworded in place?" in page.locator(f"tr[data-key='{key}']").inner_text()
+    _shot(page, "19-designer-edit-in-place", full_page=False)
+
+    # an invalid edit shows its error in the row, still without a reload
+    row = page.locator(f"tr[data-key='{key}']")
+    row.locator("details summary").click()
+    row.locator("textarea[name=options]").fill("A: only one")
+    row.locator("button:has-text('Save item')").click()
+    page.wait_for_selector(f"tr[data-key='{key}'] [role=alert]")
+    assert "two options" in page.locator(f"tr[data-key='{key}'] [role=alert]").inner_text()
+    assert page.evaluate("window.__notReloaded === true")
+
+    # bulk: two items become targets
+    keys = [page.locator("table.items tbody tr").nth(i).get_attribute("data-key") for i in (0, 1)]
+    for k in keys:
+        page.check(f"input[name=keys][value='{k}']")
+    page.select_option("#bulk-roles select[name=role]", "target")
+    page.click("#bulk-roles button[type=submit]")
+    page.wait_for_selector("text=2 items set to target")
+    assert page.evaluate("window.__notReloaded === true")
+    for k in keys:
+        assert page.locator(f"#role-{k} select[name=role]").input_value() == "target"
+    assert _axe(page) == []
+
+
+def test_upload_preview_then_import_without_choosing_files_again(
+    server: dict[str, Any], page: Any
+) -> None:
+    base, upload = server["base"], server["upload"]
+    page.goto(base + "/admin/import")
+    for name in ("responses.csv", "codebook.jsonl", "dataset.json", "user_split.json"):
+        page.set_input_files(f"#import-upload input[name='{name}']", str(upload / name))
+    page.fill("#import-upload input[name=name]", "Uploaded OpinionQA")
+    page.click("#import-upload button[value=preview]")
+    page.wait_for_selector("#preview")
+    text = page.inner_text("#preview")
+    assert "80 respondents" in text and "not found" not in page.inner_text("body")
+    assert _axe(page) == []
+    page.locator("#preview").scroll_into_view_if_needed()
+    _shot(page, "20-import-preview")
+    page.click("#import-previewed button[type=submit]")
+    page.wait_for_url(base + "/admin/studies/uploaded-opinionqa")
+    assert "Uploaded OpinionQA" in page.inner_text("body")
+
+
+def test_fit_job_shows_progress_and_a_readable_result(server: dict[str, Any], page: Any) -> None:
+    base = server["base"]
+    page.goto(base + "/admin/studies/designer-e2e/jobs")
+    page.click("button:has-text('Fit the belief model')")
+    page.wait_for_selector(".job >> text=restart", timeout=300_000)
+    progress = page.locator(".job progress").first.get_attribute("value")
+    assert progress is not None and 5 < int(progress) < 100
+    _shot(page, "21-fit-job-progress", full_page=False)
+    page.wait_for_selector("[id^=fit-summary]", timeout=600_000)
+    summary = page.inner_text("[id^=fit-summary]")
+    assert summary.startswith("Fitted: latent classes, ") and "classes" in summary
+    assert _axe(page) == []
+    _shot(page, "22-fit-job-result", full_page=False)
+    page.goto(base + "/admin/studies/designer-e2e")
+    assert "Active: latent classes" in page.inner_text("#belief-model")
