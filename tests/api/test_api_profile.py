@@ -311,3 +311,69 @@ def test_auto_belief_model_stores_and_shows_the_comparison_table(
     page = _admin_page(migrated_db_url, slug)
     assert 'id="model-choice"' in page and "stacked_mixture" in page and "cape_factor" in page
     assert "no persona dictionary" in page
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # storage: the fallback test
+def test_auto_offers_the_study_persona_distributions_to_its_persona_candidates(
+    engine: Any, tmp_path: Any
+) -> None:
+    """A study with history and stored persona distributions: ``auto`` scores the persona
+    mixture and the persona + latent-class mixture (none skipped), and ships the best."""
+    from sqlmodel import Session as DbSession
+
+    from app.schemas import StudySettings
+    from app.services.belief import fit_study_model
+    from app.services.designer import set_roles, update_settings
+    from app.tables import PersonaDistribution, StudyPersona
+    from inference_server.prompts import PromptItem
+
+    with DbSession(engine) as db:
+        study = _new_study(db, tmp_path / "ces60", 60)
+        set_roles(study, dict.fromkeys(study.benchmark_runs[0]["eval_qids"], "target"), session=db)
+        values = StudySettings.model_validate(study.settings or {}).model_dump(mode="json")
+        update_settings(study, {**values, "belief_model": "auto"}, session=db)
+        items = db.exec(
+            select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
+        ).all()
+        for k in range(3):
+            db.add(
+                StudyPersona(
+                    study_id=study.id,
+                    key=f"p{k}",
+                    text=f"persona {k}",
+                    text_hash=f"h{k}",
+                    weight=1.0,
+                    source="file",
+                )
+            )
+            for it in items:
+                if it.role == "attribute":
+                    continue
+                n = len(it.options)
+                raw = [float(1 + ((j + k) % n)) for j in range(n)]
+                db.add(
+                    PersonaDistribution(
+                        model_id="test-llm",
+                        template_version="v1",
+                        persona_hash=f"h{k}",
+                        item_hash=PromptItem(
+                            it.key, it.question, tuple(o[1] for o in it.options)
+                        ).hash,
+                        probs=[x / sum(raw) for x in raw],
+                        valid_mass=1.0,
+                    )
+                )
+        db.commit()
+        families = ("latent_classes", "persona_mixture", "mixed")
+        row = fit_study_model(
+            study,
+            session=db,
+            n_classes=(2,),
+            n_restarts=1,
+            fit_options={"auto": {"families": families}},
+        )
+        table = row.metrics["model_choice"]
+        assert row.metrics["model_choice_skipped"] == {}
+        assert {r["name"] for r in table} == {*families, "stacked_mixture"}
+        (chosen,) = [r for r in table if r["chosen"]]
+        assert chosen["mean_log_loss"] == min(r["mean_log_loss"] for r in table)
