@@ -194,11 +194,16 @@ def fit_latent_classes_train_only(ctx: FitContext) -> BeliefModel:
     return _memo(ctx, "latent_classes_train_only", build)
 
 
+def _dictionary_key(mu: Tensor) -> str:
+    return hashlib.sha256(mu.contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
 def fit_persona_candidate(ctx: FitContext) -> BeliefModel:
     """The persona mixture over the run's persona dictionary
     (:func:`~elicitation.bench.methods.persona_dictionary`), prior by EM on the training
     users' non-target answers."""
-    return _memo(ctx, "persona_mixture", lambda: fit_persona_em(ctx, persona_dictionary(ctx)))
+    mu = persona_dictionary(ctx)
+    return _memo(ctx, "persona_mixture", lambda: fit_persona_em(ctx, mu), _dictionary_key(mu))
 
 
 def _fit_mixed_with(
@@ -206,7 +211,9 @@ def _fit_mixed_with(
 ) -> Callable[[FitContext], BeliefModel]:
     def fit(ctx: FitContext) -> BeliefModel:
         mu = persona_dictionary(ctx)  # raises MissingInputError before the latent-class fit
-        return _memo(ctx, key, lambda: mix_personas_with_classes(ctx, lc_fit(ctx), mu))
+        return _memo(
+            ctx, key, lambda: mix_personas_with_classes(ctx, lc_fit(ctx), mu), _dictionary_key(mu)
+        )
 
     return fit
 
