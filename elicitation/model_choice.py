@@ -653,7 +653,15 @@ def fit_auto(ctx: FitContext) -> BeliefModel:
     """
     if ctx.val.shape[0] == 0:
         raise BenchmarkError("auto needs validation users to choose a model")
-    return _memo(ctx, "auto", lambda: _fit_auto(ctx), tuple(ctx.candidates), tuple(ctx.targets))
+    mu = ctx.options.get("personas", {}).get("mu")
+    key = (
+        tuple(ctx.candidates),
+        tuple(ctx.targets),
+        tuple(ctx.options.get("auto", {}).get("families") or FAMILIES),
+        None if mu is None else _dictionary_key(torch.as_tensor(mu, dtype=torch.float64)),
+        repr(sorted(ctx.options.get("latent_classes", {}).items())),
+    )
+    return _memo(ctx, "auto", lambda: _fit_auto(ctx), *key)
 
 
 def _fit_auto(ctx: FitContext) -> BeliefModel:
