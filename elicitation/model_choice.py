@@ -4,13 +4,17 @@
   world model (:mod:`models.cape_cooccurrence` ...) fitted on the training users with its
   hyper-parameters chosen on the validation users, asking by expected information gain
   about the run's targets (the ``eig`` criterion, as ``default``).
-* ``auto`` (:func:`choose_model`): fit the candidate belief models (data-fitted latent
-  classes, i.e. the persona mixture of a study with history, and the three CAPE models),
-  replay the validation users through a simulated elicitation (the harness's
-  :func:`~elicitation.bench.individual.simulate`, ``eig`` criterion, demographics observed,
-  only the run's candidates asked) and keep the model with the lowest target log loss
-  averaged over budgets ``0..T``. The comparison table is stored in the chosen model's
-  ``metrics["model_choice"]``.
+* ``auto`` (:func:`fit_auto`): fit every candidate family of the one table
+  :data:`FAMILIES` (latent classes, the three CAPE models, the persona mixture and the
+  persona + latent-class mixture ``mixed``; a family whose inputs are missing is skipped
+  with its reason), replay the validation users through each one's simulated elicitation
+  (the harness's :func:`~elicitation.bench.individual.simulate`, ``eig`` criterion,
+  demographics observed, only the run's candidates asked) and keep the lowest target log
+  loss averaged over budgets ``0..T`` (:func:`choose_model`); a stack of the candidates
+  (:func:`stack_models`) replaces it only when it beats it out of fold by more than the
+  standard error (:func:`stack_beats_single`). The app's ``belief_model = auto`` runs the
+  same function (:func:`fit_belief_model`). The comparison table is stored in the chosen
+  model's ``metrics["model_choice"]``.
 * CAPE measures (METHODS.md section 2): ``questions_to_90pct`` — the questions a
   method needs to reach 90% of the log-loss gain of answering every candidate (its own
   model with all answered candidates observed), and ``adaptivity`` — among pairs of users
@@ -23,13 +27,15 @@ Pure: no web framework, database or settings imports.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,11 +47,15 @@ from elicitation.bench.individual import run_individual, simulate
 from elicitation.bench.methods import (
     FitContext,
     Method,
+    MissingInputError,
     fit_latent_class_model,
+    fit_persona_em,
     get_method,
+    mix_personas_with_classes,
+    persona_dictionary,
     register_method,
 )
-from elicitation.bench.metrics import METRICS, score_predictions
+from elicitation.bench.metrics import LOG_FLOOR, METRICS, score_predictions
 from elicitation.bench.report import auto_vs_best, markdown_tables
 from elicitation.criteria import get_criterion
 from elicitation.datasets import Dataset, load_dataset
@@ -62,7 +72,6 @@ AUTO_BUDGET = 10
 """Questions per validation user in ``auto``'s simulated elicitation."""
 
 CAPE_FAMILIES = ("cape_cooccurrence", "cape_linear", "cape_factor")
-AUTO_CANDIDATES = ("latent_classes", *CAPE_FAMILIES)
 
 
 def _val_or_none(ctx: FitContext) -> Tensor | None:
@@ -77,6 +86,18 @@ FIT_CACHE_DIR: Path | None = None
 commands fits each model once). Keys hold the family, the training and validation data
 hashes and the seed, so a cached fit is only reused for identical data; delete the folder
 after changing a model's code."""
+
+
+@contextlib.contextmanager
+def fits_scope() -> Iterator[None]:
+    """Forget, on exit, the fits :func:`_memo` kept inside the block (the app's jobs:
+    a long-running worker keeps no fits of past studies)."""
+    before = set(_MEMO)
+    try:
+        yield
+    finally:
+        for key in set(_MEMO) - before:
+            _MEMO.pop(key, None)
 
 
 def _memo(ctx: FitContext, name: str, build: Callable[[], BeliefModel], *extra: Any) -> BeliefModel:
@@ -173,13 +194,28 @@ def fit_latent_classes_train_only(ctx: FitContext) -> BeliefModel:
     return _memo(ctx, "latent_classes_train_only", build)
 
 
-FITTERS: dict[str, Callable[[FitContext], BeliefModel]] = {
-    "latent_classes": fit_latent_classes_train_only,
-    "cape_cooccurrence": fit_cape_cooccurrence,
-    "cape_linear": fit_cape_linear,
-    "cape_factor": fit_cape_factor,
-}
-"""Candidate belief models of ``auto`` as scored on validation: name -> fit function."""
+def _dictionary_key(mu: Tensor) -> str:
+    return hashlib.sha256(mu.contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def fit_persona_candidate(ctx: FitContext) -> BeliefModel:
+    """The persona mixture over the run's persona dictionary
+    (:func:`~elicitation.bench.methods.persona_dictionary`), prior by EM on the training
+    users' non-target answers."""
+    mu = persona_dictionary(ctx)
+    return _memo(ctx, "persona_mixture", lambda: fit_persona_em(ctx, mu), _dictionary_key(mu))
+
+
+def _fit_mixed_with(
+    lc_fit: Callable[[FitContext], BeliefModel], key: str
+) -> Callable[[FitContext], BeliefModel]:
+    def fit(ctx: FitContext) -> BeliefModel:
+        mu = persona_dictionary(ctx)  # raises MissingInputError before the latent-class fit
+        return _memo(
+            ctx, key, lambda: mix_personas_with_classes(ctx, lc_fit(ctx), mu), _dictionary_key(mu)
+        )
+
+    return fit
 
 
 def fit_latent_classes_production(ctx: FitContext) -> BeliefModel:
@@ -187,12 +223,51 @@ def fit_latent_classes_production(ctx: FitContext) -> BeliefModel:
     return _memo(ctx, "latent_classes_production", lambda: fit_latent_class_model(ctx))
 
 
-PRODUCTION_FITTERS: dict[str, Callable[[FitContext], BeliefModel]] = {
-    **FITTERS,
-    "latent_classes": fit_latent_classes_production,
-}
-"""What ``auto`` returns once a candidate is chosen: the latent classes of ``default``
-(refitted on training + validation users), the CAPE models as scored."""
+@dataclass(frozen=True)
+class Family:
+    """One candidate family of ``auto``.
+
+    Attributes:
+        name: the candidate's name in the comparison table.
+        fit: the fit scored on the validation users (fitted on the training users only).
+        production: the fit shipped once chosen (may also use the validation users).
+        needs: what the fit needs beyond the history (for the docs).
+    """
+
+    name: str
+    fit: Callable[[FitContext], BeliefModel]
+    production: Callable[[FitContext], BeliefModel]
+    needs: str = ""
+
+
+FAMILIES: dict[str, Family] = {}
+"""The candidates of ``auto``, in table order. A fit that raises
+:class:`~elicitation.bench.methods.MissingInputError` is skipped, with its reason in the
+chosen model's ``metrics["model_choice_skipped"]``."""
+
+
+def register_family(family: Family) -> Family:
+    """Add (or replace) a candidate family of ``auto``."""
+    FAMILIES[family.name] = family
+    return family
+
+
+for _family in (
+    Family("latent_classes", fit_latent_classes_train_only, fit_latent_classes_production),
+    Family("cape_cooccurrence", fit_cape_cooccurrence, fit_cape_cooccurrence),
+    Family("cape_linear", fit_cape_linear, fit_cape_linear),
+    Family("cape_factor", fit_cape_factor, fit_cape_factor),
+    Family("persona_mixture", fit_persona_candidate, fit_persona_candidate, "a persona dictionary"),
+    Family(
+        "mixed",
+        _fit_mixed_with(fit_latent_classes_train_only, "mixed_train_only"),
+        _fit_mixed_with(fit_latent_classes_production, "mixed_production"),
+        "a persona dictionary",
+    ),
+):
+    register_family(_family)
+
+AUTO_CANDIDATES = tuple(FAMILIES)
 
 
 @dataclass
@@ -205,11 +280,53 @@ class ModelChoice:
         table: one row per candidate: ``name``, ``family``, ``log_loss`` (target log loss
             on validation users after ``0..T`` questions), ``mean_log_loss``,
             ``accuracy`` (same indexing), ``seconds`` (simulation time).
+        user_loss: name -> ``[M]`` each scored validation respondent's target log loss
+            (summed over its scored targets, averaged over ``0..T`` questions); for a
+            stack, scored out of fold (:func:`stack_models`).
+        n_scored: scored (respondent, target) pairs per question count: the mean score is
+            ``user_loss.sum() / n_scored``.
     """
 
     chosen: str
     model: BeliefModel
     table: list[dict[str, Any]]
+    user_loss: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    n_scored: int = 0
+
+
+def user_log_loss(preds: Sequence[Tensor], truth: Tensor) -> Tensor:
+    """``[B]`` each respondent's target log loss summed over its scored targets and
+    averaged over the predictions ``preds`` (``[B, T, O]`` after ``0..T`` questions).
+
+    ``user_log_loss(preds, truth).sum() / (truth >= 0).sum()`` is the mean over ``n`` of
+    the pooled log loss of :func:`~elicitation.bench.metrics.score_predictions`.
+    """
+    valid = truth >= 0
+    y = truth.clamp_min(0).unsqueeze(-1)
+    out = torch.zeros(truth.shape[0], dtype=torch.float64)
+    for p in preds:
+        p_true = p.to(torch.float64).gather(-1, y).squeeze(-1)
+        out += (-p_true.clamp_min(LOG_FLOOR).log() * valid).sum(-1)
+    return out / len(preds)
+
+
+def stack_beats_single(stack: Tensor, single: Tensor, n_scored: int) -> dict[str, Any]:
+    """The rule of ``auto``: a stack ships only when it beats the best single candidate
+    by more than the standard error of the difference over validation respondents.
+
+    With ``d_u = single_u - stack_u`` (per-respondent losses of :func:`user_log_loss`,
+    ``M`` respondents, ``n_scored`` scored pairs), ``gain = sum_u d_u / n_scored`` is the
+    difference of the mean scores and ``se = sqrt(M) * sd(d) / n_scored`` its standard
+    error. Returns ``{"gain", "se", "stack": gain > se}``.
+
+    Example: ``stack_beats_single(torch.tensor([1.0, 1.0]), torch.tensor([1.1, 0.9]), 2)``
+    gives gain 0 and se 0.1: the single candidate ships.
+    """
+    d = (single - stack).to(torch.float64)
+    m = d.numel()
+    gain = float(d.sum()) / n_scored
+    se = math.sqrt(m) * float(d.std()) / n_scored if m > 1 else math.inf
+    return {"gain": gain, "se": se, "stack": bool(gain > se)}
 
 
 def choose_model(
@@ -256,9 +373,11 @@ def choose_model(
     n_opt = torch.tensor([next(iter(models.values())).item_bank.n_options[t] for t in tgt])
     steps = min(budget, len(cand))
     table: list[dict[str, Any]] = []
+    user_loss: dict[str, Tensor] = {}
     for name, model in models.items():
         t0 = time.perf_counter()
         preds, _ = simulate(model, get_criterion(criterion), observed, cand, answers, tgt, steps)
+        user_loss[name] = user_log_loss(preds, truth[users])
         loss, acc = [], []
         for p in preds:
             means = score_predictions(p, truth[users], n_opt).means()
@@ -278,7 +397,8 @@ def choose_model(
     for k, row in enumerate(table):
         row["chosen"] = k == best
     chosen = table[best]["name"]
-    return ModelChoice(chosen, models[chosen], table)
+    n_scored = int((truth[users] >= 0).sum())
+    return ModelChoice(chosen, models[chosen], table, user_loss, n_scored)
 
 
 def _shared_path(
@@ -450,7 +570,40 @@ def stack_models(
         names, comps, kept, preds, preds_k, logliks_k, truth, n_opt, theta, gamma, seconds
     )
     mixture.metrics = {"stacking": {k: v for k, v in info.items() if k != "log_loss"}}
-    return ModelChoice("stacked_mixture", mixture, table)
+    oof = _out_of_fold_loss(preds, logliks, truth, gammas)
+    n_scored = int((truth >= 0).sum())
+    table[-1]["mean_log_loss_out_of_fold"] = float(oof.sum()) / n_scored
+    return ModelChoice("stacked_mixture", mixture, table, {"stacked_mixture": oof}, n_scored)
+
+
+def _out_of_fold_loss(
+    preds: list[Tensor], logliks: list[Tensor], truth: Tensor, gammas: Sequence[float]
+) -> Tensor:
+    """``[B]`` each validation respondent's stacked target log loss (:func:`user_log_loss`)
+    with the stacking weights fitted on the other half of the respondents (two folds, a
+    fixed seeded split), along the shared path of :func:`_shared_path`: an honest score
+    of the stack, whose in-sample loss is at most every candidate's by construction."""
+    b = truth.shape[0]
+    fold = torch.zeros(b, dtype=torch.bool)
+    fold[torch.randperm(b, generator=torch.Generator().manual_seed(0))[: b // 2]] = True
+    out = torch.zeros(b, dtype=torch.float64)
+    for held in (fold, ~fold):
+        fit_on = ~held
+        if not bool(held.any()) or not bool(fit_on.any()):
+            continue
+        theta, gamma, _ = fit_stacking(
+            [p[:, fit_on] for p in preds],
+            truth[fit_on],
+            [ll[fit_on] for ll in logliks],
+            gammas=gammas,
+        )
+        mixed = []
+        for n, (p, ll) in enumerate(zip(preds, logliks, strict=True)):
+            k = min(n, theta.shape[0] - 1)
+            w = torch.softmax(theta[k][None, :] + gamma[k] * ll[held], -1)
+            mixed.append(torch.einsum("bm,mbto->bto", w, p[:, held]))
+        out[held] = user_log_loss(mixed, truth[held])
+    return out
 
 
 def comparison_rows(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -472,48 +625,119 @@ def comparison_rows(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def fit_auto(ctx: FitContext) -> BeliefModel:
-    """``auto``: a stacked mixture of the candidates, weights fitted on validation users.
+    """``auto``: the best single candidate family, or their stack when it is clearly better.
 
-    The candidates are scored (and the weights fitted) as fitted on the training users
-    only; the returned mixture swaps in each candidate's production fit (latent classes
-    refitted on training + validation users like ``default``; the CAPE models as scored).
-    Its ``metrics`` hold ``model_choice`` (the comparison table, short form) and
+    1. Every family of :data:`FAMILIES` (or ``ctx.options["auto"]["families"]``) is fitted
+       on the training users; a family whose inputs are missing (no persona dictionary)
+       is skipped with its reason.
+    2. :func:`choose_model` replays the validation users through each candidate's own
+       simulated elicitation (``eig`` on the targets, demographics observed,
+       :data:`AUTO_BUDGET` questions) and scores target log loss averaged over
+       ``0..AUTO_BUDGET`` questions; the lowest is the best single candidate.
+    3. With two or more candidates, :func:`stack_models` fits a stacked mixture and scores
+       it out of fold (weights fitted on the other half of the validation users).
+       The stack ships only when :func:`stack_beats_single` says it beats the best single
+       candidate by more than the standard error of the difference over validation users;
+       otherwise the best single candidate ships.
+
+    The shipped model is the chosen candidate's production fit (latent classes refitted on
+    training + validation users like ``default``; the others as scored), or the stack of
+    production fits. Its ``metrics``: ``auto_chosen``, ``model_choice`` (the comparison
+    table, short form, skipped candidates with their reason), ``model_choice_skipped``
+    (``{name: reason}``), ``model_choice_rule`` (``gain``, ``se``, ``best_single``) and
     ``auto_table`` (curves).
+
+    Raises:
+        BenchmarkError: no validation users.
+        ElicitationError: every candidate was skipped.
     """
     if ctx.val.shape[0] == 0:
         raise BenchmarkError("auto needs validation users to choose a model")
-    return _memo(ctx, "auto", lambda: _fit_auto(ctx), tuple(ctx.candidates), tuple(ctx.targets))
+    mu = ctx.options.get("personas", {}).get("mu")
+    key = (
+        tuple(ctx.candidates),
+        tuple(ctx.targets),
+        tuple(ctx.options.get("auto", {}).get("families") or FAMILIES),
+        None if mu is None else _dictionary_key(torch.as_tensor(mu, dtype=torch.float64)),
+        repr(sorted(ctx.options.get("latent_classes", {}).items())),
+    )
+    return _memo(ctx, "auto", lambda: _fit_auto(ctx), *key)
 
 
-def _fit_auto(ctx: FitContext, progress: Callable[[float, str], None] | None = None) -> BeliefModel:
-    models = {}
-    for i, name in enumerate(AUTO_CANDIDATES):
+def _fit_auto(
+    ctx: FitContext, progress: Callable[[float, str], None] | None = None
+) -> BeliefModel:
+    names = ctx.options.get("auto", {}).get("families") or tuple(FAMILIES)
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise ElicitationError(f"auto: unknown families {unknown} (known: {', '.join(FAMILIES)})")
+    models: dict[str, BeliefModel] = {}
+    skipped: dict[str, str] = {}
+    for i, name in enumerate(names):
         if progress is not None:
-            progress(
-                0.8 * i / len(AUTO_CANDIDATES),
-                f"auto: fitting {name} ({i + 1} of {len(AUTO_CANDIDATES)})",
-            )
-        models[name] = FITTERS[name](ctx)
+            progress(0.8 * i / len(names), f"auto: fitting {name} ({i + 1} of {len(names)})")
+        try:
+            models[name] = FAMILIES[name].fit(ctx)
+        except MissingInputError as exc:
+            skipped[name] = str(exc)
+    if not models:
+        raise ElicitationError(f"auto: every candidate was skipped ({skipped})")
+    kw: dict[str, Any] = {
+        "observed_items": ctx.demographics,
+        "candidates": ctx.candidates,
+        "targets": ctx.targets,
+    }
     if progress is not None:
         progress(0.8, "auto: comparing the models on validation respondents, refitting the chosen")
-    choice = stack_models(
-        models,
-        ctx.val,
-        observed_items=ctx.demographics,
-        candidates=ctx.candidates,
-        targets=ctx.targets,
-    )
-    fitted = choice.model
-    assert isinstance(fitted, StackedMixture)
-    production = [PRODUCTION_FITTERS[name](ctx) for name in fitted.names]
-    model = StackedMixture(
-        ctx.item_bank, production, fitted.names, fitted.log_weights, fitted.gamma
-    )
+    singles = choose_model(models, ctx.val, **kw)
+    best = singles.chosen
+    table = [dict(row) for row in singles.table]
+    rule: dict[str, Any] = {"best_single": best, "gain": None, "se": None, "stack": False}
+    stack: ModelChoice | None = None
+    if len(models) > 1:
+        stack = stack_models(models, ctx.val, **kw)
+        rule.update(
+            stack_beats_single(
+                stack.user_loss["stacked_mixture"], singles.user_loss[best], singles.n_scored
+            )
+        )
+        row = dict(stack.table[-1])
+        row["mean_log_loss"] = row["mean_log_loss_out_of_fold"]
+        table.append(row)
+    for row in table:
+        row["chosen"] = row["name"] == ("stacked_mixture" if rule["stack"] else best)
+    if rule["stack"]:
+        assert stack is not None and isinstance(stack.model, StackedMixture)
+        fitted = stack.model
+        production = [FAMILIES[n].production(ctx) for n in fitted.names]
+        model: BeliefModel = StackedMixture(
+            ctx.item_bank, production, fitted.names, fitted.log_weights, fitted.gamma
+        )
+        extra = dict(fitted.metrics)
+        chosen = "stacked_mixture"
+    else:
+        model = copy.copy(FAMILIES[best].production(ctx))  # the fit is shared (memo, cache)
+        extra = dict(model.metrics or {})
+        chosen = best
+    shown = comparison_rows(table) + [
+        {
+            "name": f"{name} (skipped: {why})",
+            "family": name,
+            "skipped": why,
+            "log_loss_0": None,
+            "log_loss_T": None,
+            "mean_log_loss": None,
+            "chosen": False,
+        }
+        for name, why in skipped.items()
+    ]
     model.metrics = {
-        **fitted.metrics,
-        "auto_table": {"seed": ctx.seed, "chosen": choice.chosen, "table": choice.table},
-        "auto_chosen": choice.chosen,
-        "model_choice": comparison_rows(choice.table),
+        **extra,
+        "auto_table": {"seed": ctx.seed, "chosen": chosen, "table": table},
+        "auto_chosen": chosen,
+        "model_choice": shown,
+        "model_choice_skipped": skipped,
+        "model_choice_rule": rule,
     }
     return model
 
@@ -527,7 +751,7 @@ BELIEF_MODEL_CHOICES = (
     "persona_mixture",
 )
 """Values of a study's ``belief_model`` setting: ``default`` = latent classes, ``auto`` =
-the stacked mixture of :func:`fit_auto`, a CAPE family, or ``persona_mixture`` (the
+the model choice of :func:`fit_auto`, a CAPE family, or ``persona_mixture`` (the
 study's language-model persona prior; built by the app, which holds the distributions)."""
 
 
@@ -544,6 +768,7 @@ def fit_belief_model(
     latent_class_options: Mapping[str, Any] | None = None,
     fit_options: Mapping[str, Mapping[str, Any]] | None = None,
     progress: Callable[[float, str], None] | None = None,
+    personas: Tensor | None = None,
 ) -> BeliefModel:
     """Fit the belief model ``kind`` (one of :data:`BELIEF_MODEL_CHOICES` but
     ``persona_mixture``) on a study's history: what the app's "fit model" job runs.
@@ -559,7 +784,10 @@ def fit_belief_model(
         latent_class_options: keyword arguments of ``fit_latent_classes`` (e.g.
             ``n_classes``).
         fit_options: keyword arguments of the CAPE fits by family, e.g.
-            ``{"cape_factor": {"dims": (2,), "steps": 200}}`` (smaller fits for tests).
+            ``{"cape_factor": {"dims": (2,), "steps": 200}}`` (smaller fits for tests);
+            ``{"auto": {"families": (...)}}`` limits ``auto``'s candidates.
+        personas: the study's persona dictionary ``mu [K, I, O]`` (``auto``'s
+            ``persona_mixture`` and ``mixed`` candidates; skipped without one).
         progress: called with the fraction done in ``[0, 1]`` and a message: after each EM
             restart of the latent classes (``"K grid: 8 classes (2 of 4), restart 1 of
             2"``), and before each CAPE fit (``"auto: fitting cape_linear (3 of 4)"``).
@@ -614,14 +842,14 @@ def fit_belief_model(
         [int(i) for i in targets],
         seed=seed,
         base_seed=seed,
-        options={**opts, "latent_classes": lc},
+        options={
+            **opts,
+            "latent_classes": lc,
+            **({"personas": {"mu": personas}} if personas is not None else {}),
+        },
     )
-    before = set(_MEMO)
-    try:
+    with fits_scope():  # a long-running worker keeps no fits of past studies
         return _fit_auto(ctx, progress)
-    finally:  # a long-running worker keeps no fits of past studies
-        for key in set(_MEMO) - before:
-            _MEMO.pop(key, None)
 
 
 def _eig(ctx: FitContext) -> Any:
@@ -647,7 +875,8 @@ for _name, _fit, _desc in (
     (
         "auto",
         fit_auto,
-        "best of latent classes and the CAPE models on validation target log loss + EIG",
+        "best single family (latent classes, CAPE models, personas, mixed) on validation "
+        "target log loss, or their stack when it is better by more than its SE + EIG",
     ),
 ):
     register_method(Method(_name, _fit, _eig, _desc))
@@ -804,10 +1033,15 @@ def cape_measures(
 
 __all__ = [
     "AUTO_CANDIDATES",
+    "FAMILIES",
+    "Family",
+    "register_family",
+    "fits_scope",
+    "stack_beats_single",
+    "user_log_loss",
     "BELIEF_MODEL_CHOICES",
     "fit_belief_model",
     "stack_models",
-    "FITTERS",
     "ModelChoice",
     "adaptivity_counts",
     "all_candidates_log_loss",

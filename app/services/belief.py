@@ -152,8 +152,11 @@ def fit_study_model(
 
     ``belief_model`` (default: the study's ``settings["belief_model"]``, else
     ``"default"``) is one of :data:`elicitation.model_choice.BELIEF_MODEL_CHOICES`:
-    latent classes, ``auto`` (a stacked mixture of latent classes and the CAPE models,
-    whose comparison table lands in ``metrics["model_choice"]``), a CAPE family, or the
+    latent classes, ``auto`` (:func:`elicitation.model_choice.fit_auto`: the best on
+    validation of latent classes, the CAPE models, the study's persona prior and personas
+    + latent classes, or their stack when it is better by more than its standard error;
+    the comparison table, skipped candidates included, lands in
+    ``metrics["model_choice"]``), a CAPE family, or the
     study's persona prior (:func:`persona_prior_model`). A study without historical
     respondents gets the persona prior (or a uniform prior when no persona distributions
     are stored), with ``metrics["notice"]`` saying so.
@@ -214,6 +217,11 @@ def _fit_by_kind(  # type: ignore[no-untyped-def]
     if history.shape[0] == 0 or kind == "persona_mixture":
         return persona_prior_model(study, items, session=session, history=history)
     role = {r: [j for j, it in enumerate(items) if it.role == r.value] for r in ItemRole}
+    personas = None
+    if kind == "auto":  # the persona candidates of auto use the stored distributions
+        prior = persona_prior_model(study, items, session=session)
+        if prior.metrics.get("prior") == "persona":
+            personas = prior.mu
     try:
         return fit_belief_model(
             kind,
@@ -227,6 +235,7 @@ def _fit_by_kind(  # type: ignore[no-untyped-def]
             latent_class_options={"n_classes": tuple(n_classes), "n_restarts": n_restarts},
             fit_options=fit_options,
             progress=progress,
+            personas=personas,
         )
     except ElicitationError as exc:
         raise InvalidInputError(f"belief_model {kind!r}: {exc}") from None

@@ -10,6 +10,12 @@ study's own design rather than a dataset's benchmark runs:
 * **users**: the imported respondents' split (``train`` fits the models, ``val`` chooses
   the number of latent classes, ``test`` is replayed and scored). A study imported
   without a split gets a seeded 70/10/20 split of its respondents;
+* **model**: the study's chosen belief model (its ``belief_model`` setting: latent
+  classes, a CAPE family, ``auto``'s model choice of
+  :func:`elicitation.model_choice.fit_auto`, or the persona prior over the study's stored
+  persona distributions), fitted on the ``train`` users as the fit job would
+  (:func:`study_model_fit`); every method below uses it (a study whose criterion is
+  ``irt`` keeps the graded response model that criterion needs);
 * **methods**: the study's selection criterion and the baselines ``random`` (a random
   order), ``fixed`` (one non-adaptive order) and ``full`` (every candidate answered: the
   ceiling);
@@ -26,6 +32,7 @@ fixed chunks (progress is reported per chunk), so a retried job gives the same r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -38,19 +45,24 @@ from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
 from app.schemas import StudySettings
+from app.services.belief import persona_prior_model
 from app.tables import Item, ItemRole, Respondent, RespondentSource, Study
+from elicitation import model_choice
 from elicitation.bench.individual import simulate
 from elicitation.bench.methods import (
     FitContext,
+    FitFn,
     Method,
     fit_irt_model,
     fit_latent_class_model,
+    fit_persona_em,
     get_method,
     method_names,
 )
 from elicitation.bench.metrics import score_predictions
 from elicitation.criteria import get_criterion
-from models.base import MISSING, ItemBank
+from elicitation.errors import ElicitationError
+from models.base import MISSING, BeliefModel, ItemBank
 
 BASELINES: tuple[str, ...] = ("random", "fixed", "full")
 DEFAULT_N_CLASSES: tuple[int, ...] = (8, 16)
@@ -129,6 +141,48 @@ def _study_method(criterion: str) -> tuple[str, Any]:
     )
 
 
+def study_model_fit(kind: str, persona_mu: torch.Tensor | None) -> FitFn:
+    """The fit of the study's ``belief_model`` setting on a simulation's
+    :class:`~elicitation.bench.methods.FitContext` (training users; validation users
+    choose hyper-parameters and, for ``auto``, the model).
+
+    ``persona_mu`` is the study's persona dictionary ``[K, I, O]`` (``None`` without
+    stored distributions): ``persona_mixture`` uses it with its prior fitted by EM on the
+    training users (a single uniform persona without one); ``auto`` offers it to its
+    persona candidates.
+    """
+    if kind == "default":
+        return fit_latent_class_model
+    if kind in model_choice.CAPE_FAMILIES:
+        return model_choice.FAMILIES[kind].fit
+    if kind == "persona_mixture":
+
+        def fit_personas(ctx: FitContext) -> BeliefModel:
+            if persona_mu is None:
+                mask = ctx.item_bank.option_mask().to(torch.float64)
+                return fit_persona_em(ctx, (mask / mask.sum(-1, keepdim=True)).unsqueeze(0))
+            return fit_persona_em(ctx, persona_mu)
+
+        return fit_personas
+    if kind == "auto":
+
+        def fit_auto(ctx: FitContext) -> BeliefModel:
+            if ctx.val.shape[0] == 0:
+                raise InvalidInputError(
+                    "belief_model auto needs validation respondents to choose a model: "
+                    "import some with split 'val' (or none with a split, for a seeded one)"
+                )
+            try:
+                return model_choice.fit_auto(ctx)
+            except ElicitationError as exc:
+                raise InvalidInputError(f"belief_model auto: {exc}") from None
+
+        return fit_auto
+    raise InvalidInputError(
+        f"belief_model: unknown {kind!r} (known: {', '.join(model_choice.BELIEF_MODEL_CHOICES)})"
+    )
+
+
 def questions_needed(
     curve: Sequence[float], start: float, ceiling: float, share: float
 ) -> int | None:
@@ -155,7 +209,8 @@ def run_study_simulation(
     """Simulate the study's design on its historical respondents (see the module doc).
 
     Returns:
-        ``{"budget", "criterion", "targets", "candidates", "n_train", "n_val", "n_test",
+        ``{"budget", "criterion", "belief_model", "model_family" (of the study method's
+        model), "targets", "candidates", "n_train", "n_val", "n_test",
         "methods": {name: {"accuracy": [budget+1], "log_loss": [...], "description"}},
         "study_method", "questions_needed": {"90%": n or None, "95%": ...}, "seconds"}``.
 
@@ -223,6 +278,13 @@ def run_study_simulation(
 
     bank = ItemBank(tuple(it.key for it in items), tuple(len(it.options) for it in items))
     n_opt = torch.tensor(bank.n_options, dtype=torch.long)
+    prior = persona_prior_model(study, items, session=session)
+    persona_mu = prior.mu if prior.metrics.get("prior") == "persona" else None
+    fit_options: dict[str, dict[str, Any]] = {
+        "latent_classes": {"n_classes": tuple(opts.n_classes)}
+    }
+    if persona_mu is not None:
+        fit_options["personas"] = {"mu": persona_mu}
     ctx = FitContext(
         bank,
         train,
@@ -233,10 +295,16 @@ def run_study_simulation(
         seed=opts.seed,
         base_seed=opts.seed,
         cache={},
-        options={"latent_classes": {"n_classes": tuple(opts.n_classes)}},
+        options=fit_options,
     )
+    study_fit = study_model_fit(settings.belief_model, persona_mu)
     study_name, study_method = _study_method(settings.criterion)
     methods = [(study_name, study_method)] + [(b, get_method(b)) for b in opts.baselines]
+    methods = [  # every method asks with the study's model (irt needs its own)
+        (name, m if m.fit is fit_irt_model else dataclasses.replace(m, fit=study_fit))
+        for name, m in methods
+    ]
+    families: dict[str, str] = {}
     observed = torch.full((test.shape[0], n), MISSING, dtype=torch.long)
     observed[:, attrs] = test[:, attrs]
     answers = test[:, cand]
@@ -247,41 +315,43 @@ def run_study_simulation(
     out: dict[str, Any] = {}
     old_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # deterministic sums; the machine is shared
-    try:
-        for name, method in methods:
-            report(done / steps, f"fitting the model for {name}")
-            model = method.fit(ctx)
-            done += 1
-            sums: list[Any] = [None] * (budget + 1)
-            crit: Any = None
-            for part in chunks:
-                report(done / steps, f"{name}: respondents {part.start + 1}-{part.stop}")
-                if method.observe_all:
-                    obs = observed[part].clone()
-                    obs[:, cand] = answers[part]
-                    full_pred = model.predict_batch(model.initial_batch(obs), tgt)
-                    preds = [full_pred] * (budget + 1)
-                else:
-                    assert method.criterion is not None
-                    if crit is None or not crit.uses_fixed_order:
-                        # an order-based criterion keeps its fixed order for every chunk
-                        # (searched once); others are built per chunk
-                        crit = method.criterion(ctx)
-                    preds, _ = simulate(
-                        model, crit, observed[part], cand, answers[part], tgt, budget
-                    )
-                for k, pred in enumerate(preds):
-                    scored = score_predictions(pred, truth[part], n_opt[tgt])
-                    sums[k] = scored if sums[k] is None else sums[k].add(scored)
+    with model_choice.fits_scope():  # a worker keeps no fits of past studies
+        try:
+            for name, method in methods:
+                report(done / steps, f"fitting the model for {name}")
+                model = method.fit(ctx)
+                families[name] = model.family
                 done += 1
-            means = [m.means() for m in sums]
-            out[name] = {
-                "accuracy": [_finite(m["accuracy"]) for m in means],
-                "log_loss": [_finite(m["log_loss"]) for m in means],
-                "description": method.description,
-            }
-    finally:
-        torch.set_num_threads(old_threads)
+                sums: list[Any] = [None] * (budget + 1)
+                crit: Any = None
+                for part in chunks:
+                    report(done / steps, f"{name}: respondents {part.start + 1}-{part.stop}")
+                    if method.observe_all:
+                        obs = observed[part].clone()
+                        obs[:, cand] = answers[part]
+                        full_pred = model.predict_batch(model.initial_batch(obs), tgt)
+                        preds = [full_pred] * (budget + 1)
+                    else:
+                        assert method.criterion is not None
+                        if crit is None or not crit.uses_fixed_order:
+                            # an order-based criterion keeps its fixed order for every chunk
+                            # (searched once); others are built per chunk
+                            crit = method.criterion(ctx)
+                        preds, _ = simulate(
+                            model, crit, observed[part], cand, answers[part], tgt, budget
+                        )
+                    for k, pred in enumerate(preds):
+                        scored = score_predictions(pred, truth[part], n_opt[tgt])
+                        sums[k] = scored if sums[k] is None else sums[k].add(scored)
+                    done += 1
+                means = [m.means() for m in sums]
+                out[name] = {
+                    "accuracy": [_finite(m["accuracy"]) for m in means],
+                    "log_loss": [_finite(m["log_loss"]) for m in means],
+                    "description": method.description,
+                }
+        finally:
+            torch.set_num_threads(old_threads)
     acc = out[study_name]["accuracy"]
     ceiling = out["full"]["accuracy"][0]
     needed = {
@@ -293,6 +363,8 @@ def run_study_simulation(
         "budget": budget,
         "criterion": settings.criterion,
         "study_method": study_name,
+        "belief_model": settings.belief_model,
+        "model_family": families[study_name],
         "targets": [items[j].key for j in tgt],
         "candidates": [items[j].key for j in cand],
         "n_train": int(train.shape[0]),

@@ -14,6 +14,7 @@ those methods then differ only in which questions they ask.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,10 +23,12 @@ import torch
 from torch import Tensor
 
 from elicitation.criteria import DEFAULT_DELTA, DEFAULT_TAU, SelectionCriterion, get_criterion
-from elicitation.errors import BenchmarkError
+from elicitation.errors import BenchmarkError, ElicitationError
 from models.base import MISSING, BeliefModel, ItemBank
 from models.irt import fit_grm
 from models.latent_class import fit_latent_classes
+from models.persona import PersonaMixture
+from models.persona_fit import fit_prior_em
 
 
 @dataclass
@@ -44,6 +47,8 @@ class FitContext:
         cache: shared by all runs and methods of one benchmark (``cached``).
         options: per-fit keyword arguments, e.g. ``{"latent_classes": {"n_classes":
             (4, 8)}}`` (keys: ``latent_classes``, ``irt``; a fit uses only its own key).
+            ``{"personas": {"mu": Tensor [K, I, O]}}`` gives the persona dictionary
+            (:func:`persona_dictionary`).
     """
 
     item_bank: ItemBank
@@ -120,6 +125,120 @@ def get_method(name: str) -> Method:
         raise BenchmarkError(
             f"unknown benchmark method {name!r} (known: {', '.join(method_names())})"
         ) from None
+
+
+# ---- persona dictionaries ----------------------------------------------------------------
+class MissingInputError(ElicitationError):
+    """A fit's inputs are missing (e.g. no persona dictionary for the item bank): a model
+    choice skips that candidate and records the message as the reason."""
+
+
+PersonaSource = Callable[[FitContext], Tensor | None]
+_PERSONA_SOURCES: list[PersonaSource] = []
+
+
+def register_persona_source(source: PersonaSource) -> PersonaSource:
+    """Add a way to find a persona dictionary ``mu [K, I, O]`` for a run's item bank
+    (``None`` when it has none); e.g. the benchmark's cached persona tables."""
+    if source not in _PERSONA_SOURCES:
+        _PERSONA_SOURCES.append(source)
+    return source
+
+
+def persona_dictionary(ctx: FitContext) -> Tensor:
+    """The persona dictionary ``mu [K, I, O]`` of a run: ``ctx.options["personas"]["mu"]``
+    (the app: the study's stored persona distributions), else the first registered
+    source that has one (the benchmark: the dataset's cached persona table).
+
+    Raises:
+        MissingInputError: no dictionary for this item bank.
+    """
+    given = ctx.options.get("personas", {}).get("mu")
+    if given is not None:
+        return torch.as_tensor(given, dtype=torch.float64)
+    for source in _PERSONA_SOURCES:
+        mu = source(ctx)
+        if mu is not None:
+            return mu
+    raise MissingInputError(
+        "no persona dictionary for these items (a study: generate persona distributions; "
+        "a dataset: `priorly personas table --dataset DIR`)"
+    )
+
+
+def fit_persona_em(ctx: FitContext, mu: Tensor) -> PersonaMixture:
+    """The persona mixture over ``mu [K, I, O]`` with its prior fitted by EM on the
+    training users' non-target answers (docs/methods.md §1.3)."""
+    log_prior, _ = fit_prior_em(mu, ctx.masked(ctx.train), item_bank=ctx.item_bank)
+    return PersonaMixture(ctx.item_bank, mu, log_prior)
+
+
+def fit_block_weight(log_a: Tensor, log_b: Tensor, *, tol: float = 1e-12) -> float:
+    """Maximum-likelihood weight ``w`` of block A in ``w · p_A(x_u) + (1 − w) · p_B(x_u)``.
+
+    ``log_a``, ``log_b``: ``[N]`` log marginal likelihoods of each user's answers under the
+    two blocks (each a mixture with its own prior). The EM update for ``w`` is
+    ``r_u = w p_A / (w p_A + (1 − w) p_B)``, ``w ← mean_u r_u``; its fixed point is the
+    maximum of the concave ``f(w) = mean_u log(w p_A(x_u) + (1 − w) p_B(x_u))``. EM
+    converges only linearly (slowly near 0 or 1), so the fixed point is found directly by
+    bisection on the score ``f'(w) = mean_u (p_A − p_B) / (w p_A + (1 − w) p_B)``, which
+    decreases in ``w``: ``w = 0`` when ``f'(0) ≤ 0``, ``1`` when ``f'(1) ≥ 0``, else the
+    root to ``tol``. Equal likelihoods for every user carry no information: ``w = 1/2``.
+
+    Example: block A explains one user twice as well and the other half as well::
+
+        fit_block_weight(torch.log(torch.tensor([0.2, 0.05])), torch.log(torch.tensor([0.1, 0.1])))
+        # 0.5: f'(w) = ((0.2 - 0.1) / (0.1 w + 0.1) + (0.05 - 0.1) / (0.1 - 0.05 w)) / 2 = 0 at w = 1/2
+    """
+    if log_a.shape != log_b.shape or log_a.dim() != 1 or log_a.numel() == 0:
+        raise BenchmarkError("fit_block_weight: two [N] log-likelihood vectors, N > 0")
+    d = (log_b - log_a).to(torch.float64)  # log p_B − log p_A
+    if bool((d == 0).all()):
+        return 0.5
+    pos = d > 0
+    e = torch.where(pos, torch.exp(-d.clamp_min(0)), torch.exp(d.clamp_max(0)))  # ≤ 1
+
+    def score(w: float) -> float:
+        # p_A/p_B = e where d > 0, p_B/p_A = e where d ≤ 0; numerator and denominator
+        # both divided by the larger likelihood (no overflow)
+        num = torch.where(pos, e - 1.0, 1.0 - e)
+        den = torch.where(pos, w * e + (1.0 - w), w + (1.0 - w) * e)
+        return float((num / den).mean())
+
+    if score(0.0) <= 0.0:
+        return 0.0
+    if score(1.0) >= 0.0:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        if score(mid) > 0.0:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def mix_personas_with_classes(ctx: FitContext, lc: BeliefModel, mu: Tensor) -> PersonaMixture:
+    """Persona dictionary + latent classes in one mixture (``mixed``).
+
+    ``p(θ) = w · p_P(θ) + (1 − w) · p_LC(θ)``: ``p_P`` is the :func:`fit_persona_em`
+    prior over ``mu``, ``p_LC`` the latent-class model's own prior, ``w`` fitted by
+    :func:`fit_block_weight` on the training users' non-target answers. ``metrics``:
+    ``llm_block_weight`` (``w``) and ``n_llm`` (``K`` of ``mu``).
+    """
+    if not isinstance(lc, PersonaMixture):
+        raise BenchmarkError("the latent-class fit is not a persona mixture")
+    llm = fit_persona_em(ctx, mu)
+    train = ctx.masked(ctx.train)
+    w = fit_block_weight(llm.log_marginal(train), lc.log_marginal(train))
+    with torch.no_grad():
+        log_w = math.log(w) if w > 0 else -math.inf
+        log_1w = math.log1p(-w) if w < 1 else -math.inf
+        log_prior = torch.cat([llm.log_prior + log_w, lc.log_prior.to(llm.log_prior) + log_1w])
+    model = PersonaMixture(ctx.item_bank, torch.cat([llm.mu, lc.mu.to(llm.mu)], dim=0), log_prior)
+    model.metrics = {"llm_block_weight": w, "n_llm": int(llm.mu.shape[0])}
+    return model
 
 
 # ---- fit functions ---------------------------------------------------------------------

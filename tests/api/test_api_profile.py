@@ -257,10 +257,10 @@ def test_study_without_history_falls_back_to_persona_prior_with_notice(
 def test_auto_belief_model_stores_and_shows_the_comparison_table(
     engine: Any, migrated_db_url: str, tmp_path: Any
 ) -> None:
-    """``belief_model = auto``: the fit job's function stores a stacked mixture whose
-    metrics hold the comparison table (every candidate and the mixture, validation target
-    log loss), shown on the admin study page; the mixture is at least as good as every
-    candidate on those validation users."""
+    """``belief_model = auto``: the fit job's function stores the chosen model whose
+    metrics hold the comparison table (every candidate and the stack, validation target
+    log loss; skipped candidates with their reason), shown on the admin study page; the
+    shipped model validates at least as well as every candidate."""
     from sqlmodel import Session as DbSession
 
     from app.schemas import StudySettings
@@ -284,9 +284,8 @@ def test_auto_belief_model_stores_and_shows_the_comparison_table(
                 "cape_cooccurrence": {"betas": (0.1,), "etas": (0.5,), "lams": (0.5,)},
             },
         )
-        assert row.family == "stacked_mixture"
         table = row.metrics["model_choice"]
-        names = [r["name"] for r in table]
+        names = [r["name"] for r in table if "skipped" not in r]
         assert names == [
             "latent_classes",
             "cape_cooccurrence",
@@ -294,13 +293,87 @@ def test_auto_belief_model_stores_and_shows_the_comparison_table(
             "cape_factor",
             "stacked_mixture",
         ]
-        assert [r["name"] for r in table if r["chosen"]] == ["stacked_mixture"]
-        best_single = min(r["mean_log_loss"] for r in table[:-1])
-        assert table[-1]["mean_log_loss"] <= best_single + 1e-9
+        # no persona distributions stored: the persona candidates are skipped, with why
+        skipped = {r["family"]: r["name"] for r in table if "skipped" in r}
+        assert set(skipped) == {"persona_mixture", "mixed"}
+        assert all("no persona dictionary" in shown for shown in skipped.values())
+        (chosen,) = [r for r in table if r["chosen"]]
+        scored = [r["mean_log_loss"] for r in table if "skipped" not in r]
+        assert chosen["mean_log_loss"] == min(scored)  # never worse than a single candidate
+        assert chosen["name"] == row.metrics["auto_chosen"]
         model = load_model(row.blob)
-        assert model.family == "stacked_mixture" and set(model.names) <= set(names[:-1])
+        assert row.family == model.family
+        if chosen["name"] == "stacked_mixture":
+            assert model.family == "stacked_mixture" and set(model.names) <= set(names[:-1])
         slug = study.slug
         with pytest.raises(Exception, match="belief_model"):
             update_settings(study, {**values, "belief_model": "nonsense"}, session=db)
     page = _admin_page(migrated_db_url, slug)
     assert 'id="model-choice"' in page and "stacked_mixture" in page and "cape_factor" in page
+    assert "no persona dictionary" in page
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # storage: the fallback test
+def test_auto_offers_the_study_persona_distributions_to_its_persona_candidates(
+    engine: Any, tmp_path: Any
+) -> None:
+    """A study with history and stored persona distributions: ``auto`` scores the persona
+    mixture and the persona + latent-class mixture (none skipped), and ships the best."""
+    from sqlmodel import Session as DbSession
+
+    from app.schemas import StudySettings
+    from app.services.belief import fit_study_model
+    from app.services.designer import set_roles, update_settings
+    from app.tables import PersonaDistribution, StudyPersona
+    from inference_server.prompts import PromptItem
+
+    with DbSession(engine) as db:
+        study = _new_study(db, tmp_path / "ces60", 60)
+        set_roles(study, dict.fromkeys(study.benchmark_runs[0]["eval_qids"], "target"), session=db)
+        values = StudySettings.model_validate(study.settings or {}).model_dump(mode="json")
+        update_settings(study, {**values, "belief_model": "auto"}, session=db)
+        items = db.exec(
+            select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
+        ).all()
+        for k in range(3):
+            db.add(
+                StudyPersona(
+                    study_id=study.id,
+                    key=f"p{k}",
+                    text=f"persona {k}",
+                    text_hash=f"h{k}",
+                    weight=1.0,
+                    source="file",
+                )
+            )
+            for it in items:
+                if it.role == "attribute":
+                    continue
+                n = len(it.options)
+                raw = [float(1 + ((j + k) % n)) for j in range(n)]
+                db.add(
+                    PersonaDistribution(
+                        model_id="test-llm",
+                        template_version="v1",
+                        persona_hash=f"h{k}",
+                        item_hash=PromptItem(
+                            it.key, it.question, tuple(o[1] for o in it.options)
+                        ).hash,
+                        probs=[x / sum(raw) for x in raw],
+                        valid_mass=1.0,
+                    )
+                )
+        db.commit()
+        families = ("latent_classes", "persona_mixture", "mixed")
+        row = fit_study_model(
+            study,
+            session=db,
+            n_classes=(2,),
+            n_restarts=1,
+            fit_options={"auto": {"families": families}},
+        )
+        table = row.metrics["model_choice"]
+        assert row.metrics["model_choice_skipped"] == {}
+        assert {r["name"] for r in table} == {*families, "stacked_mixture"}
+        (chosen,) = [r for r in table if r["chosen"]]
+        assert chosen["mean_log_loss"] == min(r["mean_log_loss"] for r in table)

@@ -231,3 +231,106 @@ def test_merge_results_combines_methods_and_run_slices_exactly() -> None:
         merge_results([part([0, 1], {"a": a1}), part([1], {"a": a2})])
     with pytest.raises(BenchmarkError, match="runs"):
         merge_results([part([0, 1], {"a": a1}), part([0, 1, 2], {"b": b})])
+
+
+# ----- auto: one model choice over the family table ----------------------------------------
+
+
+def _auto_ctx(y: torch.Tensor, bank: ItemBank, **options: Any) -> Any:
+    from elicitation.bench.methods import FitContext
+
+    return FitContext(
+        bank,
+        y[:200],
+        y[200:],
+        [0],
+        [1, 2, 3],
+        [4, 5],
+        seed=0,
+        options={"latent_classes": {"n_classes": (2,), "n_restarts": 1}, **options},
+    )
+
+
+def test_stack_beats_single_needs_more_than_its_standard_error() -> None:
+    from elicitation.model_choice import stack_beats_single
+
+    single = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    tied = stack_beats_single(torch.tensor([0.9, 1.1, 0.9, 1.1]), single, 4)
+    assert tied["gain"] == pytest.approx(0.0) and not tied["stack"]
+    worse = stack_beats_single(torch.tensor([1.1, 1.0, 1.05, 1.0]), single, 4)
+    assert worse["gain"] < 0 and not worse["stack"]
+    better = stack_beats_single(torch.tensor([0.5, 0.6, 0.5, 0.6]), single, 4)
+    assert better["gain"] == pytest.approx(0.45) and better["se"] < 0.1 and better["stack"]
+
+
+def test_auto_never_ships_a_model_that_validates_worse_than_its_best_single(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The true factor model and an independent-items model: their stack, scored out of
+    fold, validates worse than the true model alone, so ``auto`` ships the true model (a
+    rule that always ships the stack, as before, fails this test)."""
+    from elicitation import model_choice as mc
+
+    true, flat, y = _factor_case()
+    monkeypatch.setitem(mc.FAMILIES, "t_flat", mc.Family("t_flat", lambda c: flat, lambda c: flat))
+    monkeypatch.setitem(mc.FAMILIES, "t_true", mc.Family("t_true", lambda c: true, lambda c: true))
+    model = mc.fit_auto(_auto_ctx(y, true.item_bank, auto={"families": ("t_flat", "t_true")}))
+    rows = {r["name"]: r for r in model.metrics["auto_table"]["table"]}
+    assert set(rows) == {"t_flat", "t_true", "stacked_mixture"}
+    shipped = [name for name, r in rows.items() if r["chosen"]]
+    assert shipped == ["t_true"] and model.metrics["auto_chosen"] == "t_true"
+    assert rows["stacked_mixture"]["mean_log_loss"] > rows["t_true"]["mean_log_loss"]
+    assert rows["t_true"]["mean_log_loss"] == min(r["mean_log_loss"] for r in rows.values())
+    rule = model.metrics["model_choice_rule"]
+    assert rule["best_single"] == "t_true" and not rule["stack"] and rule["gain"] <= rule["se"]
+    assert model.family == true.family and model.metrics is not true.metrics
+
+
+def test_auto_skips_persona_candidates_without_a_dictionary_and_says_why() -> None:
+    from elicitation import model_choice as mc
+
+    _, _, y = _factor_case()
+    bank = ItemBank(tuple(f"q{i}" for i in range(6)), (2, 2, 3, 2, 2, 3))
+    families = ("latent_classes", "persona_mixture", "mixed")
+    model = mc.fit_auto(_auto_ctx(y, bank, auto={"families": families}))
+    skipped = model.metrics["model_choice_skipped"]
+    assert set(skipped) == {"persona_mixture", "mixed"}
+    assert all("no persona dictionary" in why for why in skipped.values())
+    shown = {r["family"] if "skipped" in r else r["name"]: r for r in model.metrics["model_choice"]}
+    assert "no persona dictionary" in shown["mixed"]["name"] and not shown["mixed"]["chosen"]
+    assert model.metrics["auto_chosen"] == "latent_classes"  # the only candidate left
+
+
+def test_app_and_benchmark_auto_are_one_code_path() -> None:
+    """``fit_belief_model("auto")`` (the app's fit job) and the benchmark's ``auto``
+    (``fit_auto`` on a FitContext) choose the same family with the same validation
+    scores; with a persona dictionary the persona candidates take part."""
+    from elicitation import model_choice as mc
+
+    _, _, y = _factor_case()
+    bank = ItemBank(tuple(f"q{i}" for i in range(6)), (2, 2, 3, 2, 2, 3))
+    gen = torch.Generator().manual_seed(5)
+    mu = torch.rand(4, 6, 3, generator=gen, dtype=DTYPE) * bank.option_mask()
+    mu = mu / mu.sum(-1, keepdim=True)
+    families = ("latent_classes", "cape_cooccurrence", "persona_mixture", "mixed")
+    small = {"cape_cooccurrence": {"betas": (0.1,), "etas": (0.5,), "lams": (0.5,)}}
+    opts = {**small, "auto": {"families": families}}
+    bench = mc.fit_auto(_auto_ctx(y, bank, personas={"mu": mu}, **opts))
+    app = mc.fit_belief_model(
+        "auto",
+        y[:200],
+        y[200:],
+        bank,
+        demographics=[0],
+        candidates=[1, 2, 3],
+        targets=[4, 5],
+        seed=0,
+        latent_class_options={"n_classes": (2,), "n_restarts": 1},
+        fit_options=opts,
+        personas=mu,
+    )
+    assert app.metrics["auto_chosen"] == bench.metrics["auto_chosen"]
+    assert app.family == bench.family
+    score = {r["name"]: r["mean_log_loss"] for r in bench.metrics["model_choice"]}
+    assert {r["name"]: r["mean_log_loss"] for r in app.metrics["model_choice"]} == score
+    assert set(score) == {*families, "stacked_mixture"} and not app.metrics["model_choice_skipped"]

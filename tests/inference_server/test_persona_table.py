@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from elicitation.bench.methods import FitContext, get_method
+from elicitation.bench.methods import FitContext, fit_block_weight, get_method
 from elicitation.errors import BenchmarkError
 from inference_server import bench_methods
 from inference_server.persona_table import PersonaTable, find_table, table_dir
@@ -140,14 +140,14 @@ def test_block_weight_is_the_maximum_likelihood_weight() -> None:
     # per-user likelihoods under blocks A and B: (a, b) pairs chosen by hand
     a = torch.tensor([0.02, 0.30, 0.10, 0.05, 0.40], dtype=torch.float64)
     b = torch.tensor([0.20, 0.10, 0.10, 0.30, 0.05], dtype=torch.float64)
-    w = bench_methods.fit_block_weight(a.log(), b.log())
+    w = fit_block_weight(a.log(), b.log())
     assert w == pytest.approx(_argmax_block_weight(a.log(), b.log()), abs=1e-6)
     # a block that explains every user worse gets weight 0 in the limit
-    assert bench_methods.fit_block_weight((b / 10).log(), b.log()) < 1e-3
+    assert fit_block_weight((b / 10).log(), b.log()) < 1e-3
     # equal likelihoods: every w is optimal and EM stays where it starts
-    assert bench_methods.fit_block_weight(b.log(), b.log()) == 0.5
+    assert fit_block_weight(b.log(), b.log()) == 0.5
     with pytest.raises(BenchmarkError, match="fit_block_weight"):
-        bench_methods.fit_block_weight(a.log(), b[:3].log())
+        fit_block_weight(a.log(), b[:3].log())
 
 
 def test_missing_table_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
