@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app import auth
-from app.deps import EngineDep, SessionDep, TemplatesDep
+from app.deps import DbId, EngineDep, SessionDep, TemplatesDep
 from app.services.respondents import erase_live_respondent, live_respondents
 
 router = APIRouter(
@@ -25,11 +25,12 @@ router = APIRouter(
 def _page(request: Request, templates: Any, study: Any, session: Any, **extra: Any) -> Response:
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
-        "pages/admin_respondents.html",
+        "admin/respondents.html",
         {
             "researcher": getattr(request.state, "researcher", None),
             "csrf_token": auth.csrf_token(request),
             "study": study,
+            "section": "respondents",
             "rows": live_respondents(study, session=session),
             **extra,
         },
@@ -48,7 +49,7 @@ def respondents_page(
 
 @router.post("/studies/{slug}/respondents/{respondent_id}/erase", name="admin_respondent_erase")
 def erase(
-    respondent_id: int,
+    respondent_id: DbId,
     request: Request,
     study: auth.VisibleStudy,
     session: SessionDep,
