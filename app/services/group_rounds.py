@@ -185,6 +185,8 @@ class GroupReplay:
         members: the panel's respondents; row ``r`` of ``group.observed`` is ``members[r]``.
         panel: ``live`` or ``import``.
         rounds: every round of the study (open ones included), in order.
+        askable: ``[N]`` bool, the members who can receive a question
+            (:func:`reachable_members`).
     """
 
     rt: svc.StudyRuntime
@@ -193,6 +195,7 @@ class GroupReplay:
     panel: str
     rounds: list[GroupRound]
     settings: StudySettings
+    askable: torch.Tensor
 
 
 def _panel_members(
@@ -216,6 +219,32 @@ def _panel_members(
     if live:
         return RespondentSource.live.value, live
     return RespondentSource.import_.value, of(RespondentSource.import_.value)
+
+
+def reachable_members(
+    members: Sequence[Respondent], panel: str, answered: set[int]
+) -> torch.Tensor:
+    """``[N]`` bool: the members who can receive a round's question.
+
+    A round question reaches a member through a personal link (``/g/<token>``) that the
+    researcher, or the product of an API client, hands to that person; so a member can be
+    asked when
+
+    * they took part: a live member consented (the respondent row exists only after
+      consent) **and** answered at least one question of their ordinary sessions
+      (``answered``: respondent ids with a non-skipped answer); an imported member has
+      historical answers;
+    * and they can be reached: an ``external_id`` (given by an API client, a panel or
+      the import) or panel parameters of their survey link (a recruitment panel's ids).
+      An anonymous visitor of the public survey link has neither: nobody can hand them
+      a link.
+    """
+    ok = []
+    for m in members:
+        took_part = m.id in answered if panel == RespondentSource.live.value else bool(m.answers)
+        reachable = bool(m.external_id) or bool(m.panel_params)
+        ok.append(took_part and reachable)
+    return torch.tensor(ok, dtype=torch.bool)
 
 
 def group_budget(settings: StudySettings) -> Any:
@@ -288,9 +317,13 @@ def replay_group(
         .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
         .where(ElicitationSession.study_id == study.id)
     ).all()
+    answered: set[int] = set()
     for row, rid, sid in rows:
         if rid in row_of and sid not in round_sessions and (rid, row.item_id) not in asked_in_round:
             put(row_of[rid], row.item_id, row.option)
+            if row.option is not None:
+                answered.add(rid)
+    askable = reachable_members(members, panel, answered)
     group = GroupElicitation(
         rt.model,
         observed,
@@ -298,6 +331,7 @@ def replay_group(
         [rt.model_index[t.id] for t in rt.targets],
         GroupMethod(question=LIVE_QUESTION, respondents=LIVE_RESPONDENTS),
         group_budget(settings),
+        askable=askable,
         seed=seed,
     )
     answers = _answers_by_session(
@@ -322,7 +356,7 @@ def replay_group(
             torch.tensor(asked, dtype=torch.long),
             torch.tensor(got, dtype=torch.long),
         )
-    return GroupReplay(rt, group, members, panel, rounds, settings)
+    return GroupReplay(rt, group, members, panel, rounds, settings, askable)
 
 
 def _target_predictions(rep: GroupReplay) -> list[dict[str, Any]]:
@@ -378,10 +412,17 @@ def plan_next_round(
         question, who, scores = group.plan(ctx)
     except BudgetError as exc:
         raise GroupBudgetError(f"the group budget is spent: {exc}") from None
+    n_eligible = int(rep.askable.sum())
+    if n_eligible == 0:
+        raise GroupBudgetError(
+            f"none of the {len(members)} members can receive a question: a member must "
+            "have answered the survey and be reachable (an external id from an API client "
+            "or a panel, or panel parameters in their survey link)"
+        )
     if len(who) == 0:
         raise GroupBudgetError(
-            "nobody may be asked this question (every member has answered it or reached "
-            "the per-respondent question budget)"
+            "nobody may be asked this question (every member who can be reached has "
+            "answered it or reached the per-respondent question budget)"
         )
     # the gain the respondents were chosen by, left in the context's cache by their
     # selector (random / relational selectors rank by none: then the information gain)
@@ -389,12 +430,13 @@ def plan_next_round(
     item_of = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
     left = [c for c in group.candidates if c not in group.asked_items]
     pairs = sorted(zip(left, scores.tolist(), strict=True), key=lambda cs: -float(cs[1]))
-    others = torch.ones(len(members), dtype=torch.bool)
+    others = rep.askable.clone()
     others[who] = False
     return {
         "best_gain_not_chosen": float(member_gain[others].max()) if bool(others.any()) else None,
         "panel": "live" if rep.panel == RespondentSource.live.value else "imported",
         "n_members": len(members),
+        "n_eligible": n_eligible,
         "question": item_of[question].key,
         "question_text": item_of[question].question,
         "question_scores": [{"item": item_of[c].key, "score": float(s)} for c, s in pairs],

@@ -402,3 +402,65 @@ def test_close_while_members_answer_loses_no_acknowledged_answer(
     assert stored == acknowledged
     assert {sid for sid, o in outcome.items() if o == "answered"} == acknowledged
     assert {sid for sid, o in outcome.items() if o == "no_answer"} == refused
+
+
+def _live_member(
+    engine: Engine,
+    study: Study,
+    *,
+    external_id: str | None = None,
+    panel: dict[str, str] | None = None,
+    answers: int = 1,
+) -> int:
+    """A live respondent who consented (a session started) and answered ``answers``
+    questions of the survey; returns the respondent id."""
+    started = svc.start_session(study, engine=engine, external_id=external_id, panel_params=panel)
+    view = started.view
+    for k in range(answers):
+        assert view.question is not None
+        view = svc.submit_answer(
+            study,
+            started.session_id,
+            item_key=view.question.key,
+            option=view.question.options[0][0],
+            idempotency_key=f"{started.session_id}-{k}",
+            engine=engine,
+        )
+    return started.respondent_id
+
+
+def test_plan_asks_only_members_who_answered_and_can_be_reached(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    """Live panel: who only consented (never answered), or answered anonymously (no
+    external id, no panel parameters: nobody can hand them a link) is never chosen, and
+    the plan page says how many members could be asked."""
+    study = _group_study(db, ces_study, rounds=2, respondents_per_round=4)
+    api_client = _live_member(engine, study, external_id="api-user-1")
+    panel_member = _live_member(engine, study, panel={"PROLIFIC_PID": "p-77"})
+    only_consented = _live_member(engine, study, external_id="api-user-2", answers=0)
+    anonymous = _live_member(engine, study)
+    login(client, "alice@example.org")
+    plan = _plan(client, engine, study)
+    assert plan.status == JobStatus.succeeded.value, plan.error
+    r = plan.result
+    assert r is not None and r["panel"] == "live"
+    assert (r["n_members"], r["n_eligible"]) == (4, 2)
+    chosen = {p["respondent_id"] for p in r["respondents"]}
+    assert chosen == {api_client, panel_member}
+    assert not chosen & {only_consented, anonymous}
+    page = client.get(f"/admin/studies/{study.slug}/groups")
+    assert re.search(r'id="n-eligible">2<', page.text), page.text
+    assert "ask 2 respondents" in page.text
+
+
+def test_plan_fails_with_the_reason_when_nobody_can_be_reached(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=2)
+    _live_member(engine, study)  # anonymous
+    _live_member(engine, study, external_id="x", answers=0)  # never answered
+    login(client, "alice@example.org")
+    plan = _plan(client, engine, study)
+    assert plan.status == JobStatus.failed.value
+    assert "none of the 2 members can receive a question" in (plan.error or "")
