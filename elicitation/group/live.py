@@ -119,9 +119,8 @@ class RoundPlan:
         members: ``[n]`` member rows to ask, in the selector's order.
         question_scores: ``[C']`` scores of :attr:`left` (the candidates not asked yet).
         left: the candidates not asked yet.
-        member_gain: ``[N]`` each member's expected gain for ``question`` (expected
-            correct target answers gained for ``elook``; nats of information for the
-            relational selection, whose k-means ranks by none).
+        member_gain: ``[N]`` each member's expected gain in correct target answers if
+            asked ``question`` (times its chance of answering; what ``elook`` ranks by).
         method: the :class:`GroupMethod` that planned.
         uses_gnn: whether the GNN is part of the plan.
         pool_weight: the GNN's pool weight in use (``elook`` with a GNN; else ``0``).
@@ -237,9 +236,9 @@ def plan_round(
     ctx = ge.context()
     question, who, scores = ge.plan(ctx)
     method = ge.method
-    gain = ctx.eig([question], SELECTOR_GAINS.get(method.respondents, "entropy"))[:, 0]
-    if method.respondents in SELECTOR_GAINS:
-        gain = gain * ge.response_prob
+    # the expected gain in correct target answers (what ``elook`` ranks by; for the
+    # relational selection, which ranks by none, the same figure for the researcher)
+    gain = ctx.eig([question], SELECTOR_GAINS["elook"])[:, 0] * ge.response_prob
     left = [c for c in ge.candidates if c not in ge.asked_items]
     if method.respondents == "relational":
         explanations = _relational_explanations(ge, who, question)
