@@ -5,15 +5,19 @@ it has none) in rounds: each round puts **one question** to a **few members**, c
 :mod:`elicitation.group` under the study's group budget (``study.settings["group"]``).
 
 * **plan** (:func:`plan_next_round`, run by the ``plan_group_round`` job): the panel's
-  observations (attributes and answers outside rounds) are replayed through
-  :class:`elicitation.group.GroupElicitation`, then every *closed* round is applied with
-  :meth:`~elicitation.group.GroupElicitation.apply` (its question, the members asked, their
-  answers or ``-1``) — so the rounds, answers and per-member counts already spent are
-  charged against the budget, an asked question is never planned again, and the
-  predictions use the answers gathered. The plan is the question and the members with
-  the largest expected gain in correct target answers, counting one more answer a
-  member may give in a later round (:data:`LIVE_QUESTION`, :data:`LIVE_RESPONDENTS`); the
-  job stores it with every score.
+  observations (attributes and answers outside rounds), its closed rounds (question,
+  members asked, their answers or ``-1``) and who can be asked
+  (:func:`reachable_members`) are the members' states; the study's stored models
+  (:func:`study_planner_models`: the active belief model, and the GNN of the "Train the
+  group GNN" job with its pool weight checked on validation members) are the models; and
+  :func:`elicitation.group.plan_round` -- the one planner, which ``priorly bench group``
+  runs as its ``live`` method -- replays the closed rounds (so the rounds, answers and
+  per-member counts already spent are charged against the budget, an asked question is
+  never planned again, and the predictions use the answers gathered) and chooses the
+  question and members: by the expected gain in correct target answers with one more
+  answer ahead (``elook``, the benchmark's ``default``), or by k-means over the GNN's
+  member embeddings (``relational``). The job stores the plan with every score and a
+  reason per member.
 * **open** (:func:`open_round`): from a plan that is still current (no round opened or
   closed since it was made), in one transaction: a ``group_round`` row, and per chosen
   member a ``group_round_member`` row with the hash of a personal link token and a new
