@@ -199,6 +199,8 @@ def _relational_explanations(ge: GroupElicitation, members: Tensor, question: in
     emb = ge.gnn.embeddings(ge.observed)
     d = torch.cdist(emb[pool], emb[members])  # [P, n]
     nearest = d.argmin(1)
+    for j, m in enumerate(members.tolist()):  # a chosen member stands for itself (ties)
+        nearest[pool == m] = j
     out = []
     for j in range(len(members)):
         mine = nearest == j
