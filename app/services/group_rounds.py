@@ -689,7 +689,7 @@ def budget_usage(study: Study, *, session: Session) -> BudgetUsage:
         most_questions=max(per_resp.values(), default=0),
         max_questions_per_respondent=g.max_questions_per_respondent,
         per_round_setting=(
-            f"{g.respondents_per_round} respondents"
+            f"{g.respondents_per_round} respondent{'' if g.respondents_per_round == 1 else 's'}"
             if g.respondents_per_round
             else f"{100 * g.respondents_share:g} % of the panel"
         ),

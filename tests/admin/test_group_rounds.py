@@ -558,3 +558,16 @@ def test_plan_with_the_study_gnn_and_relational_selection(
     svg = client.get(f"/admin/studies/{study.slug}/groups/distribution.svg")
     assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml")
     assert "<svg" in svg.text and "closed rounds" in svg.text
+
+
+def test_one_respondent_is_singular_on_the_pages(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=1)
+    login(client, "alice@example.org")
+    plan = _plan(client, engine, study)
+    assert plan.status == JobStatus.succeeded.value, plan.error
+    page = client.get(f"/admin/studies/{study.slug}/groups").text
+    assert "ask 1 respondent</button>" in page
+    assert '<span class="n">1 respondent</span> per round' in page
+    assert "1 respondents" not in page
