@@ -2,16 +2,21 @@
 
 * **Passwords** are hashed with argon2id (``argon2-cffi``'s defaults); a hash made with
   older parameters is upgraded at the next login.
-* **Session cookie** ``priorly_session``: an itsdangerous-signed, timestamped payload
-  ``{"rid": researcher id, "pw": fingerprint of the password hash}`` (no secret inside),
-  HttpOnly, SameSite=Lax, Secure unless the request is for localhost, valid for
-  :data:`SESSION_MAX_AGE_S`. Changing the password (a new hash) invalidates every cookie
-  issued before.
-* **CSRF** (double submit): the cookie ``priorly_csrf`` holds a random token; every
-  state-changing admin request must carry the same token in the form field
-  ``csrf_token`` or the header ``X-CSRF-Token`` (htmx sends it from ``hx-headers`` on
-  ``<body>``). A cross-site page can neither read the cookie nor set the field.
-  :class:`CsrfCookieMiddleware` issues the cookie on the first admin request.
+* **Sessions** are server-side (table ``admin_session``): the cookie ``priorly_session``
+  holds a random token (only its SHA-256 is stored), HttpOnly, SameSite=Lax, Secure unless
+  the request is for localhost, valid for :data:`SESSION_MAX_AGE_S`. Logging out deletes
+  the row, so a copied cookie stops working at once; a password change
+  (:func:`set_password`) and a deactivated or removed account end every login of the
+  researcher.
+* **CSRF**: each login has its own random token (``admin_session.csrf_token``, also sent
+  in the cookie ``priorly_csrf`` for the pages' forms); every state-changing admin request
+  of a logged-in researcher must carry that token in the form field ``csrf_token`` or the
+  header ``X-CSRF-Token`` (htmx sends it from ``hx-headers``), so a planted cookie does not
+  help. Before login (the login and invitation forms) it is a double submit of the cookie,
+  issued by :class:`CsrfCookieMiddleware` on the first admin request.
+* **Cookie names in prod** (``PRIORLY_ENV=prod``): ``__Host-priorly_session`` and
+  ``__Host-priorly_csrf``, always Secure, Path=/, no Domain (a sibling subdomain cannot set
+  or overwrite them).
 * **Login lockout**: :func:`login_with_limits` refuses (429 + ``Retry-After``) after too
   many failed logins per account or per client address (counters in the database,
   :mod:`app.ratelimit`).
@@ -32,17 +37,18 @@ from typing import Annotated, Any
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from fastapi import Depends, Request
-from itsdangerous import BadSignature, URLSafeTimedSerializer
-from sqlmodel import Session, select
+from sqlmodel import Session, col, delete, select
+from starlette.concurrency import run_in_threadpool
 
 from app import ratelimit
 from app.deps import SessionDep
 from app.errors import ConflictError, InvalidInputError, NotFoundError, PriorlyError
 from app.ratelimit import LoginLocked as LoginLocked  # re-exported for the login route
 from app.services.apikeys import normalise_email
-from app.tables import Invitation, Researcher, Study, StudyShare, utcnow
+from app.tables import AdminSession, Invitation, Researcher, Study, StudyShare, utcnow
 
 SESSION_COOKIE = "priorly_session"
+HOST_PREFIX = "__Host-"
 CSRF_COOKIE = "priorly_csrf"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
@@ -143,9 +149,11 @@ def login_with_limits(
 
 
 def set_password(researcher: Researcher, password: str, *, session: Session) -> None:
-    """Set (or change) a researcher's password; old session cookies stop working."""
+    """Set (or change) a researcher's password; every login of theirs ends at once."""
     researcher.password_hash = hash_password(password)
     session.add(researcher)
+    if researcher.id is not None:
+        end_sessions(researcher.id, session=session, commit=False)
     session.commit()
     session.refresh(researcher)
 
@@ -223,34 +231,69 @@ def accept_invitation(token: str, password: str, *, session: Session) -> Researc
     return researcher
 
 
-# ----- session cookies -------------------------------------------------------------------
+# ----- session cookies (server-side sessions) ----------------------------------------------
 
 
-def _serializer(request: Request) -> URLSafeTimedSerializer:
-    secret = request.app.state.settings.secret_key.get_secret_value()
-    return URLSafeTimedSerializer(secret, salt="priorly-admin-session")
+def _prod(request: Request) -> bool:
+    return bool(getattr(request.app.state.settings, "env", "dev") == "prod")
 
 
-def _pw_fingerprint(researcher: Researcher) -> str:
-    return hashlib.sha256((researcher.password_hash or "").encode()).hexdigest()[:16]
+def session_cookie_name(request: Request) -> str:
+    """``__Host-priorly_session`` in prod (https only, this host only), else ``priorly_session``."""
+    return f"{HOST_PREFIX}{SESSION_COOKIE}" if _prod(request) else SESSION_COOKIE
+
+
+def csrf_cookie_name(request: Request) -> str:
+    """``__Host-priorly_csrf`` in prod, else ``priorly_csrf``."""
+    return f"{HOST_PREFIX}{CSRF_COOKIE}" if _prod(request) else CSRF_COOKIE
 
 
 def cookie_secure(request: Request) -> bool:
-    """Cookies are ``Secure`` except for a server reached as localhost."""
-    return (request.url.hostname or "") not in LOCAL_HOSTS
+    """Cookies are ``Secure`` in prod, and elsewhere except for a server reached as localhost."""
+    return _prod(request) or (request.url.hostname or "") not in LOCAL_HOSTS
 
 
-def session_cookie_value(request: Request, researcher: Researcher) -> str:
-    """The signed session cookie for ``researcher``."""
-    return _serializer(request).dumps({"rid": researcher.id, "pw": _pw_fingerprint(researcher)})
+def _engine(request: Request) -> Any:
+    return request.app.state.engine
+
+
+def start_session(researcher: Researcher, *, session: Session) -> tuple[str, str]:
+    """Store a new login of ``researcher``; returns ``(cookie token, CSRF token)``.
+
+    Only the token's SHA-256 is stored. Logins whose time is over are deleted.
+    """
+    now = utcnow()
+    session.exec(delete(AdminSession).where(col(AdminSession.expires_at) < now))  # type: ignore[call-overload]
+    token = secrets.token_urlsafe(32)
+    csrf = secrets.token_urlsafe(32)
+    session.add(
+        AdminSession(
+            token_hash=_token_hash(token),
+            researcher_id=researcher.id,  # type: ignore[arg-type]
+            csrf_token=csrf,
+            expires_at=now + timedelta(seconds=SESSION_MAX_AGE_S),
+        )
+    )
+    session.commit()
+    return token, csrf
+
+
+def end_sessions(researcher_id: int, *, session: Session, commit: bool = True) -> None:
+    """End every login of a researcher (a password change, a deactivated account)."""
+    session.exec(delete(AdminSession).where(col(AdminSession.researcher_id) == researcher_id))  # type: ignore[call-overload]
+    if commit:
+        session.commit()
 
 
 def set_login_cookies(request: Request, response: Any, researcher: Researcher) -> None:
-    """Set the session cookie and a fresh CSRF token (rotated at login)."""
+    """Start a server-side session for ``researcher`` and set its cookie and its CSRF token
+    (a new one at every login)."""
+    with Session(_engine(request)) as db:
+        token, csrf = start_session(researcher, session=db)
     secure = cookie_secure(request)
     response.set_cookie(
-        SESSION_COOKIE,
-        session_cookie_value(request, researcher),
+        session_cookie_name(request),
+        token,
         max_age=SESSION_MAX_AGE_S,
         httponly=True,
         samesite="lax",
@@ -258,37 +301,52 @@ def set_login_cookies(request: Request, response: Any, researcher: Researcher) -
         path="/",
     )
     response.set_cookie(
-        CSRF_COOKIE,
-        secrets.token_urlsafe(32),
-        httponly=True,
-        samesite="lax",
-        secure=secure,
-        path="/",
+        csrf_cookie_name(request), csrf, httponly=True, samesite="lax", secure=secure, path="/"
     )
 
 
 def clear_login_cookies(request: Request, response: Any) -> None:
+    """Log out: delete this request's server-side session (its cookie stops working at
+    once, wherever it was copied) and clear the cookies."""
+    token = request.cookies.get(session_cookie_name(request))
+    if token:
+        with Session(_engine(request)) as db:
+            db.exec(delete(AdminSession).where(col(AdminSession.token_hash) == _token_hash(token)))  # type: ignore[call-overload]
+            db.commit()
     secure = cookie_secure(request)
-    for name in (SESSION_COOKIE, CSRF_COOKIE):
+    for name in (session_cookie_name(request), csrf_cookie_name(request)):
         response.delete_cookie(name, path="/", httponly=True, samesite="lax", secure=secure)
 
 
+def _login_row(request: Request, session: Session) -> tuple[AdminSession, Researcher] | None:
+    """The open login of this request's session cookie and its researcher, or ``None``."""
+    token = request.cookies.get(session_cookie_name(request))
+    if not token or len(token) > 200:
+        return None
+    row = session.exec(
+        select(AdminSession, Researcher)
+        .join(Researcher, col(Researcher.id) == col(AdminSession.researcher_id))
+        .where(AdminSession.token_hash == _token_hash(token))
+    ).first()
+    if row is None:
+        return None
+    login, researcher = row
+    expires = login.expires_at
+    if expires.tzinfo is None:  # SQLite returns naive UTC datetimes
+        expires = expires.replace(tzinfo=utcnow().tzinfo)
+    if expires < utcnow() or not researcher.is_active or not researcher.password_hash:
+        return None
+    return login, researcher
+
+
 def current_researcher_or_none(request: Request, session: Session) -> Researcher | None:
-    """The researcher of a valid session cookie, or ``None``."""
-    raw = request.cookies.get(SESSION_COOKIE)
-    if not raw:
+    """The researcher of a valid session cookie, or ``None``; remembers the login's CSRF
+    token on ``request.state`` for the page this request renders."""
+    found = _login_row(request, session)
+    if found is None:
         return None
-    try:
-        data = _serializer(request).loads(raw, max_age=SESSION_MAX_AGE_S)
-    except BadSignature:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("rid"), int):
-        return None
-    researcher = session.get(Researcher, data["rid"])
-    if researcher is None or not researcher.is_active or not researcher.password_hash:
-        return None
-    if not hmac.compare_digest(str(data.get("pw", "")), _pw_fingerprint(researcher)):
-        return None
+    login, researcher = found
+    request.state.csrf_token = login.csrf_token
     return researcher
 
 
@@ -318,16 +376,29 @@ AdminUser = Annotated[Researcher, Depends(get_admin)]
 
 
 def csrf_token(request: Request) -> str:
-    """The CSRF token of this request (from its cookie, or the one being issued)."""
+    """The CSRF token of this request: its login's, else its cookie's (or the one being
+    issued)."""
     token = getattr(request.state, "csrf_token", None)
-    return str(token or request.cookies.get(CSRF_COOKIE, ""))
+    return str(token or request.cookies.get(csrf_cookie_name(request), ""))
+
+
+def _expected_csrf(request: Request) -> str:
+    """The token an unsafe request must carry: its login's when it has a valid session
+    cookie (bound to that login: a planted cookie does not help), else its CSRF cookie's
+    (the login and invitation forms, before any session)."""
+    with Session(_engine(request)) as db:
+        found = _login_row(request, db)
+    if found is not None:
+        return found[0].csrf_token
+    return request.cookies.get(csrf_cookie_name(request), "")
 
 
 async def verify_csrf(request: Request) -> None:
-    """Dependency: refuse an unsafe request whose token does not match its CSRF cookie."""
+    """Dependency: refuse an unsafe request without the CSRF token of its login (or, before
+    login, of its CSRF cookie)."""
     if request.method not in UNSAFE_METHODS:
         return
-    expected = request.cookies.get(CSRF_COOKIE, "")
+    expected = await run_in_threadpool(_expected_csrf, request)
     sent = request.headers.get(CSRF_HEADER, "")
     if not sent:
         content_type = request.headers.get("content-type", "")
@@ -359,14 +430,14 @@ class CsrfCookieMiddleware:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        if request.cookies.get(CSRF_COOKIE):
+        name = csrf_cookie_name(request)
+        if request.cookies.get(name):
             await self.app(scope, receive, send)
             return
         token = secrets.token_urlsafe(32)
         scope.setdefault("state", {})["csrf_token"] = token
-        secure = (request.url.hostname or "") not in LOCAL_HOSTS
-        cookie = f"{CSRF_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax" + (
-            "; Secure" if secure else ""
+        cookie = f"{name}={token}; Path=/; HttpOnly; SameSite=Lax" + (
+            "; Secure" if cookie_secure(request) else ""
         )
 
         async def send_with_cookie(message: MutableMapping[str, Any]) -> None:

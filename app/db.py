@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 from sqlmodel import Session, create_engine
 
-from app.errors import DatabaseError
+from app.errors import ConfigurationError, DatabaseError
 from app.settings import get_settings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -75,6 +75,20 @@ def _install_idle_ping(engine: Engine, idle_s: float) -> None:
             raise DisconnectionError(f"stale pooled connection: {exc}") from exc
 
 
+def require_driver(url: str) -> None:
+    """:class:`ConfigurationError` (one line, how to install it) when ``url`` is a
+    PostgreSQL URL and the ``postgres`` extra (psycopg) is not installed."""
+    if not url.startswith("postgresql"):
+        return
+    try:
+        import psycopg  # noqa: F401  (optional: only PostgreSQL deployments install it)
+    except ImportError:
+        raise ConfigurationError(
+            "the database URL is PostgreSQL but its driver is not installed: "
+            "pip install 'priorly[postgres]'"
+        ) from None
+
+
 def make_engine(url: str, *, ping_after_idle_s: float = PING_AFTER_IDLE_S, **kwargs: Any) -> Engine:
     """An engine for ``url`` with the project's connection settings.
 
@@ -87,6 +101,7 @@ def make_engine(url: str, *, ping_after_idle_s: float = PING_AFTER_IDLE_S, **kwa
     short authorization reads at once, each holding a connection for milliseconds, so a
     small pool suffices.
     """
+    require_driver(url)
     sa_url = make_url(url)
     if sa_url.get_backend_name() == "sqlite":
         if sa_url.database and sa_url.database != ":memory:":
@@ -124,6 +139,7 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at ``url`` up to ``revision``."""
+    require_driver(url)
     try:
         command.upgrade(alembic_config(url), revision)
     except CommandError as exc:

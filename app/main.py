@@ -8,24 +8,72 @@ that is not at the migration head.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI, Request, Security
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import iter_route_contexts
 from fastapi.staticfiles import StaticFiles
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import session as sessions_service
 from app.db import head_revision, make_engine
 from app.errors import PriorlyError
 from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware
-from app.middleware import install_log_redaction
-from app.ratelimit import ApiRateLimitMiddleware, RedisCounter
-from app.routes import admin, api_v1, health, pages, respondent
+from app.middleware import (
+    HostileInputMiddleware,
+    SecurityHeadersMiddleware,
+    install_log_redaction,
+)
+from app.ratelimit import (
+    ApiRateLimitMiddleware,
+    RateLimited,
+    RedisCounter,
+    respondent_page_limit,
+)
+from app.routes import (
+    admin,
+    admin_respondents,
+    api_docs,
+    api_results,
+    api_v1,
+    health,
+    pages,
+    respondent,
+)
 from app.session import async_path as answer_async
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
+from app.textguard import clip, install_text_guard
+
+
+def _path_regex(path_format: str) -> re.Pattern[str]:
+    """``/api/v1/sessions/{session_id}`` -> a regex matching one path segment per parameter."""
+    return re.compile("^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(path_format)) + "$")
+
+
+def _trusted(value: str) -> list[str] | str:
+    """``PRIORLY_TRUSTED_PROXIES`` as uvicorn's proxy middleware takes it."""
+    hosts = [h.strip() for h in value.split(",") if h.strip()]
+    return "*" if hosts == ["*"] else hosts
+
+
+async def _api_options(path: str, request: Request) -> Response:
+    """``OPTIONS /api/v1/...``: 204 with ``Allow`` listing every method the API's routes
+    accept on this path (404 when none matches)."""
+    methods: set[str] = set()
+    for route in iter_route_contexts(request.app.routes):
+        path_format = str(getattr(route, "path_format", "") or "")
+        if path_format.startswith("/api/v1/") and _path_regex(path_format).match(request.url.path):
+            methods |= set(getattr(route, "methods", None) or ())
+    methods.discard("OPTIONS")
+    if not methods:
+        return JSONResponse({"code": "not_found", "message": "no such API path"}, 404)
+    allow = ", ".join(sorted(methods | {"OPTIONS"}))
+    return Response(status_code=204, headers={"Allow": allow})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -59,32 +107,62 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await app.state.limiter_redis.close()
             engine.dispose()
 
-    app = FastAPI(title="priorly", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
+    app = FastAPI(title="priorly", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.templates = make_templates()
     app.state.schema_head = head_revision()
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(health.router)
     app.include_router(pages.router)
-    app.include_router(respondent.router)
-    app.include_router(api_v1.router)
+    # The survey pages: new respondents and posts limited per client address (429).
+    app.include_router(respondent.router, dependencies=[Depends(respondent_page_limit)])
+    # OPTIONS on an API path lists the methods its routes allow (204, Allow).
+    app.add_api_route(
+        "/api/v1/{path:path}", _api_options, methods=["OPTIONS"], include_in_schema=False
+    )
+    # the bearer scheme is declared in the OpenAPI document (Swagger UI's "Authorize")
+    app.include_router(api_v1.router, dependencies=[Security(api_docs.BEARER)])
+    app.include_router(api_results.router)
+    app.include_router(api_docs.router)  # /api/docs with Swagger UI served from here
+    app.include_router(admin_respondents.router)  # /admin/studies/{slug}/respondents
+
+    @app.exception_handler(RateLimited)
+    async def _rate_limited(request: Request, exc: RateLimited) -> Response:
+        headers = {"Retry-After": str(exc.retry_after)}
+        if request.url.path.startswith("/s/"):
+            return app.state.templates.TemplateResponse(  # type: ignore[no-any-return]
+                request,
+                "pages/respondent_message.html",
+                {"title": "Please wait a moment", "text": str(exc), "study": None},
+                status_code=429,
+                headers=headers,
+            )
+        return JSONResponse({"detail": str(exc)}, status_code=429, headers=headers)
 
     @app.exception_handler(PriorlyError)
     async def _priorly_error(request: Request, exc: PriorlyError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
+        # clipped: a message never echoes a huge input (a 50,000-character slug) in full
+        return JSONResponse({"detail": clip(str(exc))}, status_code=exc.http_status)
 
     admin.install(app)  # the admin UI (after the handlers: its error pages wrap them)
     install_log_redaction()  # tokens in resume/invitation/member-link paths stay out of logs
+    install_text_guard()  # no NUL / lone surrogate reaches a statement (app/textguard.py)
+    # 422 for a NUL character or a lone surrogate in the path, query, form or JSON body.
+    app.add_middleware(HostileInputMiddleware)
     # Per-credential limit on /api/v1 calls (429), counters in Redis or the database.
     app.add_middleware(
         ApiRateLimitMiddleware,
         key_limit=settings.api_rate_limit_per_minute,
         session_limit=settings.session_rate_limit_per_minute,
     )
-    # Outermost: refuse oversized bodies before anything reads them (413).
+    # Refuse oversized bodies before anything reads them (413).
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
         max_upload_bytes=settings.max_upload_bytes,
     )
+    # The client address behind PRIORLY_TRUSTED_PROXIES: from X-Forwarded-For.
+    app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=_trusted(settings.trusted_proxies))
+    # Outside everything: CSP, framing, nosniff, referrer (and HSTS in prod) on every answer.
+    app.add_middleware(SecurityHeadersMiddleware, hsts=settings.env == "prod")
     return app

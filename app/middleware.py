@@ -1,4 +1,14 @@
-"""Keeping secrets out of log lines.
+"""ASGI middleware and logging filters that guard every request: log redaction, hostile
+input, security headers.
+
+* :class:`RedactPathSecrets` / :func:`install_log_redaction`: tokens in paths stay out of
+  the logs (below).
+* :class:`HostileInputMiddleware`: 422 for a NUL character or a lone surrogate in the path,
+  the query, a form field or a JSON string, naming where, before any route runs.
+* :class:`SecurityHeadersMiddleware`: CSP, framing, nosniff, referrer and (in prod) HSTS
+  headers on every answer.
+
+Keeping secrets out of log lines.
 
 Three links carry a credential in their path, by design (a person follows them without
 any other credential): a respondent's resume link ``/s/{slug}/resume/{token}``, an
@@ -12,8 +22,14 @@ access and error loggers and to the app's own (``priorly``).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import unquote_plus
+
+from app.textguard import bad_character, clip
 
 SECRET_PATHS = re.compile(r"(/resume/|/admin/invite/|/g/)([^/?#\s\"']+)")
 """Path segments that are credentials: the segment after any of these prefixes."""
@@ -51,3 +67,237 @@ def install_log_redaction() -> None:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+
+
+# ----- hostile input: NUL characters and lone surrogates ----------------------------------
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_JSON_SUSPECT = re.compile(rb"\x00|\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+"""A JSON body can only hold a bad character if its bytes match this (NUL, ``\\u0000`` or a
+``\\uD800``-``\\uDFFF`` escape): the body is parsed only then."""
+
+
+class HostileInputError(ValueError):
+    """A request part holds a character no text column can store (answered 422)."""
+
+
+def _check(value: str, where: str) -> None:
+    problem = bad_character(value)
+    if problem is not None:
+        raise HostileInputError(f"{where} contains {problem}: remove it and send again")
+
+
+def _check_pairs(raw: bytes, kind: str) -> None:
+    """Check the names and values of ``a=1&b=2`` (a query string or a urlencoded form)."""
+    for pair in raw.split(b"&"):
+        name_raw, _, value_raw = pair.partition(b"=")
+        name = unquote_plus(name_raw.decode("latin-1"), errors="replace")
+        _check(name, f"the name of a {kind}")
+        _check(
+            unquote_plus(value_raw.decode("latin-1"), errors="replace"),
+            f"{kind} {clip(name, 60)!r}",
+        )
+
+
+def _json_path(path: str, key: object) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    text = str(key)
+    return f"{path}.{text}" if text.isidentifier() else f"{path}[{clip(text, 60)!r}]"
+
+
+def _check_json(raw: bytes) -> None:
+    """Check every string (keys included) of a JSON body; the error names its JSON path.
+
+    A body that is not JSON, or nested too deeply to parse, is left to the route (which
+    answers 422 for it).
+    """
+    if not _JSON_SUSPECT.search(raw):
+        return
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return
+    stack: list[tuple[str, object]] = [("$", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            _check(value, f"the JSON body at {path}")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _check(key, f"a key of the JSON body at {path}")
+                stack.append((_json_path(path, key), item))
+        elif isinstance(value, list):
+            stack.extend((_json_path(path, i), item) for i, item in enumerate(value))
+
+
+def _check_multipart(raw: bytes, content_type: str) -> None:
+    """Check the text fields (not the files) of a ``multipart/form-data`` body with a NUL.
+
+    Uploaded files are checked by the importer (their NULs are reported with file and
+    line); here only the parts without a ``filename`` are looked at.
+    """
+    if b"\x00" not in raw:
+        return
+    boundary = ""
+    for param in content_type.split(";")[1:]:
+        name, _, value = param.strip().partition("=")
+        if name.lower() == "boundary":
+            boundary = value.strip('"')
+    if not boundary:
+        return
+    for part in raw.split(b"--" + boundary.encode("latin-1")):
+        head, sep, body = part.partition(b"\r\n\r\n")
+        if not sep or b"filename=" in head.lower():
+            continue
+        found = re.search(rb'name="([^"]*)"', head)
+        field = found.group(1).decode("utf-8", "replace") if found else "?"
+        if b"\x00" in body.removesuffix(b"\r\n"):
+            raise HostileInputError(
+                f"form field {clip(field, 60)!r} contains a NUL character (U+0000): "
+                "remove it and send again"
+            )
+
+
+class HostileInputMiddleware:
+    """Answer 422 for a request whose path, query, form fields or JSON strings hold a NUL
+    character or a lone surrogate, before any route runs (pure ASGI).
+
+    PostgreSQL cannot store U+0000 in text (the driver raises ``DataError``) and no database
+    can store a lone surrogate as UTF-8, so such a value would fail deep inside a route
+    with a 500. The answer is the JSON error ``{"code": "invalid_input", "message": ...}``
+    and the message says what and where: ``the path``, ``query parameter 'x'``,
+    ``form field 'email'``, ``the JSON body at $.external_id``.
+
+    Bodies are read (up to the body limit, :mod:`app.limits`, which runs first) only for
+    ``application/x-www-form-urlencoded``, JSON and ``multipart/form-data`` requests, and
+    replayed to the app unchanged. A JSON body is parsed only if its bytes could hold such a
+    character, so ordinary calls pay one regular-expression scan.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            _check(str(scope.get("path", "")), "the path")
+            query = scope.get("query_string", b"")
+            if query:
+                _check_pairs(query, "query parameter")
+        except HostileInputError as exc:
+            await _refuse(send, str(exc))
+            return
+        content_type = ""
+        for name, value in scope.get("headers", ()):
+            if name.lower() == b"content-type":
+                content_type = value.decode("latin-1").lower()
+        kind = content_type.split(";")[0].strip()
+        is_json = kind == "application/json" or kind.endswith("+json")
+        if kind not in ("application/x-www-form-urlencoded", "multipart/form-data") and not is_json:
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        try:
+            if is_json:
+                _check_json(body)
+            elif kind == "multipart/form-data":
+                _check_multipart(body, content_type)
+            else:
+                _check_pairs(body, "form field")
+        except HostileInputError as exc:
+            await _refuse(send, str(exc))
+            return
+
+        async def replay() -> Message:
+            if messages:
+                return messages.pop(0)
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _refuse(send: Send, message: str) -> None:
+    body = json.dumps({"code": "invalid_input", "message": message}).encode("utf-8")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 422,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode("ascii")),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+# ----- security headers ---------------------------------------------------------------------
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; form-action 'self' https:; "
+    "frame-ancestors 'none'; base-uri 'self'; object-src 'none'"
+)
+"""The pages' policy: scripts only from this server (htmx and the app's own files; no
+inline script, no ``eval``), styles from this server plus inline ``style`` (htmx sets some),
+no framing by any site, forms posted to this server (or, after the last page, to the
+study's https redirect URL)."""
+
+HSTS = "max-age=31536000; includeSubDomains"
+
+
+class SecurityHeadersMiddleware:
+    """Add the security headers to every HTTP response (pure ASGI).
+
+    Every response: ``X-Content-Type-Options: nosniff``, ``X-Frame-Options: DENY``,
+    ``Referrer-Policy: no-referrer`` (resume and invitation links carry a token in their
+    path) and a ``Content-Security-Policy`` (:data:`CONTENT_SECURITY_POLICY`). With ``hsts`` (``PRIORLY_ENV=prod``,
+    served over https) also ``Strict-Transport-Security``. A header the app set itself is
+    kept.
+    """
+
+    def __init__(self, app: ASGIApp, *, hsts: bool = False) -> None:
+        self.app = app
+        self.hsts = hsts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        csp = CONTENT_SECURITY_POLICY
+        extra = [
+            (b"x-content-type-options", b"nosniff"),
+            (b"x-frame-options", b"DENY"),
+            (b"referrer-policy", b"no-referrer"),
+            (b"content-security-policy", csp.encode("ascii")),
+        ]
+        if self.hsts:
+            extra.append((b"strict-transport-security", HSTS.encode("ascii")))
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers.extend((n, v) for n, v in extra if n not in present)
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -15,7 +15,12 @@ no email, IP address or credential is stored in clear.
   (the seconds left in the window) *before* the password is checked. A successful login
   clears the account's counter (not the address's).
 * **API limits** (:class:`ApiRateLimitMiddleware`): every ``/api/v1`` call counts against
-  its credential (``Authorization: Bearer ...``) or, without one, its client address;
+  its credential (``Authorization: Bearer ...``) once that credential is verified, or else
+  its client address. A credential is verified when the API answered one of its calls
+  with a 2xx (or issued it: a new session's token); until then, and for every made-up
+  value, the call counts against the address with the address's limit, and no counter
+  is ever made for an unverified value (a client sending a new random credential each
+  time is limited like one without any);
   more than ``api_rate_limit_per_minute`` calls in a minute per API key, or
   ``session_rate_limit_per_minute`` per session token (or address), get 429 with
   ``Retry-After`` and the JSON error ``{"code": "rate_limited", "message": ...}``.
@@ -39,6 +44,7 @@ import json
 import logging
 import math
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -48,6 +54,7 @@ from anyio import to_thread
 from sqlalchemy import create_engine, delete, event, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ConfigurationError, PriorlyError
@@ -63,6 +70,11 @@ DEFERRED_SCOPE_KEY = "priorly.rate_limit"
 """Scope key of an answer call whose count the route adds to its own read: ``(counter
 key, limit)`` (see :class:`ApiRateLimitMiddleware`)."""
 _ANSWER_PATH = re.compile(r"^/api/v1/sessions/\d+/answers$")
+
+RETAIN_S = 3600.0
+"""A counter whose window ended is deleted only this long after (by the cleanup that runs
+when any key opens a new window): a credential's counter also marks it as verified
+(:class:`ApiRateLimitMiddleware`), so a respondent pausing longer than a window keeps it."""
 
 _UPSERT = text(
     """
@@ -102,7 +114,8 @@ def hit(
 ) -> tuple[int, float]:
     """Count one hit of ``key``; returns ``(count in the window, window end)``.
 
-    A new window also deletes every expired counter (rows of keys no longer hit).
+    A new window also deletes every counter whose window ended more than
+    :data:`RETAIN_S` ago (rows of keys no longer hit).
     """
     now = time.time() if now is None else now
     with engine.begin() as conn:
@@ -111,24 +124,42 @@ def hit(
         if count == 1:
             conn.execute(
                 delete(RateLimitCounter).where(
-                    RateLimitCounter.expires_at <= now,  # type: ignore[arg-type]
+                    RateLimitCounter.expires_at <= now - RETAIN_S,  # type: ignore[arg-type]
                 )
             )
     return count, expires
 
 
+_BUMP = """
+    UPDATE rate_limit_counter SET
+        count = CASE WHEN expires_at <= :now THEN 1 ELSE count + 1 END,
+        expires_at = CASE WHEN expires_at <= :now THEN :expires ELSE expires_at END
+    WHERE key = :key
+    RETURNING count, expires_at
+"""
+_REGISTER = """
+    INSERT INTO rate_limit_counter (key, count, expires_at) VALUES (:key, :count, :expires)
+    ON CONFLICT (key) DO NOTHING
+"""
+_FORGET = "DELETE FROM rate_limit_counter WHERE key = :key"
+_CLEANUP = f"DELETE FROM rate_limit_counter WHERE expires_at <= :now - {RETAIN_S:.0f}"
+
+
+def _pg(sql: str) -> str:
+    return re.sub(r":(key|now|expires|count)\b", r"%(\1)s", sql)
+
+
 _FAST_SQL = {
-    "postgresql": (
-        _UPSERT.text.replace(":key", "%(key)s")
-        .replace(":now", "%(now)s")
-        .replace(":expires", "%(expires)s"),
-        "DELETE FROM rate_limit_counter WHERE expires_at <= %(now)s",
-    ),
-    "sqlite": (_UPSERT.text, "DELETE FROM rate_limit_counter WHERE expires_at <= :now"),
+    "postgresql": (_pg(_UPSERT.text), _pg(_CLEANUP)),
+    "sqlite": (_UPSERT.text, _CLEANUP),
+}
+_EXISTING_SQL = {
+    "postgresql": (_pg(_BUMP), _pg(_REGISTER), _pg(_FORGET)),
+    "sqlite": (_BUMP, _REGISTER, _FORGET),
 }
 PG_UPSERT_SQL, PG_CLEANUP_SQL = _FAST_SQL["postgresql"]
 """The counter's upsert (parameters ``key``, ``now``, ``expires``; returns ``count,
-expires_at``) and the cleanup of ended windows, in psycopg's parameter style."""
+expires_at``) and the cleanup of long-ended windows, in psycopg's parameter style."""
 _limiter_engines: dict[str, Engine] = {}
 _limiter_lock = threading.Lock()
 
@@ -201,6 +232,63 @@ async def hit_async(
     return count, expires
 
 
+def _run_existing(engine: Engine, which: int, params: dict[str, Any]) -> tuple[int, float] | None:
+    limiter = _limiter_engine(engine)
+    sql = _EXISTING_SQL[limiter.dialect.name][which]
+    fairy = limiter.raw_connection()
+    try:
+        cur = fairy.cursor()
+        try:
+            cur.execute(sql, params)
+            row = cur.fetchone() if which == 0 else None
+        finally:
+            cur.close()
+        fairy.commit()
+    finally:
+        fairy.close()
+    return None if row is None else (int(row[0]), float(row[1]))
+
+
+def bump_fast(
+    engine: Engine, key: str, window_s: float, *, now: float | None = None
+) -> tuple[int, float] | None:
+    """:func:`hit_fast` for a key that has a counter already; ``None`` (and nothing
+    written) for a key without one."""
+    now = time.time() if now is None else now
+    return _run_existing(engine, 0, {"key": key, "now": now, "expires": now + window_s})
+
+
+def register_fast(
+    engine: Engine, key: str, window_s: float, *, count: int = 1, now: float | None = None
+) -> None:
+    """Open a counter for ``key`` (a verified credential) unless it has one."""
+    now = time.time() if now is None else now
+    _run_existing(engine, 1, {"key": key, "count": count, "expires": now + window_s})
+
+
+def forget_fast(engine: Engine, key: str) -> None:
+    """Delete the counter of ``key``."""
+    _run_existing(engine, 2, {"key": key})
+
+
+async def _existing_async(
+    answers_db: Any, which: int, params: dict[str, Any]
+) -> tuple[int, float] | None:
+    sql = _EXISTING_SQL["postgresql"][which]
+    async with answers_db.limiter_connection() as conn:
+        cur = await conn.execute(sql, params)
+        row = await cur.fetchone() if which == 0 else None
+    return None if row is None else (int(row[0]), float(row[1]))
+
+
+async def bump_async(
+    answers_db: Any, key: str, window_s: float, *, now: float | None = None
+) -> tuple[int, float] | None:
+    """:func:`bump_fast` through the app's asyncio pool (PostgreSQL)."""
+    now = time.time() if now is None else now
+    return await _existing_async(answers_db, 0, {"key": key, "now": now, "expires": now + window_s})
+
+
 # KEYS[1]: the counter; ARGV[1]: the window in ms. A new key gets the window as its
 # time to live; the reply is the count and the milliseconds left (atomic in Redis).
 _REDIS_HIT = """
@@ -213,6 +301,8 @@ if left < 0 then
 end
 return {count, left}
 """
+# The same for a key that exists; nil (nothing written) for one that does not.
+_REDIS_BUMP = "if redis.call('EXISTS', KEYS[1]) == 0 then return nil end\n" + _REDIS_HIT
 REDIS_PREFIX = "priorly:ratelimit:"
 
 
@@ -227,6 +317,7 @@ class RedisCounter:
 
     def __init__(self, url: str) -> None:
         try:
+            # optional: the redis extra (PRIORLY_REDIS_URL)
             import redis.asyncio as redis_asyncio
         except ImportError:  # pragma: no cover - the redis extra is not installed
             raise ConfigurationError(
@@ -236,6 +327,7 @@ class RedisCounter:
 
         self.client = redis_asyncio.Redis.from_url(url, socket_timeout=1.0)
         self._script = self.client.register_script(_REDIS_HIT)
+        self._bump = self.client.register_script(_REDIS_BUMP)
 
     async def hit(self, key: str, window_s: float) -> tuple[int, float]:
         count, left_ms = await self._script(
@@ -243,12 +335,28 @@ class RedisCounter:
         )
         return int(count), time.time() + int(left_ms) / 1000.0
 
+    async def bump(self, key: str, window_s: float) -> tuple[int, float] | None:
+        """:meth:`hit` for a key that has a counter; ``None`` (nothing written) otherwise."""
+        result = await self._bump(keys=[REDIS_PREFIX + key], args=[max(1, int(window_s * 1000))])
+        if not result:
+            return None
+        count, left_ms = result
+        return int(count), time.time() + int(left_ms) / 1000.0
+
+    async def register(self, key: str, window_s: float, count: int = 1) -> None:
+        """Open a counter for ``key`` unless it has one."""
+        await self.client.set(REDIS_PREFIX + key, count, px=max(1, int(window_s * 1000)), nx=True)
+
+    async def forget(self, key: str) -> None:
+        await self.client.delete(REDIS_PREFIX + key)
+
     async def close(self) -> None:
         await self.client.aclose()
 
 
 def _redis_errors() -> tuple[type[BaseException], ...]:
     try:
+        # optional: the redis extra (PRIORLY_REDIS_URL)
         from redis.exceptions import RedisError
     except ImportError:  # pragma: no cover - the redis extra is not installed
         return ()
@@ -332,24 +440,37 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 def api_counter_key(scope: Scope) -> tuple[str, bool]:
     """``(counter key, is an API key)`` of an API call: its bearer credential (an API key
-    or a session token), else its client address."""
+    or a session token), else its client address. (The middleware uses the credential's
+    key only once the credential is verified: :class:`ApiRateLimitMiddleware`.)"""
+    credential = bearer_credential(scope)
+    if credential:
+        return counter_key("api", credential), credential.startswith(KEY_PREFIX)
+    return address_key(scope), False
+
+
+def bearer_credential(scope: Scope) -> str:
+    """The ``Authorization: Bearer`` credential of a request ("" without one)."""
     for name, value in scope.get("headers", ()):
         if name.lower() == b"authorization":
             scheme, _, credential = value.decode("latin-1").partition(" ")
             credential = credential.strip()
             if scheme.lower() == "bearer" and credential:
-                return counter_key("api", credential), credential.startswith(KEY_PREFIX)
+                return credential
+    return ""
+
+
+def address_key(scope: Scope) -> str:
+    """The counter of the client address: calls without a credential and calls with one
+    not (yet) verified share it."""
     client = scope.get("client") or ("unknown", 0)
-    return counter_key("api-ip", str(client[0])), False
+    return counter_key("api-ip", str(client[0]))
 
 
 def _dbapi_errors() -> tuple[type[BaseException], ...]:
     """The DB-API drivers' base errors (raw connections raise these, not SQLAlchemy's)."""
-    import sqlite3
-
     errors: list[type[BaseException]] = [sqlite3.Error]
     try:
-        import psycopg
+        import psycopg  # optional: the postgres extra
 
         errors.append(psycopg.Error)
     except ImportError:  # pragma: no cover - PostgreSQL support not installed
@@ -382,45 +503,149 @@ class ApiRateLimitMiddleware:
         self.app = app
         self.key_limit = key_limit
         self.session_limit = session_limit
+        # Client addresses over their limit with made-up session tokens on the deferred
+        # answer path, and when their window ends (this process's memory; bounded).
+        self._blocked: dict[str, float] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not str(scope.get("path", "")).startswith(API_PREFIX + "/"):
             await self.app(scope, receive, send)
             return
-        key, is_api_key = api_counter_key(scope)
-        limit = self.key_limit if is_api_key else self.session_limit
         state = scope["app"].state
-        engine = getattr(state, "engine", None)
-        if limit > 0 and engine is not None:
-            redis_counter = getattr(state, "limiter_redis", None)
-            answers_db = getattr(state, "answers_db", None)
-            if (
-                redis_counter is None
-                and answers_db is not None
+        counter = ApiCounter.of(state)
+        if counter is None or (self.key_limit <= 0 and self.session_limit <= 0):
+            await self.app(scope, receive, send)
+            return
+        credential = bearer_credential(scope)
+        address = address_key(scope)
+        is_api_key = credential.startswith(KEY_PREFIX)
+        key = counter_key("api", credential) if credential else address
+        limit = self.key_limit if is_api_key else self.session_limit
+        after = ""  # what to do once the answer is known: "verify" or "deferred"
+        result: tuple[int, float] | None = None
+        try:
+            if not credential:
+                result = await counter.hit(address) if limit > 0 else None
+            elif (
+                counter.deferrable
                 and not is_api_key
                 and scope.get("method") == "POST"
                 and _ANSWER_PATH.match(str(scope.get("path", "")))
+                and self._blocked.get(address, 0.0) <= time.time()
             ):
                 # A session token's answer call on PostgreSQL: the route counts it in the
                 # statement that reads the session (one round trip fewer on the hottest
                 # call; app/services/answer_async.py) and answers 429 like this class.
+                # A token it does not know is moved to the address's counter afterwards.
                 scope[DEFERRED_SCOPE_KEY] = (key, limit)
-                await self.app(scope, receive, send)
-                return
-            try:
-                if redis_counter is not None:
-                    count, expires = await redis_counter.hit(key, API_WINDOW_S)
-                elif answers_db is not None:  # PostgreSQL: in the event loop, no thread hop
-                    count, expires = await hit_async(answers_db, key, API_WINDOW_S)
-                else:
-                    count, expires = await to_thread.run_sync(hit_fast, engine, key, API_WINDOW_S)
-            except (SQLAlchemyError, OSError, *_DBAPI_ERRORS, *_REDIS_ERRORS) as exc:
-                log.warning("rate limiter unavailable, call let through: %s", type(exc).__name__)
+                after = "deferred"
             else:
-                if count > limit:
-                    await rate_limited_response(expires, limit)(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+                result = await counter.bump(key) if limit > 0 else None
+                if result is None:  # not verified: the address's counter and limit
+                    limit = self.session_limit
+                    result = await counter.hit(address) if limit > 0 else None
+                    after = "verify"
+        except (SQLAlchemyError, OSError, *_DBAPI_ERRORS, *_REDIS_ERRORS) as exc:
+            log.warning("rate limiter unavailable, call let through: %s", type(exc).__name__)
+            result, after = None, ""
+        if result is not None and result[0] > limit:
+            await rate_limited_response(result[1], limit)(scope, receive, send)
+            return
+        if not after:
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, send_status)
+        try:
+            if after == "verify" and 200 <= status < 300:
+                # The route accepted the credential: from now on it has its own counter.
+                await counter.register(key)
+            elif after == "deferred" and status == 401:
+                # A made-up token: no counter of its own; the address's counts it.
+                await counter.forget(key)
+                if self.session_limit > 0:
+                    count, expires = await counter.hit(address)
+                    if count > self.session_limit:
+                        if len(self._blocked) > 10_000:
+                            self._blocked.clear()
+                        self._blocked[address] = expires
+        except (SQLAlchemyError, OSError, *_DBAPI_ERRORS, *_REDIS_ERRORS) as exc:
+            log.warning("rate limiter unavailable after the call: %s", type(exc).__name__)
+
+
+class ApiCounter:
+    """The API limiter's counters where the app keeps them: Redis, else PostgreSQL through
+    the app's asyncio pool, else the database of the app's engine (a thread)."""
+
+    def __init__(self, redis: Any, answers_db: Any, engine: Engine) -> None:
+        self.redis = redis
+        self.answers_db = answers_db
+        self.engine = engine
+        self.deferrable = redis is None and answers_db is not None
+
+    @classmethod
+    def of(cls, state: Any) -> ApiCounter | None:
+        engine = getattr(state, "engine", None)
+        if engine is None:
+            return None
+        return cls(
+            getattr(state, "limiter_redis", None), getattr(state, "answers_db", None), engine
+        )
+
+    async def hit(self, key: str) -> tuple[int, float]:
+        """Count a call against ``key`` (opening its counter if needed)."""
+        if self.redis is not None:
+            return await self.redis.hit(key, API_WINDOW_S)  # type: ignore[no-any-return]
+        if self.answers_db is not None:  # PostgreSQL: in the event loop, no thread hop
+            return await hit_async(self.answers_db, key, API_WINDOW_S)
+        return await to_thread.run_sync(hit_fast, self.engine, key, API_WINDOW_S)
+
+    async def bump(self, key: str) -> tuple[int, float] | None:
+        """Count a call against ``key`` if it has a counter; ``None`` (nothing written)."""
+        if self.redis is not None:
+            return await self.redis.bump(key, API_WINDOW_S)  # type: ignore[no-any-return]
+        if self.answers_db is not None:
+            return await bump_async(self.answers_db, key, API_WINDOW_S)
+        return await to_thread.run_sync(bump_fast, self.engine, key, API_WINDOW_S)
+
+    async def register(self, key: str, count: int = 1) -> None:
+        """Give a verified credential its own counter (unless it has one)."""
+        if self.redis is not None:
+            await self.redis.register(key, API_WINDOW_S, count)
+        elif self.answers_db is not None:
+            params = {"key": key, "count": count, "expires": time.time() + API_WINDOW_S}
+            await _existing_async(self.answers_db, 1, params)
+        else:
+            await to_thread.run_sync(
+                lambda: register_fast(self.engine, key, API_WINDOW_S, count=count)
+            )
+
+    async def forget(self, key: str) -> None:
+        if self.redis is not None:
+            await self.redis.forget(key)
+        elif self.answers_db is not None:
+            await _existing_async(self.answers_db, 2, {"key": key})
+        else:
+            await to_thread.run_sync(forget_fast, self.engine, key)
+
+
+async def register_new_credential(state: Any, credential: str) -> None:
+    """A credential the app just issued (a new session's token) gets its counter now, so
+    its first call is not counted against its client's address. Best effort."""
+    counter = ApiCounter.of(state)
+    if counter is None:
+        return
+    try:
+        await counter.register(counter_key("api", credential), count=0)
+    except (SQLAlchemyError, OSError, *_DBAPI_ERRORS, *_REDIS_ERRORS) as exc:
+        log.warning("rate limiter unavailable: %s", type(exc).__name__)
 
 
 def rate_limited_response(expires: float, limit: int) -> Response:
@@ -441,3 +666,46 @@ def rate_limited_response(expires: float, limit: int) -> Response:
         headers={"retry-after": str(retry_after)},
         media_type="application/json",
     )
+
+
+# ----- survey pages --------------------------------------------------------------------------
+
+RESPONDENT_WINDOW_S = 60.0
+
+
+def _client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+async def respondent_page_limit(request: Request) -> None:
+    """Dependency of the survey pages (``/s/...``): per client address, at most
+    ``respondent_start_rate_limit_per_minute`` new respondents (``POST .../consent``) and
+    ``session_rate_limit_per_minute`` other posts per minute; :class:`RateLimited` (429,
+    ``Retry-After``) beyond. Pages that only show (GET) are not counted. The counters are
+    the API limiter's (Redis, else the database), so every process counts the same."""
+    if request.method != "POST":
+        return
+    state = request.app.state
+    settings = state.settings
+    if request.url.path.endswith("/consent"):
+        kind, limit, what = (
+            "resp-start",
+            settings.respondent_start_rate_limit_per_minute,
+            "surveys started",
+        )
+    else:
+        kind, limit, what = "resp-post", settings.session_rate_limit_per_minute, "answers sent"
+    counter = ApiCounter.of(state)
+    if limit <= 0 or counter is None:
+        return
+    try:
+        count, expires = await counter.hit(counter_key(kind, _client_address(request)))
+    except (SQLAlchemyError, OSError, *_DBAPI_ERRORS, *_REDIS_ERRORS) as exc:
+        log.warning("rate limiter unavailable, page let through: %s", type(exc).__name__)
+        return
+    if count > limit:
+        wait = max(1, math.ceil(expires - time.time()))
+        raise RateLimited(
+            f"too many {what} from your network address: please try again in {wait} s",
+            retry_after=wait,
+        )

@@ -6,9 +6,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+MAX_COUNT = 10_000
+"""The most questions per session, rounds, or questions per respondent and round."""
+MAX_PEOPLE = 100_000_000
+"""The most respondents per group round."""
+MAX_ANSWERS = 10**12
+"""The largest overall answer budget of a group protocol."""
+MAX_NATS = 1_000.0
+"""The largest stopping threshold in nats (an item's entropy is at most log(options))."""
+
 
 class Budgets(BaseModel):
     """How long one respondent's session may run.
+
+    Numbers are bounded (``inf``, NaN and absurd values are refused with the field's name):
+    see :data:`MAX_COUNT` and :data:`MAX_NATS`.
 
     Attributes:
         max_questions: stop after this many answered (or skipped) questions.
@@ -20,10 +32,12 @@ class Budgets(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_questions: int = Field(default=10, ge=1)
-    min_questions: int = Field(default=0, ge=0)
-    stop_eig_threshold: float | None = Field(default=None, ge=0)
-    stop_entropy_threshold: float | None = Field(default=None, ge=0)
+    max_questions: int = Field(default=10, ge=1, le=MAX_COUNT)
+    min_questions: int = Field(default=0, ge=0, le=MAX_COUNT)
+    stop_eig_threshold: float | None = Field(default=None, ge=0, le=MAX_NATS, allow_inf_nan=False)
+    stop_entropy_threshold: float | None = Field(
+        default=None, ge=0, le=MAX_NATS, allow_inf_nan=False
+    )
     allow_skip: bool = True
 
     @model_validator(mode="after")
@@ -48,11 +62,11 @@ class GroupSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rounds: int = Field(default=4, ge=1)
-    respondents_per_round: int | None = Field(default=None, ge=1)
-    respondents_share: float = Field(default=0.1, gt=0, le=1)
-    total_answers: int | None = Field(default=None, ge=1)
-    max_questions_per_respondent: int = Field(default=1, ge=1)
+    rounds: int = Field(default=4, ge=1, le=MAX_COUNT)
+    respondents_per_round: int | None = Field(default=None, ge=1, le=MAX_PEOPLE)
+    respondents_share: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False)
+    total_answers: int | None = Field(default=None, ge=1, le=MAX_ANSWERS)
+    max_questions_per_respondent: int = Field(default=1, ge=1, le=MAX_COUNT)
 
 
 class StudySettings(BaseModel):
@@ -70,6 +84,9 @@ class StudySettings(BaseModel):
     ``belief_model``: what the "fit model" job fits (``default`` latent classes, ``auto``,
     ``cape_cooccurrence``, ``cape_linear``, ``cape_factor``, ``persona_mixture``; see
     :data:`elicitation.model_choice.BELIEF_MODEL_CHOICES`).
+    ``show_learned``: the completion page shows the respondent what the model learned
+    about them (predicted answers to the targets with their confidence; for CAPE models
+    the preference profile); off by default.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -81,3 +98,4 @@ class StudySettings(BaseModel):
     ] = "default"
     budgets: Budgets = Field(default_factory=Budgets)
     group: GroupSettings = Field(default_factory=GroupSettings)
+    show_learned: bool = False

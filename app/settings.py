@@ -80,6 +80,18 @@ class Settings(BaseSettings):
             request's torch work is a few tiny products and requests run in parallel.
         gc_freeze: freeze long-lived objects out of the garbage collector's full
             collections (:mod:`app.gcfreeze`); ``PRIORLY_GC_FREEZE=0`` turns it off.
+        respondent_start_rate_limit_per_minute: the most respondents one client address
+            may start (consent on the survey pages) per minute (429 beyond; 0: no limit);
+            the survey pages' other posts count against ``session_rate_limit_per_minute``
+            per address.
+        trusted_proxies: comma-separated addresses (or CIDR networks, or ``*``) of the
+            reverse proxies / load balancers in front of the app. Only for a request from
+            one of them is the client address taken from ``X-Forwarded-For`` (and the
+            scheme from ``X-Forwarded-Proto``); every per-address limit (login lockout,
+            API and survey-page limits) uses that address. Default: the local machine
+            only. Behind a balancer at 10.0.0.5: ``PRIORLY_TRUSTED_PROXIES=10.0.0.5``.
+            Never ``*`` on a server clients can reach directly (anyone could then choose
+            their address).
         step_memo_size: answer steps (state and answer -> new state and next question)
             each process keeps per study design and reuses for respondents who gave the
             same answers (``app.services.sessions.StepMemo``); 0 turns it off.
@@ -111,6 +123,9 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(default=8, ge=0)
     torch_threads: int = Field(default=1, ge=1)
     gc_freeze: bool = True
+    respondent_start_rate_limit_per_minute: int = Field(default=30, ge=0)
+    # Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (app/main.py).
+    trusted_proxies: str = "127.0.0.1"
     # Answer steps reused across respondents (app/services/sessions.py).
     step_memo_size: int = Field(default=2048, ge=0)
 

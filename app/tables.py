@@ -204,7 +204,8 @@ class Respondent(SQLModel, table=True):
     a model fit reads the whole matrix anyway.
 
     ``panel_params`` holds per-respondent panel data (e.g. a recruitment panel's URL
-    parameters).
+    parameters). ``earlier_starts`` counts the respondents the same browser had started in
+    this study before this one (0: a first start; more: a repeated start to check).
     """
 
     __tablename__ = "respondent"
@@ -222,6 +223,7 @@ class Respondent(SQLModel, table=True):
     panel_params: dict[str, Any] | None = Field(default=None, sa_type=JSON(none_as_null=True))
     source: str = Field(default=RespondentSource.live.value, max_length=16)
     split: str | None = Field(default=None, max_length=8)
+    earlier_starts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     created_at: datetime = _ts()
 
 
@@ -543,3 +545,23 @@ __all__ = [
     "StudyStatus",
     "utcnow",
 ]
+
+
+class AdminSession(SQLModel, table=True):
+    """A login to the admin UI (``app/auth.py``): the session cookie holds a random token,
+    only its SHA-256 hex is stored here.
+
+    Logging out deletes the row, so the cookie stops working at once; changing the
+    password or deactivating the account deletes every row of the researcher (as does
+    removing the researcher: ``ON DELETE CASCADE``). ``csrf_token`` is the CSRF token of
+    this login (forms and htmx send it back); the row is refused after ``expires_at``.
+    """
+
+    __tablename__ = "admin_session"
+
+    id: int | None = Field(default=None, primary_key=True)
+    token_hash: str = Field(max_length=64, unique=True)
+    researcher_id: int = Field(foreign_key="researcher.id", ondelete="CASCADE", index=True)
+    csrf_token: str = Field(max_length=64)
+    created_at: datetime = _ts()
+    expires_at: datetime = Field(sa_type=DateTime(timezone=True), nullable=False, index=True)  # type: ignore[call-overload]

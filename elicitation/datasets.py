@@ -314,6 +314,8 @@ def _parse_json(file: str, text: str, line: int | None = None) -> Any:
         raise DatasetError(
             file, f"malformed JSON: {exc.msg} (column {exc.colno})", line=at
         ) from None
+    except RecursionError:
+        raise DatasetError(file, "JSON nested too deeply to read", line=line or 1) from None
 
 
 def _string_list(file: str, field_name: str, value: Any) -> list[str]:

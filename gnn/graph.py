@@ -19,9 +19,19 @@ id    relation                   one edge per
 3     member -> option           (reverse of 2)
 ====  =========================  ==========================================
 
-The graph is stored as a *homogeneous view* for :class:`torch_geometric.nn.RGCNConv`:
-nodes are numbered ``[members | subgroups | options]`` and ``edge_type`` names the
-relation of each edge. Missing values (``-1``) produce no edge.
+The graph is PyG data: :attr:`GroupGraph.data` is the *homogeneous view* (a
+:class:`torch_geometric.data.Data` with ``edge_index [2, E]``, ``edge_type [E]``,
+``node_type [V]``; nodes numbered ``[members | subgroups | options]``), the form the
+relational layers of :mod:`gnn.model` consume; :meth:`GroupGraph.to_hetero` gives the same
+graph as a :class:`torch_geometric.data.HeteroData` with the node and edge types above.
+Missing values (``-1``) produce no edge.
+
+Example::
+
+    schema = GraphSchema((2, 3), (2, 3, 2))              # 2 attributes, 3 questions
+    g = build_graph(schema, torch.tensor([[0, 2]]), torch.tensor([[1, -1, 0]]))
+    g.data                 # Data(edge_index=[2, 8], edge_type=[8], node_type=[13], num_nodes=13)
+    g.to_hetero()["member", "answered", "option"].edge_index  # [[0, 0], [1, 5]]
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch_geometric.data import Data, HeteroData
 
 REL_SUBGROUP_TO_MEMBER = 0
 REL_MEMBER_TO_SUBGROUP = 1
@@ -41,6 +52,16 @@ N_RELATIONS = 4
 NODE_MEMBER = 0
 NODE_SUBGROUP = 1
 NODE_OPTION = 2
+
+#: node type names of :meth:`GroupGraph.to_hetero`, indexed by node type id
+NODE_TYPES = ("member", "subgroup", "option")
+#: ``(source, relation, destination)`` of :meth:`GroupGraph.to_hetero`, indexed by relation id
+EDGE_TYPES = (
+    ("subgroup", "includes", "member"),
+    ("member", "belongs_to", "subgroup"),
+    ("option", "chosen_by", "member"),
+    ("member", "answered", "option"),
+)
 
 
 class GNNError(Exception):
@@ -166,19 +187,30 @@ class GraphSchema:
 
 @dataclass(frozen=True)
 class GroupGraph:
-    """A built graph in homogeneous form.
+    """A built graph: the node schema and the PyG homogeneous view.
 
     Attributes:
         schema: the node schema.
         n_members: number of member nodes (numbered ``0 .. n_members - 1``).
-        edge_index: ``[2, E]`` source and destination node numbers (homogeneous).
-        edge_type: ``[E]`` relation ids ``0..3`` (see the module docstring).
+        data: :class:`torch_geometric.data.Data` with ``edge_index [2, E]`` (source and
+            destination node numbers), ``edge_type [E]`` (relation ids ``0..3``, see the
+            module docstring), ``node_type [V]`` (0 member, 1 subgroup, 2 option) and
+            ``num_nodes = V``.
     """
 
     schema: GraphSchema
     n_members: int
-    edge_index: Tensor
-    edge_type: Tensor
+    data: Data
+
+    @property
+    def edge_index(self) -> Tensor:
+        """``[2, E]`` source and destination node numbers."""
+        return self.data.edge_index
+
+    @property
+    def edge_type(self) -> Tensor:
+        """``[E]`` relation id of each edge."""
+        return self.data.edge_type
 
     @property
     def n_nodes(self) -> int:
@@ -194,19 +226,36 @@ class GroupGraph:
 
     def node_type(self) -> Tensor:
         """``[n_nodes]``: 0 member, 1 subgroup, 2 option."""
-        s = self.schema
-        return torch.cat(
-            [
-                torch.full((self.n_members,), NODE_MEMBER, dtype=torch.long),
-                torch.full((s.n_subgroups,), NODE_SUBGROUP, dtype=torch.long),
-                torch.full((s.n_option_nodes,), NODE_OPTION, dtype=torch.long),
-            ]
-        )
+        return self.data.node_type
 
     def count_edges(self) -> dict[int, int]:
         """Number of edges of each relation id."""
         counts = torch.bincount(self.edge_type, minlength=N_RELATIONS)
         return {r: int(counts[r]) for r in range(N_RELATIONS)}
+
+    def to_hetero(self) -> HeteroData:
+        """The same graph as :class:`~torch_geometric.data.HeteroData`.
+
+        Node types :data:`NODE_TYPES` (each numbered from 0 in the order of the
+        homogeneous view), edge types :data:`EDGE_TYPES`; e.g.
+        ``h["member", "answered", "option"].edge_index [2, M]`` holds each observed
+        answer as (member number, option-node number).
+        """
+        return self.data.to_heterogeneous(
+            node_type_names=list(NODE_TYPES), edge_type_names=list(EDGE_TYPES)
+        )
+
+
+def _homogeneous(
+    schema: GraphSchema, n_members: int, edge_index: Tensor, edge_type: Tensor
+) -> Data:
+    node_type = torch.repeat_interleave(
+        torch.tensor([NODE_MEMBER, NODE_SUBGROUP, NODE_OPTION]),
+        torch.tensor([n_members, schema.n_subgroups, schema.n_option_nodes]),
+    )
+    return Data(
+        edge_index=edge_index, edge_type=edge_type, node_type=node_type, num_nodes=len(node_type)
+    )
 
 
 def attribute_pairs(schema: GraphSchema, attributes: Tensor) -> tuple[Tensor, Tensor]:
@@ -231,7 +280,7 @@ def graph_from_pairs(
     ans_question: Tensor,
     ans_option: Tensor,
 ) -> GroupGraph:
-    """Build the homogeneous graph from observed attribute pairs and answer triples.
+    """Build the graph from observed attribute pairs and answer triples.
 
     Args:
         schema: node schema.
@@ -254,7 +303,8 @@ def graph_from_pairs(
             torch.full_like(ans_member, REL_MEMBER_TO_OPTION),
         ]
     )
-    return GroupGraph(schema, int(n_members), torch.stack([src, dst]), etype)
+    n = int(n_members)
+    return GroupGraph(schema, n, _homogeneous(schema, n, torch.stack([src, dst]), etype))
 
 
 def build_graph(schema: GraphSchema, attributes: Tensor, responses: Tensor) -> GroupGraph:

@@ -17,6 +17,13 @@ decay 1e-4.
 Inference builds the graph of the *context* (the training and validation members with
 all their answers, stored with the model) plus the group's members with whatever they
 have answered so far, and decodes every (member, question) pair.
+
+Example::
+
+    model = train_gnn(schema, attributes, responses, range(800), range(800, 1000))
+    probs = model.predict(group_attributes, group_responses)    # [N, Q, O]
+    z = model.embeddings(group_attributes, group_responses)     # [N, 64]
+    same = TrainedGNN.from_bytes(model.to_bytes())
 """
 
 from __future__ import annotations

@@ -270,3 +270,26 @@ def study_settings(live: LiveStudy, **changes: Any) -> Iterator[None]:
         original = dict(study.settings)
     with study_fields(live, settings={**original, **changes}):
         yield
+
+
+@contextmanager
+def uvicorn_server(db_url: str, log: Path, *, timeout: float = 60.0) -> Iterator[str]:
+    """A real uvicorn process (``app.main:create_app``) on ``db_url`` at a free port of
+    127.0.0.1, its output in ``log``; yields the base URL once ``/healthz`` answers and stops
+    the process afterwards."""
+    import sys
+
+    repo_root = Path(__file__).resolve().parent.parent
+    port = free_port()
+    env = {**os.environ, "PRIORLY_DATABASE_URL": db_url, "PRIORLY_ENV": "dev"}
+    argv = [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory"]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=repo_root, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, "uvicorn", log=log, timeout=timeout)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -14,6 +14,7 @@ stable ``code`` (see :data:`ERROR_CODES`).
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
@@ -46,9 +47,11 @@ from app.services.apikeys import (
     AuthenticationError,
     authenticate_api_key,
 )
+from app.services.profile import session_profile
 from app.services.studies import get_study_by_slug
 from app.session import async_path as answer_async
 from app.tables import ElicitationSession, Researcher, Study
+from app.textguard import clip
 
 # ----- errors ------------------------------------------------------------------------------
 
@@ -79,11 +82,9 @@ def _db_unavailable_errors() -> tuple[type[BaseException], ...]:
     """Driver and SQLAlchemy errors that mean "the database cannot serve now" (503): a
     refused or dropped connection, a locked SQLite file. The answer path's raw DB-API
     statements raise the drivers' own classes, the ORM SQLAlchemy's."""
-    import sqlite3
-
     errors: list[type[BaseException]] = [SAOperationalError, sqlite3.OperationalError]
     try:
-        import psycopg
+        import psycopg  # optional: the postgres extra
 
         errors.append(psycopg.OperationalError)
     except ImportError:  # pragma: no cover (psycopg is a dependency)
@@ -112,7 +113,8 @@ def _code_of(exc: PriorlyError) -> str:
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
+    body = {"code": code, "message": clip(message)}  # never a huge input echoed in full
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -340,7 +342,11 @@ answered 422 here instead of overflowing in the database (a 500 found by fuzzing
 
 AuthHeader = Annotated[
     str | None,
-    Header(description="Bearer <API key> or Bearer <session token>", alias="Authorization"),
+    Header(
+        description="Bearer <API key> or Bearer <session token>",
+        alias="Authorization",
+        include_in_schema=False,  # declared once as the security scheme (app/routes/api_docs.py)
+    ),
 ]
 
 
@@ -517,6 +523,9 @@ async def create_session(
             external_id=body.external_id,
             allow_draft=True,
         )
+    if request.app.state.settings.session_rate_limit_per_minute > 0:
+        # the new token is verified: its calls count on its own counter from the first
+        await ratelimit.register_new_credential(request.app.state, started.token)
     resume = request.url_for("respondent_resume", slug=study.slug, token=started.token)
     return {
         **_session_out(started.view),
@@ -645,8 +654,6 @@ def get_explanation(auth: AuthorizedSession, session: SessionDep) -> dict[str, A
     summary="The respondent's preference profile (ranked criteria and items, plain-text summary)",
 )
 def get_profile(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
-    from app.services.profile import session_profile
-
     sess, study = auth
     return session_profile(study, sess, session=session)
 

@@ -18,11 +18,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from app import session as svc
 from app.deps import EngineDep, SessionDep, TemplatesDep
 from app.errors import PriorlyError
-from app.routes.respondent import message_page
+from app.routes.respondent import NoStoreRoute, message_page
 from app.services import group_rounds as rounds
 from app.tables import StudyStatus
 
-router = APIRouter(prefix="/g", include_in_schema=False)
+router = APIRouter(prefix="/g", include_in_schema=False, route_class=NoStoreRoute)
 
 
 def _closed(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLResponse:

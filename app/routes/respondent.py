@@ -17,26 +17,48 @@ browser or after the cookie was cleared. Link parameters of the start page (for 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 from itsdangerous import BadSignature, URLSafeSerializer
 from sqlmodel import Session
 
 from app import session as svc
 from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
+from app.services.learned import learned_about
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
 from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus
 
-router = APIRouter(prefix="/s", include_in_schema=False)
+
+class NoStoreRoute(APIRoute):
+    """A route whose responses carry ``Cache-Control: no-store``: the browser never shows a
+    respondent page from its cache (Back to the consent page asks the server again, which
+    sees the session cookie and resumes)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def no_store(request: Request) -> Response:
+            response = await handler(request)
+            response.headers["Cache-Control"] = "no-store"
+            return response
+
+        return no_store
+
+
+router = APIRouter(prefix="/s", include_in_schema=False, route_class=NoStoreRoute)
 
 COOKIE_SALT = "priorly.respondent-session"
 COOKIE_MAX_AGE_S = 30 * 24 * 3600
+BROWSER_SALT = "priorly.respondent-browser"
+BROWSER_MAX_AGE_S = 365 * 24 * 3600
 PANEL_FIELD_PREFIX = "p_"
 ATTRIBUTE_FIELD_PREFIX = "a_"
 
@@ -59,6 +81,37 @@ def _set_cookie(
         _cookie_name(study),
         _serializer(settings).dumps({"s": session_id, "t": token}),
         max_age=COOKIE_MAX_AGE_S,
+        path=f"/s/{study.slug}",
+        httponly=True,
+        samesite="lax",
+        secure=settings.env == "prod",
+    )
+
+
+def _browser_cookie_name(study: Study) -> str:
+    return f"priorly_b{study.id}"
+
+
+def _earlier_starts(request: Request, study: Study, settings: Settings) -> int:
+    """Respondents this browser started in the study before (its signed counter cookie,
+    kept when the session cookie is gone: a repeated start is flagged, not refused)."""
+    raw = request.cookies.get(_browser_cookie_name(study))
+    if not raw:
+        return 0
+    try:
+        serializer = URLSafeSerializer(settings.secret_key.get_secret_value(), salt=BROWSER_SALT)
+        return max(0, int(serializer.loads(raw)["n"]))
+    except (BadSignature, KeyError, TypeError, ValueError):
+        return 0
+
+
+def _set_browser_cookie(response: Response, study: Study, n: int, settings: Settings) -> None:
+    response.set_cookie(
+        _browser_cookie_name(study),
+        URLSafeSerializer(settings.secret_key.get_secret_value(), salt=BROWSER_SALT).dumps(
+            {"n": n}
+        ),
+        max_age=BROWSER_MAX_AGE_S,
         path=f"/s/{study.slug}",
         httponly=True,
         samesite="lax",
@@ -180,24 +233,40 @@ def _safe_redirect(url: str | None, code: str) -> str | None:
     return filled if urlsplit(filled).scheme in ("http", "https") else None
 
 
-def _progress(view: svc.SessionView) -> dict[str, Any]:
-    total = max(view.max_questions, 1)
-    return {"done": view.n_posed, "total": total, "percent": round(100 * view.n_posed / total)}
+def _asked_attributes(rt: svc.StudyRuntime) -> int:
+    """How many attribute questions the browser flow asks before the adaptive ones."""
+    return len(rt.attributes) if rt.settings.ask_attributes else 0
+
+
+def _progress(done: int, total: int, number: int) -> dict[str, Any]:
+    """The progress line: ``number`` is the first question on the page, counting the
+    questions about the respondent first; ``total`` the most questions in all."""
+    total = max(total, 1)
+    return {
+        "done": done,
+        "total": total,
+        "number": number,
+        "percent": round(100 * done / total),
+    }
 
 
 def _question_context(
     study: Study,
     view: svc.SessionView,
     *,
+    n_attributes: int = 0,
     error: str | None = None,
     notice: str | None = None,
     resume_url: str | None = None,
 ) -> dict[str, Any]:
+    number = n_attributes + (view.question.number if view.question else view.n_posed + 1)
     return {
         "study": study,
         "view": view,
         "q": view.question,
-        "progress": _progress(view),
+        "progress": _progress(
+            n_attributes + view.n_posed, n_attributes + view.max_questions, number
+        ),
         "idempotency_key": secrets.token_urlsafe(16),
         "error": error,
         "notice": notice,
@@ -229,18 +298,26 @@ def start_page(slug: str, request: Request, visit: VisitDep, templates: Template
 async def consent(
     slug: str,
     request: Request,
-    study: OpenStudyDep,
+    visit: VisitDep,
     session: SessionDep,
     engine: EngineDep,
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
-    """Accept (create the respondent and session) or decline (nothing is stored)."""
+    """Accept (create the respondent and session) or decline (nothing is stored).
+
+    A browser that already has a session of the study (Back to the consent page) is sent
+    to that session's current page, or the completion page, and never starts a second.
+    """
+    study = visit.study
     if study is None:
         return _not_open(request, templates)
     form = await request.form()
     if form.get("choice") != "accept":
         return _see(str(request.url_for("respondent_declined", slug=slug)))
+    if visit.sess is not None:
+        return _see(str(request.url_for("respondent_question", slug=slug)))
+    earlier = _earlier_starts(request, study, settings)
     panel = {
         str(k)[len(PANEL_FIELD_PREFIX) :]: str(v)
         for k, v in form.multi_items()
@@ -250,26 +327,42 @@ async def consent(
     session.close()  # see app.routes.api_v1.release: one pooled connection per request at a time
     try:
         started = svc.start_session(
-            study, engine=engine, panel_params=panel, ask_attributes=settings_.ask_attributes
+            study,
+            engine=engine,
+            panel_params=panel,
+            ask_attributes=settings_.ask_attributes,
+            earlier_starts=earlier,
         )
     except PriorlyError as exc:
         return message_page(request, templates, "Cannot start the survey", exc.message, 409, study)
     response = _see(str(request.url_for("respondent_question", slug=slug)))
     _set_cookie(response, study, started.session_id, started.token, settings)
+    _set_browser_cookie(response, study, earlier + 1, settings)
     return response
 
 
 @router.get("/{slug}/declined", response_class=HTMLResponse, name="respondent_declined")
-def declined(request: Request, study: OpenStudyDep, templates: TemplatesDep) -> Response:
-    """The page after declining: nothing was stored."""
+def declined(
+    request: Request, visit: VisitDep, session: SessionDep, templates: TemplatesDep
+) -> Response:
+    """The page after declining: nothing stored, or (this browser has a session) what is
+    stored and how to delete it."""
+    study = visit.study
     if study is None:
         return _not_open(request, templates)
-    return message_page(
+    if visit.sess is None:
+        return message_page(
+            request,
+            templates,
+            "No problem",
+            "You chose not to take part. Nothing was recorded. You can close this page.",
+            study=study,
+        )
+    stored = svc.stored_summary(visit.sess, session=session)
+    return templates.TemplateResponse(
         request,
-        templates,
-        "No problem",
-        "You chose not to take part. Nothing was recorded. You can close this page.",
-        study=study,
+        "pages/respondent_declined.html",
+        {"study": study, "stored": stored},
     )
 
 
@@ -318,7 +411,17 @@ def question_page(
         return got
     study, sess = got
     view = svc.session_view(study, sess, session=session)
-    return _render_view(request, templates, study, sess, view, session=session, settings=settings)
+    page = request.query_params.get("page", "")
+    return _render_view(
+        request,
+        templates,
+        study,
+        sess,
+        view,
+        session=session,
+        settings=settings,
+        page=int(page) if page.isdigit() and len(page) < 4 else None,
+    )
 
 
 def _render_error(
@@ -381,6 +484,8 @@ def _render_view(
     notice: str | None = None,
     status_code: int = 200,
     partial: bool = False,
+    page: int | None = None,
+    confirm_skip: bool = False,
 ) -> Response:
     if view.phase == "done":
         url = str(request.url_for("respondent_done", slug=study.slug))
@@ -392,23 +497,44 @@ def _render_view(
     resume_url = (
         str(request.url_for("respondent_resume", slug=study.slug, token=token)) if token else None
     )
+    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
     if view.phase == "attributes":
-        rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+        pages = svc.attribute_pages(rt)
+        number = min(max(page or 1, 1), max(len(pages), 1))
+        items = pages[number - 1] if pages else []
+        first = (number - 1) * svc.ATTRIBUTES_PER_PAGE
         context = {
             "study": study,
-            "attributes": rt.attributes,
+            "attributes": [(item, svc.attribute_question(item)) for item in items],
+            "stored": svc.respondent_attributes(sess, session=session),
+            "page": number,
+            "n_pages": len(pages),
+            "last": first + len(items),
+            "progress": _progress(first, len(rt.attributes) + rt.max_questions, first + 1),
             "allow_skip": rt.allow_skip,
+            "confirm_skip": confirm_skip,
             "error": error,
             "resume_url": resume_url,
         }
-        return templates.TemplateResponse(  # type: ignore[no-any-return]
+        response = templates.TemplateResponse(
             request,
             "pages/respondent_about.html",
             context,
             status_code=status_code,
             block_name="survey" if partial else None,
         )
-    context = _question_context(study, view, error=error, notice=notice, resume_url=resume_url)
+        if partial:  # the address bar names the page shown (refresh and Back keep it)
+            path = request.url_for("respondent_question", slug=study.slug).path
+            response.headers["HX-Push-Url"] = f"{path}?page={number}"
+        return response  # type: ignore[no-any-return]
+    context = _question_context(
+        study,
+        view,
+        n_attributes=_asked_attributes(rt),
+        error=error,
+        notice=notice,
+        resume_url=resume_url,
+    )
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "pages/respondent_question.html",
@@ -437,47 +563,78 @@ async def about(
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
-    """Store the attribute answers ("prefer not to answer" leaves one out)."""
+    """Store one page of questions about the respondent; then the next page, or (after the
+    last page, or "skip them all") the first adaptive question.
+
+    "Prefer not to answer" leaves an attribute out. A page submitted with nothing chosen
+    asks once whether to skip all the remaining questions about the respondent (the
+    ``skip_all`` button of that prompt does).
+    """
     got = visit.require_session(request, templates)
     if isinstance(got, Response):
         return got
     study, sess = got
+    if svc.session_view(study, sess, session=session).phase != "attributes":
+        return _see(str(request.url_for("respondent_question", slug=study.slug)))
     form = await request.form()
-    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
-    attrs: dict[str, str] = {}
-    missing: list[str] = []
-    for item in rt.attributes:
-        value = str(form.get(ATTRIBUTE_FIELD_PREFIX + item.key, "") or "")
-        if value and value != "__skip__":
-            attrs[item.key] = value
-        elif not value and not rt.allow_skip:
-            missing.append(item.question)
     htmx = _is_htmx(request)
-    if missing:
-        return _render_error(
+    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    pages = svc.attribute_pages(rt)
+    raw_page = str(form.get("page", "1") or "1")
+    number = min(
+        max(int(raw_page) if raw_page.isdigit() and len(raw_page) < 4 else 1, 1), len(pages) or 1
+    )
+    items = pages[number - 1] if pages else []
+    values = {
+        item.key: str(form.get(ATTRIBUTE_FIELD_PREFIX + item.key, "") or "") for item in items
+    }
+    skip_all = form.get("skip_all") is not None and rt.allow_skip
+
+    def again(error: str | None = None, confirm: bool = False, status: int = 422) -> Response:
+        view = svc.session_view(study, sess, session=session)
+        return _render_view(
             request,
             templates,
             study,
             sess,
+            view,
             session=session,
             settings=settings,
-            error="Please answer every question.",
-            htmx=htmx,
+            error=error,
+            status_code=200 if htmx else status,
+            partial=htmx,
+            page=number,
+            confirm_skip=confirm,
         )
+
+    if not skip_all and any(not v for v in values.values()):
+        if not rt.allow_skip:
+            return again("Please answer every question.")
+        if all(not v for v in values.values()):
+            return again(confirm=True, status=200)
+    answers = {k: (v if v and v != "__skip__" else None) for k, v in values.items()}
     session.close()  # one pooled connection per request at a time
     try:
-        view = svc.submit_attributes(study, sess.id or 0, attrs, engine=engine)
+        stored = svc.store_attribute_page(study, sess.id or 0, answers, engine=engine)
+        if number < len(pages) and not skip_all:
+            if not htmx:
+                url = request.url_for("respondent_question", slug=study.slug)
+                return _see(f"{url}?page={number + 1}")
+            view = svc.session_view(study, sess, session=session)
+            return _render_view(
+                request,
+                templates,
+                study,
+                sess,
+                view,
+                session=session,
+                settings=settings,
+                partial=True,
+                page=number + 1,
+            )
+        view = svc.submit_attributes(study, sess.id or 0, stored, engine=engine)
     except InvalidInputError as exc:
-        return _render_error(
-            request,
-            templates,
-            study,
-            sess,
-            session=session,
-            settings=settings,
-            error=exc.message,
-            htmx=htmx,
-        )
+        return again(exc.message)
     return _after_submit(
         request, templates, study, sess, view, session=session, settings=settings, htmx=htmx
     )
@@ -566,10 +723,12 @@ def done(
     slug: str,
     request: Request,
     visit: VisitDep,
+    session: SessionDep,
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
-    """The completion page: the completion code and, if configured, the redirect link."""
+    """The completion page: the completion code, if configured the redirect link, and
+    with the study's ``show_learned`` setting what the survey learned about them."""
     got = visit.require_session(request, templates)
     if isinstance(got, Response):
         return got
@@ -577,8 +736,131 @@ def done(
     if sess.status != SessionStatus.completed.value:
         return _see(str(request.url_for("respondent_question", slug=slug)))
     code = svc.completion_code(study, sess.id or 0, settings.secret_key.get_secret_value())
+    learned = (
+        learned_about(study, sess, session=session)
+        if svc.study_settings(study).show_learned
+        else None
+    )
     return templates.TemplateResponse(
         request,
         "pages/respondent_done.html",
-        {"study": study, "code": code, "redirect_url": _safe_redirect(study.redirect_url, code)},
+        {
+            "study": study,
+            "code": code,
+            "redirect_url": _safe_redirect(study.redirect_url, code),
+            "learned": learned,
+        },
     )
+
+
+def get_fielded_study(slug: str, session: SessionDep) -> Study | None:
+    """The study of ``/s/{slug}`` if it was ever open to respondents (published or closed:
+    deletion stays possible after fieldwork), else ``None``."""
+    try:
+        study = get_study_by_slug(slug, session=session)
+    except NotFoundError:
+        return None
+    return None if study.status == StudyStatus.draft.value else study
+
+
+FieldedStudyDep = Annotated[Study | None, Depends(get_fielded_study)]
+
+
+def _delete_page(
+    request: Request,
+    templates: Any,
+    study: Study,
+    browser_session: ElicitationSession | None,
+    *,
+    error: str | None = None,
+    status_code: int = 200,
+) -> Response:
+    return templates.TemplateResponse(  # type: ignore[no-any-return]
+        request,
+        "pages/respondent_delete.html",
+        {
+            "study": study,
+            "has_browser_session": browser_session is not None,
+            "shared_code": bool(study.completion_code),
+            "error": error,
+        },
+        status_code=status_code,
+    )
+
+
+@router.get("/{slug}/delete", response_class=HTMLResponse, name="respondent_delete")
+def delete_page(
+    request: Request,
+    study: FieldedStudyDep,
+    session: SessionDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """The deletion request: the completion code, or this browser's own session."""
+    if study is None:
+        return _not_open(request, templates)
+    return _delete_page(
+        request, templates, study, _session_from_cookie(request, study, session, settings)
+    )
+
+
+@router.post("/{slug}/delete", name="respondent_delete_post")
+async def delete_answers(
+    request: Request,
+    study: FieldedStudyDep,
+    session: SessionDep,
+    engine: EngineDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
+) -> Response:
+    """Erase the respondent named by the completion code (or this browser's session) with
+    :func:`app.session.erase_respondent`; only the erasure record's counts remain."""
+    if study is None:
+        return _not_open(request, templates)
+    form = await request.form()
+    own = _session_from_cookie(request, study, session, settings)
+    if form.get("confirm") != "yes":
+        return _delete_page(
+            request,
+            templates,
+            study,
+            own,
+            error="Please tick the box to confirm that your answers should be deleted.",
+            status_code=422,
+        )
+    target: ElicitationSession | None = own
+    if form.get("use_browser") is None or own is None:
+        code = str(form.get("code", "") or "")
+        target = svc.session_by_completion_code(
+            study, code, settings.secret_key.get_secret_value(), session=session
+        )
+    if target is None:
+        error = (
+            "This survey gives everyone the same completion code, so it cannot name your "
+            "answers. Please ask the research team to delete them."
+            if study.completion_code
+            else "No finished survey has this completion code. Please check it: it is "
+            "the code shown on the last page (10 letters and digits)."
+        )
+        return _delete_page(request, templates, study, own, error=error, status_code=422)
+    session.close()  # one pooled connection per request at a time
+    try:
+        result = svc.erase_respondent(target, engine=engine)
+    except svc.SessionNotFoundError:
+        result = None
+    response = message_page(
+        request,
+        templates,
+        "Your answers were deleted",
+        (
+            f"We deleted everything stored about you in this survey ({result.n_answers} "
+            f"answer{'' if result.n_answers == 1 else 's'}). Only a count that one "
+            "respondent asked for deletion is kept. You can close this page."
+        )
+        if result is not None
+        else "These answers were already deleted. You can close this page.",
+        study=study,
+    )
+    if own is not None and (own.id == target.id):
+        response.delete_cookie(_cookie_name(study), path=f"/s/{study.slug}")
+    return response

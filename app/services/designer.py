@@ -24,7 +24,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import ConflictError, InvalidInputError, NotFoundError
 from app.schemas import StudySettings
-from app.services.importer import ImportResult, import_dataset, slugify
+from app.services.importer import ImportResult, hide_folder, import_dataset, slugify
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -392,7 +392,10 @@ def preview_upload(files: dict[str, bytes], manifest_fields: dict[str, str]) -> 
     with tempfile.TemporaryDirectory(prefix="priorly-upload-") as tmp:
         folder = Path(tmp)
         _write_upload(folder, files, manifest_fields)
-        ds: Dataset = load_dataset(folder)
+        try:
+            ds: Dataset = load_dataset(folder)
+        except DatasetError as exc:  # no server path in the browser
+            raise hide_folder(exc, folder) from None
         head = ds.responses[:5].tolist()
         letters = [item.letters for item in ds.codebook]
         rows = [
@@ -424,6 +427,9 @@ def import_upload(
         folder = Path(tmp)
         _write_upload(folder, files, manifest_fields)
         name = manifest_fields.get("name", "").strip() or None
-        result = import_dataset(folder, session=session, study_name=name)
+        try:
+            result = import_dataset(folder, session=session, study_name=name)
+        except DatasetError as exc:  # no server path in the browser
+            raise hide_folder(exc, folder) from None
     _set_owner(result.study_id, owner, session=session)
     return result

@@ -64,11 +64,11 @@ def _iso(ts: datetime | None) -> str:
 
 
 def _session_batches(
-    study: Study, session: Session
+    study: Study, session: Session, *, after: int = 0
 ) -> Iterator[list[tuple[ElicitationSession, Respondent]]]:
-    """The study's sessions with their respondents, in id order, ``BATCH`` at a time (keyset
-    pagination: memory stays bounded for large studies)."""
-    last = 0
+    """The study's sessions with id above ``after`` with their respondents, in id order,
+    ``BATCH`` at a time (keyset pagination: memory stays bounded for large studies)."""
+    last = after
     while True:
         batch = list(
             session.exec(
@@ -91,11 +91,15 @@ def _label(resp: Respondent) -> str:
 
 
 def iter_rows(
-    study: Study, *, session: Session, include_imported: bool = False
+    study: Study, *, session: Session, include_imported: bool = False, after: int = 0
 ) -> Iterator[ExportRow]:
-    """Respondents with their answers, in session id order (live) then id order (imported)."""
+    """Respondents with their answers, in session id order (live) then id order (imported).
+
+    ``after``: start after the live session with this id (keyset pagination, as the API's
+    cursors do); the imported respondents are not affected by it.
+    """
     keys_by_id = {it.id: it.key for it in export_items(study, session=session)}
-    for batch in _session_batches(study, session):
+    for batch in _session_batches(study, session, after=after):
         ids = [s.id for s, _ in batch]
         answers: dict[int, dict[str, str]] = {i or 0: {} for i in ids}
         for a in session.exec(select(Answer).where(col(Answer.session_id).in_(ids))).all():
@@ -145,9 +149,27 @@ def iter_rows(
         last = people[-1].id or 0
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""First characters that make a spreadsheet read a cell as a formula (OWASP CSV injection)."""
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def safe_cell(value: Any) -> Any:
+    """``value`` for a CSV cell a spreadsheet opens: a text starting with ``= + - @``, a
+    tab or a carriage return gets a leading ``'`` (so ``=HYPERLINK(...)`` is shown as
+    text, not run), unless it is a plain number such as ``-0.5``. Other values unchanged.
+
+    >>> safe_cell("=HYPERLINK(1)"), safe_cell("-0.5"), safe_cell("B"), safe_cell(3)
+    ("'=HYPERLINK(1)", '-0.5', 'B', 3)
+    """
+    if isinstance(value, str) and value.startswith(FORMULA_START) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
 def _csv_line(values: list[Any]) -> str:
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(values)
+    csv.writer(buf, lineterminator="\n").writerow([safe_cell(v) for v in values])
     return buf.getvalue()
 
 
@@ -262,7 +284,7 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
     Returns:
         ``(frame, variable_labels {name: label}, value_labels {name: {code: label}})``.
     """
-    import pandas as pd
+    import pandas as pd  # heavy: loaded only for the SPSS / Stata exports
 
     items = export_items(study, session=session)
     names = variable_names([it.key for it in items])
@@ -311,7 +333,7 @@ def write_sav(
     study: Study, path: Path, *, session: Session, include_imported: bool = False
 ) -> Path:
     """Write the answers as an SPSS ``.sav`` with variable and value labels; skip = missing."""
-    import pyreadstat
+    import pyreadstat  # heavy: loaded only for the SPSS / Stata exports
 
     frame, var_labels, value_labels = labelled_frame(
         study, session=session, include_imported=include_imported
@@ -335,7 +357,7 @@ def write_dta(
     Stata variable labels hold at most 80 characters: longer ones are cut (with ``…``);
     the full texts are in the codebook export.
     """
-    import pyreadstat
+    import pyreadstat  # heavy: loaded only for the SPSS / Stata exports
 
     frame, var_labels, value_labels = labelled_frame(
         study, session=session, include_imported=include_imported
@@ -366,42 +388,98 @@ PREDICTION_COLUMNS = (
 )
 
 
-def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:
-    """Per live respondent and target: the predicted distribution (one row per option).
+@dataclass(frozen=True)
+class TargetPrediction:
+    """One target's predicted distribution ``probabilities[k]`` over ``options[k]``
+    (``(letter, label)`` pairs in the item's order)."""
 
-    States are replayed from the stored answers with the study's active model; ``predicted``
-    is 1 on the most probable option.
+    key: str
+    options: list[tuple[str, str]]
+    probabilities: list[float]
+
+    @property
+    def predicted(self) -> int:
+        """Index of the most probable option (the first one on a tie)."""
+        return max(range(len(self.options)), key=lambda k: self.probabilities[k])
+
+
+@dataclass(frozen=True)
+class RespondentPredictions:
+    """A live respondent's predictions for every target, given the stored answers."""
+
+    respondent_id: str
+    session_id: int
+    status: str
+    n_answers: int
+    targets: list[TargetPrediction]
+
+
+def iter_predictions(
+    study: Study, *, session: Session, after: int = 0
+) -> Iterator[RespondentPredictions]:
+    """Per live session (id order, above ``after``): the targets' predicted distributions.
+
+    States are replayed from the stored answers with the study's active model, which is
+    loaded by this call (so a study without a model raises here, before any row). Nothing
+    is yielded when the study has no targets.
     """
+    # the live loop (torch, the model families) is loaded only when predictions are asked for
     from app import session as svc
 
     rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    return _predictions(rt, svc.replay, study, session, after)
+
+
+def _predictions(
+    rt: Any, replay: Any, study: Study, session: Session, after: int
+) -> Iterator[RespondentPredictions]:
     targets = rt.targets
-    idx = [rt.model_index[t.id] for t in targets]
-    yield "\ufeff" + _csv_line(list(PREDICTION_COLUMNS))
     if not targets:
         return
-    for batch in _session_batches(study, session):
+    idx = [rt.model_index[t.id] for t in targets]
+    for batch in _session_batches(study, session, after=after):
         for sess, resp in batch:
             answers = list(
                 session.exec(
                     select(Answer).where(Answer.session_id == sess.id).order_by(col(Answer.id))
                 ).all()
             )
-            state = svc.replay(rt, resp, answers)
+            state = replay(rt, resp, answers)
             probs = rt.model.predict(state, idx)
-            for t, row in zip(targets, probs.tolist(), strict=True):
-                n = len(t.options)
-                best = max(range(n), key=lambda k: row[k])
-                for k, o in enumerate(t.options):
-                    yield _csv_line(
-                        [
-                            _label(resp),
-                            sess.id,
-                            sess.status,
-                            len(answers),
-                            t.key,
-                            o[0],
-                            f"{row[k]:.6f}",
-                            int(k == best),
-                        ]
+            yield RespondentPredictions(
+                respondent_id=_label(resp),
+                session_id=sess.id or 0,
+                status=sess.status,
+                n_answers=len(answers),
+                targets=[
+                    TargetPrediction(
+                        t.key, [(o[0], o[1]) for o in t.options], row[: len(t.options)]
                     )
+                    for t, row in zip(targets, probs.tolist(), strict=True)
+                ],
+            )
+
+
+def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:
+    """Per live respondent and target: the predicted distribution (one row per option).
+
+    The rows of :func:`iter_predictions`; ``predicted`` is 1 on the most probable option.
+    """
+    rows = iter_predictions(study, session=session)
+    yield "\ufeff" + _csv_line(list(PREDICTION_COLUMNS))
+    for r in rows:
+        for t in r.targets:
+            best = t.predicted
+            for k, (letter, _label_text) in enumerate(t.options):
+                yield _csv_line(
+                    [
+                        r.respondent_id,
+                        r.session_id,
+                        r.status,
+                        r.n_answers,
+                        t.key,
+                        letter,
+                        f"{t.probabilities[k]:.6f}",
+                        int(k == best),
+                    ]
+                )

@@ -61,6 +61,7 @@ from app import session as svc
 from app.errors import ConflictError, InvalidInputError, NotFoundError
 from app.schemas import StudySettings
 from app.services.belief import historical_matrix
+from app.services.export import safe_cell
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -1045,7 +1046,8 @@ def links_csv(view: RoundView) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["respondent", "respondent_id", "expected_gain", "status", "link"])
     for m in view.members:
-        w.writerow([m.label, m.respondent_id, f"{m.expected_gain:.6f}", m.status, m.link])
+        row = [m.label, m.respondent_id, f"{m.expected_gain:.6f}", m.status, m.link]
+        w.writerow([safe_cell(v) for v in row])  # no spreadsheet formula (OWASP)
     return buf.getvalue()
 
 

@@ -39,7 +39,15 @@ from app.tables import (
     Study,
     StudyStatus,
 )
-from elicitation.datasets import CODEBOOK_FILE, RESPONSES_FILE, Dataset, DatasetError, load_dataset
+from app.textguard import bad_character, clip
+from elicitation.datasets import (
+    CODEBOOK_FILE,
+    MANIFEST_FILE,
+    RESPONSES_FILE,
+    Dataset,
+    DatasetError,
+    load_dataset,
+)
 
 SLUG_MAX_LEN = 100
 _SPLIT_OF = {"train_users": "train", "val_users": "val", "test_users": "test"}
@@ -93,6 +101,40 @@ def _check_lengths(ds: Dataset) -> None:
             )
 
 
+def _check_text(ds: Dataset) -> None:
+    """Refuse text no database column can store (a NUL character, a lone surrogate),
+    naming file and line or row (checked before any write; PostgreSQL's bulk ``COPY``
+    would otherwise fail with a driver error)."""
+    problem = bad_character(ds.name)
+    if problem is not None:
+        raise DatasetError(MANIFEST_FILE, f"the name contains {problem}", column="name")
+    for line, item in enumerate(ds.codebook, start=1):
+        texts = [("id", item.id), ("question", item.question), ("topic", item.topic or "")]
+        texts += [(f"option {letter!r}", label) for letter, label in item.options]
+        texts += [("option letter", letter) for letter, _ in item.options]
+        for field, text in texts:
+            problem = bad_character(text)
+            if problem is not None:
+                raise DatasetError(
+                    CODEBOOK_FILE,
+                    f"item {clip(item.id, 40)!r}: {field} contains {problem}",
+                    line=line,
+                )
+    for row, rid in enumerate(ds.respondent_ids, start=1):
+        problem = bad_character(rid)
+        if problem is not None:
+            raise DatasetError(
+                RESPONSES_FILE, f"respondent id contains {problem}", row=row, column=ds.id_column
+            )
+
+
+def hide_folder(exc: DatasetError, folder: Path) -> DatasetError:
+    """``exc`` with the server folder it names (an upload's temporary folder) replaced by
+    "the uploaded files": an error shown in the browser does not reveal server paths."""
+    exc.message = exc.message.replace(str(folder), "the uploaded files")
+    return exc
+
+
 def _roles(ds: Dataset) -> dict[str, str]:
     attributes = set(ds.demographics)
     if ds.region_column is not None:
@@ -122,6 +164,7 @@ def import_dataset(
     start = time.perf_counter()
     ds = load_dataset(path)
     _check_lengths(ds)
+    _check_text(ds)
     name = (study_name if study_name is not None else ds.name).strip()
     slug = slugify(name)
     if not slug:

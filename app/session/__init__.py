@@ -47,7 +47,12 @@ Invariants, on SQLite and PostgreSQL with any number of worker processes:
 
 from __future__ import annotations
 
-from app.session.erasure import ErasureResult, erase_respondent
+from app.session.erasure import (
+    ErasureResult,
+    erase_respondent,
+    erase_respondent_id,
+    session_by_completion_code,
+)
 from app.session.errors import (
     AnswerConflictError,
     ExternalIdTakenError,
@@ -83,6 +88,7 @@ from app.session.start import (
     StartedSession,
     clean_panel_params,
     start_session,
+    store_attribute_page,
     submit_attributes,
 )
 from app.session.state import (
@@ -99,19 +105,26 @@ from app.session.state import (
 from app.session.submit import submit_answer
 from app.session.tokens import completion_code, hash_token, new_token
 from app.session.views import (
+    ATTRIBUTES_PER_PAGE,
     AnswerRecord,
     Prediction,
     Predictions,
     QuestionView,
     SessionView,
+    StoredSummary,
+    attribute_pages,
+    attribute_question,
     explanation,
     get_session_by_token,
     predictions,
+    respondent_attributes,
     session_answers,
     session_view,
+    stored_summary,
 )
 
 __all__ = [
+    "ATTRIBUTES_PER_PAGE",
     "FALLBACK_CRITERION",
     "ORDER_FALLBACK_CRITERION",
     "AnswerConflictError",
@@ -131,6 +144,7 @@ __all__ = [
     "SessionSnapshot",
     "SessionView",
     "StartedSession",
+    "StoredSummary",
     "StudyClosedError",
     "StudyHead",
     "StudyMisconfiguredError",
@@ -139,6 +153,8 @@ __all__ = [
     "answer_pairs",
     "answers_of",
     "attribute_indices",
+    "attribute_pages",
+    "attribute_question",
     "clean_panel_params",
     "clear_runtime_cache",
     "completion_code",
@@ -146,6 +162,7 @@ __all__ = [
     "current_state",
     "dump_state",
     "erase_respondent",
+    "erase_respondent_id",
     "explanation",
     "get_session_by_token",
     "hash_token",
@@ -158,11 +175,15 @@ __all__ = [
     "read_session",
     "read_session_by_token",
     "replay",
+    "respondent_attributes",
     "respondent_and_answers",
     "session_answers",
+    "session_by_completion_code",
     "session_view",
     "start_session",
+    "store_attribute_page",
     "states_equal",
+    "stored_summary",
     "study_settings",
     "submit_answer",
     "submit_attributes",

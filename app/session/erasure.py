@@ -1,5 +1,7 @@
 """Erasing a live respondent: every session, answer, decision and state, in one transaction.
 
+The respondent asks with the completion code (:func:`session_by_completion_code`) or the
+browser's session; a researcher erases by respondent id (:func:`erase_respondent_id`).
 Only counts stay behind (:class:`app.tables.ErasureRecord`). Readers of the erased
 session that run at the same time see either everything before the erasure or
 :class:`~app.session.errors.SessionNotFoundError`.
@@ -7,6 +9,7 @@ session that run at the same time see either everything before the erasure or
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 
 from sqlalchemy import delete, func
@@ -14,13 +17,16 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.session.errors import SessionNotFoundError
+from app.session.tokens import completion_code
 from app.tables import (
     Answer,
     ElicitationSession,
     ErasureRecord,
     Respondent,
+    RespondentSource,
     SelectionDecision,
     SessionStatus,
+    Study,
 )
 
 
@@ -39,10 +45,25 @@ def erase_respondent(sess: ElicitationSession, *, engine: Engine) -> ErasureResu
     Only counts stay behind (:class:`app.tables.ErasureRecord`). Imported (historical)
     respondents are not erased this way (they belong to the dataset).
     """
+    return erase_respondent_id(sess.respondent_id, study_id=sess.study_id, engine=engine)
+
+
+def erase_respondent_id(respondent_id: int, *, study_id: int, engine: Engine) -> ErasureResult:
+    """Delete the live respondent ``respondent_id`` of study ``study_id`` with every
+    session, answer, decision and state, leaving an :class:`app.tables.ErasureRecord`.
+
+    Raises:
+        SessionNotFoundError: no such respondent in the study (already erased, another
+            study's, or an imported respondent, which belongs to the dataset).
+    """
     with Session(engine) as db:
-        respondent = db.get(Respondent, sess.respondent_id)
-        if respondent is None:
-            raise SessionNotFoundError(f"no session {sess.id}")
+        respondent = db.get(Respondent, respondent_id)
+        if (
+            respondent is None
+            or respondent.study_id != study_id
+            or respondent.source != RespondentSource.live.value
+        ):
+            raise SessionNotFoundError(f"no live respondent {respondent_id} in this study")
         sessions = db.exec(
             select(ElicitationSession).where(ElicitationSession.respondent_id == respondent.id)
         ).all()
@@ -68,3 +89,29 @@ def erase_respondent(sess: ElicitationSession, *, engine: Engine) -> ErasureResu
         )
         db.commit()
         return ErasureResult(respondent.id or 0, len(ids), n_answers)
+
+
+def session_by_completion_code(
+    study: Study, code: str, secret: str, *, session: Session
+) -> ElicitationSession | None:
+    """The completed session of ``study`` whose derived completion code is ``code``.
+
+    ``None`` when no session has it, and always when the study has one fixed code for
+    everyone (it names no respondent). The code is compared case-insensitively, in
+    constant time per session (one HMAC per completed session of the study).
+
+    Example: ``session_by_completion_code(study, "3F9A0C21B7", key, session=db)``.
+    """
+    wanted = code.strip().upper()
+    if study.completion_code or not wanted or len(wanted) > 64:
+        return None
+    rows = session.exec(
+        select(ElicitationSession).where(
+            ElicitationSession.study_id == study.id,
+            ElicitationSession.status == SessionStatus.completed.value,
+        )
+    ).all()
+    for row in rows:
+        if hmac.compare_digest(completion_code(study, row.id or 0, secret), wanted):
+            return row
+    return None

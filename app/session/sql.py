@@ -224,8 +224,10 @@ def read_session_by_token(token: str, *, engine: Engine) -> SessionSnapshot | No
 
 INSERT_RESPONDENT = """
     INSERT INTO respondent
-        (study_id, external_id, attributes, answers, panel_params, source, split, created_at)
-    VALUES (:study_id, :external_id, :attributes, '{}', :panel_params, 'live', NULL, :now)
+        (study_id, external_id, attributes, answers, panel_params, source, split,
+         earlier_starts, created_at)
+    VALUES (:study_id, :external_id, :attributes, '{}', :panel_params, 'live', NULL,
+        :earlier_starts, :now)
 """
 INSERT_SESSION = """
     INSERT INTO elicitation_session (study_id, respondent_id, token_hash, status, state,
@@ -243,9 +245,9 @@ PG_START = """
     WITH r AS (
         INSERT INTO respondent
             (study_id, external_id, attributes, answers, panel_params, source, split,
-             created_at)
+             earlier_starts, created_at)
         VALUES (:study_id, :external_id, CAST(:attributes AS json), CAST('{}' AS json),
-            CAST(:panel_params AS json), 'live', NULL, :now)
+            CAST(:panel_params AS json), 'live', NULL, :earlier_starts, :now)
         RETURNING id
     ), s AS (
         INSERT INTO elicitation_session (study_id, respondent_id, token_hash, status, state,

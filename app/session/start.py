@@ -119,6 +119,7 @@ def start_session(
     panel_params: Mapping[str, str] | None = None,
     ask_attributes: bool = False,
     allow_draft: bool = False,
+    earlier_starts: int = 0,
 ) -> StartedSession:
     """Create a live respondent and its session; choose the first question.
 
@@ -129,13 +130,17 @@ def start_session(
         panel_params: link parameters to store with the respondent.
         ask_attributes: the browser flow: the first question is chosen only after the
             attribute questions (:func:`submit_attributes`).
+        earlier_starts: respondents this browser started in the study before (stored
+            with the respondent, shown to the researcher as a repeated start).
 
     Raises:
         StudyClosedError, ExternalIdTakenError, InvalidAttributesError, NoModelError.
     """
     params = check_start(study, external_id, panel_params, allow_draft)
     with write_slots():
-        return _start(study, engine, attributes, external_id, params, ask_attributes)
+        return _start(
+            study, engine, attributes, external_id, params, ask_attributes, earlier_starts
+        )
 
 
 def check_start(
@@ -194,6 +199,7 @@ def plan_start(
     params: dict[str, str] | None,
     ask_attributes: bool,
     dialect: str,
+    earlier_starts: int = 0,
 ) -> StartPlan:
     """Validate the attributes, compute the prior state and the first decision (model work,
     before any write: SQLite has one writer) and the statement's parameters.
@@ -214,6 +220,7 @@ def plan_start(
         "external_id": external_id,
         "attributes": json.dumps(attrs),
         "panel_params": json.dumps(params) if params is not None else None,
+        "earlier_starts": max(0, int(earlier_starts)),
         "now": now,
         "token_hash": hash_token(token),
         "status": SessionStatus.completed.value if done else SessionStatus.active.value,
@@ -242,11 +249,19 @@ def _start(
     external_id: str | None,
     params: dict[str, str] | None,
     ask_attributes: bool,
+    earlier_starts: int,
 ) -> StartedSession:
     """Respondent, session and first decision in one transaction (raw statements)."""
     rt = load_runtime(study, engine=engine)
     plan = plan_start(
-        rt, study.id or 0, attributes, external_id, params, ask_attributes, engine.dialect.name
+        rt,
+        study.id or 0,
+        attributes,
+        external_id,
+        params,
+        ask_attributes,
+        engine.dialect.name,
+        earlier_starts,
     )
     values = plan.values
     with dbapi_connection(engine) as (raw, dialect):
@@ -323,3 +338,33 @@ def submit_attributes(
         view = _store_first_decision(rt, db, sess, *first_state_and_decision(rt, attrs))
         db.commit()
         return view
+
+
+def store_attribute_page(
+    study: Study, session_id: int, answers: Mapping[str, str | None], *, engine: Engine
+) -> dict[str, str]:
+    """Store one page of attribute answers of a browser session (no question is chosen).
+
+    ``answers`` maps each attribute key of the page to a letter, or ``None`` (not
+    answered: an answer stored before for that key is removed). Returns every attribute
+    answer stored so far; once the first question was chosen nothing changes.
+
+    Raises:
+        InvalidAttributesError: see :func:`validate_attributes`.
+    """
+    with Session(engine) as db:
+        rt = load_runtime(study, session=db, fit_if_missing=False)
+    given = validate_attributes(rt, {k: v for k, v in answers.items() if v is not None})
+    with write_slots(), locked_session(engine, session_id) as (db, sess):
+        check_study(sess, rt.study_id, rt.slug)
+        respondent = db.get(Respondent, sess.respondent_id)
+        assert respondent is not None
+        stored = dict(respondent.attributes or {})
+        if decision_at(db, session_id, 0) is None:
+            for key in answers:
+                stored.pop(key, None)
+            stored.update(given)
+            respondent.attributes = stored
+            db.add(respondent)
+        db.commit()
+        return stored

@@ -29,6 +29,7 @@ from app.tables import (
     Answer,
     ElicitationSession,
     Item,
+    Respondent,
     SelectionDecision,
     SessionStatus,
     Study,
@@ -328,3 +329,65 @@ def explanation(study: Study, sess: ElicitationSession, *, session: Session) -> 
         "scores": dict(sorted(scores.items(), key=lambda kv: -kv[1])),
         **{k: v for k, v in detail.items() if k != "model_id"},
     }
+
+
+@dataclass(frozen=True)
+class StoredSummary:
+    """What is stored about a session's respondent (shown before deleting it).
+
+    Attributes:
+        n_answered: questions answered; n_skipped: questions skipped ("prefer not to
+        answer"); n_attributes: answers to the questions about the respondent;
+        completed: whether the session was finished.
+    """
+
+    n_answered: int
+    n_skipped: int
+    n_attributes: int
+    completed: bool
+
+
+def stored_summary(sess: ElicitationSession, *, session: Session) -> StoredSummary:
+    """Counts of what the session's respondent has stored (answers, skips, attributes)."""
+    options = session.exec(select(Answer.option).where(Answer.session_id == sess.id)).all()
+    respondent = session.get(Respondent, sess.respondent_id)
+    n_attr = len(respondent.attributes or {}) if respondent is not None else 0
+    return StoredSummary(
+        n_answered=sum(1 for o in options if o is not None),
+        n_skipped=sum(1 for o in options if o is None),
+        n_attributes=n_attr,
+        completed=sess.status == SessionStatus.completed.value,
+    )
+
+
+ATTRIBUTES_PER_PAGE = 3
+"""Questions about the respondent shown on one page of the browser flow."""
+
+
+def attribute_question(item: ItemInfo) -> str:
+    """The wording of an attribute item as a question to the respondent.
+
+    The codebook's question text when it is one (it ends with ``?`` or ``:``, or has at
+    least four words); otherwise a question built from the bare label (the text, else the
+    topic, else the key, with ``_`` read as a space).
+
+    Example: ``"What is your gender?"`` stays; ``"age"`` becomes ``"What is your age?"``.
+    """
+    text = " ".join(item.question.split())
+    if text.endswith(("?", ":")) or len(text.split()) >= 4:
+        return text
+    label = (text or item.topic or item.key).replace("_", " ").strip()
+    label = label[:1].lower() + label[1:] if not label[:2].isupper() else label
+    return f"What is your {label}?"
+
+
+def attribute_pages(rt: StudyRuntime) -> list[list[ItemInfo]]:
+    """The study's attribute items in pages of :data:`ATTRIBUTES_PER_PAGE` (study order)."""
+    items = rt.attributes
+    return [items[i : i + ATTRIBUTES_PER_PAGE] for i in range(0, len(items), ATTRIBUTES_PER_PAGE)]
+
+
+def respondent_attributes(sess: ElicitationSession, *, session: Session) -> dict[str, str]:
+    """The attribute answers stored so far for the session's respondent."""
+    respondent = session.get(Respondent, sess.respondent_id)
+    return dict(respondent.attributes or {}) if respondent is not None else {}

@@ -89,7 +89,14 @@ def test_answers_over_the_limit_are_refused_like_the_middleware(
         middleware_hits.append(key)
         return await real_hit(db, key, window_s, **kw)
 
+    real_bump = ratelimit.bump_async
+
+    async def counted_bump(db: Any, key: str, window_s: float, **kw: Any) -> Any:
+        middleware_hits.append(key)
+        return await real_bump(db, key, window_s, **kw)
+
     monkeypatch.setattr(ratelimit, "hit_async", counted_hit)
+    monkeypatch.setattr(ratelimit, "bump_async", counted_bump)
     with _client(live) as client:
         r = client.post(
             f"/api/v1/studies/{live.slug}/sessions",
@@ -141,5 +148,10 @@ def test_unknown_token_is_counted_and_refused(live: LiveStudy) -> None:
             ).status_code
             for _ in range(LIMIT + 1)
         ]
-    assert statuses == [401] * LIMIT + [429]
-    assert _count(live, "unknown-token-1") == LIMIT + 1
+    # An unknown token is counted against the client address (as calls without a
+    # credential are), with the address's limit, and gets no counter of its own.
+    assert statuses[-1] == 429 and set(statuses[:-1]) == {401}, statuses
+    assert _count(live, "unknown-token-1") is None
+    with Session(live.engine) as db:
+        row = db.get(RateLimitCounter, ratelimit.counter_key("api-ip", "testclient"))
+        assert row is not None and row.count > LIMIT

@@ -1,7 +1,11 @@
 """The respondent flow in a real headless Chromium (Debian's /usr/bin/chromium, driven by
 Playwright's Python package; no browser download): a survey completed by keyboard alone,
 screenshots at a phone width (390 px) and a desktop width, and axe-core accessibility
-checks (no serious or critical violation) on the consent, question and completion pages.
+checks (no serious or critical violation) on every respondent page: consent, the pages of
+questions about the respondent (and their "skip them all?" prompt), question, completion
+with "what we learned about you", the declined page after answers, the deletion page.
+The Back button after consent never starts a second respondent. Screenshots of the pages
+at 390x844 go to docs/screenshots/respondent/.
 
 Prerequisites are installed by ``scripts/setup-browser`` (apt chromium, npm axe-core),
 which the fixture runs when something is missing. The server is a real uvicorn process on
@@ -11,6 +15,7 @@ a SQLite file prepared with a small CES study.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +28,8 @@ from live_study import free_port, make_live_study, wait_healthy
 CHROMIUM = "/usr/bin/chromium"
 AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
 RESULTS = REPO_ROOT / "results" / "e2e"
+SHOTS = REPO_ROOT / "docs" / "screenshots" / "respondent"
+PHONE = {"width": 390, "height": 844}
 LAUNCH_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -44,14 +51,15 @@ def browser_ready() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """A uvicorn process serving a prepared study; yields ``(base_url, slug)``."""
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """A uvicorn process serving a prepared study (with "what we learned about you" on);
+    yields ``(base_url, slug, database_url)``."""
     folder = tmp_path_factory.mktemp("e2e")
     url = f"sqlite:///{folder / 'e2e.db'}"
     live = make_live_study(
         url,
         write_small_dataset(DATASETS_DIR / "ces", folder / "ces", 120),
-        settings={"budgets": {"max_questions": MAX_QUESTIONS}},
+        settings={"budgets": {"max_questions": MAX_QUESTIONS}, "show_learned": True},
     )
     live.engine.dispose()
     port = free_port()
@@ -76,7 +84,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base, proc, "uvicorn", timeout=60)
-        yield base, live.slug
+        yield base, live.slug, url
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -94,7 +102,9 @@ def browser(browser_ready: None) -> Iterator[Any]:
 
 def axe_violations(page: Any) -> list[dict[str, Any]]:
     """Serious or critical axe-core violations of the page as it is now."""
-    page.add_script_tag(path=str(AXE_JS))
+    # Evaluated through the browser's devtools channel: the page's Content-Security-Policy
+    # (script-src 'self') refuses an injected inline <script>, as it should.
+    page.evaluate(AXE_JS.read_text(encoding="utf-8"))
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     return [
         {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
@@ -112,13 +122,31 @@ def tab_to(page: Any, predicate: str, limit: int = 25) -> None:
     raise AssertionError(f"keyboard focus never reached: {predicate}")
 
 
+def live_respondents(db_url: str) -> int:
+    """Live respondents stored in the server's database."""
+    from sqlalchemy import create_engine, text
+
+    eng = create_engine(db_url)
+    try:
+        with eng.connect() as conn:
+            return int(
+                conn.execute(text("SELECT count(*) FROM respondent WHERE source = 'live'")).scalar()
+            )
+    finally:
+        eng.dispose()
+
+
+N_ATTRIBUTES = 9  # the CES study's questions about the respondent (3 pages of 3)
+
+
 @pytest.mark.parametrize(
     ("width", "height", "label"), [(390, 844, "phone-390"), (1280, 900, "desktop-1280")]
 )
 def test_survey_by_keyboard_with_screenshots_and_axe(
-    server: tuple[str, str], browser: Any, width: int, height: int, label: str
+    server: tuple[str, str, str], browser: Any, width: int, height: int, label: str
 ) -> None:
-    base, slug = server
+    base, slug, _ = server
+    total = N_ATTRIBUTES + MAX_QUESTIONS
     RESULTS.mkdir(parents=True, exist_ok=True)
     context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
@@ -133,16 +161,25 @@ def test_survey_by_keyboard_with_screenshots_and_axe(
         tab_to(page, "el && el.value === 'accept'")
         page.keyboard.press("Enter")
         page.wait_for_selector("text=A few questions about you")
-        # attributes: answer the first one with Space, skip the rest, submit with Enter
-        tab_to(page, "el && el.type === 'radio'")
-        page.keyboard.press("Space")
-        assert page.evaluate("() => document.activeElement.checked") is True
-        page.keyboard.press("Enter")
-        page.wait_for_selector("text=Question 1 of at most")
+        # questions about you, three per page: answer the first of each page with Space
+        for first, last in ((1, 3), (4, 6), (7, 9)):
+            page.wait_for_selector(f"text=Questions {first} to {last} of at most {total}")
+            assert page.locator("fieldset.r-question").count() == last - first + 1
+            if first == 1:
+                assert axe_violations(page) == []
+                page.screenshot(path=str(RESULTS / f"about-{label}.png"), full_page=True)
+                if width == PHONE["width"]:
+                    SHOTS.mkdir(parents=True, exist_ok=True)
+                    page.screenshot(path=str(SHOTS / "about-page-1-390.png"), full_page=True)
+            tab_to(page, "el && el.type === 'radio'")
+            page.keyboard.press("Space")
+            assert page.evaluate("() => document.activeElement.checked") is True
+            page.keyboard.press("Enter")
+        page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 1} of at most {total}")
         assert axe_violations(page) == []
         page.screenshot(path=str(RESULTS / f"question-{label}.png"), full_page=True)
         for n in range(1, MAX_QUESTIONS + 1):
-            page.wait_for_selector(f"text=Question {n} of at most {MAX_QUESTIONS}")
+            page.wait_for_selector(f"text=Question {N_ATTRIBUTES + n} of at most {total}")
             tab_to(page, "el && el.type === 'radio'")
             page.keyboard.press("ArrowDown" if n % 2 else "Space")  # select an option
             assert page.evaluate("() => document.activeElement.checked") is True
@@ -151,10 +188,145 @@ def test_survey_by_keyboard_with_screenshots_and_axe(
         assert page.url.endswith(f"/s/{slug}/done")
         code = page.locator(".r-code").inner_text().strip()
         assert len(code) >= 6
+        assert page.locator("#learned-title").inner_text() == "What we learned about you"
+        assert page.locator(".r-learned li").count() >= 1
         assert axe_violations(page) == []
         page.screenshot(path=str(RESULTS / f"done-{label}.png"), full_page=True)
         # no horizontal scrolling at this width
         assert page.evaluate("() => document.documentElement.scrollWidth") <= width
         assert errors == []
+    finally:
+        context.close()
+
+
+def test_back_button_skip_prompt_decline_and_delete(
+    server: tuple[str, str, str], browser: Any
+) -> None:
+    """Back to the consent page resumes (no second respondent); an empty page of questions
+    about you asks once before skipping them all; "I do not want to take part" after
+    answers says what is stored; the deletion page erases by completion code."""
+    base, slug, db_url = server
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        first = page.goto(f"{base}/s/{slug}")
+        assert first is not None and first.headers["cache-control"] == "no-store"
+        page.click("button[value=accept]")
+        page.wait_for_selector("text=A few questions about you")
+        n = live_respondents(db_url)
+        # Back to the consent page: not shown from the cache; "I agree" again resumes
+        page.go_back()
+        page.wait_for_load_state("load")
+        if page.locator("button[value=accept]").count():
+            page.click("button[value=accept]")
+        page.wait_for_selector("text=A few questions about you")
+        assert live_respondents(db_url) == n
+        # nothing chosen on the first page: the prompt, then skip them all
+        page.click("button.r-primary")
+        page.wait_for_selector("text=Skip all the remaining questions about you?")
+        assert axe_violations(page) == []
+        page.screenshot(path=str(SHOTS / "about-skip-prompt-390.png"), full_page=True)
+        page.click("button[name=skip_all]")
+        page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 1} of at most")
+        page.check("input[name=option] >> nth=0")
+        page.click("button.r-primary")
+        page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 2} of at most")
+        # Back twice to the consent page and decline: what is stored, and how to delete it
+        page.goto(f"{base}/s/{slug}/declined")
+        assert page.locator("h1").inner_text() == "You already took part"
+        assert "Nothing was recorded" not in page.inner_text("body")
+        assert "1 answer to the survey questions" in page.inner_text("body")
+        assert axe_violations(page) == []
+        page.screenshot(path=str(SHOTS / "declined-after-answers-390.png"), full_page=True)
+        page.click("text=Continue the survey")
+        for k in range(2, MAX_QUESTIONS + 1):
+            page.wait_for_selector(f"text=Question {N_ATTRIBUTES + k} of at most")
+            page.check("input[name=option] >> nth=0")
+            page.click("button.r-primary")
+        page.wait_for_selector("text=Thank you!")
+        code = page.locator(".r-code").inner_text().strip()
+        page.screenshot(path=str(SHOTS / "done-learned-390.png"), full_page=True)
+        assert live_respondents(db_url) == n
+    finally:
+        context.close()
+    # another device: deletion with the completion code
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    try:
+        page.goto(f"{base}/s/{slug}/delete")
+        assert page.locator("h1").inner_text() == "Delete my answers"
+        assert axe_violations(page) == []
+        page.screenshot(path=str(SHOTS / "delete-390.png"), full_page=True)
+        page.fill("#code", "WRONGCODE1")
+        page.check("input[name=confirm]")
+        page.click("button.r-primary")
+        page.wait_for_selector("text=No finished survey has this completion code")
+        assert axe_violations(page) == []
+        page.fill("#code", code)
+        page.check("input[name=confirm]")
+        page.click("button.r-primary")
+        page.wait_for_selector("text=Your answers were deleted")
+        assert axe_violations(page) == []
+        page.screenshot(path=str(SHOTS / "deleted-390.png"), full_page=True)
+        assert live_respondents(db_url) == n - 1
+        assert errors == []
+    finally:
+        context.close()
+
+
+def test_researcher_sees_repeated_starts_and_erases_a_respondent(
+    server: tuple[str, str, str], browser: Any
+) -> None:
+    """The admin list of live respondents flags a repeated start from one browser and
+    erases a respondent after the confirmation dialog."""
+    from sqlmodel import Session, select
+
+    from app.auth import set_password
+    from app.db import make_engine
+    from app.tables import Researcher
+
+    base, slug, db_url = server
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as db:
+            owner = db.exec(select(Researcher).where(Researcher.email == "owner@example.org")).one()
+            set_password(owner, "e2e owner password 1", session=db)
+    finally:
+        engine.dispose()
+    # one browser starts twice (its session cookie cleared in between)
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    try:
+        for _ in range(2):
+            page.goto(f"{base}/s/{slug}")
+            page.click("button[value=accept]")
+            page.wait_for_selector("text=A few questions about you")
+            context.clear_cookies(name=re.compile(r"priorly_s\d+"))  # the session cookie
+    finally:
+        context.close()
+    n = live_respondents(db_url)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(f"{base}/admin/login")
+        page.fill("input[name=email]", "owner@example.org")
+        page.fill("input[name=password]", "e2e owner password 1")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{base}/admin")
+        page.goto(f"{base}/admin/studies/{slug}/respondents")
+        newest = page.locator("#respondents tbody tr").first
+        assert "yes, 1 earlier from this browser" in newest.inner_text()
+        assert axe_violations(page) == []
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "admin-respondents-1280.png"), full_page=True)
+        rid = newest.get_attribute("data-respondent")
+        page.on("dialog", lambda dialog: dialog.accept())
+        newest.locator("button").click()
+        page.wait_for_selector(f"text=Respondent {rid} was erased")
+        assert page.locator(f'tr[data-respondent="{rid}"]').count() == 0
+        assert live_respondents(db_url) == n - 1
     finally:
         context.close()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch_geometric.data import Data, HeteroData
 
 from gnn.graph import (
+    EDGE_TYPES,
+    NODE_TYPES,
     REL_MEMBER_TO_OPTION,
     REL_MEMBER_TO_SUBGROUP,
     REL_OPTION_TO_MEMBER,
@@ -86,3 +89,26 @@ def test_bad_input_names_the_cell(attrs: torch.Tensor, resp: torch.Tensor, messa
 def test_schema_rejects_single_option_questions() -> None:
     with pytest.raises(GraphInputError, match=">= 2 options"):
         GraphSchema((2,), (2, 1))
+
+
+def test_the_graph_is_pyg_data_with_a_heterogeneous_view() -> None:
+    """``data`` is the homogeneous PyG view; ``to_hetero()`` splits it into the three node
+    types and four edge types, renumbering each node type from 0."""
+    g = build_graph(SCHEMA, ATTRS, RESP)
+    assert isinstance(g.data, Data)
+    assert g.data.num_nodes == 15 and g.data.edge_index.shape == (2, 20)
+    assert g.data.node_type.tolist() == [0] * 3 + [1] * 5 + [2] * 7
+    h = g.to_hetero()
+    assert isinstance(h, HeteroData)
+    assert [h[t].num_nodes for t in NODE_TYPES] == [3, 5, 7]
+    assert [h[t].edge_index.shape[1] for t in EDGE_TYPES] == [5, 5, 5, 5]
+    answered = {tuple(e) for e in h["member", "answered", "option"].edge_index.t().tolist()}
+    # member 0: q1 = 1 (option 1), q2 = 2 (option 4); member 2: q1 = 0, q2 = 0, q3 = 1
+    assert answered == {(0, 1), (0, 4), (2, 0), (2, 2), (2, 6)}
+    belongs = {tuple(e) for e in h["member", "belongs_to", "subgroup"].edge_index.t().tolist()}
+    # gender = 0 / 1 -> subgroups 0 / 1; age = 2 / 0 -> subgroups 4 / 2; member 1's age unknown
+    assert belongs == {(0, 0), (0, 4), (1, 1), (2, 1), (2, 2)}
+    # each relation's edges are the reverse of its partner's (0 <-> 1, 2 <-> 3)
+    for fwd, rev in zip(EDGE_TYPES[::2], EDGE_TYPES[1::2], strict=True):
+        assert (fwd[0], fwd[2]) == (rev[2], rev[0])
+        assert torch.equal(h[fwd].edge_index.flip(0), h[rev].edge_index)

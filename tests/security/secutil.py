@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from conftest import REPO_ROOT
@@ -90,3 +91,68 @@ def live_server(
             proc.kill()
             proc.wait(timeout=10)
         out.close()
+
+
+ADMIN_EMAIL = "admin@example.org"
+OWNER_EMAIL = "owner@example.org"
+PASSWORD = "hostile password 123"
+
+
+@contextmanager
+def admin_client(server: LiveServer, email: str = ADMIN_EMAIL) -> Iterator[httpx.Client]:
+    """An httpx client logged in to the admin UI of ``server`` through the real login form;
+    its ``headers`` carry the CSRF token of the login session (``X-CSRF-Token``)."""
+    with httpx.Client(base_url=server.base, timeout=60) as client:
+        page = client.get("/admin/login")
+        assert page.status_code == 200, page.text
+        r = client.post(
+            "/admin/login",
+            data={
+                "email": email,
+                "password": PASSWORD,
+                "csrf_token": client.cookies["priorly_csrf"],
+            },
+            follow_redirects=False,
+        )
+        assert r.status_code == 303, r.text
+        client.headers["X-CSRF-Token"] = client.cookies["priorly_csrf"]
+        yield client
+
+
+@dataclass
+class HostileWorld:
+    """A live study on a fresh database served by a real uvicorn, with admin passwords."""
+
+    backend: str
+    server: LiveServer
+    live: Any
+
+
+@contextmanager
+def hostile_world(
+    backend: str, folder: Path, *, env_extra: dict[str, str] | None = None
+) -> Iterator[HostileWorld]:
+    """:func:`live_study.make_live_study` (30 CES respondents) on a fresh ``backend``
+    database, passwords for the owner and the admin, served by uvicorn."""
+    from conftest import DATASETS_DIR, write_small_dataset
+    from live_study import fresh_database_url, make_live_study
+    from sqlmodel import Session, select
+
+    from app.auth import set_password
+    from app.tables import Researcher
+
+    urls = fresh_database_url(backend, folder)
+    url = next(urls)
+    try:
+        live = make_live_study(url, write_small_dataset(DATASETS_DIR / "ces", folder / "ces", 30))
+        with Session(live.engine) as db:
+            for email in (ADMIN_EMAIL, OWNER_EMAIL):
+                person = db.exec(select(Researcher).where(Researcher.email == email)).one()
+                set_password(person, PASSWORD, session=db)
+        live.engine.dispose()
+        with live_server(
+            url, folder / "server.log", log_level="warning", env_extra=env_extra
+        ) as server:
+            yield HostileWorld(backend, server, live)
+    finally:
+        urls.close()

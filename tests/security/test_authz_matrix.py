@@ -147,8 +147,13 @@ ROUTES: dict[tuple[str, str], Case] = {
     # ---- public: documentation, health, home ----
     ("GET", "/openapi.json"): Case(everyone(200)),
     ("GET", "/api/docs"): Case(everyone(200)),
-    ("GET", "/docs/oauth2-redirect"): Case(everyone(200)),
+    ("GET", "/api/docs/assets/{name}"): Case(everyone(200), path="/api/docs/assets/swagger-ui.css"),
+    ("GET", "/api/docs/first-session"): Case(everyone(200)),
     ("GET", "/healthz"): Case(everyone(200)),
+    # OPTIONS lists the methods of an API path (no data: 204 for anyone)
+    ("OPTIONS", "/api/v1/{path:path}"): Case(
+        everyone(204), path="/api/v1/sessions/{session_id}", writes=False
+    ),
     ("GET", "/"): Case(everyone(200)),
     # ---- respondent pages: the cookie names the caller's own session, never another ----
     ("GET", "/s/{slug}"): Case({**everyone(200), "resp_this": 303, "resp_other": 303}),
@@ -162,6 +167,8 @@ ROUTES: dict[tuple[str, str], Case] = {
         form={"item": "{item_key}", "option": "{option}"},
     ),
     ("GET", "/s/{slug}/done"): Case({**everyone(303), "resp_this": 303, "resp_other": 303}),
+    ("GET", "/s/{slug}/delete"): Case(everyone(200)),
+    ("POST", "/s/{slug}/delete"): Case(everyone(422), form={}),  # unconfirmed: nothing erased
     # ---- JSON API ----
     ("POST", "/api/v1/studies/{slug}/sessions"): Case(api_study(201), json={}),
     ("GET", "/api/v1/sessions/{session_id}"): Case(api_session(200)),
@@ -173,6 +180,15 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/api/v1/sessions/{session_id}/explanation"): Case(api_session(200)),
     ("GET", "/api/v1/sessions/{session_id}/profile"): Case(api_session(200)),
     ("DELETE", "/api/v1/sessions/{session_id}"): Case(api_session(200)),
+    # results: any valid key lists the studies it may see (another's key: an empty list)
+    ("GET", "/api/v1/studies"): Case(
+        {
+            **everyone(401),
+            **dict.fromkeys(("key_owner", "key_other", "key_shared", "key_admin"), 200),
+        }
+    ),
+    ("GET", "/api/v1/studies/{slug}/responses"): Case(api_study(200)),
+    ("GET", "/api/v1/studies/{slug}/predictions"): Case(api_study(200)),
     # ---- admin: login, invitations (the token is the credential) ----
     ("GET", "/admin/login"): Case(everyone(200)),
     ("POST", "/admin/login"): Case(
@@ -225,6 +241,10 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/admin/studies/{slug}/jobs/{job_id}/plot.svg"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/simulation"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard"): Case(study_member(200, "GET")),
+    ("GET", "/admin/studies/{slug}/respondents"): Case(study_member(200, "GET")),
+    ("POST", "/admin/studies/{slug}/respondents/{respondent_id}/erase"): Case(
+        study_member(404, "POST"), path="/admin/studies/{slug}/respondents/999999/erase"
+    ),
     ("GET", "/admin/studies/{slug}/groups"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/export"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/export/{name}"): Case(

@@ -105,6 +105,16 @@ def test_api_rate_limit_in_redis_across_processes(servers: dict[str, object]) ->
     key, other_key = servers["keys"]  # type: ignore[misc]
     assert isinstance(a, LiveServer) and isinstance(b, LiveServer)
 
+    async def verified() -> None:  # as after a first 2xx answer (only those get a counter)
+        counter = ratelimit.RedisCounter(REDIS_URL)
+        try:
+            await counter.forget(ratelimit.counter_key("api-ip", "127.0.0.1"))
+            for k in (key, other_key):
+                await counter.register(ratelimit.counter_key("api", k), 60.0, count=0)
+        finally:
+            await counter.close()
+
+    _run(verified())
     assert [s.api_get(key).status_code for s in (a, b, a, b)] == [404] * API_LIMIT
     refused = a.api_get(key)
     assert refused.status_code == 429
@@ -114,6 +124,8 @@ def test_api_rate_limit_in_redis_across_processes(servers: dict[str, object]) ->
     token = f"not-a-token-{secrets.token_hex(6)}"
     assert [b.api_get(token).status_code for _ in range(SESSION_LIMIT)] == [401] * SESSION_LIMIT
     assert a.api_get(token).status_code == 429
+    assert a.api_get(token + "-2").status_code == 429  # made-up values share the address's
+    assert _run(_ttl_ms(ratelimit.counter_key("api", token))) == -2  # and get no counter
     # The counters are in Redis, with the window as their time to live; none in the database.
     ttl = _run(_ttl_ms(ratelimit.counter_key("api", key)))
     assert 0 < ttl <= 60_000

@@ -1,0 +1,167 @@
+"""Results through the JSON API: the studies a researcher's API key may see, and a study's
+responses and per-respondent predictions in pages (:mod:`app.services.results`).
+
+Same contract as :mod:`app.routes.api_v1`: ``Authorization: Bearer <API key>``, JSON errors
+``{"code", "message"}``, a study the key's researcher may not see answered 404. Pages:
+``?limit=`` rows at most and ``next_cursor`` (``null`` after the last page), passed back as
+``?cursor=``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Security
+from pydantic import BaseModel, Field
+
+from app.deps import SessionDep
+from app.routes.api_docs import BEARER
+from app.routes.api_v1 import _ERRORS, ApiResearcher, ApiRoute, get_owned_study
+from app.services import results
+from app.services.studies import visible_study_summaries
+from app.tables import Study
+
+router = APIRouter(
+    prefix="/api/v1",
+    tags=["results"],
+    route_class=ApiRoute,
+    responses=_ERRORS,
+    dependencies=[Security(BEARER)],
+)
+
+OwnedStudy = Annotated[Study, Depends(get_owned_study)]
+Cursor = Annotated[
+    str | None,
+    Query(
+        max_length=200,
+        description="the next_cursor of the previous page; none for the first page",
+    ),
+]
+
+
+def _limit(listing: results.Listing) -> Any:
+    return Query(
+        ge=1,
+        le=listing.max_limit,
+        description=f"rows per page (1..{listing.max_limit}, default {listing.default_limit})",
+    )
+
+
+# ----- schemas ------------------------------------------------------------------------------
+
+
+class StudyOut(BaseModel):
+    slug: str = Field(examples=["ces"])
+    name: str
+    status: str = Field(examples=["published"], description="draft, published or closed")
+    items: int = Field(description="items of the study (questions, targets, attributes)")
+    respondents: int = Field(description="respondents, live and imported")
+
+
+class StudiesOut(BaseModel):
+    studies: list[StudyOut] = Field(description="newest first")
+
+
+class ResponseAnswerOut(BaseModel):
+    item: str = Field(examples=["330a"])
+    role: str = Field(examples=["question"])
+    option: str | None = Field(description="the option letter; null when skipped")
+    label: str | None = Field(description="the option's label; null when skipped")
+
+
+class ResponseOut(BaseModel):
+    respondent_id: str = Field(description="the external id, else r<id> (as in the exports)")
+    session_id: int
+    source: str = Field(examples=["live"])
+    status: str = Field(examples=["completed"])
+    started_at: str | None
+    completed_at: str | None
+    answers: list[ResponseAnswerOut] = Field(description="in the study's item order")
+
+
+class ResponsesPage(BaseModel):
+    study: str
+    responses: list[ResponseOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
+
+
+class TargetPredictionOut(BaseModel):
+    item: str
+    distribution: dict[str, float] = Field(examples=[{"A": 0.72, "B": 0.28}])
+    predicted: str = Field(description="the most probable option's letter")
+    label: str = Field(description="the most probable option's label")
+
+
+class RespondentPredictionsOut(BaseModel):
+    respondent_id: str
+    session_id: int
+    status: str
+    answers: int = Field(description="answers the predictions are conditioned on")
+    targets: list[TargetPredictionOut]
+
+
+class PredictionsPage(BaseModel):
+    study: str
+    predictions: list[RespondentPredictionsOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
+
+
+# ----- routes -------------------------------------------------------------------------------
+
+
+@router.get(
+    "/studies",
+    response_model=StudiesOut,
+    summary="The studies this API key may see",
+    description="The key's researcher's own studies, those shared with them, and every "
+    "study for an admin (the admin UI's rule).",
+)
+def list_studies(researcher: ApiResearcher, session: SessionDep) -> dict[str, Any]:
+    rows = visible_study_summaries(researcher, session=session)
+    return {
+        "studies": [
+            {
+                "slug": s.slug,
+                "name": s.name,
+                "status": s.status,
+                "items": s.n_items,
+                "respondents": s.n_respondents,
+            }
+            for s in rows
+        ]
+    }
+
+
+@router.get(
+    "/studies/{slug}/responses",
+    response_model=ResponsesPage,
+    summary="A page of the study's responses (one row per live session, with labels)",
+    description="The rows of the wide CSV export, in session id order, each answer with "
+    "its option label. Follow next_cursor until it is null.",
+)
+def list_responses(
+    study: OwnedStudy,
+    session: SessionDep,
+    cursor: Cursor = None,
+    limit: Annotated[int | None, _limit(results.RESPONSES)] = None,
+) -> dict[str, Any]:
+    page = results.responses_page(study, session=session, cursor=cursor, limit=limit)
+    return {"study": study.slug, "responses": page.rows, "next_cursor": page.next_cursor}
+
+
+@router.get(
+    "/studies/{slug}/predictions",
+    response_model=PredictionsPage,
+    summary="A page of per-respondent predictions for the study's targets",
+    description="The numbers of the predictions CSV export: each live respondent's "
+    "predicted distribution over every target's options given their answers, in session id "
+    "order. Follow next_cursor until it is null.",
+)
+def list_predictions(
+    study: OwnedStudy,
+    session: SessionDep,
+    cursor: Cursor = None,
+    limit: Annotated[int | None, _limit(results.PREDICTIONS)] = None,
+) -> dict[str, Any]:
+    page = results.predictions_page(study, session=session, cursor=cursor, limit=limit)
+    return {"study": study.slug, "predictions": page.rows, "next_cursor": page.next_cursor}

@@ -1,0 +1,231 @@
+"""A study's results for other products: the studies a researcher may see, and a study's
+responses and per-respondent predictions one page at a time.
+
+The rows are the exports' own (:mod:`app.services.export`): :func:`~app.services.export.iter_rows`
+for responses (one row per live session, the wide CSV's row) and
+:func:`~app.services.export.iter_predictions` for predictions (the predictions CSV's numbers),
+so the API and the files never disagree. The studies a key lists are the admin UI's
+(:func:`app.services.studies.visible_study_summaries`: owner, shared with, or admin).
+
+Pages use keyset pagination over the live sessions' ids: a page holds the rows whose session
+id is above the cursor's, in id order, at most ``limit`` of them. A cursor is opaque to
+clients: ``base64url("<listing>:<study id>:<last session id>")``, e.g. the cursor after
+session 42 of study 7's responses is ``cmVzcG9uc2VzOjc6NDI`` (``responses:7:42``). Rows
+added while a client pages appear on a later page (their ids are larger); none is returned
+twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from app.errors import InvalidInputError
+from app.services.export import (
+    SKIP_MARK,
+    ExportRow,
+    RespondentPredictions,
+    export_items,
+    iter_predictions,
+    iter_rows,
+)
+from app.tables import ElicitationSession, Study
+
+MAX_ID = 2**31 - 1
+"""Ids are 32-bit INTEGER columns: a cursor past this is refused instead of overflowing."""
+
+CURSOR_RE = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A paged listing: its name in cursors and its page size bounds."""
+
+    name: str
+    default_limit: int
+    max_limit: int
+
+
+RESPONSES = Listing("responses", default_limit=100, max_limit=500)
+PREDICTIONS = Listing("predictions", default_limit=50, max_limit=200)
+"""Predictions replay each respondent's answers through the model: smaller pages."""
+
+
+@dataclass(frozen=True)
+class Page:
+    """Rows of one page and the cursor of the next one (``None`` after the last page)."""
+
+    rows: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+def encode_cursor(listing: Listing, study: Study, after: int) -> str:
+    raw = f"{listing.name}:{study.id}:{after}".encode("ascii")
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(listing: Listing, study: Study, cursor: str | None) -> int:
+    """The last session id of the previous page (0 for no cursor).
+
+    Raises:
+        InvalidInputError: the cursor is not one this listing of this study returned.
+    """
+    if cursor is None or cursor == "":
+        return 0
+    bad = InvalidInputError(
+        f"cursor: {cursor[:40]!r} is not a cursor of this study's {listing.name}; pass the "
+        "next_cursor of the previous page, or no cursor for the first page"
+    )
+    if not CURSOR_RE.match(cursor):
+        raise bad
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise bad from None
+    name, _, rest = raw.partition(":")
+    study_id, _, after = rest.partition(":")
+    if name != listing.name or study_id != str(study.id) or not after.isdigit():
+        raise bad
+    value = int(after)
+    if value > MAX_ID:
+        raise bad
+    return value
+
+
+def check_limit(listing: Listing, limit: int | None) -> int:
+    """``limit`` within ``1..listing.max_limit`` (the default when ``None``)."""
+    if limit is None:
+        return listing.default_limit
+    if not 1 <= limit <= listing.max_limit:
+        raise InvalidInputError(
+            f"limit: {limit} is outside 1..{listing.max_limit} for {listing.name}"
+        )
+    return limit
+
+
+def _more_after(study: Study, after: int, *, session: Session) -> bool:
+    """Whether the study has a live session with an id above ``after``."""
+    return (
+        session.exec(
+            select(ElicitationSession.id)
+            .where(ElicitationSession.study_id == study.id, col(ElicitationSession.id) > after)
+            .limit(1)
+        ).first()
+        is not None
+    )
+
+
+def _page(
+    listing: Listing,
+    study: Study,
+    rows: Iterator[Any],
+    limit: int,
+    render: Any,
+    *,
+    session: Session,
+) -> Page:
+    taken = list(islice(rows, limit))
+    out = [render(r) for r in taken]
+    if len(taken) < limit:
+        return Page(out, None)
+    last = taken[-1].session_id or 0
+    more = _more_after(study, last, session=session)
+    return Page(out, encode_cursor(listing, study, last) if more else None)
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def responses_page(
+    study: Study, *, session: Session, cursor: str | None, limit: int | None
+) -> Page:
+    """One page of the study's live responses: the wide export's rows with option labels.
+
+    Each row: ``respondent_id`` (the export's: external id, else ``r<id>``), ``session_id``,
+    ``source``, ``status``, ``started_at``, ``completed_at`` (ISO 8601 or ``None``) and
+    ``answers``, one entry per answered item or known attribute in the study's item order:
+    ``{"item", "role", "option", "label"}``; a skipped question has ``option`` and ``label``
+    ``None`` (the CSV's ``<skip>``).
+    """
+    after = decode_cursor(RESPONSES, study, cursor)
+    n = check_limit(RESPONSES, limit)
+    items = export_items(study, session=session)
+
+    def render(row: ExportRow) -> dict[str, Any]:
+        answers = []
+        for it in items:
+            value = row.cells.get(it.key)
+            if value is None:
+                continue
+            skipped = value == SKIP_MARK
+            labels = {o[0]: o[1] for o in it.options}
+            answers.append(
+                {
+                    "item": it.key,
+                    "role": it.role,
+                    "option": None if skipped else value,
+                    "label": None if skipped else labels.get(value),
+                }
+            )
+        return {
+            "respondent_id": row.respondent_id,
+            "session_id": row.session_id,
+            "source": row.source,
+            "status": row.status,
+            "started_at": _iso(row.started_at),
+            "completed_at": _iso(row.completed_at),
+            "answers": answers,
+        }
+
+    rows = iter_rows(study, session=session, after=after)
+    return _page(RESPONSES, study, rows, n, render, session=session)
+
+
+def predictions_page(
+    study: Study, *, session: Session, cursor: str | None, limit: int | None
+) -> Page:
+    """One page of per-respondent predictions: the predictions export's numbers.
+
+    Each row: ``respondent_id``, ``session_id``, ``status``, ``answers`` (how many answers
+    the predictions are conditioned on) and ``targets``, one entry per target item:
+    ``{"item", "distribution": {letter: probability}, "predicted", "label"}`` (the most
+    probable option's letter and label).
+
+    Raises:
+        NoModelError: the study has no fitted belief model.
+    """
+    after = decode_cursor(PREDICTIONS, study, cursor)
+    n = check_limit(PREDICTIONS, limit)
+
+    def render(row: RespondentPredictions) -> dict[str, Any]:
+        targets = []
+        for t in row.targets:
+            best = t.options[t.predicted]
+            targets.append(
+                {
+                    "item": t.key,
+                    "distribution": {
+                        letter: p for (letter, _), p in zip(t.options, t.probabilities, strict=True)
+                    },
+                    "predicted": best[0],
+                    "label": best[1],
+                }
+            )
+        return {
+            "respondent_id": row.respondent_id,
+            "session_id": row.session_id,
+            "status": row.status,
+            "answers": row.n_answers,
+            "targets": targets,
+        }
+
+    rows = iter_predictions(study, session=session, after=after)
+    return _page(PREDICTIONS, study, rows, n, render, session=session)

@@ -1,0 +1,45 @@
+BASE=http://127.0.0.1:8000   # where priorly serves (scripts/serve)
+STUDY=ces                    # the demo study's slug
+
+# 1. An API key. The demo study has no owner, so the key is an admin's (an admin sees
+#    every study); for your own studies, a researcher's key. Run where the server runs
+#    (same PRIORLY_DATABASE_URL). The key is printed once.
+priorly user create --email you@example.org --admin
+KEY=$(priorly apikey create --email you@example.org)
+
+# 2. Start a session. The answer holds the first question and the session's token
+#    (shown once): the respondent's client uses the token, not your key.
+curl -sS --fail-with-body -X POST "$BASE/api/v1/studies/$STUDY/sessions" \
+  -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \
+  -d '{"external_id": "curl-1"}' > session.json
+jq '{session_id, question}' session.json
+SESSION=$(jq -r .session_id session.json)
+TOKEN=$(jq -r .token session.json)
+
+# 3. The question waiting for an answer (item key, text, options).
+curl -sS --fail-with-body "$BASE/api/v1/sessions/$SESSION" \
+  -H "Authorization: Bearer $TOKEN" > question.json
+jq .question question.json
+
+# 4. Answer it (here with its first option). The reply is the next question. A retry
+#    with the same idempotency_key returns the same reply.
+ITEM=$(jq -r .question.item question.json)
+OPTION=$(jq -r '.question.options[0].letter' question.json)
+curl -sS --fail-with-body -X POST "$BASE/api/v1/sessions/$SESSION/answers" \
+  -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" \
+  -d "{\"item\": \"$ITEM\", \"option\": \"$OPTION\", \"idempotency_key\": \"curl-1-a1\"}" \
+  | jq '{questions_answered, question}'
+
+# 5. What the model now predicts for the study's targets, and the respondent's profile.
+curl -sS --fail-with-body "$BASE/api/v1/sessions/$SESSION/predictions" \
+  -H "Authorization: Bearer $TOKEN" | jq '{answers, targets: .targets[:2]}'
+curl -sS --fail-with-body "$BASE/api/v1/sessions/$SESSION/profile" \
+  -H "Authorization: Bearer $TOKEN" | jq '{answers, summary}'
+
+# 6. Results with the key: the studies it may see, then the responses and predictions
+#    page by page (pass next_cursor as ?cursor= until it is null).
+curl -sS --fail-with-body "$BASE/api/v1/studies" -H "Authorization: Bearer $KEY" | jq .
+curl -sS --fail-with-body "$BASE/api/v1/studies/$STUDY/responses?limit=2" \
+  -H "Authorization: Bearer $KEY" | jq '{responses: [.responses[].respondent_id], next_cursor}'
+curl -sS --fail-with-body "$BASE/api/v1/studies/$STUDY/predictions?limit=1" \
+  -H "Authorization: Bearer $KEY" | jq '.predictions[0].targets[0]'
