@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
 from live_study import free_port, wait_healthy
+from test_respondent_browser import AXE_JS, axe_violations
 
 CHROMIUM = "/usr/bin/chromium"
-AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
 SHOTS = REPO_ROOT / "results" / "e2e" / "groups"
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 EMAIL, PASSWORD = "admin@example.org", "e2e admin password"
@@ -115,16 +115,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def _axe(page: Any) -> list[dict[str, Any]]:
-    page.add_script_tag(path=str(AXE_JS))
-    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    return [
-        {"id": v["id"], "nodes": [n["target"] for n in v["nodes"]][:5]}
-        for v in result["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
-
-
 def _shot(page: Any, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
@@ -154,7 +144,7 @@ def _open_answer_close(page: Any, base: str, number: int, answer: bool) -> None:
         member.close()
         page.wait_for_selector("#members tr[data-status=answered]", timeout=30_000)
         assert "UTC" in page.inner_text("#members tr[data-status=answered]")
-    assert _axe(page) == []
+    assert axe_violations(page) == []
     _shot(page, f"round-{number}-open")
     page.once("dialog", lambda d: d.accept())
     page.click("#close-round button[type=submit]")
@@ -179,7 +169,7 @@ def test_rounds_with_the_gnn_and_relational_selection(server: str) -> None:
         assert page.locator("#plan-members td:has-text('stands for')").count() == 3
         assert page.inner_text("#n-eligible") == "6"
         assert "ask 3 respondents" in page.inner_text("#open-round")
-        assert _axe(page) == []
+        assert axe_violations(page) == []
         _shot(page, "plan-relational")
         _open_answer_close(page, base, 1, answer=True)
 
@@ -195,6 +185,6 @@ def test_rounds_with_the_gnn_and_relational_selection(server: str) -> None:
             " return i && i.complete && i.naturalWidth > 0 }",
             timeout=120_000,
         )
-        assert _axe(page) == []
+        assert axe_violations(page) == []
         _shot(page, "groups-distribution")
         browser.close()
