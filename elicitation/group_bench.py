@@ -47,12 +47,18 @@ from elicitation.group import (
     GroupBudget,
     GroupElicitation,
     GroupMethod,
+    GroupState,
+    PlannerModels,
+    calibration_sample,
     choose_pool_weight,
     fit_pool_weight,
     fit_stack_weights,
+    plan_round,
+    replay,
     stack_gain_rows,
     stacked_pool,
 )
+from elicitation.group.live import SELECTIONS, ClosedRound
 from gnn.graph import GraphSchema
 from gnn.train import GNNConfig, TrainedGNN, train_gnn
 from models.base import DTYPE, BeliefModel, ItemBank, load_model
@@ -106,6 +112,10 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # batched updates instead of the (C O)^2 of ``eacc2``), with the pool; the same as
     # ``elook_elook_pool``
     "default": GroupMethod("elook_budget", "elook", "pool", online_pool=True),
+    # the live planner (:func:`elicitation.group.plan_round`, what the app's plan job
+    # calls): each round replays the closed rounds and plans, as the app does; the same
+    # choices as ``default`` (a test ties them)
+    "live": SELECTIONS["elook"][0],
     **_imputation_family("elook_elook", "elook_budget", "elook"),
     # the budget-aware information gain for the question (``eig_budget``) and EIG
     # respondents, with each imputation (``eig_eig_pool``: with the pool)
@@ -190,30 +200,16 @@ def _dataset_key(ds: Dataset, settings: dict[str, Any]) -> str:
 
 
 def _calibration_sample(
-    ds: Dataset, y: Tensor, rows: Tensor, gen: torch.Generator, n_targets: int | None = None
+    ds: Dataset, y: Tensor, rows: Tensor, gen: torch.Generator
 ) -> tuple[Tensor, Tensor]:
-    """Validation members as they look in group rounds, for fitting the pool weight.
-
-    Each member keeps its demographics and ``k ~ U{0..4}`` random answered questions;
-    ``n_targets`` other random questions (default: all the others) are its targets
-    (truth kept, the rest -1).
+    """Validation members as they look in group rounds, for fitting the pool weight
+    (:func:`elicitation.group.calibration_sample` with the demographics as attributes).
 
     Returns:
         ``(observed [M, I], truth [M, I])``.
     """
     n_demo = len(ds.demographics)
-    q_cols = torch.arange(n_demo, y.shape[1])
-    obs = torch.full((len(rows), y.shape[1]), -1, dtype=torch.long)
-    truth = torch.full_like(obs, -1)
-    obs[:, :n_demo] = y[rows, :n_demo]
-    for j, r in enumerate(rows.tolist()):
-        perm = q_cols[torch.randperm(len(q_cols), generator=gen)]
-        k = int(torch.randint(0, 5, (1,), generator=gen))
-        shown = perm[:k]
-        tgt = perm[k:] if n_targets is None else perm[k : k + n_targets]
-        obs[j, shown] = y[r, shown]
-        truth[j, tgt] = y[r, tgt]
-    return obs, truth
+    return calibration_sample(y[rows], range(n_demo), torch.arange(n_demo, y.shape[1]), gen)
 
 
 def _main_models(
@@ -623,6 +619,51 @@ def _score(
     curves["perplexity"].append(math.exp(means["log_loss"]))
 
 
+def _live_curves(
+    fitted: Fitted,
+    start: Tensor,
+    truth: Tensor,
+    cand: list[int],
+    tgt: list[int],
+    budget: GroupBudget,
+    rounds: int,
+    nonresponse: float,
+    run_seed: int,
+) -> dict[str, list[Any]]:
+    """``live`` on one run: every round calls :func:`elicitation.group.plan_round` (the
+    app's planner) on the closed rounds so far, as the plan job does, with the fitted
+    models of ``default``; the metrics as :func:`_method_curves` gives them."""
+    n_members = int(truth.shape[0])
+    models = PlannerModels(fitted.model, fitted.view, fitted.pool_weight, fitted.pool_gains)
+    tgt_truth = truth[:, tgt]
+    n_opt_t = torch.tensor(fitted.model.item_bank.n_options)[tgt]
+    rgen = torch.Generator().manual_seed(run_seed)
+    response = torch.full((n_members,), 1.0 - nonresponse, dtype=DTYPE)
+    closed: list[ClosedRound] = []
+
+    def state() -> GroupState:
+        return GroupState(start, cand, tgt, list(closed), response_prob=response)
+
+    curves: dict[str, list[Any]] = {k: [] for k in (*REPORTED, "plan_seconds")}
+    ge = replay(models, state(), budget, seed=run_seed)
+    curves["pool_weight"] = [ge.pool_weight]
+    _score(ge, tgt_truth, n_opt_t, curves)
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        plan = plan_round(models, state(), budget, seed=run_seed)
+        dt = time.perf_counter() - t0
+        q, who = plan.question, plan.members
+        ans = truth[who, q].clone()
+        if nonresponse > 0:
+            ans[torch.rand(len(who), generator=rgen) < nonresponse] = -1
+        closed.append(ClosedRound(q, who, ans))
+        ge = replay(models, state(), budget, seed=run_seed)
+        curves["plan_seconds"].append(dt)
+        curves["pool_weight"].append(ge.pool_weight)
+        _score(ge, tgt_truth, n_opt_t, curves)
+    return curves
+
+
 def _method_curves(
     fitted: Fitted,
     name: str,
@@ -640,6 +681,8 @@ def _method_curves(
     """One method on one run: the metrics of :data:`REPORTED` after rounds ``0..rounds``
     and each round's planning time (plus the pool / stack weights in use), for the test
     members ``truth [M, I]`` starting from ``start [M, I]`` (their ``n_demo`` attributes)."""
+    if name == "live":
+        return _live_curves(fitted, start, truth, cand, tgt, budget, rounds, nonresponse, run_seed)
     model = fitted.model
     n_members = int(truth.shape[0])
     tgt_truth = truth[:, tgt]

@@ -44,7 +44,9 @@ KINDS: dict[str, JobKind] = {
             ("budget", "max_test_users", "n_classes", "baselines", "seed"),
         ),
         JobKind("train_gnn", "Train the group GNN", ("seed", "max_epochs")),
-        JobKind("plan_group_round", "Plan the next group round", ("max_members", "seed")),
+        JobKind(
+            "plan_group_round", "Plan the next group round", ("max_members", "seed", "selection")
+        ),
         JobKind(
             "persona_generation",
             "Generate persona distributions (LLM)",

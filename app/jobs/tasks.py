@@ -18,9 +18,11 @@ Kinds:
 * ``simulation``: "how many questions do I need?"
   (:func:`app.services.simulation.run_study_simulation`).
 * ``train_gnn``: train the relational GNN (:func:`gnn.train.train_gnn`) on the study's
-  history; stored as an inactive ``fitted_model`` row of family ``gnn``.
+  history; stored as an inactive ``fitted_model`` row of family ``gnn``, which the group
+  planner loads (:func:`app.services.group_rounds.study_planner_models`).
 * ``plan_group_round``: the next group round's question and respondents with their
-  scores (:func:`app.services.group_rounds.plan_next_round`), stored in the job's result.
+  scores (:func:`app.services.group_rounds.plan_next_round`: the live planner with the
+  study's belief model and trained GNN), stored in the job's result.
 * ``persona_generation``: persona answer distributions from a language model
   (:mod:`app.services.personas`, resumable).
 """
@@ -171,14 +173,19 @@ def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
 
 
 def plan_group_round(ctx: JobContext) -> dict[str, Any]:
-    """Choose the next round's question and respondents (elicitation.group), with scores.
+    """Choose the next round's question and respondents, with scores.
 
-    :func:`app.services.group_rounds.plan_next_round`: the panel is the study's live
-    respondents (or its imported ones before fielding, at most ``max_members``, lowest ids
-    first); the study's closed rounds are applied first, so the plan charges them against
-    the group budget and uses their answers. Question: group expected information gain
-    about the targets; respondents: the largest expected gains. The plan is stored in the
-    job's result; nothing else is written (a round is opened from it on the groups page).
+    :func:`app.services.group_rounds.plan_next_round`, i.e.
+    :func:`elicitation.group.plan_round` (the benchmark's ``live`` method) with the
+    study's active belief model and its trained GNN (the latest ``train_gnn`` result),
+    when there is one. The panel is the study's live respondents (or its imported ones
+    before fielding, at most ``max_members``, lowest ids first), of whom only those who
+    can receive a question are chosen; the study's closed rounds are applied first, so
+    the plan charges them against the group budget and uses their answers. Payload
+    ``selection``: ``elook`` (default: question and members by the expected gain in
+    correct target answers) or ``relational`` (k-means over the GNN's member
+    embeddings). The plan is stored in the job's result; nothing else is written (a
+    round is opened from it on the groups page).
     """
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
@@ -187,6 +194,7 @@ def plan_group_round(ctx: JobContext) -> dict[str, Any]:
             session=db,
             max_members=int(ctx.payload.get("max_members", 2000)),
             seed=int(ctx.payload.get("seed", 0)),
+            selection=str(ctx.payload.get("selection", "elook")),
             progress=ctx.progress,
         )
 

@@ -5,15 +5,19 @@ it has none) in rounds: each round puts **one question** to a **few members**, c
 :mod:`elicitation.group` under the study's group budget (``study.settings["group"]``).
 
 * **plan** (:func:`plan_next_round`, run by the ``plan_group_round`` job): the panel's
-  observations (attributes and answers outside rounds) are replayed through
-  :class:`elicitation.group.GroupElicitation`, then every *closed* round is applied with
-  :meth:`~elicitation.group.GroupElicitation.apply` (its question, the members asked, their
-  answers or ``-1``) — so the rounds, answers and per-member counts already spent are
-  charged against the budget, an asked question is never planned again, and the
-  predictions use the answers gathered. The plan is the question and the members with
-  the largest expected gain in correct target answers, counting one more answer a
-  member may give in a later round (:data:`LIVE_QUESTION`, :data:`LIVE_RESPONDENTS`); the
-  job stores it with every score.
+  observations (attributes and answers outside rounds), its closed rounds (question,
+  members asked, their answers or ``-1``) and who can be asked
+  (:func:`reachable_members`) are the members' states; the study's stored models
+  (:func:`study_planner_models`: the active belief model, and the GNN of the "Train the
+  group GNN" job with its pool weight checked on validation members) are the models; and
+  :func:`elicitation.group.plan_round` -- the one planner, which ``priorly bench group``
+  runs as its ``live`` method -- replays the closed rounds (so the rounds, answers and
+  per-member counts already spent are charged against the budget, an asked question is
+  never planned again, and the predictions use the answers gathered) and chooses the
+  question and members: by the expected gain in correct target answers with one more
+  answer ahead (``elook``, the benchmark's ``default``), or by k-means over the GNN's
+  member embeddings (``relational``). The job stores the plan with every score and a
+  reason per member.
 * **open** (:func:`open_round`): from a plan that is still current (no round opened or
   closed since it was made), in one transaction: a ``group_round`` row, and per chosen
   member a ``group_round_member`` row with the hash of a personal link token and a new
@@ -56,10 +60,12 @@ from sqlmodel import Session, col, select
 from app import session as svc
 from app.errors import ConflictError, InvalidInputError, NotFoundError
 from app.schemas import StudySettings
+from app.services.belief import historical_matrix
 from app.services.export import safe_cell
 from app.tables import (
     Answer,
     ElicitationSession,
+    FittedModel,
     GroupRound,
     GroupRoundMember,
     GroupRoundOutcome,
@@ -75,8 +81,22 @@ from app.tables import (
     StudyStatus,
     utcnow,
 )
-from elicitation.errors import BudgetError
-from elicitation.group import SELECTOR_GAINS, GroupBudget, GroupElicitation, GroupMethod
+from elicitation.errors import BudgetError, GroupError
+from elicitation.group import (
+    SELECTION_LABELS,
+    SELECTIONS,
+    ClosedRound,
+    GNNView,
+    GroupBudget,
+    GroupElicitation,
+    GroupState,
+    PlannerModels,
+    plan_round,
+    replay,
+    validation_pool,
+)
+from gnn.graph import GNNError
+from gnn.train import TrainedGNN
 from models.base import MISSING
 
 ROUND_CRITERION = "group_round"
@@ -84,13 +104,8 @@ ROUND_CRITERION = "group_round"
 ONE_QUESTION_STOP = "group round: one question per link"
 DEFAULT_MAX_MEMBERS = 2000
 
-LIVE_QUESTION, LIVE_RESPONDENTS = "elook_budget", "elook"
-"""The live planner's selectors (:mod:`elicitation.group`): the question and the members
-by the expected rise in correct target answers with one more answer ahead at the chance
-the budget gives (the lookahead accuracy gain over each member's best second
-questions); docs/group.md §4 compares it (``elook_elook_none``) with the group EIG of
-``greedy_eig``, both without the GNN as here. The scores are expected numbers of correct
-target answers gained (at most the number of targets per member), not nats."""
+MIN_VALIDATION_MEMBERS = 10
+"""The fewest validation members on which the study's GNN is checked before it is used."""
 
 
 class RoundClosedError(ConflictError):
@@ -186,14 +201,23 @@ class GroupReplay:
         members: the panel's respondents; row ``r`` of ``group.observed`` is ``members[r]``.
         panel: ``live`` or ``import``.
         rounds: every round of the study (open ones included), in order.
+        askable: ``[N]`` bool, the members who can receive a question
+            (:func:`reachable_members`).
+        models, state, budget: the planner's inputs (:func:`elicitation.group.plan_round`).
+        info: what :func:`study_planner_models` says about the GNN.
     """
 
     rt: svc.StudyRuntime
-    group: Any
+    group: GroupElicitation
     members: list[Respondent]
     panel: str
     rounds: list[GroupRound]
     settings: StudySettings
+    askable: torch.Tensor
+    models: PlannerModels
+    state: GroupState
+    budget: GroupBudget
+    info: dict[str, Any]
 
 
 def _panel_members(
@@ -219,6 +243,32 @@ def _panel_members(
     return RespondentSource.import_.value, of(RespondentSource.import_.value)
 
 
+def reachable_members(
+    members: Sequence[Respondent], panel: str, answered: set[int]
+) -> torch.Tensor:
+    """``[N]`` bool: the members who can receive a round's question.
+
+    A round question reaches a member through a personal link (``/g/<token>``) that the
+    researcher, or the product of an API client, hands to that person; so a member can be
+    asked when
+
+    * they took part: a live member consented (the respondent row exists only after
+      consent) **and** answered at least one question of their ordinary sessions
+      (``answered``: respondent ids with a non-skipped answer); an imported member has
+      historical answers;
+    * and they can be reached: an ``external_id`` (given by an API client, a panel or
+      the import) or panel parameters of their survey link (a recruitment panel's ids).
+      An anonymous visitor of the public survey link has neither: nobody can hand them
+      a link.
+    """
+    ok = []
+    for m in members:
+        took_part = m.id in answered if panel == RespondentSource.live.value else bool(m.answers)
+        reachable = bool(m.external_id) or bool(m.panel_params)
+        ok.append(took_part and reachable)
+    return torch.tensor(ok, dtype=torch.bool)
+
+
 def group_budget(settings: StudySettings) -> Any:
     """The study's group settings as an :class:`elicitation.group.GroupBudget`."""
     g = settings.group
@@ -230,8 +280,89 @@ def group_budget(settings: StudySettings) -> Any:
     )
 
 
+def study_planner_models(
+    study: Study, rt: svc.StudyRuntime, *, session: Session, seed: int = 0
+) -> tuple[PlannerModels, dict[str, Any]]:
+    """The study's stored models for the planner: the active belief model and, when the
+    "Train the group GNN" job stored one (the study's latest ``fitted_model`` of family
+    ``gnn``), that GNN with its pool weight checked on the study's validation members
+    (:func:`elicitation.group.validation_pool`).
+
+    Returns ``(models, info)``; ``info`` says what the plan page shows: ``gnn_model_id``,
+    ``gnn_note`` (why the GNN is not used, or what validation says of it), and the
+    validation figures ``pool_val_gain``, ``pool_val_gain_se``, ``pool_val_members``.
+    Without a usable GNN the planner runs on the belief model alone and says why.
+    """
+    info: dict[str, Any] = {"gnn_model_id": None}
+
+    def without(note: str) -> tuple[PlannerModels, dict[str, Any]]:
+        info["gnn_note"] = note
+        return PlannerModels(rt.model, gnn_note=note), info
+
+    row = session.exec(
+        select(FittedModel)
+        .where(FittedModel.study_id == study.id, FittedModel.family == "gnn")
+        .order_by(col(FittedModel.id).desc())
+    ).first()
+    if row is None:
+        return without(
+            'no group GNN is trained for this study (run "Train the group GNN"): '
+            "planned with the belief model alone"
+        )
+    info["gnn_model_id"] = row.id
+    try:
+        trained = TrainedGNN.from_bytes(row.blob)
+    except GNNError as exc:
+        return without(f"the stored GNN cannot be read ({exc}): planned without it")
+    bank_of = {it.key: rt.model_index.get(it.id) for it in rt.items}
+    keys = (*trained.schema.attribute_names, *trained.schema.question_names)
+    lost = [k for k in keys if bank_of.get(k) is None]
+    if lost or not trained.schema.question_names:
+        return without(
+            f"the GNN was trained on items the active model does not have ({', '.join(lost[:5])}): "
+            "train it again; planned without it"
+        )
+    view = GNNView(
+        trained,
+        [int(bank_of[k]) for k in trained.schema.attribute_names],  # type: ignore[arg-type]
+        [int(bank_of[k]) for k in trained.schema.question_names],  # type: ignore[arg-type]
+    )
+    bank_items = sorted(
+        (it for it in rt.items if it.id in rt.model_index), key=lambda it: rt.model_index[it.id]
+    )
+    _, val = historical_matrix(study.id or 0, bank_items, session=session)
+    if val.shape[0] < MIN_VALIDATION_MEMBERS:
+        return without(
+            f"only {val.shape[0]} validation members to check the GNN on (at least "
+            f"{MIN_VALIDATION_MEMBERS} are needed): planned without it"
+        )
+    w, pool = validation_pool(rt.model, view, val, seed=seed)
+    info.update(
+        pool_val_gain=float(pool["gain"]),
+        pool_val_gain_se=float(pool["gain_se"]),
+        pool_val_members=int(pool["members"]),
+    )
+    if w == 0.0:
+        info["gnn_note"] = (
+            f"on the {pool['members']} validation members the GNN does not help "
+            f"(gain {pool['gain']:.4f} ± {pool['gain_se']:.4f} nats per answer): its weight "
+            "is 0, so the predictions are the belief model's; the weight is re-chosen "
+            "with every round's answers"
+        )
+    else:
+        info["gnn_note"] = ""
+    models = PlannerModels(rt.model, view, w, (pool["gain_sums"], pool["gain_counts"]))
+    return models, info
+
+
 def replay_group(
-    study: Study, *, session: Session, max_members: int = DEFAULT_MAX_MEMBERS, seed: int = 0
+    study: Study,
+    *,
+    session: Session,
+    max_members: int = DEFAULT_MAX_MEMBERS,
+    seed: int = 0,
+    selection: str = "elook",
+    use_gnn: bool = True,
 ) -> GroupReplay:
     """Build the group elicitation of ``study`` and apply its closed rounds (module doc).
 
@@ -240,6 +371,8 @@ def replay_group(
     answers except candidates (what a round may ask) and targets (what the group study
     wants to learn). Each closed round ``k`` is then applied: ``asked`` = its members in
     the panel, ``answers`` = their option index, or ``-1`` when skipped or unanswered.
+    The models are the study's (:func:`study_planner_models`; ``use_gnn=False``: the
+    belief model alone) and the elicitation is :func:`elicitation.group.replay`'s.
 
     Raises:
         InvalidInputError: no targets, or no respondents to form a panel.
@@ -289,21 +422,17 @@ def replay_group(
         .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
         .where(ElicitationSession.study_id == study.id)
     ).all()
+    answered: set[int] = set()
     for row, rid, sid in rows:
         if rid in row_of and sid not in round_sessions and (rid, row.item_id) not in asked_in_round:
             put(row_of[rid], row.item_id, row.option)
-    group = GroupElicitation(
-        rt.model,
-        observed,
-        [rt.model_index[c.id] for c in rt.candidates],
-        [rt.model_index[t.id] for t in rt.targets],
-        GroupMethod(question=LIVE_QUESTION, respondents=LIVE_RESPONDENTS),
-        group_budget(settings),
-        seed=seed,
-    )
+            if row.option is not None:
+                answered.add(rid)
+    askable = reachable_members(members, panel, answered)
     answers = _answers_by_session(
         [m.session_id for r in closed for m in members_of[r.id or 0]], session
     )
+    closed_rounds: list[ClosedRound] = []
     for rnd in closed:
         if rnd.item_id not in rt.model_index:
             raise ConflictError(
@@ -318,29 +447,94 @@ def replay_group(
             k = index(rnd.item_id, given.option) if given is not None else None
             asked.append(row_of[m.respondent_id])
             got.append(-1 if k is None else k)
-        group.apply(
-            rt.model_index[rnd.item_id],
-            torch.tensor(asked, dtype=torch.long),
-            torch.tensor(got, dtype=torch.long),
+        closed_rounds.append(
+            ClosedRound(
+                rt.model_index[rnd.item_id],
+                torch.tensor(asked, dtype=torch.long),
+                torch.tensor(got, dtype=torch.long),
+            )
         )
-    return GroupReplay(rt, group, members, panel, rounds, settings)
+    if use_gnn:
+        models, info = study_planner_models(study, rt, session=session, seed=seed)
+    else:
+        models, info = PlannerModels(rt.model), {"gnn_model_id": None, "gnn_note": ""}
+    state = GroupState(
+        observed,
+        [rt.model_index[c.id] for c in rt.candidates],
+        [rt.model_index[t.id] for t in rt.targets],
+        closed_rounds,
+        askable=askable,
+    )
+    budget = group_budget(settings)
+    try:
+        group = replay(models, state, budget, selection=selection, seed=seed)
+    except GroupError as exc:
+        raise InvalidInputError(str(exc)) from None
+    return GroupReplay(
+        rt, group, members, panel, rounds, settings, askable, models, state, budget, info
+    )
 
 
-def _target_predictions(rep: GroupReplay) -> list[dict[str, Any]]:
-    """Per target: the panel's mean predicted distribution (``group.predict_targets``)."""
-    p = rep.group.predict_targets()  # [N, T, O]
+def _target_predictions(rt: svc.StudyRuntime, group: GroupElicitation) -> list[dict[str, Any]]:
+    """Per target: the panel's imputed distribution and its uncertainty.
+
+    With ``p[v, t, o]`` the predictions of :meth:`GroupElicitation.predict_targets`
+    (members' answers independent given them), the share of the ``N`` members who would
+    answer option ``o`` has mean ``m_o = sum_v p[v, t, o] / N`` and standard error
+    ``se_o = sqrt(sum_v p[v, t, o] (1 - p[v, t, o])) / N``; keys ``mean`` and ``se``.
+    """
+    p = group.predict_targets()  # [N, T, O]
+    n = max(1, p.shape[0])
     mean = p.mean(0)
+    se = (p * (1 - p)).sum(0).clamp_min(0).sqrt() / n
     out = []
-    for t, item in enumerate(rep.rt.targets):
+    for t, item in enumerate(rt.targets):
+        k = len(item.options)
         out.append(
             {
                 "item": item.key,
                 "question": item.question,
                 "labels": [str(o[1]) for o in item.options],
-                "mean": [float(x) for x in mean[t, : len(item.options)].tolist()],
+                "mean": [float(x) for x in mean[t, :k].tolist()],
+                "se": [float(x) for x in se[t, :k].tolist()],
             }
         )
     return out
+
+
+def distribution_history(study: Study, *, session: Session) -> dict[str, Any]:
+    """The panel's imputed distribution of every target before round 1 and after each
+    closed round (:func:`_target_predictions`), with the study's models.
+
+    Returns ``{"rounds": [0, 1, ...], "targets": [{"item", "question", "labels",
+    "mean": [[O] per round], "se": [[O] per round]}], "uses_gnn": bool}``.
+    """
+    rep = replay_group(study, session=session)
+    state = rep.state
+    ge = replay(
+        rep.models,
+        GroupState(state.observed, state.candidates, state.targets, askable=state.askable),
+        rep.budget,
+    )
+    steps = [_target_predictions(rep.rt, ge)]
+    for rnd in state.rounds:
+        ge.apply(rnd.question, rnd.asked, rnd.answers)
+        steps.append(_target_predictions(rep.rt, ge))
+    targets = [
+        {
+            "item": first["item"],
+            "question": first["question"],
+            "labels": first["labels"],
+            "mean": [step[t]["mean"] for step in steps],
+            "se": [step[t]["se"] for step in steps],
+        }
+        for t, first in enumerate(steps[0])
+    ]
+    return {
+        "rounds": list(range(len(steps))),
+        "targets": targets,
+        "uses_gnn": rep.models.gnn is not None,
+    }
 
 
 def plan_next_round(
@@ -349,71 +543,110 @@ def plan_next_round(
     session: Session,
     max_members: int = DEFAULT_MAX_MEMBERS,
     seed: int = 0,
+    selection: str = "elook",
     progress: Callable[[float, str], None] | None = None,
 ) -> dict[str, Any]:
     """The next round's question and members with their scores (the plan job's result).
 
+    The plan is :func:`elicitation.group.plan_round` (the benchmark's ``live`` method)
+    with the study's stored models (:func:`study_planner_models`) and the members' states
+    (:func:`replay_group`). ``selection``: ``elook`` (expected gain in correct target
+    answers) or ``relational`` (k-means over the GNN's member embeddings; needs the
+    study's GNN).
+
     Keys: ``question`` (item key), ``question_text``, ``question_scores`` (every candidate
     not asked yet, best first), ``respondents`` (``respondent`` label, ``respondent_id``,
-    ``expected_gain``, ``questions_asked``), ``per_round``, ``best_gain_not_chosen``,
-    ``panel`` (``live`` / ``imported``), ``n_members``, ``rounds_done``, ``rounds_total``,
-    ``answers_used``, ``total_answers``, ``predictions`` (per target, the panel's mean
-    predicted distribution after the closed rounds).
+    ``expected_gain`` in expected correct target answers, ``questions_asked``,
+    ``reason``), ``per_round``, ``best_gain_not_chosen``, ``panel`` (``live`` /
+    ``imported``), ``n_members``, ``n_eligible`` (members who can receive a question),
+    ``rounds_done``, ``rounds_total``, ``answers_used``, ``total_answers``, ``selection``,
+    ``selection_label``, ``method``, ``uses_gnn``, ``gnn_model_id``, ``gnn_note``,
+    ``pool_weight``, ``predictions`` (per target, the panel's mean predicted distribution
+    after the closed rounds with its uncertainty).
 
     Raises:
         ConflictError: a round is open (close it first).
+        InvalidInputError: unknown selection, or relational selection without a GNN.
         GroupBudgetError: the budget is spent (rounds or total answers), or nobody is left
             who may be asked.
     """
+    if selection not in SELECTIONS:
+        raise InvalidInputError(
+            f"selection: unknown respondent selection {selection!r} (known: {sorted(SELECTIONS)})"
+        )
     if progress:
-        progress(0.05, "loading the model and the panel")
-    rep = replay_group(study, session=session, max_members=max_members, seed=seed)
+        progress(0.05, "loading the models and the panel")
+    rep = replay_group(
+        study, session=session, max_members=max_members, seed=seed, selection=selection
+    )
     open_ = [r for r in rep.rounds if r.status == GroupRoundStatus.open.value]
     if open_:
         raise ConflictError(f"round {open_[0].number} is open: close it before planning the next")
-    group, rt, members = rep.group, rep.rt, rep.members
+    rt, members = rep.rt, rep.members
+    n_eligible = int(rep.askable.sum())
+    if n_eligible == 0:
+        raise GroupBudgetError(
+            f"none of the {len(members)} members can receive a question: a member must "
+            "have answered the survey and be reachable (an external id from an API client "
+            "or a panel, or panel parameters in their survey link)"
+        )
     if progress:
-        progress(0.2, f"scoring {len(group.candidates)} questions for {len(members)} members")
-    ctx = group.context()
+        progress(0.2, f"scoring {len(rep.state.candidates)} questions for {len(members)} members")
     try:
-        question, who, scores = group.plan(ctx)
+        plan = plan_round(rep.models, rep.state, rep.budget, selection=selection, seed=seed)
     except BudgetError as exc:
         raise GroupBudgetError(f"the group budget is spent: {exc}") from None
+    except GroupError as exc:
+        raise InvalidInputError(str(exc)) from None
+    group, question, who = plan.group, plan.question, plan.members
+    assert group is not None
     if len(who) == 0:
         raise GroupBudgetError(
-            "nobody may be asked this question (every member has answered it or reached "
-            "the per-respondent question budget)"
+            "nobody may be asked this question (every member who can be reached has "
+            "answered it or reached the per-respondent question budget)"
         )
-    # the gain the respondents were chosen by, left in the context's cache by their
-    # selector (random / relational selectors rank by none: then the information gain)
-    member_gain = ctx.eig([question], SELECTOR_GAINS.get(group.method.respondents, "entropy"))[:, 0]
+    member_gain = plan.member_gain
     item_of = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
-    left = [c for c in group.candidates if c not in group.asked_items]
-    pairs = sorted(zip(left, scores.tolist(), strict=True), key=lambda cs: -float(cs[1]))
-    others = torch.ones(len(members), dtype=torch.bool)
+    pairs = sorted(
+        zip(plan.left, plan.question_scores.tolist(), strict=True), key=lambda cs: -float(cs[1])
+    )
+    others = rep.askable.clone()
     others[who] = False
+    m = plan.method
     return {
         "best_gain_not_chosen": float(member_gain[others].max()) if bool(others.any()) else None,
         "panel": "live" if rep.panel == RespondentSource.live.value else "imported",
         "n_members": len(members),
+        "n_eligible": n_eligible,
         "question": item_of[question].key,
         "question_text": item_of[question].question,
         "question_scores": [{"item": item_of[c].key, "score": float(s)} for c, s in pairs],
+        "score_unit": "nats" if m.question == "eig" else "expected correct target answers",
         "respondents": [
             {
                 "respondent": member_label(members[int(v)]),
                 "respondent_id": members[int(v)].id,
                 "expected_gain": float(member_gain[int(v)]),
                 "questions_asked": int(group.n_asked[int(v)]),
+                "reason": plan.explanations[j]["reason"] if plan.explanations else "",
             }
-            for v in who.tolist()
+            for j, v in enumerate(who.tolist())
         ],
         "per_round": len(who),
         "rounds_done": len(group.records),
         "rounds_total": group.budget.rounds,
         "answers_used": group.answers_used,
         "total_answers": group.budget.total_answers,
-        "predictions": _target_predictions(rep),
+        "selection": selection,
+        "selection_label": SELECTION_LABELS[selection],
+        "method": f"{m.question} / {m.respondents} / {m.imputation}",
+        "uses_gnn": plan.uses_gnn,
+        "gnn_model_id": rep.info.get("gnn_model_id"),
+        "gnn_note": rep.info.get("gnn_note", ""),
+        "pool_weight": plan.pool_weight,
+        "pool_val_gain": rep.info.get("pool_val_gain"),
+        "pool_val_gain_se": rep.info.get("pool_val_gain_se"),
+        "predictions": _target_predictions(rt, group),
     }
 
 
@@ -457,7 +690,7 @@ def budget_usage(study: Study, *, session: Session) -> BudgetUsage:
         most_questions=max(per_resp.values(), default=0),
         max_questions_per_respondent=g.max_questions_per_respondent,
         per_round_setting=(
-            f"{g.respondents_per_round} respondents"
+            f"{g.respondents_per_round} respondent{'' if g.respondents_per_round == 1 else 's'}"
             if g.respondents_per_round
             else f"{100 * g.respondents_share:g} % of the panel"
         ),
@@ -790,7 +1023,7 @@ def round_view(
                 expected_gain=m.expected_gain,
                 status=status,
                 answer=labels.get(a.option or "", a.option) if a and a.option else None,
-                answered_at=a.created_at.isoformat(timespec="seconds") if a else None,
+                answered_at=a.created_at.strftime("%Y-%m-%d %H:%M:%S UTC") if a else None,
                 link=link_base + link_token(secret, rnd.id or 0, m.respondent_id),
             )
         )

@@ -4,10 +4,14 @@ with its members' personal links (absolute URLs).
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
+from matplotlib.backends.backend_svg import FigureCanvasSVG
+from matplotlib.figure import Figure
 from sqlmodel import Session
 
+from app.errors import is_user_error
 from app.services import group_rounds
 from app.services.job_views import kind_overview
 from app.tables import Study
@@ -30,6 +34,7 @@ def groups_overview(study: Study, *, session: Session) -> dict[str, Any]:
     )
     return {
         **ctx,
+        "selections": group_rounds.SELECTION_LABELS,
         "can_open": can_open,
         "round_open": is_open,
         "rounds": rounds,
@@ -66,3 +71,79 @@ def round_links_csv(
     """Round ``number``'s members with their personal links as CSV text (a mail merge)."""
     view = round_members(study, number, session=session, secret=secret, link_base=link_base)
     return group_rounds.links_csv(view)
+
+
+_COLOURS = ("#2457a6", "#c0392b", "#7f8c8d", "#27ae60", "#8e44ad", "#d35400", "#16a085")
+MAX_PLOTTED_TARGETS = 8
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def distribution_svg(history: dict[str, Any]) -> str:
+    """The imputed group distribution of each target, round by round: one panel per
+    target (at most :data:`MAX_PLOTTED_TARGETS`), one line per option (the panel's share)
+    with a band of two standard errors (:func:`group_rounds.distribution_history`).
+
+    A standalone ``<svg>`` document (matplotlib escapes the labels, which come from the
+    database; pages embed it through ``<img>``)."""
+    targets = history["targets"][:MAX_PLOTTED_TARGETS]
+    rounds = history["rounds"]
+    cols = min(2, max(1, len(targets)))
+    rows = (len(targets) + cols - 1) // cols
+    fig = Figure(figsize=(5.2 * cols, 2.9 * rows + 0.5), dpi=100)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, t in zip(axes.flat, targets, strict=False):
+        for o, label in enumerate(t["labels"]):
+            m = [step[o] for step in t["mean"]]
+            se = [step[o] for step in t["se"]]
+            c = _COLOURS[o % len(_COLOURS)]
+            ax.plot(rounds, m, marker="o", markersize=3, color=c, label=_short(label, 28))
+            ax.fill_between(
+                rounds,
+                [max(0.0, a - 2 * b) for a, b in zip(m, se, strict=True)],
+                [min(1.0, a + 2 * b) for a, b in zip(m, se, strict=True)],
+                color=c,
+                alpha=0.15,
+                linewidth=0,
+            )
+        ax.set_title(_short(f"{t['item']}: {t['question']}", 60), fontsize=9)
+        ax.set_xticks(rounds)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("closed rounds", fontsize=8)
+        ax.set_ylabel("share of the panel", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="upper right")
+    for ax in list(axes.flat)[len(targets) :]:
+        ax.set_visible(False)
+    model = "belief model and GNN" if history.get("uses_gnn") else "belief model"
+    fig.suptitle(
+        f"Imputed target distribution of the panel ({model}); bands: ±2 standard errors",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    buf = io.StringIO()
+    FigureCanvasSVG(fig).print_svg(buf)
+    return buf.getvalue()
+
+
+def message_svg(text: str) -> str:
+    """A small SVG that says ``text`` (where a plot cannot be drawn yet)."""
+    fig = Figure(figsize=(6.2, 0.9), dpi=100)
+    fig.text(0.02, 0.5, _short(text, 110), fontsize=9, va="center")
+    buf = io.StringIO()
+    FigureCanvasSVG(fig).print_svg(buf)
+    return buf.getvalue()
+
+
+def group_distribution_svg(study: Study, *, session: Session) -> str:
+    """:func:`distribution_svg` of the study's rounds so far, or a message saying why
+    there is none yet (no targets, no fitted model, no panel)."""
+    try:
+        history = group_rounds.distribution_history(study, session=session)
+    except Exception as exc:
+        if not is_user_error(exc):
+            raise
+        return message_svg(f"No distribution yet: {exc}")
+    return distribution_svg(history)

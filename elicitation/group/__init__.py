@@ -45,7 +45,9 @@ Modules: :mod:`~elicitation.group.budget` (:class:`GroupBudget`),
 (:class:`RoundContext`, question and respondent selectors),
 :mod:`~elicitation.group.clustering` (k-means picks), :mod:`~elicitation.group.pools`
 (pool and stack), :mod:`~elicitation.group.prior` (group-level prior),
-:mod:`~elicitation.group.elicitation` (:class:`GroupMethod`, :class:`GroupElicitation`).
+:mod:`~elicitation.group.elicitation` (:class:`GroupMethod`, :class:`GroupElicitation`),
+:mod:`~elicitation.group.live` (:func:`plan_round`: the live planner, the one function the
+app's plan job and the benchmark's ``live`` method call).
 
 Example::
 
@@ -81,6 +83,19 @@ from elicitation.group.gains import (
     UNCERTAINTIES,
     member_eig,
     member_lookahead_accuracy_gain,
+)
+from elicitation.group.live import (
+    SELECTION_LABELS,
+    SELECTIONS,
+    ClosedRound,
+    GroupState,
+    PlannerModels,
+    RoundPlan,
+    calibration_sample,
+    live_method,
+    plan_round,
+    replay,
+    validation_pool,
 )
 from elicitation.group.pools import (
     POOL_GRID,
@@ -118,6 +133,7 @@ from elicitation.group.selectors import (
 __all__ = [
     "BudgetEIGQuestion",
     "COARSE_SAMPLE_PER_CLUSTER",
+    "ClosedRound",
     "EIGRespondents",
     "GNNView",
     "GroupBudget",
@@ -125,12 +141,14 @@ __all__ = [
     "GroupElicitation",
     "GroupError",
     "GroupMethod",
+    "GroupState",
     "IMPUTATIONS",
     "KMEANS_EXACT_MAX",
     "LOOKAHEAD",
     "LOOKAHEAD_SECOND",
     "LOOKAHEAD_TOP",
     "POOL_GRID",
+    "PlannerModels",
     "QUESTION_SELECTORS",
     "QuestionSelector",
     "RESPONDENT_SELECTORS",
@@ -139,24 +157,32 @@ __all__ = [
     "RelationalRespondents",
     "RespondentSelector",
     "RoundContext",
+    "RoundPlan",
     "RoundRecord",
+    "SELECTIONS",
+    "SELECTION_LABELS",
     "SELECTOR_GAINS",
     "STACK_COMPONENTS",
     "UNCERTAINTIES",
     "adapt_mixture_prior",
     "allocate_proportional",
+    "calibration_sample",
     "choose_pool_weight",
     "fit_pool_weight",
     "fit_stack_weights",
     "kmeans",
+    "live_method",
     "log_linear_pool",
     "member_eig",
     "member_lookahead_accuracy_gain",
     "nearest_distinct",
+    "plan_round",
     "pool_gain_rows",
     "pool_weight_from_gains",
+    "replay",
     "shrunk_stack_weights",
     "stack_gain_rows",
     "stacked_pool",
     "two_level_kmeans_pick",
+    "validation_pool",
 ]

@@ -197,6 +197,16 @@ def _checked_response_prob(response_prob: Tensor | None, n: int) -> Tensor:
     return response_prob
 
 
+def _checked_askable(askable: Tensor | None, n: int) -> Tensor:
+    """``[n]`` bool (default: every member can be asked)."""
+    if askable is None:
+        return torch.ones(n, dtype=torch.bool)
+    askable = torch.as_tensor(askable).reshape(-1)
+    if askable.shape != (n,):
+        raise GroupError(f"askable must be [{n}] booleans")
+    return askable.to(torch.bool)
+
+
 class GroupElicitation:
     """The state of one group elicitation and its rounds.
 
@@ -223,6 +233,10 @@ class GroupElicitation:
             [R])`` per row of ``stack_weights``, the held-out gains of that round's
             shrunk stack (:func:`stack_gain_rows` on validation members).
         response_prob: ``[N]`` chance each member answers (default: 1).
+        askable: ``[N]`` bool, the members who can receive a question at all (default:
+            all). A member who cannot is never chosen and its chance of answering is 0
+            (so no question is scored by a gain it cannot bring); it stays in the group
+            for the predictions.
         seed: seed of the random choices.
     """
 
@@ -242,6 +256,7 @@ class GroupElicitation:
         stack_weights: Sequence[Sequence[float]] | Tensor | None = None,
         stack_evidence: Sequence[tuple[Tensor, Tensor]] | None = None,
         response_prob: Tensor | None = None,
+        askable: Tensor | None = None,
         seed: int = 0,
     ) -> None:
         self.base_model = model
@@ -274,7 +289,8 @@ class GroupElicitation:
         self.pool_info: dict[str, Any] = {}
         self._gnn_cache: tuple[int, Tensor] | None = None
         self._observed_version = 0
-        self.response_prob = _checked_response_prob(response_prob, n)
+        self.askable = _checked_askable(askable, n)
+        self.response_prob = _checked_response_prob(response_prob, n) * self.askable.to(DTYPE)
         self.imputed = torch.full_like(self.observed, MISSING)
         self.n_asked = torch.zeros(n, dtype=torch.long)
         self.answers_used = 0
@@ -321,7 +337,7 @@ class GroupElicitation:
 
     def eligible(self, question: int) -> Tensor:
         """``[N]``: members that may be asked ``question`` now."""
-        ok = self.observed[:, question] < 0
+        ok = (self.observed[:, question] < 0) & self.askable
         cap = self.budget.max_questions_per_respondent
         if cap is not None:
             ok &= self.n_asked < cap

@@ -207,6 +207,9 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     assert 'hx-trigger="every 2s"' in part.text  # polls while open
     statuses = re.findall(r'<tr data-status="(\w+)">', part.text)
     assert statuses == ["answered", "skipped", "answered", "waiting"]
+    # gains in expected correct target answers (as on the plan), readable times
+    assert "Expected gain (correct target answers)" in part.text and "nats" not in part.text
+    assert len(re.findall(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>", part.text)) == 3
     assert re.search(r'id="n-answered">2<', part.text) and re.search(
         r'id="n-waiting">1<', part.text
     )
@@ -402,3 +405,169 @@ def test_close_while_members_answer_loses_no_acknowledged_answer(
     assert stored == acknowledged
     assert {sid for sid, o in outcome.items() if o == "answered"} == acknowledged
     assert {sid for sid, o in outcome.items() if o == "no_answer"} == refused
+
+
+def _live_member(
+    engine: Engine,
+    study: Study,
+    *,
+    external_id: str | None = None,
+    panel: dict[str, str] | None = None,
+    answers: int = 1,
+) -> int:
+    """A live respondent who consented (a session started) and answered ``answers``
+    questions of the survey; returns the respondent id."""
+    started = svc.start_session(study, engine=engine, external_id=external_id, panel_params=panel)
+    view = started.view
+    for k in range(answers):
+        assert view.question is not None
+        view = svc.submit_answer(
+            study,
+            started.session_id,
+            item_key=view.question.key,
+            option=view.question.options[0][0],
+            idempotency_key=f"{started.session_id}-{k}",
+            engine=engine,
+        )
+    return started.respondent_id
+
+
+def test_plan_asks_only_members_who_answered_and_can_be_reached(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    """Live panel: who only consented (never answered), or answered anonymously (no
+    external id, no panel parameters: nobody can hand them a link) is never chosen, and
+    the plan page says how many members could be asked."""
+    study = _group_study(db, ces_study, rounds=2, respondents_per_round=4)
+    api_client = _live_member(engine, study, external_id="api-user-1")
+    panel_member = _live_member(engine, study, panel={"PROLIFIC_PID": "p-77"})
+    only_consented = _live_member(engine, study, external_id="api-user-2", answers=0)
+    anonymous = _live_member(engine, study)
+    login(client, "alice@example.org")
+    plan = _plan(client, engine, study)
+    assert plan.status == JobStatus.succeeded.value, plan.error
+    r = plan.result
+    assert r is not None and r["panel"] == "live"
+    assert (r["n_members"], r["n_eligible"]) == (4, 2)
+    chosen = {p["respondent_id"] for p in r["respondents"]}
+    assert chosen == {api_client, panel_member}
+    assert not chosen & {only_consented, anonymous}
+    page = client.get(f"/admin/studies/{study.slug}/groups")
+    assert re.search(r'id="n-eligible">2<', page.text), page.text
+    assert "ask 2 respondents" in page.text
+
+
+def test_plan_fails_with_the_reason_when_nobody_can_be_reached(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=2)
+    _live_member(engine, study)  # anonymous
+    _live_member(engine, study, external_id="x", answers=0)  # never answered
+    login(client, "alice@example.org")
+    plan = _plan(client, engine, study)
+    assert plan.status == JobStatus.failed.value
+    assert "none of the 2 members can receive a question" in (plan.error or "")
+
+
+def test_plan_with_the_study_gnn_and_relational_selection(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    """Without a trained GNN the plan says so and runs on the belief model; after "Train
+    the group GNN" the planner loads that model (pool of the belief model and the GNN,
+    checked on validation members), relational selection becomes possible and explains
+    each member, and the dashboard plots the imputed target distribution round by round."""
+    study = _group_study(db, ces_study, rounds=2, respondents_per_round=3)
+    login(client, "alice@example.org")
+    plain = _plan(client, engine, study).result
+    assert plain is not None and plain["uses_gnn"] is False and plain["gnn_model_id"] is None
+    assert "no group GNN is trained" in plain["gnn_note"]
+    assert plain["method"] == "elook_budget / elook / none"
+    page = client.get(f"/admin/studies/{study.slug}/groups")
+    assert "No group GNN is trained" in page.text
+    # relational selection needs the GNN: the job fails with the reason
+    r = client.post(
+        f"/admin/studies/{study.slug}/groups/plan",
+        data={"selection": "relational", "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303
+    job_id = int(r.headers["location"].rsplit("job=", 1)[1])
+    execute_job(engine, job_id)
+    with Session(engine) as s:
+        failed = s.get(Job, job_id)
+        assert failed is not None and failed.status == JobStatus.failed.value
+        assert "needs the study's trained GNN" in (failed.error or "")
+    bad = client.post(
+        f"/admin/studies/{study.slug}/groups/plan",
+        data={"selection": "nearest", "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert bad.status_code == 422 and "unknown respondent selection" in bad.text
+
+    # train the GNN (the job of the jobs page), then plan with it
+    train = Job(kind="train_gnn", study_id=study.id, payload={"max_epochs": 5})
+    db.add(train)
+    db.commit()
+    assert execute_job(engine, train.id or 0) == JobStatus.succeeded.value
+    with Session(engine) as s:
+        trained = s.get(Job, train.id)
+        assert trained is not None and trained.result is not None
+        gnn_id = trained.result["fitted_model_id"]
+    with_gnn = _plan(client, engine, study).result
+    assert with_gnn is not None and with_gnn["uses_gnn"] is True
+    assert with_gnn["gnn_model_id"] == gnn_id
+    assert with_gnn["method"] == "elook_budget / elook / pool"
+    assert 0.0 <= with_gnn["pool_weight"] <= 1.0 and with_gnn["pool_val_gain"] is not None
+    for t in with_gnn["predictions"]:
+        assert abs(sum(t["mean"]) - 1.0) < 1e-6 and all(0 < se < 0.5 for se in t["se"])
+
+    r = client.post(
+        f"/admin/studies/{study.slug}/groups/plan",
+        data={"selection": "relational", "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    job_id = int(r.headers["location"].rsplit("job=", 1)[1])
+    execute_job(engine, job_id)
+    with Session(engine) as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.status == JobStatus.succeeded.value, job.error
+        rel = job.result
+    assert rel["selection"] == "relational" and rel["method"] == "eig / relational / gnn"
+    assert len(rel["respondents"]) == 3
+    sizes = [
+        int(re.search(r"stands for (\d+) of", p["reason"]).group(1)) for p in rel["respondents"]
+    ]  # type: ignore[union-attr]
+    assert all(n >= 1 for n in sizes) and sum(sizes) == rel["n_eligible"]
+    page = client.get(f"/admin/studies/{study.slug}/groups")
+    assert "k-means over the GNN" in page.text and "stands for" in page.text
+
+    # open, answer nothing, close; the distribution plot has a point per round
+    assert _open(client, study, job_id).status_code == 303
+    closed = client.post(
+        f"/admin/studies/{study.slug}/groups/1/close",
+        data={"csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert closed.status_code == 303
+    with Session(engine) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        hist = group_rounds.distribution_history(st, session=s)
+    assert hist["rounds"] == [0, 1] and hist["uses_gnn"] is True
+    assert all(len(t["mean"]) == 2 for t in hist["targets"])
+    svg = client.get(f"/admin/studies/{study.slug}/groups/distribution.svg")
+    assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml")
+    assert "<svg" in svg.text and "closed rounds" in svg.text
+
+
+def test_one_respondent_is_singular_on_the_pages(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=1)
+    login(client, "alice@example.org")
+    plan = _plan(client, engine, study)
+    assert plan.status == JobStatus.succeeded.value, plan.error
+    page = client.get(f"/admin/studies/{study.slug}/groups").text
+    assert "ask 1 respondent</button>" in page
+    assert '<span class="n">1 respondent</span> per round' in page
+    assert "1 respondents" not in page

@@ -144,3 +144,28 @@ def test_group_speed_cli_times_the_default_with_a_later_round(
         for name in ("default", "eig_eig_pool", "greedy_relational_gnn"):
             assert entry[name]["plan_seconds"] > 0 and entry[name]["update_seconds"] > 0
     assert chances and all(q == pytest.approx(0.4) for q in chances)  # 0.2 x 2 rounds left
+
+
+def test_live_planner_ties_the_default_to_the_digit(
+    small_dataset_factory: Callable[..., Path],
+) -> None:
+    """``live`` replays the closed rounds and calls :func:`elicitation.group.plan_round`
+    each round, as the app's plan job does; ``default`` runs one elicitation through its
+    rounds. Same questions, members and predictions: identical curves (nonresponse and the
+    online pool weight included)."""
+    folder = small_dataset_factory("ces", 260)
+    result = run_group(
+        folder,
+        0.1,
+        2,
+        ["default", "live"],
+        nonresponse=0.2,
+        n_runs=1,
+        n_classes=(2, 4),
+        gnn_config=TINY_GNN,
+        log=lambda _: None,
+    )
+    d, live = result["methods"]["default"], result["methods"]["live"]
+    for key in ("accuracy", "brier_sum", "log_loss", "perplexity", "pool_weight", "accuracy_runs"):
+        assert live[key] == d[key], key
+    assert len(d["accuracy"]) == 3

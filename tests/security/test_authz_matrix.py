@@ -261,6 +261,10 @@ ROUTES: dict[tuple[str, str], Case] = {
         study_member(404, "GET"), path="/admin/studies/{slug}/groups/1/links.csv"
     ),
     ("POST", "/admin/studies/{slug}/groups/open"): Case(study_member(422, "POST"), form={}),
+    ("POST", "/admin/studies/{slug}/groups/plan"): Case(
+        study_member(303, "POST"), form={"selection": "elook"}
+    ),
+    ("GET", "/admin/studies/{slug}/groups/distribution.svg"): Case(study_member(200, "GET")),
     ("POST", "/admin/studies/{slug}/groups/{number}/close"): Case(
         study_member(404, "POST"), path="/admin/studies/{slug}/groups/1/close"
     ),

@@ -11,7 +11,7 @@ from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, EngineDep, SessionDep, SettingsDep
 from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, error_status, user_error_message
-from app.services import group_rounds, group_views
+from app.services import group_rounds, group_views, jobs
 
 router = APIRouter()
 
@@ -24,6 +24,34 @@ def _link_base(page: PageDep) -> str:
 @router.get("/studies/{slug}/groups", response_class=HTMLResponse, name="admin_groups")
 def groups_page(page: PageDep, study: VisibleStudy, session: SessionDep) -> Response:
     return page.render("admin/groups.html", group_views.groups_overview(study, session=session))
+
+
+@router.post("/studies/{slug}/groups/plan")
+async def plan_group_round(
+    page: PageDep,
+    form: FormDep,
+    study: VisibleStudy,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> Response:
+    """Start the plan job with the chosen respondent selection (``elook`` or
+    ``relational``); an unknown selection is refused here with the known ones."""
+    selection = form.text("selection") or "elook"
+    if selection not in group_rounds.SELECTIONS:
+        raise InvalidInputError(
+            f"selection: unknown respondent selection {selection!r} "
+            f"(known: {', '.join(sorted(group_rounds.SELECTIONS))})"
+        )
+    job = jobs.start_job(
+        "plan_group_round",
+        study,
+        payload={"selection": selection},
+        researcher=researcher,
+        settings=settings,
+        session=session,
+    )
+    return page.redirect("admin_groups", query={"job": job.id}, slug=study.slug)
 
 
 @router.post("/studies/{slug}/groups/open")
@@ -54,6 +82,16 @@ async def open_group_round(
         ctx["error"] = user_error_message(exc)
         return page.render("admin/groups.html", ctx, status=error_status(exc))
     return page.redirect("admin_group_round", slug=study.slug, number=rnd.number)
+
+
+@router.get("/studies/{slug}/groups/distribution.svg", name="admin_group_distribution")
+def group_distribution(study: VisibleStudy, session: SessionDep) -> Response:
+    """The imputed group distribution of each target, round by round (SVG)."""
+    return Response(
+        group_views.group_distribution_svg(study, session=session),
+        media_type="image/svg+xml",
+        headers={"Cache-Control": "private, no-cache"},
+    )
 
 
 @router.get(
