@@ -220,7 +220,7 @@ async def hit_async(
     answers_db: Any, key: str, window_s: float, *, now: float | None = None
 ) -> tuple[int, float]:
     """:func:`hit_fast` on PostgreSQL through the app's asyncio pool
-    (:class:`app.services.answer_async.AsyncAnswerDatabase`, ``synchronous_commit = off``)."""
+    (:class:`app.session.async_path.AsyncAnswerDatabase`, ``synchronous_commit = off``)."""
     now = time.time() if now is None else now
     upsert, cleanup = _FAST_SQL["postgresql"]
     async with answers_db.limiter_connection() as conn:
@@ -535,7 +535,7 @@ class ApiRateLimitMiddleware:
             ):
                 # A session token's answer call on PostgreSQL: the route counts it in the
                 # statement that reads the session (one round trip fewer on the hottest
-                # call; app/services/answer_async.py) and answers 429 like this class.
+                # call; app/session/async_path.py) and answers 429 like this class.
                 # A token it does not know is moved to the address's counter afterwards.
                 scope[DEFERRED_SCOPE_KEY] = (key, limit)
                 after = "deferred"

@@ -94,7 +94,7 @@ class Settings(BaseSettings):
             their address).
         step_memo_size: answer steps (state and answer -> new state and next question)
             each process keeps per study design and reuses for respondents who gave the
-            same answers (``app.services.sessions.StepMemo``); 0 turns it off.
+            same answers (``app.session.StepMemo``); 0 turns it off.
     """
 
     model_config = SettingsConfigDict(env_prefix="PRIORLY_", extra="ignore")
@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     respondent_start_rate_limit_per_minute: int = Field(default=30, ge=0)
     # Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (app/main.py).
     trusted_proxies: str = "127.0.0.1"
-    # Answer steps reused across respondents (app/services/sessions.py).
+    # Answer steps reused across respondents (app/session/).
     step_memo_size: int = Field(default=2048, ge=0)
 
     @field_validator("database_url")

@@ -382,7 +382,7 @@ class Invitation(SQLModel, table=True):
 
 
 class PersonaDistribution(SQLModel, table=True):
-    """A language model's answer distribution for one persona × item pair (issue 4).
+    """A language model's answer distribution for one persona × item pair.
 
     Content-addressed and shared by every study: the key is the model, the prompt
     template's ``version_id`` and the SHA-256 hashes of the persona text and of the item's

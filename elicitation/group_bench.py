@@ -1,4 +1,4 @@
-"""``priorly bench group``: the published group-elicitation protocol (METHODS.md §3).
+"""``priorly bench group``: the published group-elicitation protocol (docs/methods.md §3).
 
 Protocol (arXiv 2602.14279, on a canonical dataset with a user split and runs):
 
@@ -136,12 +136,12 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # information gain (``eacc_budget`` question, ``eacc`` respondents: the value of an
     # answer under 0-1 loss), for the question and respondents or the respondents only;
     # and without the GNN. Better than ``eig_eig_pool`` at 10% on both datasets, worse
-    # at 50% on CES (docs/group.md §4b).
+    # at 50% on CES (docs/group.md §4).
     "eacc_eacc_pool": GroupMethod("eacc_budget", "eacc", "pool", online_pool=True),
     "eig_eacc_pool": GroupMethod("eig_budget", "eacc", "pool", online_pool=True),
     "eacc_eacc_none": GroupMethod("eacc_budget", "eacc", "none"),
     # ``eig_eig_pool`` with the expected Brier gain (proper, bounded) for the question
-    # and respondents: ahead of ``eig_eig_pool`` at both budgets on CES (§4b)
+    # and respondents: ahead of ``eig_eig_pool`` at both budgets on CES (docs/group.md §4)
     "ebrier_ebrier_pool": GroupMethod("ebrier_budget", "ebrier", "pool", online_pool=True),
 }
 # methods that use the best validation weight as it is (``*_pool_val``)

@@ -15,7 +15,7 @@
   standard error (:func:`stack_beats_single`). The app's ``belief_model = auto`` runs the
   same function (:func:`fit_belief_model`). The comparison table is stored in the chosen
   model's ``metrics["model_choice"]``.
-* CAPE measures (METHODS.md section 2): ``questions_to_90pct`` — the questions a
+* CAPE measures (docs/methods.md §2): ``questions_to_90pct`` — the questions a
   method needs to reach 90% of the log-loss gain of answering every candidate (its own
   model with all answered candidates observed), and ``adaptivity`` — among pairs of users
   asked the same first question who answered it differently, the share whose second

@@ -1,4 +1,4 @@
-"""The heterogeneous member / subgroup / question-option graph (METHODS.md §3).
+"""The heterogeneous member / subgroup / question-option graph (docs/methods.md §3).
 
 Three node types:
 

@@ -1,4 +1,4 @@
-"""The two-layer relational GNN and its dot-product decoder (METHODS.md §3).
+"""The two-layer relational GNN and its dot-product decoder (docs/methods.md §3).
 
 Encoder (``d = 64`` by default) over the homogeneous view of a
 :class:`~gnn.graph.GroupGraph` (``V`` nodes numbered ``[members | subgroups | options]``):

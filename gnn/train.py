@@ -1,6 +1,6 @@
 """Masked training, early stopping, inference, embeddings and storage of the GNN.
 
-Training (METHODS.md §3): the graph holds the training members. Every epoch the training
+Training (docs/methods.md §3): the graph holds the training members. Every epoch the training
 members are shuffled into three equal parts:
 
 * a third keep all their answer edges (context only);
@@ -51,7 +51,7 @@ from gnn.model import Adjacency, AdjacencyPattern, RelationalGNN
 
 @dataclass(frozen=True)
 class GNNConfig:
-    """Training settings (defaults follow METHODS.md §3).
+    """Training settings (defaults follow docs/methods.md §3).
 
     Attributes:
         dim: embedding / hidden width.

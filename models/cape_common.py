@@ -1,6 +1,6 @@
 """Shared pieces of the CAPE world-model belief models (``cape_*``).
 
-CAPE (METHODS.md section 2) learns the correlation structure of a population's answers
+CAPE (docs/methods.md §2) learns the correlation structure of a population's answers
 once, offline, and infers a new respondent's whole profile from a few answers by Bayesian
 updating, never retraining. The three families (:mod:`models.cape_cooccurrence`,
 :mod:`models.cape_linear`, :mod:`models.cape_factor`) share:

@@ -1,6 +1,6 @@
 """``cape_cooccurrence``: CAPE's population statistics with naive-Bayes and item-based CF updates.
 
-CAPE (METHODS.md section 2) works on binary criteria ("has c"). Here every
+CAPE (docs/methods.md §2) works on binary criteria ("has c"). Here every
 ``(item, option)`` pair is a criterion ``c`` (an indicator column, see
 :class:`~models.cape_common.IndicatorCoding`), so the same statistics and updates apply
 to categorical and ordinal items. Statistics, from a training response matrix:

@@ -1,7 +1,7 @@
 """``cape_factor``: a Pyro latent-preference model; online posterior by importance sampling.
 
 CAPE's "structured world model of preference correlations ... using latent variables"
-(METHODS.md section 2), as a categorical factor model::
+(docs/methods.md §2), as a categorical factor model::
 
     z_u ~ N(0, I_d)                                  (latent preferences of respondent u)
     logits[i, k] = b[i, k] + W[i, k] . z_u           (W: [I, O, d], b: [I, O])

@@ -1,6 +1,6 @@
 """``cape_linear``: a linear-Gaussian latent factor model with exact Gaussian conditioning.
 
-CAPE's "even simple belief models (e.g. linear regression)" (METHODS.md section 2): the
+CAPE's "even simple belief models (e.g. linear regression)" (docs/methods.md §2): the
 coded answers of a respondent are a noisy linear function of ``d`` latent preferences.
 
 Coding. Item ``i`` with ``O_i`` options is coded by ``O_i - 1`` indicator columns (options

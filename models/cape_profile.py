@@ -1,6 +1,6 @@
 """Preference profiles: a session's predicted answers as a ranked, product-ready profile.
 
-CAPE's output (METHODS.md section 2) is a full predicted preference profile: criteria
+CAPE's output (docs/methods.md §2) is a full predicted preference profile: criteria
 ranked by how likely the user holds them, each with an expected importance, which a
 product uses to personalise its answers. For any belief model and state this module
 builds the same from the model's predictive distributions:

@@ -7,7 +7,7 @@ independently across items given ``θ``:
     p(θ, Y) = p(θ) · Π_i μ[θ, i, Y_i]
 
 so after the answers ``h = {(i, y)}`` the posterior and the predictive are closed form
-(METHODS.md section 1; "Adaptive Querying with AI Persona Priors", arXiv 2605.00696):
+(docs/methods.md §1; "Adaptive Querying with AI Persona Priors", arXiv 2605.00696):
 
     log p(θ | h) = log p(θ) + Σ_{(i, y) ∈ h} log max(μ[θ, i, y], floor) − log Z
     p(Y_x = k | h) = Σ_θ μ[θ, x, k] · p(θ | h)
@@ -313,7 +313,7 @@ class PersonaMixture(BeliefModel):
             answers: ``LongTensor [K, I]``: persona ``θ``'s answer to item ``i`` (0-based);
                 ``-1`` (no answer) gives the uniform distribution over the item's options.
             item_bank: the items.
-            epsilon: noise level in ``[0, 1)`` (METHODS.md: 0.05 synthetic, 0.5 real users).
+            epsilon: noise level in ``[0, 1)`` (docs/methods.md: 0.05 synthetic, 0.5 real users).
             log_prior: optional ``[K]`` log prior.
 
         Returns:

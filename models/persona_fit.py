@@ -33,7 +33,7 @@ def fit_prior_em(
     tol: float = 1e-8,
     floor: float = DEFAULT_FLOOR,
 ) -> tuple[Tensor, list[float]]:
-    """Empirical-Bayes persona prior by EM (METHODS.md section 1).
+    """Empirical-Bayes persona prior by EM (docs/methods.md §1).
 
     With ``ℓ[u, θ] = Σ_{i observed} log max(μ[θ, i, y_ui], floor)``:
 
@@ -133,7 +133,7 @@ def compress(
     seed: int = 0,
     max_iter: int = 50,
 ) -> PersonaMixture:
-    """Merge personas into prototypes (METHODS.md section 1, "compression").
+    """Merge personas into prototypes (docs/methods.md §1, "compression").
 
     1. Drop personas with prior ``< min_prior`` (the rest are renormalised).
     2. If at most ``n_prototypes`` remain, return them unchanged (same predictive).

@@ -446,7 +446,7 @@ async def get_start_study(
 ) -> Study | svc.StudyHead:
     """The session start's authorization: :func:`get_api_researcher` and
     :func:`get_owned_study` (same rules, same errors), in the event loop on PostgreSQL
-    (one statement, a :class:`~app.services.sessions.StudyHead`), else in one thread-pool
+    (one statement, a :class:`~app.session.StudyHead`), else in one thread-pool
     hop (the study's row)."""
     credential = _bearer(authorization)
     db = getattr(request.app.state, "answers_db", None)
@@ -508,7 +508,7 @@ async def create_session(
     engine: EngineDep,
 ) -> dict[str, Any]:
     # On PostgreSQL the API key, the study and (with the study's runtime cached) the start
-    # itself run in the event loop (app/services/answer_async.py); otherwise one hop.
+    # itself run in the event loop (app/session/async_path.py); otherwise one hop.
     db = getattr(request.app.state, "answers_db", None)
     if db is not None and isinstance(study, svc.StudyHead):
         started = await answer_async.start_session(
@@ -569,7 +569,7 @@ async def post_answer(
     authorization: AuthHeader = None,
 ) -> Response:
     # The hottest call. With a session token on PostgreSQL its common case runs in the
-    # event loop (app/services/answer_async.py); otherwise the authorization and the
+    # event loop (app/session/async_path.py); otherwise the authorization and the
     # answer run in ONE thread-pool hop (a ``def`` dependency would be a hop of its own).
     db = getattr(request.app.state, "answers_db", None)
     credential = _bearer(authorization)

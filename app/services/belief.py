@@ -32,7 +32,7 @@ and when a study is prepared for fielding (the bundled demo), and stores it in t
 row's ``metrics["fixed_orders"]`` under :func:`fixed_order_key` (the model's
 ``training_hash``, the candidate pool and the target set in study order, and the order's
 parameters), so a change of roles after the fit finds no stored order. The live loop
-(:mod:`app.services.sessions`) loads it into the cached study runtime; when it is missing
+(:mod:`app.session`) loads it into the cached study runtime; when it is missing
 the study is served with ``eig`` meanwhile (recorded in every decision) and
 :func:`request_fixed_order` queues a ``fixed_order`` job that computes and stores it.
 """
@@ -460,7 +460,7 @@ class _ItemLike(Protocol):
 def order_roles(bank: Any, items: Sequence[_ItemLike]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(pool, targets)``: the keys of the study's question and target items that the model
     knows (same key, same number of options), in study order: exactly the candidates and
-    targets a live session uses (:func:`app.services.sessions.load_runtime`)."""
+    targets a live session uses (:func:`app.session.load_runtime`)."""
     known = dict(zip(bank.keys, bank.n_options, strict=True))
     in_model = [it for it in items if known.get(it.key) == len(it.options)]
     pool = tuple(it.key for it in in_model if it.role == ItemRole.question.value)

@@ -25,7 +25,7 @@ it has none) in rounds: each round puts **one question** to a **few members**, c
   question is the round's: its decision at position 0 has criterion ``group_round`` and the
   plan's scores). Budgets are checked again against the stored rounds.
 * **answer** (:func:`answer_round`): the link's page is the respondent question page; the
-  answer is stored by :func:`app.services.sessions.submit_answer` (the one answer path:
+  answer is stored by :func:`app.session.submit_answer` (the one answer path:
   locking, idempotency, conflicts), after which the round session is finished (its next
   decision becomes a stop: one question per link).
 * **track** (:func:`round_view`): who answered, from the round sessions' answer rows.
@@ -906,7 +906,7 @@ def answer_round(
 ) -> svc.SessionView:
     """Store a member's answer to the round question through the one answer path.
 
-    :func:`app.services.sessions.submit_answer` stores it (lock, idempotency, conflicts);
+    :func:`app.session.submit_answer` stores it (lock, idempotency, conflicts);
     then :func:`finish_round_session` makes the round session stop after this question.
     A retried request (same idempotency key, or the same option again) returns the same
     result.

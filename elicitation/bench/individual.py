@@ -1,6 +1,6 @@
 """The individual-elicitation benchmark: replay real respondents, one question at a time.
 
-Protocol (METHODS.md sections 1 and 3; the papers' splits):
+Protocol (docs/methods.md §1 and §3; the papers' splits):
 
 * models are fitted on the training users; anything chosen (e.g. the number of latent
   classes) is chosen on the validation users; only the test users are scored;

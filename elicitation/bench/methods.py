@@ -66,7 +66,7 @@ class FitContext:
         """A copy of ``responses`` with the run's target columns set to ``-1``.
 
         For fits that must see only non-target answers (e.g. an EM prior over a fixed
-        persona dictionary, METHODS.md section 1).
+        persona dictionary, docs/methods.md §1).
         """
         out = responses.clone()
         out[:, self.targets] = MISSING

@@ -7,7 +7,7 @@ over the remaining candidates (scores of every candidate, the stopping rule, the
 Set-up: the persona dictionary of a folder like ``datasets/wvs_personas`` (a
 ``persona_answers_deterministic.csv`` of ``K`` personas x ``I`` items with answers on each
 item's scale, and ``question_metadata.json`` giving each item's scale min and max),
-turned into distributions with ``ε`` (METHODS.md section 1); ``n_targets`` targets chosen
+turned into distributions with ``ε`` (docs/methods.md §1); ``n_targets`` targets chosen
 by a seeded permutation of the items; all other items are candidates. Simulated
 respondents: a persona drawn from the prior, answers drawn from its distributions.
 

@@ -32,7 +32,7 @@ Example::
 
 References:
     Adaptive Querying with AI Persona Priors (arXiv 2605.00696), Algorithms 1 and 2;
-    see ``METHODS.md`` section 1.
+    see ``docs/methods.md`` §1.
 """
 
 from elicitation.criteria.anchored import (

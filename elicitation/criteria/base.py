@@ -45,7 +45,7 @@ def entropy(p: Tensor, dim: int = -1) -> Tensor:
 
 
 def expected_target_entropy(p_x: Tensor, p_t: Tensor) -> Tensor:
-    """Expected mean target entropy after answering each candidate (METHODS.md section 1).
+    """Expected mean target entropy after answering each candidate (docs/methods.md §1).
 
     ``E(x) = sum_k p(Y_x = k | h) * (1/|I*|) sum_{t in I*} H(p(Y_t | h, Y_x = k))``.
 

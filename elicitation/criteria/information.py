@@ -36,7 +36,7 @@ class ExpectedInformationGain(SelectionCriterion):
     ``EIG(x) = (1/|I*|) sum_t H(p(Y_t | h)) - sum_k p(Y_x = k | h) (1/|I*|) sum_t H(p(Y_t | h, Y_x = k))``
 
     i.e. the current mean target entropy minus the expected mean target entropy after
-    the answer to ``x`` (METHODS.md section 1, "Algorithm 2"; the subtraction of a
+    the answer to ``x`` (docs/methods.md §1, "Algorithm 2"; the subtraction of a
     constant does not change the argmax but makes the score a gain in nats, >= 0 for a
     coherent Bayesian model, usable by a stopping threshold). Computed from
     ``model.lookahead`` / ``model.lookahead_batch``, or for one respondent from

@@ -61,7 +61,7 @@ class RandomOrder(SelectionCriterion):
 class FixedOrder(SelectionCriterion):
     """A non-adaptive question order, chosen greedily under the population prior.
 
-    "Algorithm 1" of METHODS.md section 1: one list for everybody. With ``S`` the items
+    "Algorithm 1" of docs/methods.md §1: one list for everybody. With ``S`` the items
     already in the list, the next item is
 
     ``x* = argmin_x E_{Y_S, Y_x ~ p} [ (1/|I*|) sum_t H(p(Y_t | Y_S, Y_x)) ]``

@@ -1,4 +1,4 @@
-"""Group elicitation rounds: whom to ask what (METHODS.md §3).
+"""Group elicitation rounds: whom to ask what (docs/methods.md §3).
 
 A *group* of ``N`` members (each with attributes and a few answers) is elicited in
 rounds. Each round picks **one question** for the whole group and a **subset of
