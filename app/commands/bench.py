@@ -92,10 +92,11 @@ def _individual(args: argparse.Namespace) -> int:
     # cape_cooccurrence, cape_linear, cape_factor and auto; llm_personas and mixed.
     import torch
 
-    import elicitation.model_choice
+    import elicitation.model_choice  # noqa: F401
     import inference_server.bench_methods  # noqa: F401
     from elicitation.bench.individual import run_individual
     from elicitation.bench.plot import plot_curves
+    from elicitation.cape_measures import cape_measures
 
     if args.threads < 1:
         raise InvalidInputError(f"--threads must be >= 1, got {args.threads}")
@@ -113,7 +114,7 @@ def _individual(args: argparse.Namespace) -> int:
     if not args.no_cape_measures:
         # CAPE's measures: questions_to_90pct, log_loss_all_candidates, adaptivity and
         # adaptivity_pairs, added to each adaptive method's entry.
-        measures = elicitation.model_choice.cape_measures(
+        measures = cape_measures(
             args.dataset, result, n_runs=args.runs, seed=args.seed, cache=fits
         )
         for name, extra in measures.items():

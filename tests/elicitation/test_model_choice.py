@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from elicitation.bench.methods import get_method
+from elicitation.cape_measures import adaptivity_counts, questions_to_fraction
 from elicitation.errors import ElicitationError
 from elicitation.model_choice import (
-    adaptivity_counts,
     choose_model,
     comparison_rows,
-    questions_to_fraction,
     stack_models,
 )
 from models.base import DTYPE, MISSING, ItemBank
@@ -186,8 +185,8 @@ def test_markdown_tables_show_every_method_and_measure() -> None:
 
 
 def test_merge_results_combines_methods_and_run_slices_exactly() -> None:
+    from elicitation.cape_measures import merge_results
     from elicitation.errors import BenchmarkError
-    from elicitation.model_choice import merge_results
 
     def part(runs: list[int], methods: dict[str, Any]) -> dict[str, Any]:
         return {"dataset": "d", "budget": 2, "protocol": {"runs": runs}, "methods": methods}
