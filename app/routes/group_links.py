@@ -1,7 +1,7 @@
 """A group round member's personal link ``/g/{token}``: the round's one question.
 
 The page is the respondent question page (``pages/respondent_question.html``, posting back
-here); the answer goes through :func:`app.services.group_rounds.answer_round`, i.e. the
+here); the answer goes through :func:`app.services.group_round_links.answer_round`, i.e. the
 respondent answer path of :mod:`app.session`. A plain POST answers with a 303
 to the link's page; with htmx (``HX-Request``) with an ``HX-Redirect`` to it. A closed
 round refuses answers with 409 and says so; an unknown link is a 404 page.
@@ -20,12 +20,13 @@ from app.deps import EngineDep, SessionDep, TemplatesDep
 from app.errors import PriorlyError
 from app.routes.respondent import NoStoreRoute, message_page
 from app.services import group_rounds as rounds
+from app.services import round_links
 from app.tables import StudyStatus
 
 router = APIRouter(prefix="/g", include_in_schema=False, route_class=NoStoreRoute)
 
 
-def _closed(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLResponse:
+def _closed(request: Request, templates: Any, link: round_links.MemberLink) -> HTMLResponse:
     return message_page(
         request,
         templates,
@@ -50,7 +51,7 @@ def _unknown(request: Request, templates: Any) -> HTMLResponse:
 def _question_page(
     request: Request,
     templates: Any,
-    link: rounds.MemberLink,
+    link: round_links.MemberLink,
     view: svc.SessionView,
     token: str,
     *,
@@ -75,7 +76,7 @@ def _question_page(
     )
 
 
-def _thanks(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLResponse:
+def _thanks(request: Request, templates: Any, link: round_links.MemberLink) -> HTMLResponse:
     return message_page(
         request,
         templates,
@@ -86,16 +87,16 @@ def _thanks(request: Request, templates: Any, link: rounds.MemberLink) -> HTMLRe
     )
 
 
-def get_member_link(token: str, session: SessionDep) -> rounds.MemberLink | None:
+def get_member_link(token: str, session: SessionDep) -> round_links.MemberLink | None:
     """The member link ``/g/{token}`` of a published study, else ``None``."""
     try:
-        link = rounds.member_by_token(token, session=session)
+        link = round_links.member_by_token(token, session=session)
     except PriorlyError:
         return None
     return link if link.study.status == StudyStatus.published.value else None
 
 
-MemberLinkDep = Annotated[rounds.MemberLink | None, Depends(get_member_link)]
+MemberLinkDep = Annotated[round_links.MemberLink | None, Depends(get_member_link)]
 
 
 @router.get("/{token}", response_class=HTMLResponse, name="group_round_link")
@@ -105,7 +106,7 @@ def link_page(
     """The round question, or "thank you" once answered, or "closed"."""
     if link is None:
         return _unknown(request, templates)
-    view = rounds.link_view(link, session=session)
+    view = round_links.link_view(link, session=session)
     if view.n_posed >= 1:
         return _thanks(request, templates, link)
     if not link.round_open or view.question is None:
@@ -130,7 +131,7 @@ async def link_answer(
     option = form.get("option")
     idem = form.get("idempotency_key")
     if not skip and not isinstance(option, str):
-        view = rounds.link_view(link, session=session)
+        view = round_links.link_view(link, session=session)
         if view.n_posed >= 1:
             return _thanks(request, templates, link)
         if not link.round_open or view.question is None:
@@ -139,7 +140,7 @@ async def link_answer(
             request, templates, link, view, token, error="Please choose an answer.", status_code=422
         )
     try:
-        rounds.answer_round(
+        round_links.answer_round(
             link,
             option=None if skip else str(option),
             idempotency_key=idem if isinstance(idem, str) and idem else None,
@@ -148,7 +149,7 @@ async def link_answer(
     except rounds.RoundClosedError:
         return _closed(request, templates, link)
     except svc.InvalidAnswerError as exc:
-        view = rounds.link_view(link, session=session)
+        view = round_links.link_view(link, session=session)
         if view.question is None:
             return _closed(request, templates, link)
         return _question_page(

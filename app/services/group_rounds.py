@@ -43,16 +43,13 @@ and never shown, so a round session can only be answered through its round link.
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
 import hmac
-import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from sqlalchemy import func, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
@@ -61,14 +58,12 @@ from app import session as svc
 from app.errors import ConflictError, InvalidInputError, NotFoundError
 from app.schemas import StudySettings
 from app.services.belief import historical_matrix
-from app.services.export import safe_cell
 from app.tables import (
     Answer,
     ElicitationSession,
     FittedModel,
     GroupRound,
     GroupRoundMember,
-    GroupRoundOutcome,
     GroupRoundStatus,
     Job,
     JobStatus,
@@ -76,10 +71,8 @@ from app.tables import (
     Respondent,
     RespondentSource,
     SelectionDecision,
-    SessionStatus,
     Study,
     StudyStatus,
-    utcnow,
 )
 from elicitation.errors import BudgetError, GroupError
 from elicitation.group import (
@@ -164,7 +157,7 @@ def get_round(study: Study, number: int, *, session: Session) -> GroupRound:
     return rnd
 
 
-def _members(round_ids: Sequence[int], session: Session) -> list[GroupRoundMember]:
+def round_members(round_ids: Sequence[int], session: Session) -> list[GroupRoundMember]:
     if not round_ids:
         return []
     return list(
@@ -176,7 +169,7 @@ def _members(round_ids: Sequence[int], session: Session) -> list[GroupRoundMembe
     )
 
 
-def _answers_by_session(session_ids: Sequence[int], session: Session) -> dict[int, Answer]:
+def answers_by_session(session_ids: Sequence[int], session: Session) -> dict[int, Answer]:
     """The (first) answer row of each round session that has one."""
     if not session_ids:
         return {}
@@ -391,7 +384,7 @@ def replay_group(
     row_of = {m.id: r for r, m in enumerate(members)}
     closed = [r for r in rounds if r.status == GroupRoundStatus.closed.value]
     members_of: dict[int, list[GroupRoundMember]] = {r.id or 0: [] for r in rounds}
-    for m in _members([r.id or 0 for r in rounds], session):
+    for m in round_members([r.id or 0 for r in rounds], session):
         members_of[m.round_id].append(m)
     round_sessions = {m.session_id for ms in members_of.values() for m in ms}
     asked_in_round = {(m.respondent_id, r.item_id) for r in closed for m in members_of[r.id or 0]}
@@ -429,7 +422,7 @@ def replay_group(
             if row.option is not None:
                 answered.add(rid)
     askable = reachable_members(members, panel, answered)
-    answers = _answers_by_session(
+    answers = answers_by_session(
         [m.session_id for r in closed for m in members_of[r.id or 0]], session
     )
     closed_rounds: list[ClosedRound] = []
@@ -676,11 +669,11 @@ def budget_usage(study: Study, *, session: Session) -> BudgetUsage:
     settings = StudySettings.model_validate(study.settings or {})
     g = settings.group
     rounds = study_rounds(study, session=session)
-    members = _members([r.id or 0 for r in rounds], session)
+    members = round_members([r.id or 0 for r in rounds], session)
     per_resp: dict[int, int] = {}
     for m in members:
         per_resp[m.respondent_id] = per_resp.get(m.respondent_id, 0) + 1
-    answers = _answers_by_session([m.session_id for m in members], session)
+    answers = answers_by_session([m.session_id for m in members], session)
     return BudgetUsage(
         rounds_used=len(rounds),
         rounds_total=g.rounds,
@@ -710,7 +703,7 @@ def _check_budget(
         raise GroupBudgetError(
             f"the plan asks {len(chosen)} respondents; the budget allows {per_round} per round"
         )
-    members = _members([r.id or 0 for r in rounds], session)
+    members = round_members([r.id or 0 for r in rounds], session)
     if g.total_answers is not None and len(members) + len(chosen) > g.total_answers:
         raise GroupBudgetError(
             f"{len(members)} of the {g.total_answers} answers of the group budget are used; "
@@ -838,278 +831,4 @@ def open_round(
                 )
             )
         db.commit()
-        return rnd
-
-
-# ----- a member's link -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MemberLink:
-    """What a round link refers to (plain values, usable after the database session)."""
-
-    member_id: int
-    round_id: int
-    round_number: int
-    round_open: bool
-    session_id: int
-    item_key: str
-    study: Study
-
-
-def member_by_token(token: str, *, session: Session) -> MemberLink:
-    """The round member whose link token is ``token``.
-
-    Raises:
-        RoundLinkNotFoundError: unknown token (also a token of a deleted study or round).
-    """
-    if not token or len(token) > 200:
-        raise RoundLinkNotFoundError("unknown round link")
-    row = session.exec(
-        select(GroupRoundMember, GroupRound, Study)
-        .join(GroupRound, col(GroupRound.id) == col(GroupRoundMember.round_id))
-        .join(Study, col(Study.id) == col(GroupRound.study_id))
-        .where(GroupRoundMember.token_hash == svc.hash_token(token))
-    ).first()
-    if row is None:
-        raise RoundLinkNotFoundError("unknown round link")
-    member, rnd, study = row
-    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
-    item = rt.by_id.get(rnd.item_id)
-    if item is None:
-        raise RoundLinkNotFoundError("the question of this round no longer exists")
-    return MemberLink(
-        member.id or 0,
-        rnd.id or 0,
-        rnd.number,
-        rnd.status == GroupRoundStatus.open.value,
-        member.session_id,
-        item.key,
-        study,
-    )
-
-
-def link_view(link: MemberLink, *, session: Session) -> svc.SessionView:
-    """Where the member's round session stands (``phase`` ``question`` or ``done``)."""
-    sess = session.get(ElicitationSession, link.session_id)
-    if sess is None:
-        raise RoundLinkNotFoundError("unknown round link")
-    return svc.session_view(link.study, sess, session=session)
-
-
-def answer_round(
-    link: MemberLink,
-    *,
-    option: str | None,
-    idempotency_key: str | None,
-    engine: Engine,
-) -> svc.SessionView:
-    """Store a member's answer to the round question through the one answer path.
-
-    :func:`app.session.submit_answer` stores it (lock, idempotency, conflicts);
-    then :func:`finish_round_session` makes the round session stop after this question.
-    A retried request (same idempotency key, or the same option again) returns the same
-    result.
-
-    Raises:
-        RoundClosedError: the round is closed and this member had not answered.
-        InvalidAnswerError, AnswerConflictError (from the answer path).
-    """
-    try:
-        svc.submit_answer(
-            link.study,
-            link.session_id,
-            item_key=link.item_key,
-            option=option,
-            idempotency_key=idempotency_key,
-            engine=engine,
-        )
-    except svc.SessionClosedError:
-        raise RoundClosedError(
-            f"round {link.round_number} is closed: answers are no longer accepted"
-        ) from None
-    return finish_round_session(link.study, link.session_id, engine=engine)
-
-
-def finish_round_session(study: Study, session_id: int, *, engine: Engine) -> svc.SessionView:
-    """Stop a round session after its one answer (idempotent).
-
-    The answer path chose a next question by the study's criterion (decision at position
-    1); a round link asks one question only, so that decision becomes a stop
-    (``item_id`` NULL, criterion ``group_round``) and the session is completed.
-    """
-    with svc.locked_session(engine, session_id) as (db, sess):
-        n = int(
-            db.exec(
-                select(func.count()).select_from(Answer).where(Answer.session_id == session_id)
-            ).one()
-        )
-        if n >= 1:
-            nxt = db.exec(
-                select(SelectionDecision).where(
-                    SelectionDecision.session_id == session_id, SelectionDecision.position == 1
-                )
-            ).first()
-            if nxt is not None and (nxt.item_id is not None or nxt.criterion != ROUND_CRITERION):
-                nxt.item_id = None
-                nxt.criterion = ROUND_CRITERION
-                nxt.scores = {}
-                nxt.stop_reason = ONE_QUESTION_STOP
-                db.add(nxt)
-            if sess.status != SessionStatus.completed.value:
-                sess.status = SessionStatus.completed.value
-                sess.completed_at = utcnow()
-                sess.updated_at = utcnow()
-                db.add(sess)
-        db.commit()
-        return svc.session_view(study, sess, session=db)
-
-
-# ----- track and close ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MemberRow:
-    """One line of the track table."""
-
-    label: str
-    respondent_id: int
-    expected_gain: float
-    status: str  # answered / skipped / waiting / no_answer
-    answer: str | None  # the option's label
-    answered_at: str | None
-    link: str
-
-
-@dataclass(frozen=True)
-class RoundView:
-    round: GroupRound
-    question_key: str
-    question_text: str
-    members: list[MemberRow]
-    asked: int
-    answered: int
-    skipped: int
-    waiting: int
-
-
-def round_view(
-    study: Study, rnd: GroupRound, *, session: Session, secret: str, link_base: str
-) -> RoundView:
-    """The round's members with their status and links (``link_base`` + token)."""
-    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
-    item = rt.by_id.get(rnd.item_id)
-    labels = {str(o[0]): str(o[1]) for o in (item.options if item else [])}
-    members = _members([rnd.id or 0], session)
-    answers = _answers_by_session([m.session_id for m in members], session)
-    resp = {
-        r.id: r
-        for r in session.exec(
-            select(Respondent).where(col(Respondent.id).in_([m.respondent_id for m in members]))
-        ).all()
-    }
-    rows: list[MemberRow] = []
-    for m in members:
-        a = answers.get(m.session_id)
-        if a is None:
-            status = "waiting" if rnd.status == GroupRoundStatus.open.value else "no_answer"
-        else:
-            status = "answered" if a.option is not None else "skipped"
-        r = resp.get(m.respondent_id)
-        rows.append(
-            MemberRow(
-                label=member_label(r) if r is not None else f"r{m.respondent_id}",
-                respondent_id=m.respondent_id,
-                expected_gain=m.expected_gain,
-                status=status,
-                answer=labels.get(a.option or "", a.option) if a and a.option else None,
-                answered_at=a.created_at.strftime("%Y-%m-%d %H:%M:%S UTC") if a else None,
-                link=link_base + link_token(secret, rnd.id or 0, m.respondent_id),
-            )
-        )
-    count = {s: sum(1 for r in rows if r.status == s) for s in ("answered", "skipped", "waiting")}
-    return RoundView(
-        round=rnd,
-        question_key=item.key if item else "?",
-        question_text=item.question if item else "",
-        members=rows,
-        asked=len(rows),
-        answered=count["answered"],
-        skipped=count["skipped"],
-        waiting=count["waiting"],
-    )
-
-
-def links_csv(view: RoundView) -> str:
-    """CSV of a round's members: ``respondent, respondent_id, expected_gain, status, link``."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["respondent", "respondent_id", "expected_gain", "status", "link"])
-    for m in view.members:
-        row = [m.label, m.respondent_id, f"{m.expected_gain:.6f}", m.status, m.link]
-        w.writerow([safe_cell(v) for v in row])  # no spreadsheet formula (OWASP)
-    return buf.getvalue()
-
-
-def close_round(study: Study, number: int, *, engine: Engine) -> GroupRound:
-    """Close round ``number``: no answer is accepted on its links afterwards.
-
-    One transaction holding the write lock on every member's round session (SQLite:
-    ``BEGIN IMMEDIATE``; PostgreSQL: ``SELECT ... FOR UPDATE`` of those rows, so an answer
-    being stored finishes first and is counted): unanswered sessions become
-    ``abandoned`` (the answer path refuses them from then on), answered ones
-    ``completed``, and each member's outcome is recorded.
-
-    Raises:
-        NotFoundError: no such round. ConflictError: the round is already closed.
-    """
-    with Session(engine, expire_on_commit=False) as db:
-        try:
-            if engine.dialect.name == "sqlite":
-                db.connection().exec_driver_sql("BEGIN IMMEDIATE")
-            rnd = db.exec(
-                select(GroupRound)
-                .where(GroupRound.study_id == study.id, GroupRound.number == number)
-                .with_for_update()
-            ).first()
-            if rnd is None:
-                raise NotFoundError(f"study {study.slug!r} has no group round {number}")
-            if rnd.status != GroupRoundStatus.open.value:
-                raise ConflictError(f"round {number} is already closed")
-            members = _members([rnd.id or 0], db)
-            sids = [m.session_id for m in members]
-            if sids:
-                db.exec(  # type: ignore[call-overload]
-                    select(ElicitationSession.id)
-                    .where(col(ElicitationSession.id).in_(sids))
-                    .order_by(col(ElicitationSession.id))
-                    .with_for_update()
-                ).all()
-            answers = _answers_by_session(sids, db)
-            now = utcnow()
-            for m in members:
-                a = answers.get(m.session_id)
-                if a is None:
-                    m.outcome = GroupRoundOutcome.no_answer.value
-                elif a.option is None:
-                    m.outcome = GroupRoundOutcome.skipped.value
-                else:
-                    m.outcome = GroupRoundOutcome.answered.value
-                db.add(m)
-            unanswered = [m.session_id for m in members if m.session_id not in answers]
-            if unanswered:
-                db.execute(
-                    update(ElicitationSession)
-                    .where(col(ElicitationSession.id).in_(unanswered))
-                    .values(status=SessionStatus.abandoned.value, updated_at=now)
-                )
-            rnd.status = GroupRoundStatus.closed.value
-            rnd.closed_at = now
-            db.add(rnd)
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
-        for sid in answers:  # answered: make sure each stopped after its one question
-            finish_round_session(study, sid, engine=engine)
         return rnd

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from sqlmodel import Session
 
 from app.errors import is_user_error
-from app.services import group_rounds
+from app.services import group_rounds, round_tracking
 from app.services.job_views import kind_overview
 from app.tables import Study
 
@@ -44,10 +44,10 @@ def groups_overview(study: Study, *, session: Session) -> dict[str, Any]:
 
 def round_members(
     study: Study, number: int, *, session: Session, secret: str, link_base: str
-) -> group_rounds.RoundView:
+) -> round_tracking.RoundView:
     """Round ``number`` of ``study`` with its members' status and personal links
     (``link_base`` + token); :class:`NotFoundError` for a round that does not exist."""
-    return group_rounds.round_view(
+    return round_tracking.round_view(
         study,
         group_rounds.get_round(study, number, session=session),
         session=session,
@@ -70,7 +70,7 @@ def round_links_csv(
 ) -> str:
     """Round ``number``'s members with their personal links as CSV text (a mail merge)."""
     view = round_members(study, number, session=session, secret=secret, link_base=link_base)
-    return group_rounds.links_csv(view)
+    return round_tracking.links_csv(view)
 
 
 _COLOURS = ("#2457a6", "#c0392b", "#7f8c8d", "#27ae60", "#8e44ad", "#d35400", "#16a085")

@@ -19,7 +19,7 @@ from sqlmodel import Session, col, select
 
 from app import session as svc
 from app.jobs.runner import execute_job
-from app.services import group_rounds
+from app.services import group_rounds, round_links, round_tracking
 from app.settings import Settings
 from app.tables import (
     Answer,
@@ -366,7 +366,7 @@ def test_close_while_members_answer_loses_no_acknowledged_answer(
             s.exec(select(GroupRoundMember).where(GroupRoundMember.round_id == rnd.id)).all()
         )
         links = [
-            group_rounds.member_by_token(
+            round_links.member_by_token(
                 group_rounds.link_token(secret, rnd.id or 0, m.respondent_id), session=s
             )
             for m in members
@@ -382,7 +382,7 @@ def test_close_while_members_answer_loses_no_acknowledged_answer(
 
     def answer(i: int) -> None:
         try:
-            group_rounds.answer_round(
+            round_links.answer_round(
                 links[i], option=letter, idempotency_key=f"c{i}", engine=engine
             )
             acknowledged.add(members[i].session_id)
@@ -392,7 +392,7 @@ def test_close_while_members_answer_loses_no_acknowledged_answer(
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(answer, i) for i in range(len(links))]
-        group_rounds.close_round(study, 1, engine=engine)
+        round_tracking.close_round(study, 1, engine=engine)
         for f in futures:
             f.result()
     assert len(acknowledged) + len(refused) == len(members) == 8

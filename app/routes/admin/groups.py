@@ -11,7 +11,7 @@ from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, EngineDep, SessionDep, SettingsDep
 from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, error_status, user_error_message
-from app.services import group_rounds, group_views, jobs
+from app.services import group_rounds, group_views, jobs, round_tracking
 
 router = APIRouter()
 
@@ -138,5 +138,5 @@ def group_round_links(
 def close_group_round(
     number: DbId, page: PageDep, study: VisibleStudy, engine: EngineDep
 ) -> Response:
-    group_rounds.close_round(study, number, engine=engine)
+    round_tracking.close_round(study, number, engine=engine)
     return page.redirect("admin_group_round", slug=study.slug, number=number)

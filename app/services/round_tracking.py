@@ -1,0 +1,181 @@
+"""Tracking and closing a group round: per member whether they answered, the round's
+answer counts, its links as CSV, and closing it (unanswered members become non-response).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+
+from sqlalchemy import update
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from app import session as svc
+from app.errors import ConflictError, NotFoundError
+from app.services.export import safe_cell
+from app.services.group_rounds import (
+    answers_by_session,
+    link_token,
+    member_label,
+    round_members,
+)
+from app.services.round_links import finish_round_session
+from app.tables import (
+    ElicitationSession,
+    GroupRound,
+    GroupRoundOutcome,
+    GroupRoundStatus,
+    Respondent,
+    SessionStatus,
+    Study,
+    utcnow,
+)
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    """One line of the track table."""
+
+    label: str
+    respondent_id: int
+    expected_gain: float
+    status: str  # answered / skipped / waiting / no_answer
+    answer: str | None  # the option's label
+    answered_at: str | None
+    link: str
+
+
+@dataclass(frozen=True)
+class RoundView:
+    round: GroupRound
+    question_key: str
+    question_text: str
+    members: list[MemberRow]
+    asked: int
+    answered: int
+    skipped: int
+    waiting: int
+
+
+def round_view(
+    study: Study, rnd: GroupRound, *, session: Session, secret: str, link_base: str
+) -> RoundView:
+    """The round's members with their status and links (``link_base`` + token)."""
+    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    item = rt.by_id.get(rnd.item_id)
+    labels = {str(o[0]): str(o[1]) for o in (item.options if item else [])}
+    members = round_members([rnd.id or 0], session)
+    answers = answers_by_session([m.session_id for m in members], session)
+    resp = {
+        r.id: r
+        for r in session.exec(
+            select(Respondent).where(col(Respondent.id).in_([m.respondent_id for m in members]))
+        ).all()
+    }
+    rows: list[MemberRow] = []
+    for m in members:
+        a = answers.get(m.session_id)
+        if a is None:
+            status = "waiting" if rnd.status == GroupRoundStatus.open.value else "no_answer"
+        else:
+            status = "answered" if a.option is not None else "skipped"
+        r = resp.get(m.respondent_id)
+        rows.append(
+            MemberRow(
+                label=member_label(r) if r is not None else f"r{m.respondent_id}",
+                respondent_id=m.respondent_id,
+                expected_gain=m.expected_gain,
+                status=status,
+                answer=labels.get(a.option or "", a.option) if a and a.option else None,
+                answered_at=a.created_at.strftime("%Y-%m-%d %H:%M:%S UTC") if a else None,
+                link=link_base + link_token(secret, rnd.id or 0, m.respondent_id),
+            )
+        )
+    count = {s: sum(1 for r in rows if r.status == s) for s in ("answered", "skipped", "waiting")}
+    return RoundView(
+        round=rnd,
+        question_key=item.key if item else "?",
+        question_text=item.question if item else "",
+        members=rows,
+        asked=len(rows),
+        answered=count["answered"],
+        skipped=count["skipped"],
+        waiting=count["waiting"],
+    )
+
+
+def links_csv(view: RoundView) -> str:
+    """CSV of a round's members: ``respondent, respondent_id, expected_gain, status, link``."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["respondent", "respondent_id", "expected_gain", "status", "link"])
+    for m in view.members:
+        row = [m.label, m.respondent_id, f"{m.expected_gain:.6f}", m.status, m.link]
+        w.writerow([safe_cell(v) for v in row])  # no spreadsheet formula (OWASP)
+    return buf.getvalue()
+
+
+def close_round(study: Study, number: int, *, engine: Engine) -> GroupRound:
+    """Close round ``number``: no answer is accepted on its links afterwards.
+
+    One transaction holding the write lock on every member's round session (SQLite:
+    ``BEGIN IMMEDIATE``; PostgreSQL: ``SELECT ... FOR UPDATE`` of those rows, so an answer
+    being stored finishes first and is counted): unanswered sessions become
+    ``abandoned`` (the answer path refuses them from then on), answered ones
+    ``completed``, and each member's outcome is recorded.
+
+    Raises:
+        NotFoundError: no such round. ConflictError: the round is already closed.
+    """
+    with Session(engine, expire_on_commit=False) as db:
+        try:
+            if engine.dialect.name == "sqlite":
+                db.connection().exec_driver_sql("BEGIN IMMEDIATE")
+            rnd = db.exec(
+                select(GroupRound)
+                .where(GroupRound.study_id == study.id, GroupRound.number == number)
+                .with_for_update()
+            ).first()
+            if rnd is None:
+                raise NotFoundError(f"study {study.slug!r} has no group round {number}")
+            if rnd.status != GroupRoundStatus.open.value:
+                raise ConflictError(f"round {number} is already closed")
+            members = round_members([rnd.id or 0], db)
+            sids = [m.session_id for m in members]
+            if sids:
+                db.exec(  # type: ignore[call-overload]
+                    select(ElicitationSession.id)
+                    .where(col(ElicitationSession.id).in_(sids))
+                    .order_by(col(ElicitationSession.id))
+                    .with_for_update()
+                ).all()
+            answers = answers_by_session(sids, db)
+            now = utcnow()
+            for m in members:
+                a = answers.get(m.session_id)
+                if a is None:
+                    m.outcome = GroupRoundOutcome.no_answer.value
+                elif a.option is None:
+                    m.outcome = GroupRoundOutcome.skipped.value
+                else:
+                    m.outcome = GroupRoundOutcome.answered.value
+                db.add(m)
+            unanswered = [m.session_id for m in members if m.session_id not in answers]
+            if unanswered:
+                db.execute(
+                    update(ElicitationSession)
+                    .where(col(ElicitationSession.id).in_(unanswered))
+                    .values(status=SessionStatus.abandoned.value, updated_at=now)
+                )
+            rnd.status = GroupRoundStatus.closed.value
+            rnd.closed_at = now
+            db.add(rnd)
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        for sid in answers:  # answered: make sure each stopped after its one question
+            finish_round_session(study, sid, engine=engine)
+        return rnd
