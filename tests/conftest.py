@@ -3,71 +3,24 @@
 Fixtures here are used by several packages' tests; keep them cheap and free of state
 shared between tests (every fixture that writes does so under ``tmp_path``).
 
-Test modules may import the helpers here with ``from conftest import DATASETS_DIR, ...``.
-Because ``tests/`` has no ``__init__.py``, every ``conftest.py`` is imported under the same
-module name ``conftest`` and a sub-folder's conftest would shadow this one;
-:func:`pytest_collectstart` therefore re-registers this module as ``conftest`` right
-before each test module is imported.
+Helpers that test modules import live in the package :mod:`tests.support`
+(``from tests.support.data import DATASETS_DIR, write_small_dataset``).
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import secrets
-import shutil
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.support.data import DATASETS_DIR, write_small_dataset
+
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
-
-_THIS_MODULE = sys.modules[__name__]
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DATASETS_DIR = REPO_ROOT / "datasets"
-CANONICAL_DATASETS = ("ces", "opinionqa")
-
-
-def pytest_collectstart(collector: pytest.Collector) -> None:
-    """Make ``from conftest import ...`` in a test module mean this (root) conftest."""
-    if isinstance(collector, pytest.Module):
-        sys.modules["conftest"] = _THIS_MODULE
-
-
-def write_small_dataset(source: Path, dest: Path, n_respondents: int = 30) -> Path:
-    """Copy a canonical dataset with only its first ``n_respondents`` respondents.
-
-    The codebook, manifest and runs are copied unchanged; ``user_split.json`` keeps only
-    the kept respondents (ids written exactly as in the source file). Returns ``dest``.
-    """
-    dest.mkdir(parents=True, exist_ok=True)
-    with (source / "responses.csv").open(newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh))
-    kept = rows[: n_respondents + 1]
-    with (dest / "responses.csv").open("w", newline="", encoding="utf-8") as fh:
-        csv.writer(fh, lineterminator="\n").writerows(kept)
-    for name in ("codebook.jsonl", "dataset.json", "runs.csv"):
-        if (source / name).exists():
-            shutil.copyfile(source / name, dest / name)
-    split_path = source / "user_split.json"
-    if split_path.exists():
-
-        def norm(x: object) -> str:
-            s = str(x)
-            return s[:-2] if s.endswith(".0") else s
-
-        keep = {norm(r[0]) for r in kept[1:]}
-        split = json.loads(split_path.read_text(encoding="utf-8"))
-        small = {k: [u for u in v if norm(u) in keep] for k, v in split.items()}
-        (dest / "user_split.json").write_text(json.dumps(small), encoding="utf-8")
-    return dest
-
 
 @pytest.fixture(scope="session")
 def datasets_dir() -> Path:

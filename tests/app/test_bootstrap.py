@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import REPO_ROOT
-from live_study import free_port, wait_healthy
 from sqlmodel import Session, select
 
 from app.db import head_revision, make_engine
 from app.services.bootstrap import bootstrap_database
 from app.settings import Settings
 from app.tables import Respondent, Study
+from tests.support.data import REPO_ROOT
+from tests.support.live_study import free_port, wait_healthy
 
 
 def _studies(url: str) -> list[tuple[str, int]]:

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
-from live_study import free_port, wait_healthy
+
+from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.live_study import free_port, wait_healthy
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = REPO_ROOT / "results" / "e2e" / "admin"

@@ -15,9 +15,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import DATASETS_DIR, write_small_dataset
-from live_study import LiveStudy, make_live_study, uvicorn_server
-from test_respondent_browser import AXE_JS, CHROMIUM, LAUNCH_ARGS, RESULTS, browser_ready
+
+from tests.e2e.test_respondent_browser import AXE_JS, CHROMIUM, LAUNCH_ARGS, RESULTS, browser_ready
+from tests.support.data import DATASETS_DIR, write_small_dataset
+from tests.support.live_study import LiveStudy, make_live_study, uvicorn_server
 
 __all__ = ["browser_ready"]  # a fixture of this module too
 

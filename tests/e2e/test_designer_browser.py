@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
-from live_study import free_port, wait_healthy
+
+from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.live_study import free_port, wait_healthy
 
 CHROMIUM = "/usr/bin/chromium"
 AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"

@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
-from live_study import free_port, wait_healthy
-from test_respondent_browser import AXE_JS, axe_violations
+
+from tests.e2e.test_respondent_browser import AXE_JS, axe_violations
+from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.live_study import free_port, wait_healthy
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = REPO_ROOT / "results" / "e2e" / "groups"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from elicitation_cases import informative_mixture, random_mixture
 
 from elicitation.budget import Budget, StopReason
 from elicitation.criteria import get_criterion
 from elicitation.errors import SessionError
 from elicitation.session import decide, replay_state
+from tests.support.elicitation_cases import informative_mixture, random_mixture
 
 CANDS = [3, 1, 0, 2]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from live_study import LiveStudy, fresh_database_url, make_live_study
-from rel_harness import MAX_QUESTIONS, UvicornServer
 
 from app import session as svc
-from tests.conftest import DATASETS_DIR, write_small_dataset
+from tests.support.data import DATASETS_DIR, write_small_dataset
+from tests.support.live_study import LiveStudy, fresh_database_url, make_live_study
+from tests.support.rel_harness import MAX_QUESTIONS, UvicornServer
 
 
 @pytest.fixture(scope="session", params=["postgresql", "sqlite"])

@@ -27,8 +27,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from live_study import LiveStudy
-from rel_harness import (
+from sqlmodel import Session, select
+
+from app.tables import Answer, Item
+from tests.support.live_study import LiveStudy
+from tests.support.rel_harness import (
     MAX_QUESTIONS,
     UvicornServer,
     check_acknowledged,
@@ -36,9 +39,6 @@ from rel_harness import (
     create_sessions,
     flood,
 )
-from sqlmodel import Session, select
-
-from app.tables import Answer, Item
 
 N_SESSIONS = 20
 N_CLIENTS = 100

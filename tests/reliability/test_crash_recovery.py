@@ -29,8 +29,12 @@ from typing import Any
 
 import httpx
 import pytest
-from live_study import LiveStudy
-from rel_harness import (
+from sqlalchemy.engine import make_url
+from sqlmodel import Session, select
+
+from app.tables import Answer, Item, SelectionDecision
+from tests.support.live_study import LiveStudy
+from tests.support.rel_harness import (
     ALLOWED_409,
     MAX_QUESTIONS,
     FloodLog,
@@ -41,10 +45,6 @@ from rel_harness import (
     create_sessions,
     flood,
 )
-from sqlalchemy.engine import make_url
-from sqlmodel import Session, select
-
-from app.tables import Answer, Item, SelectionDecision
 
 N_SESSIONS = 20
 N_CLIENTS = 100

@@ -16,8 +16,9 @@ from collections import Counter
 
 import httpx
 import pytest
-from live_study import LiveStudy
-from rel_harness import UvicornServer, create_sessions
+
+from tests.support.live_study import LiveStudy
+from tests.support.rel_harness import UvicornServer, create_sessions
 
 ROUNDS = 15
 READERS = 6

@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 import torch
-from rel_harness import JobWorker, poll_until
 from sqlalchemy import func
 from sqlmodel import Session, select
 
@@ -40,7 +39,8 @@ from app.services.personas import attribute_personas, make_persona_backend, stud
 from app.settings import Settings
 from app.tables import FittedModel, Job, JobStatus, PersonaDistribution, Study
 from inference_server.generate import generate
-from tests.conftest import DATASETS_DIR, write_small_dataset
+from tests.support.data import DATASETS_DIR, write_small_dataset
+from tests.support.rel_harness import JobWorker, poll_until
 
 FIT_PAYLOAD: dict[str, Any] = {"seed": 3}
 PERSONA_PAYLOAD: dict[str, Any] = {

@@ -29,13 +29,14 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-from live_study import LiveStudy, fresh_database_url, make_live_study
 from schemathesis import GenerationMode
 from schemathesis import checks as st_checks
-from secutil import LiveServer, live_server
+
+from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.live_study import LiveStudy, fresh_database_url, make_live_study
+from tests.support.secutil import LiveServer, live_server
 
 MAX_EXAMPLES = 20  # positive cases per operation
 MAX_NEGATIVE = 10  # schema-violating cases per operation

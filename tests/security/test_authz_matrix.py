@@ -32,9 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATASETS_DIR, write_small_dataset
 from fastapi.testclient import TestClient
-from live_study import make_live_study
 from sqlalchemy import inspect, text
 from sqlmodel import Session, select
 
@@ -43,6 +41,8 @@ from app.db import make_engine
 from app.services.apikeys import create_api_key, revoke_api_key
 from app.settings import Settings
 from app.tables import Item, Job, Researcher, Study
+from tests.support.data import DATASETS_DIR, write_small_dataset
+from tests.support.live_study import make_live_study
 
 PASSWORD = "matrix password 123"
 CSRF = "matrix-csrf-token-0123456789"

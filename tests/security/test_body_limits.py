@@ -19,9 +19,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from secutil import LiveServer, live_server
 
 from app.db import upgrade
+from tests.support.secutil import LiveServer, live_server
 
 BODY_LIMIT = 64 * 1024
 UPLOAD_LIMIT = 1024 * 1024

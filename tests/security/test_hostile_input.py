@@ -17,7 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from secutil import HostileWorld, admin_client, hostile_world
+
+from tests.support.secutil import HostileWorld, admin_client, hostile_world
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -114,7 +115,7 @@ def _upload(
 
 def _dataset_files(folder: Path) -> dict[str, bytes]:
     """The files of a 30-respondent CES copy, as an upload sends them."""
-    from conftest import DATASETS_DIR, write_small_dataset
+    from tests.support.data import DATASETS_DIR, write_small_dataset
 
     small = write_small_dataset(DATASETS_DIR / "ces", folder / "ces", 30)
     return {p.name: p.read_bytes() for p in sorted(small.iterdir()) if p.is_file()}
@@ -160,7 +161,7 @@ def test_import_command_nested_json(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from conftest import REPO_ROOT
+    from tests.support.data import REPO_ROOT
 
     folder = tmp_path / "deep"
     folder.mkdir()
@@ -253,10 +254,9 @@ def test_made_up_credentials_share_the_address_limit(world: HostileWorld, tmp_pa
     any of them. A real session's token keeps its own counter (still answered)."""
     import secrets
 
-    from live_study import free_port  # noqa: F401  (the server helper's dependency)
-    from secutil import live_server
-
     from app.ratelimit import counter_key
+    from tests.support.live_study import free_port  # noqa: F401  (the server helper's dependency)
+    from tests.support.secutil import live_server
 
     live = world.live
     env = {"PRIORLY_SESSION_RATE_LIMIT_PER_MINUTE": str(LOW_LIMIT)}
@@ -316,12 +316,12 @@ def _keys_page(world: HostileWorld, cookies: dict[str, str]) -> int:
 
 
 def test_logout_and_password_change_end_the_session(world: HostileWorld) -> None:
-    from secutil import OWNER_EMAIL, PASSWORD
     from sqlmodel import Session, select
 
     from app.auth import set_password
     from app.db import make_engine
     from app.tables import AdminSession, Researcher
+    from tests.support.secutil import OWNER_EMAIL, PASSWORD
 
     base = world.server.base
     with admin_client(world.server) as admin:
@@ -555,7 +555,7 @@ def test_postgres_url_without_the_driver_is_one_line(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from conftest import REPO_ROOT
+    from tests.support.data import REPO_ROOT
 
     code = (
         "import sys; sys.modules['psycopg'] = None; from app.cli import main; "

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATASETS_DIR, write_small_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import inspect, text
@@ -40,6 +39,7 @@ from sqlmodel import Session
 from app.errors import PriorlyError
 from app.services.importer import import_dataset
 from elicitation.datasets import DatasetError
+from tests.support.data import DATASETS_DIR, write_small_dataset
 
 N_RESPONDENTS = 12
 EXAMPLES = 60
@@ -205,9 +205,8 @@ def _check(base: Base, session: Session, files: dict[str, bytes], want: list[str
 def test_malformed_datasets_give_located_errors_and_write_nothing(
     base: Base, backend: str, tmp_path: Path
 ) -> None:
-    from live_study import fresh_database_url
-
     from app.db import make_engine, upgrade
+    from tests.support.live_study import fresh_database_url
 
     urls = fresh_database_url(backend, tmp_path)
     url = next(urls)

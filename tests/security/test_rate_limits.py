@@ -18,7 +18,6 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from secutil import LiveServer, live_server
 from sqlalchemy import func, select
 from sqlmodel import Session
 
@@ -27,6 +26,7 @@ from app.auth import create_account
 from app.db import make_engine, upgrade
 from app.services.apikeys import create_api_key
 from app.tables import RateLimitCounter
+from tests.support.secutil import LiveServer, live_server
 
 PASSWORD = "limits password 123"
 ACCOUNT_LIMIT = 3

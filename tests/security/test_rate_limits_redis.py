@@ -17,13 +17,13 @@ import secrets
 from collections.abc import Iterator
 
 import pytest
-from secutil import LiveServer, live_server
 from sqlalchemy import func, select
 from sqlmodel import Session
 
 from app import ratelimit
 from app.db import make_engine, upgrade
 from app.tables import RateLimitCounter
+from tests.support.secutil import LiveServer, live_server
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
 API_LIMIT = 4

@@ -29,10 +29,10 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from secutil import HostileWorld, admin_client, hostile_world
 
 from app.main import create_app
 from app.settings import Settings
+from tests.support.secutil import HostileWorld, admin_client, hostile_world
 
 NUL = "a\x00b"
 SURROGATE_URL = "%ED%A0%80"  # the UTF-8 bytes of U+D800 (not valid UTF-8)

@@ -28,14 +28,14 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import DATASETS_DIR, write_small_dataset
-from live_study import make_live_study
-from secutil import SECRET, LiveServer, live_server
 from sqlmodel import Session, select
 
 from app.auth import set_password
 from app.middleware import redact
 from app.tables import Researcher
+from tests.support.data import DATASETS_DIR, write_small_dataset
+from tests.support.live_study import make_live_study
+from tests.support.secutil import SECRET, LiveServer, live_server
 
 PASSWORD = "secret-password-4d1f9a"
 WRONG = "wrong-password-8c2e71"

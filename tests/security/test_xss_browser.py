@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import DATASETS_DIR, REPO_ROOT, write_small_dataset
-from live_study import make_live_study
-from secutil import LiveServer, live_server
 from sqlmodel import Session, select
 
 from app.auth import set_password
 from app.tables import Item, Researcher, Study, StudyPersona
+from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.live_study import make_live_study
+from tests.support.secutil import LiveServer, live_server
 
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]

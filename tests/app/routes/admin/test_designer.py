@@ -1,0 +1,465 @@
+"""The study designer and the import flows through the admin pages (TestClient)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from app.settings import Settings
+from app.tables import Item, Researcher, Respondent, Study
+from tests.support.admin import csrf, login
+
+
+@pytest.fixture
+def shipped(tmp_path: Path, small_dataset_factory: Callable[..., Path]) -> Path:
+    """A datasets folder with one small canonical dataset, ``ces_small``."""
+    folder = small_dataset_factory("ces", 60, folder="datasets/ces_small")
+    return folder.parent
+
+
+@pytest.fixture
+def dclient(settings: Settings, shipped: Path) -> Iterator[TestClient]:
+    from app.main import create_app
+
+    s = settings.model_copy(update={"demo_dataset": shipped / "ces_small"})
+    with TestClient(create_app(s), base_url="http://localhost") as c:
+        yield c
+
+
+def test_create_study_items_roles_budgets_texts_publish(
+    dclient: TestClient, alice: Researcher, db: Session
+) -> None:
+    login(dclient, "alice@example.org")
+    r = dclient.post("/admin/studies", data={"name": "Trust 2026", "csrf_token": csrf(dclient)})
+    assert r.status_code == 200 and "Trust 2026" in r.text  # followed the redirect
+    study = db.exec(select(Study).where(Study.slug == "trust-2026")).one()
+    assert study.owner_id == alice.id and study.status == "draft"
+    base = "/admin/studies/trust-2026"
+    # items: a question, a target; an invalid one shows the error inline
+    ok = dclient.post(
+        base + "/items",
+        data={
+            "key": "q1",
+            "question": "Trust parliament?",
+            "options": "A: Yes\nB: No",
+            "role": "question",
+            "is_preference_criterion": "on",
+            "csrf_token": csrf(dclient),
+        },
+    )
+    assert ok.status_code == 200 and "item added" in ok.text
+    dclient.post(
+        base + "/items",
+        data={
+            "key": "t1",
+            "question": "Vote?",
+            "options": "Yes\nNo\nUnsure",
+            "role": "target",
+            "csrf_token": csrf(dclient),
+        },
+    )
+    bad = dclient.post(
+        base + "/items",
+        data={
+            "key": "q2",
+            "question": "One option only",
+            "options": "Yes",
+            "role": "question",
+            "csrf_token": csrf(dclient),
+        },
+    )
+    assert bad.status_code == 422 and "at least two options" in bad.text
+    items = {it.key: it for it in db.exec(select(Item).where(Item.study_id == study.id)).all()}
+    assert set(items) == {"q1", "t1"}
+    assert items["q1"].is_preference_criterion and items["q1"].options == [
+        ["A", "Yes"],
+        ["B", "No"],
+    ]
+    assert items["t1"].role == "target" and items["t1"].options[2] == ["C", "Unsure"]
+    # change a role
+    r = dclient.post(
+        f"{base}/items/{items['q1'].id}", data={"role": "attribute", "csrf_token": csrf(dclient)}
+    )
+    assert r.status_code == 200
+    db.refresh(items["q1"])
+    assert items["q1"].role == "attribute" and not items["q1"].is_preference_criterion
+    dclient.post(
+        f"{base}/items/{items['q1'].id}", data={"role": "question", "csrf_token": csrf(dclient)}
+    )
+    # budgets: an inconsistent pair is refused with the field named
+    form = {
+        "criterion": "eig",
+        "max_questions": "3",
+        "min_questions": "5",
+        "rounds": "2",
+        "respondents_share": "0.5",
+        "max_questions_per_respondent": "1",
+        "allow_skip": "on",
+        "csrf_token": csrf(dclient),
+    }
+    r = dclient.post(base + "/settings", data=form)
+    assert r.status_code == 422 and "min_questions (5) exceeds max_questions (3)" in r.text
+    r = dclient.post(
+        base + "/settings",
+        data={**form, "min_questions": "1", "total_answers": "500", "respondents_per_round": "40"},
+    )
+    assert r.status_code == 200
+    db.refresh(study)
+    assert (
+        study.settings["budgets"]["max_questions"] == 3
+        and study.settings["budgets"]["min_questions"] == 1
+    )
+    assert study.settings["group"] == {
+        "rounds": 2,
+        "respondents_per_round": 40,
+        "respondents_share": 0.5,
+        "total_answers": 500,
+        "max_questions_per_respondent": 1,
+    }
+    # publish needs a consent text
+    r = dclient.post(base + "/status", data={"status": "published", "csrf_token": csrf(dclient)})
+    assert r.status_code == 422 and "consent" in r.text
+    texts = {
+        "name": "Trust 2026",
+        "description": "d",
+        "consent_text": "I agree.",
+        "completion_code": "DONE-42",
+        "redirect_url": "ftp://x",
+        "csrf_token": csrf(dclient),
+    }
+    assert dclient.post(base + "/texts", data=texts).status_code == 422
+    assert (
+        dclient.post(
+            base + "/texts", data={**texts, "redirect_url": "https://panel.example/done"}
+        ).status_code
+        == 200
+    )
+    r = dclient.post(base + "/status", data={"status": "published", "csrf_token": csrf(dclient)})
+    assert r.status_code == 200
+    db.refresh(study)
+    assert study.status == "published" and study.completion_code == "DONE-42"
+    assert study.redirect_url == "https://panel.example/done"
+    dclient.post(base + "/status", data={"status": "closed", "csrf_token": csrf(dclient)})
+    db.refresh(study)
+    assert study.status == "closed"
+
+
+def test_import_shipped_dataset(dclient: TestClient, alice: Researcher, db: Session) -> None:
+    login(dclient, "alice@example.org")
+    page = dclient.get("/admin/import")
+    assert "ces_small" in page.text
+    r = dclient.post(
+        "/admin/import/shipped",
+        data={"dataset": "ces_small", "name": "My CES", "csrf_token": csrf(dclient)},
+    )
+    assert r.status_code == 200
+    study = db.exec(select(Study).where(Study.slug == "my-ces")).one()
+    assert study.owner_id == alice.id
+    assert len(db.exec(select(Respondent).where(Respondent.study_id == study.id)).all()) == 60
+    again = dclient.post(
+        "/admin/import/shipped",
+        data={"dataset": "ces_small", "name": "My CES", "csrf_token": csrf(dclient)},
+    )
+    assert again.status_code == 422 and "already exists" in again.text
+    long = dclient.post(
+        "/admin/import/shipped",
+        data={"dataset": "ces_small", "name": "n" * 5000, "csrf_token": csrf(dclient)},
+    )
+    assert long.status_code == 422 and "5,000 characters; the limit is 200" in long.text
+    missing = dclient.post(
+        "/admin/import/shipped", data={"dataset": "../etc", "csrf_token": csrf(dclient)}
+    )
+    assert missing.status_code == 422 and "no shipped dataset" in missing.text
+
+
+def _files(folder: Path, *names: str) -> dict[str, tuple[str, bytes, str]]:
+    return {n: (n, (folder / n).read_bytes(), "application/octet-stream") for n in names}
+
+
+def test_upload_preview_errors_inline_and_import(
+    dclient: TestClient, alice: Researcher, db: Session, small_dataset_factory: Callable[..., Path]
+) -> None:
+    folder = small_dataset_factory("ces", 25, folder="upload")
+    login(dclient, "alice@example.org")
+    fields = {"name": "Uploaded CES", "attributes": "birthyr,gender4", "csrf_token": csrf(dclient)}
+    # preview of a plain CSV + codebook (no dataset.json): validated, nothing written
+    r = dclient.post(
+        "/admin/import/upload",
+        data={**fields, "action": "preview"},
+        files=_files(folder, "responses.csv", "codebook.jsonl"),
+    )
+    assert r.status_code == 200, r.text
+    assert 'id="preview"' in r.text and "25 respondents" in r.text and "2 attributes" in r.text
+    assert db.exec(select(Study)).all() == []
+    # a broken codebook: the importer's message (file and line) is shown inline, nothing written
+    bad = (folder / "codebook.jsonl").read_text(encoding="utf-8").splitlines()
+    bad[2] = bad[2].replace('"options"', '"opts"')
+    (folder / "broken.jsonl").write_text("\n".join(bad) + "\n", encoding="utf-8")
+    files = _files(folder, "responses.csv")
+    files["codebook.jsonl"] = (
+        "codebook.jsonl",
+        (folder / "broken.jsonl").read_bytes(),
+        "application/octet-stream",
+    )
+    r = dclient.post("/admin/import/upload", data={**fields, "action": "import"}, files=files)
+    assert r.status_code == 422 and "codebook.jsonl" in r.text and 'class="error"' in r.text
+    assert db.exec(select(Study)).all() == []
+    # import for real
+    r = dclient.post(
+        "/admin/import/upload",
+        data={**fields, "action": "import"},
+        files=_files(folder, "responses.csv", "codebook.jsonl"),
+    )
+    assert r.status_code == 200, r.text
+    study = db.exec(select(Study).where(Study.slug == "uploaded-ces")).one()
+    roles = {it.key: it.role for it in db.exec(select(Item).where(Item.study_id == study.id)).all()}
+    assert roles["birthyr"] == "attribute" and roles["327a"] == "question"
+    assert len(db.exec(select(Respondent).where(Respondent.study_id == study.id)).all()) == 25
+
+
+def _study_with_items(dclient: TestClient, name: str = "Edit in place") -> str:
+    login(dclient, "alice@example.org")
+    r = dclient.post("/admin/studies", data={"name": name, "csrf_token": csrf(dclient)})
+    assert r.status_code == 200
+    base = r.url.path
+    for key, role, options in (
+        ("q1", "question", "A: Very satisfied\nB: Somewhat satisfied\nC: Don't know"),
+        ("q2", "question", "Yes\nNo"),
+        ("q3", "question", "Yes\nNo"),
+    ):
+        dclient.post(
+            base + "/items",
+            data={
+                "key": key,
+                "question": f"Question {key}?",
+                "options": options,
+                "role": role,
+                "csrf_token": csrf(dclient),
+            },
+        )
+    return base
+
+
+def test_item_edit_in_place_answers_with_the_row_only(
+    dclient: TestClient, alice: Researcher, db: Session
+) -> None:
+    base = _study_with_items(dclient)
+    q1 = db.exec(select(Item).where(Item.key == "q1")).one()
+    hx = {"HX-Request": "true"}
+    # reorder (C first is not a scale, but any order the researcher writes is kept), reword
+    # and mark "Don't know" as not an answer; the answer is the row, not the page
+    r = dclient.post(
+        f"{base}/items/{q1.id}",
+        headers=hx,
+        data={
+            "question": "How satisfied are you?",
+            "options": "B: Somewhat satisfied\nA: Very satisfied, really\nC: Don't know",
+            "missing": "C",
+            "role": "target",
+            "csrf_token": csrf(dclient),
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.text.lstrip().startswith(f'<tr id="item-{q1.id}"') and "<html" not in r.text
+    assert "item q1 saved" in r.text and "How satisfied are you?" in r.text
+    assert 'id="items-count" hx-swap-oob="true">(3; targets: 1)' in r.text
+    db.refresh(q1)
+    assert q1.options == [["B", "Somewhat satisfied"], ["A", "Very satisfied, really"]]
+    assert q1.role == "target" and q1.question == "How satisfied are you?"
+    # an error comes back inside the row (422), the item unchanged
+    r = dclient.post(
+        f"{base}/items/{q1.id}",
+        headers=hx,
+        data={"options": "A: only one", "role": "target", "csrf_token": csrf(dclient)},
+    )
+    assert r.status_code == 422 and 'role="alert"' in r.text and "two options" in r.text
+    assert r.text.lstrip().startswith("<tr")
+    db.refresh(q1)
+    assert len(q1.options) == 2
+    # marking all but one option missing is refused
+    r = dclient.post(
+        f"{base}/items/{q1.id}",
+        headers=hx,
+        data={"missing": "A", "role": "target", "csrf_token": csrf(dclient)},
+    )
+    assert r.status_code == 422 and "at least two options must remain" in r.text
+    # delete in place: an empty answer removes the row
+    q3 = db.exec(select(Item).where(Item.key == "q3")).one()
+    r = dclient.post(
+        f"{base}/items/{q3.id}", headers=hx, data={"action": "delete", "csrf_token": csrf(dclient)}
+    )
+    assert r.status_code == 200 and "<tr" not in r.text
+    assert 'id="items-count" hx-swap-oob="true">(2; targets: 1)' in r.text
+    db.expire_all()
+    assert db.exec(select(Item).where(Item.key == "q3")).first() is None
+
+
+def test_bulk_role_change(dclient: TestClient, alice: Researcher, db: Session) -> None:
+    base = _study_with_items(dclient, "Bulk roles")
+    r = dclient.post(
+        base + "/items/roles",
+        headers={"HX-Request": "true"},
+        data={"keys": ["q2", "q3"], "role": "target", "csrf_token": csrf(dclient)},
+    )
+    assert r.status_code == 200 and '<section class="card" id="items"' in r.text
+    assert "2 items set to target" in r.text and "<html" not in r.text
+    db.expire_all()
+    roles = {it.key: it.role for it in db.exec(select(Item)).all()}
+    assert roles == {"q1": "question", "q2": "target", "q3": "target"}
+    r = dclient.post(
+        base + "/items/roles",
+        headers={"HX-Request": "true"},
+        data={"role": "target", "csrf_token": csrf(dclient)},
+    )
+    assert r.status_code == 422 and "select at least one item" in r.text
+    r = dclient.post(
+        base + "/items/roles",
+        data={"keys": ["q1"], "role": "boss", "csrf_token": csrf(dclient)},
+    )
+    assert r.status_code == 422 and "role must be question, attribute or target" in r.text
+
+
+def test_names_are_validated_not_cut_and_unicode_slugs_read_well(
+    dclient: TestClient, alice: Researcher, db: Session
+) -> None:
+    login(dclient, "alice@example.org")
+    r = dclient.post("/admin/studies", data={"name": "x" * 10_000, "csrf_token": csrf(dclient)})
+    assert r.status_code == 422
+    assert "the study name has 10,000 characters; the limit is 200" in r.text
+    assert db.exec(select(Study)).all() == []
+    for name, slug in (
+        ("Umfrage Größe Zürich", "umfrage-grosse-zurich"),
+        ("Опрос доверия 2026", "опрос-доверия-2026"),
+        ("信任调查", "信任调查"),
+    ):
+        r = dclient.post("/admin/studies", data={"name": name, "csrf_token": csrf(dclient)})
+        assert r.status_code == 200, r.text
+        study = db.exec(select(Study).where(Study.name == name)).one()
+        assert study.slug == slug
+        assert dclient.get(f"/admin/studies/{slug}").status_code == 200
+    base = "/admin/studies/" + "опрос-доверия-2026"
+    texts = {"description": "", "consent_text": "", "completion_code": "", "redirect_url": ""}
+    r = dclient.post(
+        base + "/texts", data={**texts, "name": "y" * 201, "csrf_token": csrf(dclient)}
+    )
+    assert r.status_code == 422 and "201 characters; the limit is 200" in r.text
+
+
+def test_only_criteria_the_belief_model_can_run_are_offered_and_accepted(
+    dclient: TestClient, alice: Researcher, db: Session
+) -> None:
+    base = _study_with_items(dclient, "Criteria")
+    page = dclient.get(base)
+    assert '<option value="irt"' not in page.text and '<option value="eig_anchored"' in page.text
+    assert "latent classes (default)" in page.text  # the default named by its family
+    assert "What the criteria do" in page.text and "Stop early when" in page.text
+    form = {
+        "max_questions": "5",
+        "min_questions": "0",
+        "rounds": "1",
+        "respondents_share": "0.5",
+        "max_questions_per_respondent": "1",
+        "csrf_token": csrf(dclient),
+    }
+    r = dclient.post(base + "/settings", data={**form, "criterion": "irt"})
+    assert r.status_code == 422 and "irt&#39; cannot run with the belief model" in r.text
+    r = dclient.post(
+        base + "/settings",
+        data={**form, "criterion": "posterior_entropy", "belief_model": "cape_linear"},
+    )
+    assert r.status_code == 422 and "latent_posterior" in r.text
+    r = dclient.post(base + "/settings", data={**form, "criterion": "posterior_entropy"})
+    assert r.status_code == 200
+    r = dclient.post(
+        base + "/settings", data={**form, "criterion": "eig", "belief_model": "cape_linear"}
+    )
+    assert r.status_code == 200
+    assert '<option value="posterior_entropy"' not in dclient.get(base).text
+
+
+def test_preview_without_runs_then_import_the_kept_upload(
+    dclient: TestClient,
+    alice: Researcher,
+    db: Session,
+    small_dataset_factory: Callable[..., Path],
+) -> None:
+    import re
+
+    from app.services import designer
+
+    folder = small_dataset_factory("ces", 25, folder="upload-kept")
+    manifest = json.loads((folder / "dataset.json").read_text(encoding="utf-8"))
+    manifest["runs"] = "runs.csv"  # named, but not uploaded
+    (folder / "dataset.json").write_text(json.dumps(manifest), encoding="utf-8")
+    login(dclient, "alice@example.org")
+    r = dclient.post(
+        "/admin/import/upload",
+        data={"action": "preview", "name": "Kept upload", "csrf_token": csrf(dclient)},
+        files=_files(folder, "responses.csv", "codebook.jsonl", "dataset.json"),
+    )
+    assert r.status_code == 200, r.text
+    assert "file not found" not in r.text and "runs.csv" in r.text and "left out" in r.text
+    token = re.search(r'name="upload_token" value="([^"]+)"', r.text)
+    assert token is not None
+    kept = designer.uploads_root() / token.group(1)
+    assert (kept / "responses.csv").is_file()
+    assert db.exec(select(Study)).all() == []
+    # import from the preview page: no files chosen again
+    r = dclient.post(
+        "/admin/import/upload",
+        data={
+            "action": "import",
+            "upload_token": token.group(1),
+            "name": "Kept upload",
+            "csrf_token": csrf(dclient),
+        },
+    )
+    assert r.status_code == 200, r.text
+    study = db.exec(select(Study).where(Study.slug == "kept-upload")).one()
+    assert study.owner_id == alice.id
+    assert len(db.exec(select(Respondent).where(Respondent.study_id == study.id)).all()) == 25
+    assert not kept.exists()  # removed after the import
+    again = dclient.post(
+        "/admin/import/upload",
+        data={"action": "import", "upload_token": token.group(1), "csrf_token": csrf(dclient)},
+    )
+    assert again.status_code == 422 and "no longer kept" in again.text
+
+
+def test_kept_uploads_belong_to_their_researcher_and_expire(
+    alice: Researcher,
+    bob: Researcher,
+    db: Session,
+    small_dataset_factory: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    import time
+
+    from app.errors import NotFoundError
+    from app.services import designer
+
+    folder = small_dataset_factory("ces", 25, folder="upload-expiry")
+    files = {n: (folder / n).read_bytes() for n in ("responses.csv", "codebook.jsonl")}
+    root = tmp_path / "uploads"
+    preview = designer.preview_upload(files, {"name": "Expiring"}, owner=alice, root=root)
+    assert preview.token and (root / preview.token).is_dir()
+    with pytest.raises(NotFoundError):
+        designer.import_stored_upload(preview.token, owner=bob, session=db, root=root)
+    with pytest.raises(NotFoundError):
+        designer.import_stored_upload("../../etc", owner=alice, session=db, root=root)
+    assert designer.remove_expired_uploads(root) == 0
+    later = time.time() + designer.UPLOAD_TTL_S + 1
+    assert designer.remove_expired_uploads(root, now=later) == 1
+    assert not (root / preview.token).exists()
+    # a failed preview keeps nothing, and its message never names the server's folder
+    bad = dict(files)
+    bad["codebook.jsonl"] = b'{"id": "x"}\n'
+    with pytest.raises(Exception) as err:
+        designer.preview_upload(bad, {"name": "Broken"}, owner=alice, root=root)
+    assert str(root) not in str(err.value)
+    assert list(root.iterdir()) == []

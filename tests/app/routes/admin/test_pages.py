@@ -1,0 +1,57 @@
+"""The htmx job partial (polls itself while active, stops when done; cancel), the
+simulation page, the dashboard page and the group page through TestClient."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from app.jobs.runner import execute_job
+from app.tables import Job, Study
+from tests.support.admin import csrf, login
+
+
+def test_job_partial_polls_until_done_and_cancel(
+    client: TestClient, ces_study: Study, db: Session
+) -> None:
+    job = Job(kind="simulation", study_id=ces_study.id, payload={})
+    db.add(job)
+    db.commit()
+    login(client, "alice@example.org")
+    url = f"/admin/studies/{ces_study.slug}/jobs/{job.id}"
+    part = client.get(url, headers={"HX-Request": "true"})
+    assert part.status_code == 200
+    assert "<html" not in part.text  # a partial, not a page
+    assert f'hx-get="{url}"' in part.text and 'data-status="queued"' in part.text
+    r = client.post(url + "/cancel", headers={"HX-Request": "true", "X-CSRF-Token": csrf(client)})
+    assert r.status_code == 200 and 'data-status="cancelled"' in r.text
+    assert "hx-get" not in r.text  # finished jobs stop polling
+    assert client.post(url + "/cancel", headers={"X-CSRF-Token": csrf(client)}).status_code == 409
+
+
+def test_simulation_result_page_and_plot(
+    client: TestClient, ces_study: Study, db: Session, engine
+) -> None:  # type: ignore[no-untyped-def]
+    payload = {"budget": 2, "max_test_users": 30, "n_classes": [2], "baselines": ["random", "full"]}
+    job = Job(kind="simulation", study_id=ces_study.id, payload=payload)
+    db.add(job)
+    db.commit()
+    assert execute_job(engine, job.id or 0) == "succeeded"
+    login(client, "alice@example.org")
+    page = client.get(f"/admin/studies/{ces_study.slug}/simulation")
+    assert page.status_code == 200 and 'id="simulation-plot"' in page.text
+    assert "How many questions do you need?" in page.text
+    svg = client.get(f"/admin/studies/{ces_study.slug}/jobs/{job.id}/plot.svg")
+    assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml")
+    assert svg.text.lstrip().startswith("<?xml") and "</svg>" in svg.text
+
+
+def test_dashboard_without_model_and_group_page(client: TestClient, ces_study: Study) -> None:
+    login(client, "alice@example.org")
+    page = client.get(f"/admin/studies/{ces_study.slug}/dashboard")
+    assert page.status_code == 200 and "no predictions" in page.text
+    assert ">0</span> started" in page.text
+    part = client.get(f"/admin/studies/{ces_study.slug}/dashboard", headers={"HX-Request": "true"})
+    assert part.status_code == 200 and "<html" not in part.text and 'id="dashboard"' in part.text
+    groups = client.get(f"/admin/studies/{ces_study.slug}/groups")
+    assert groups.status_code == 200 and "Plan next round" in groups.text

@@ -1,0 +1,573 @@
+"""Group rounds end to end through the web app (SQLite, and PostgreSQL when configured).
+
+plan (job) → open (round row, member links, round sessions) → members answer on their
+links (through the respondent answer path) → the track partial shows it → close →
+answers refused with a clear message → the next plan uses the answers and the spent
+budget; the group budget (rounds, respondents per round, total answers, questions per
+respondent) is respected exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from app import session as svc
+from app.jobs.runner import execute_job
+from app.services import group_rounds, round_links, round_tracking
+from app.settings import Settings
+from app.tables import (
+    Answer,
+    ElicitationSession,
+    GroupRound,
+    GroupRoundMember,
+    Job,
+    JobStatus,
+    Researcher,
+    SelectionDecision,
+    Study,
+)
+from tests.support.admin import csrf, login
+
+LINK = re.compile(r'value="(http://localhost/g/[A-Za-z0-9_-]+)"')
+
+
+def _group_study(db: Session, study: Study, **group: Any) -> Study:
+    from app.services.belief import fit_study_model
+
+    fit_study_model(study, session=db, n_classes=(2,), n_restarts=1)
+    settings = dict(study.settings)
+    settings["group"] = {**settings["group"], **group}
+    study.settings = settings
+    study.consent_text = "You agree to answer one question per round."
+    study.status = "published"
+    db.add(study)
+    db.commit()
+    db.refresh(study)
+    return study
+
+
+def _plan(client: TestClient, engine: Engine, study: Study) -> Job:
+    """Start a plan job from the groups page's form and run it (no worker in tests)."""
+    r = client.post(
+        f"/admin/studies/{study.slug}/jobs",
+        data={"kind": "plan_group_round", "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303, r.text
+    job_id = int(r.headers["location"].rsplit("job=", 1)[1])
+    execute_job(engine, job_id)
+    with Session(engine) as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        s.expunge(job)
+        return job
+
+
+def _open(client: TestClient, study: Study, job_id: int) -> Any:
+    return client.post(
+        f"/admin/studies/{study.slug}/groups/open",
+        data={"job_id": str(job_id), "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+
+
+def _answers(engine: Engine, session_id: int) -> list[Answer]:
+    with Session(engine) as s:
+        return list(s.exec(select(Answer).where(Answer.session_id == session_id)).all())
+
+
+def test_round_plan_open_answer_track_close_and_next_plan(
+    client: TestClient,
+    engine: Engine,
+    db: Session,
+    settings: Settings,
+    ces_study: Study,
+    alice: Researcher,
+    make_researcher: Any,
+) -> None:
+    study = _group_study(
+        db,
+        ces_study,
+        rounds=2,
+        respondents_per_round=4,
+        total_answers=7,
+        max_questions_per_respondent=1,
+    )
+    login(client, "alice@example.org")
+
+    # ---- plan 1 ------------------------------------------------------------------------------
+    plan1 = _plan(client, engine, study)
+    assert plan1.status == JobStatus.succeeded.value, plan1.error
+    r1 = plan1.result
+    assert r1 is not None
+    assert r1["panel"] == "imported" and r1["rounds_done"] == 0 and r1["answers_used"] == 0
+    assert r1["per_round"] == 4 and len(r1["respondents"]) == 4
+    page = client.get(f"/admin/studies/{study.slug}/groups")
+    assert page.status_code == 200 and 'id="open-round"' in page.text
+    assert r1["question"] in page.text
+
+    # ---- open round 1 ---------------------------------------------------------------------
+    r = _open(client, study, plan1.id or 0)
+    assert r.status_code == 303, r.text
+    assert r.headers["location"].endswith(f"/admin/studies/{study.slug}/groups/1")
+    with Session(engine) as s:
+        rnd = s.exec(select(GroupRound).where(GroupRound.study_id == study.id)).one()
+        members = list(
+            s.exec(
+                select(GroupRoundMember)
+                .where(GroupRoundMember.round_id == rnd.id)
+                .order_by(col(GroupRoundMember.id))
+            ).all()
+        )
+        assert rnd.status == "open" and rnd.number == 1
+        assert [m.respondent_id for m in members] == [p["respondent_id"] for p in r1["respondents"]]
+        for m in members:  # each round session's one pending question is the round's
+            d = s.exec(
+                select(SelectionDecision).where(SelectionDecision.session_id == m.session_id)
+            ).one()
+            assert (d.position, d.item_id, d.criterion) == (0, rnd.item_id, "group_round")
+    # a second open of the same plan is refused: a round is open
+    again = _open(client, study, plan1.id or 0)
+    assert again.status_code == 409 and "still open" in again.text
+
+    # ---- links ------------------------------------------------------------------------------
+    track = client.get(f"/admin/studies/{study.slug}/groups/1")
+    assert track.status_code == 200
+    links = LINK.findall(track.text)
+    assert len(links) == 4
+    expected = [
+        "http://localhost/g/"
+        + group_rounds.link_token(
+            settings.secret_key.get_secret_value(), rnd.id or 0, m.respondent_id
+        )
+        for m in members
+    ]
+    assert links == expected
+    csv_file = client.get(f"/admin/studies/{study.slug}/groups/1/links.csv")
+    assert csv_file.status_code == 200 and csv_file.text.startswith("\ufeffrespondent,")
+    import csv
+    import io
+
+    table = list(csv.DictReader(io.StringIO(csv_file.text.lstrip("\ufeff"))))
+    assert [row["link"] for row in table] == expected
+    assert [int(row["respondent_id"]) for row in table] == [m.respondent_id for m in members]
+    assert {row["status"] for row in table} == {"waiting"}
+    respondent = TestClient(client.app, base_url="http://localhost")  # no admin cookies
+    q = respondent.get(links[0])
+    assert q.status_code == 200 and f'name="item" value="{r1["question"]}"' in q.text
+    assert f'action="{links[0]}"' in q.text  # posts back to the link, not to /s/...
+    letters = re.findall(r'name="option" value="([^"]+)"', q.text)
+    assert letters
+
+    # a bad option: 422 with the answer path's message, nothing stored
+    bad = respondent.post(links[0], data={"option": "ZZ", "idempotency_key": "k0"})
+    assert bad.status_code == 422 and "is not an option" in bad.text
+    assert _answers(engine, members[0].session_id) == []
+    empty = respondent.post(links[0], data={"idempotency_key": "k00"})
+    assert empty.status_code == 422 and "Please choose an answer" in empty.text
+
+    # member 0 answers (plain POST), the retry with the same key is the same answer
+    for _ in range(2):
+        ok = respondent.post(
+            links[0], data={"option": letters[0], "idempotency_key": "k1"}, follow_redirects=False
+        )
+        assert ok.status_code == 303 and ok.headers["location"] == links[0]
+    assert [a.option for a in _answers(engine, members[0].session_id)] == [letters[0]]
+    assert "Thank you" in respondent.get(links[0]).text
+    changed = respondent.post(links[0], data={"option": letters[-1], "idempotency_key": "k2"})
+    assert changed.status_code == 409
+    # member 1 prefers not to answer; member 2 answers with htmx
+    skip = respondent.post(
+        links[1], data={"skip": "1", "idempotency_key": "k3"}, follow_redirects=False
+    )
+    assert skip.status_code == 303
+    hx = respondent.post(
+        links[2],
+        data={"option": letters[-1], "idempotency_key": "k4"},
+        headers={"HX-Request": "true"},
+    )
+    assert hx.status_code == 200 and hx.headers["HX-Redirect"] == links[2]
+    # one question per link: each answered round session stopped after it
+    with Session(engine) as s:
+        for m in members[:3]:
+            sess = s.get(ElicitationSession, m.session_id)
+            assert sess is not None and sess.status == "completed"
+            view = svc.session_view(study, sess, session=s)
+            assert view.phase == "done" and view.n_posed == 1
+
+    # ---- track (the htmx partial) -----------------------------------------------------------
+    part = client.get(f"/admin/studies/{study.slug}/groups/1", headers={"HX-Request": "true"})
+    assert part.status_code == 200 and "<html" not in part.text
+    assert 'hx-trigger="every 2s"' in part.text  # polls while open
+    statuses = re.findall(r'<tr data-status="(\w+)">', part.text)
+    assert statuses == ["answered", "skipped", "answered", "waiting"]
+    # gains in expected correct target answers (as on the plan), readable times
+    assert "Expected gain (correct target answers)" in part.text and "nats" not in part.text
+    assert len(re.findall(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>", part.text)) == 3
+    assert re.search(r'id="n-answered">2<', part.text) and re.search(
+        r'id="n-waiting">1<', part.text
+    )
+
+    # ---- close ------------------------------------------------------------------------------
+    closed = client.post(
+        f"/admin/studies/{study.slug}/groups/1/close",
+        data={"csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert closed.status_code == 303
+    with Session(engine) as s:
+        outcomes = [
+            s.get(GroupRoundMember, m.id).outcome  # type: ignore[union-attr]
+            for m in members
+        ]
+        assert outcomes == ["answered", "skipped", "answered", "no_answer"]
+        late = s.get(ElicitationSession, members[3].session_id)
+        assert late is not None and late.status == "abandoned"
+    part = client.get(f"/admin/studies/{study.slug}/groups/1", headers={"HX-Request": "true"})
+    assert "hx-trigger" not in part.text  # the closed table stops polling
+    assert re.findall(r'<tr data-status="(\w+)">', part.text)[-1] == "no_answer"
+    # answers on the links are refused with a clear message; the answer path refuses too
+    refused = respondent.post(links[3], data={"option": letters[0], "idempotency_key": "k5"})
+    assert refused.status_code == 409 and "answers are no longer accepted" in refused.text
+    assert respondent.get(links[3]).status_code == 409
+    assert respondent.post(links[3], data={}).status_code == 409
+    with pytest.raises(svc.SessionClosedError):
+        svc.submit_answer(
+            study,
+            members[3].session_id,
+            item_key=r1["question"],
+            option=letters[0],
+            idempotency_key=None,
+            engine=engine,
+        )
+    assert _answers(engine, members[3].session_id) == []
+    assert respondent.get("http://localhost/g/not-a-token").status_code == 404
+    # the dashboard counts round sessions apart: no respondent "started" a survey, but the
+    # round answers are exposure of the round's question (2 answers + 1 skip)
+    from app.services.dashboard import build_dashboard
+
+    with Session(engine) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        dash = build_dashboard(st, session=s)
+    assert dash.counts["started"] == 0 and dash.counts["dropped"] == 0
+    row = next(e for e in dash.exposure if e["key"] == r1["question"])
+    assert (row["asked"], row["skipped"]) == (3, 1)
+
+    # ---- the next plan uses the answers and the spent budget ----------------------------------
+    with Session(engine) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        rep = group_rounds.replay_group(st, session=s)
+        row = {m.id: i for i, m in enumerate(rep.members)}
+        qi = rep.rt.model_index[rnd.item_id]
+        got = [int(rep.group.observed[row[m.respondent_id], qi]) for m in members]
+        assert got == [letters.index(letters[0]), -1, letters.index(letters[-1]), -1]
+        assert [int(rep.group.n_asked[row[m.respondent_id]]) for m in members] == [1] * 4
+    plan2 = _plan(client, engine, study)
+    r2 = plan2.result
+    assert plan2.status == JobStatus.succeeded.value and r2 is not None, plan2.error
+    assert r2["rounds_done"] == 1 and r2["answers_used"] == 4
+    assert r2["question"] != r1["question"]
+    assert r1["question"] not in [x["item"] for x in r2["question_scores"]]
+    assert r2["per_round"] == 3  # min(4 per round, 7 total - 4 used)
+    asked_before = {m.respondent_id for m in members}
+    assert not asked_before & {p["respondent_id"] for p in r2["respondents"]}  # max 1 each
+    assert r2["predictions"] != r1["predictions"]  # the answers moved the predictions
+    # the stale plan 1 cannot be opened again
+    stale = _open(client, study, plan1.id or 0)
+    assert stale.status_code == 409 and "out of date" in stale.text
+
+    # a budget cut after planning is enforced when opening
+    with Session(engine) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        st.settings = {**st.settings, "group": {**st.settings["group"], "total_answers": 6}}
+        s.add(st)
+        s.commit()
+    cut = _open(client, study, plan2.id or 0)
+    assert cut.status_code == 409 and "4 of the 6 answers" in cut.text
+    with Session(engine) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        st.settings = {**st.settings, "group": {**st.settings["group"], "total_answers": 7}}
+        s.add(st)
+        s.commit()
+    assert _open(client, study, plan2.id or 0).status_code == 303
+    assert (
+        client.post(
+            f"/admin/studies/{study.slug}/groups/2/close",
+            data={"csrf_token": csrf(client)},
+            follow_redirects=False,
+        ).status_code
+        == 303
+    )
+    usage = group_rounds.budget_usage(study, session=db)
+    assert (usage.rounds_used, usage.asked_total, usage.most_questions) == (2, 7, 1)
+    # rounds (and total answers) spent: the next plan fails with the reason
+    plan3 = _plan(client, engine, study)
+    assert plan3.status == JobStatus.failed.value
+    assert "group budget is spent" in (plan3.error or "")
+
+    # ---- another researcher sees none of it -------------------------------------------------
+    make_researcher("bob@example.org")
+    other = TestClient(client.app, base_url="http://localhost")
+    login(other, "bob@example.org")
+    assert other.get(f"/admin/studies/{study.slug}/groups/1").status_code == 404
+    assert other.get(f"/admin/studies/{study.slug}/groups/1/links.csv").status_code == 404
+    assert (
+        other.post(
+            f"/admin/studies/{study.slug}/groups/1/close", data={"csrf_token": csrf(other)}
+        ).status_code
+        == 404
+    )
+
+
+def test_open_needs_a_published_study(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=2)
+    study.status = "draft"
+    db.add(study)
+    db.commit()
+    login(client, "alice@example.org")
+    plan = _plan(client, engine, study)
+    assert plan.status == JobStatus.succeeded.value, plan.error
+    r = _open(client, study, plan.id or 0)
+    assert r.status_code == 409 and "publish the study" in r.text
+    with Session(engine) as s:
+        assert s.exec(select(GroupRound)).all() == []
+        assert s.exec(select(ElicitationSession)).all() == []  # nothing half-written
+
+
+def test_close_while_members_answer_loses_no_acknowledged_answer(
+    engine: Engine, db: Session, settings: Settings, ces_study: Study
+) -> None:
+    """Members answer from 8 threads while the round is closed: every answer that was
+    acknowledged is recorded as answered, every refused one says the round is closed and
+    left no row, and nothing is in between."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=8)
+    job = Job(kind="plan_group_round", study_id=study.id, payload={"max_members": 60})
+    db.add(job)
+    db.commit()
+    assert execute_job(engine, job.id or 0) == JobStatus.succeeded.value
+    secret = settings.secret_key.get_secret_value()
+    rnd = group_rounds.open_round(study, job.id or 0, engine=engine, secret=secret)
+    with Session(engine) as s:
+        members = list(
+            s.exec(select(GroupRoundMember).where(GroupRoundMember.round_id == rnd.id)).all()
+        )
+        links = [
+            round_links.member_by_token(
+                group_rounds.link_token(secret, rnd.id or 0, m.respondent_id), session=s
+            )
+            for m in members
+        ]
+    item = next(
+        it
+        for it in group_rounds.svc.load_runtime(study, session=db).items
+        if it.key == links[0].item_key
+    )
+    letter = item.options[0][0]
+    acknowledged: set[int] = set()
+    refused: set[int] = set()
+
+    def answer(i: int) -> None:
+        try:
+            round_links.answer_round(
+                links[i], option=letter, idempotency_key=f"c{i}", engine=engine
+            )
+            acknowledged.add(members[i].session_id)
+        except group_rounds.RoundClosedError as exc:
+            assert "no longer accepted" in str(exc)
+            refused.add(members[i].session_id)
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(answer, i) for i in range(len(links))]
+        round_tracking.close_round(study, 1, engine=engine)
+        for f in futures:
+            f.result()
+    assert len(acknowledged) + len(refused) == len(members) == 8
+    with Session(engine) as s:
+        outcome = {
+            m.session_id: m.outcome
+            for m in s.exec(select(GroupRoundMember).where(GroupRoundMember.round_id == rnd.id))
+        }
+        stored = {a.session_id for a in s.exec(select(Answer)).all()}
+    assert stored == acknowledged
+    assert {sid for sid, o in outcome.items() if o == "answered"} == acknowledged
+    assert {sid for sid, o in outcome.items() if o == "no_answer"} == refused
+
+
+def _live_member(
+    engine: Engine,
+    study: Study,
+    *,
+    external_id: str | None = None,
+    panel: dict[str, str] | None = None,
+    answers: int = 1,
+) -> int:
+    """A live respondent who consented (a session started) and answered ``answers``
+    questions of the survey; returns the respondent id."""
+    started = svc.start_session(study, engine=engine, external_id=external_id, panel_params=panel)
+    view = started.view
+    for k in range(answers):
+        assert view.question is not None
+        view = svc.submit_answer(
+            study,
+            started.session_id,
+            item_key=view.question.key,
+            option=view.question.options[0][0],
+            idempotency_key=f"{started.session_id}-{k}",
+            engine=engine,
+        )
+    return started.respondent_id
+
+
+def test_plan_asks_only_members_who_answered_and_can_be_reached(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    """Live panel: who only consented (never answered), or answered anonymously (no
+    external id, no panel parameters: nobody can hand them a link) is never chosen, and
+    the plan page says how many members could be asked."""
+    study = _group_study(db, ces_study, rounds=2, respondents_per_round=4)
+    api_client = _live_member(engine, study, external_id="api-user-1")
+    panel_member = _live_member(engine, study, panel={"PROLIFIC_PID": "p-77"})
+    only_consented = _live_member(engine, study, external_id="api-user-2", answers=0)
+    anonymous = _live_member(engine, study)
+    login(client, "alice@example.org")
+    plan = _plan(client, engine, study)
+    assert plan.status == JobStatus.succeeded.value, plan.error
+    r = plan.result
+    assert r is not None and r["panel"] == "live"
+    assert (r["n_members"], r["n_eligible"]) == (4, 2)
+    chosen = {p["respondent_id"] for p in r["respondents"]}
+    assert chosen == {api_client, panel_member}
+    assert not chosen & {only_consented, anonymous}
+    page = client.get(f"/admin/studies/{study.slug}/groups")
+    assert re.search(r'id="n-eligible">2<', page.text), page.text
+    assert "ask 2 respondents" in page.text
+
+
+def test_plan_fails_with_the_reason_when_nobody_can_be_reached(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=2)
+    _live_member(engine, study)  # anonymous
+    _live_member(engine, study, external_id="x", answers=0)  # never answered
+    login(client, "alice@example.org")
+    plan = _plan(client, engine, study)
+    assert plan.status == JobStatus.failed.value
+    assert "none of the 2 members can receive a question" in (plan.error or "")
+
+
+def test_plan_with_the_study_gnn_and_relational_selection(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    """Without a trained GNN the plan says so and runs on the belief model; after "Train
+    the group GNN" the planner loads that model (pool of the belief model and the GNN,
+    checked on validation members), relational selection becomes possible and explains
+    each member, and the dashboard plots the imputed target distribution round by round."""
+    study = _group_study(db, ces_study, rounds=2, respondents_per_round=3)
+    login(client, "alice@example.org")
+    plain = _plan(client, engine, study).result
+    assert plain is not None and plain["uses_gnn"] is False and plain["gnn_model_id"] is None
+    assert "no group GNN is trained" in plain["gnn_note"]
+    assert plain["method"] == "elook_budget / elook / none"
+    page = client.get(f"/admin/studies/{study.slug}/groups")
+    assert "No group GNN is trained" in page.text
+    # relational selection needs the GNN: the job fails with the reason
+    r = client.post(
+        f"/admin/studies/{study.slug}/groups/plan",
+        data={"selection": "relational", "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303
+    job_id = int(r.headers["location"].rsplit("job=", 1)[1])
+    execute_job(engine, job_id)
+    with Session(engine) as s:
+        failed = s.get(Job, job_id)
+        assert failed is not None and failed.status == JobStatus.failed.value
+        assert "needs the study's trained GNN" in (failed.error or "")
+    bad = client.post(
+        f"/admin/studies/{study.slug}/groups/plan",
+        data={"selection": "nearest", "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert bad.status_code == 422 and "unknown respondent selection" in bad.text
+
+    # train the GNN (the job of the jobs page), then plan with it
+    train = Job(kind="train_gnn", study_id=study.id, payload={"max_epochs": 5})
+    db.add(train)
+    db.commit()
+    assert execute_job(engine, train.id or 0) == JobStatus.succeeded.value
+    with Session(engine) as s:
+        trained = s.get(Job, train.id)
+        assert trained is not None and trained.result is not None
+        gnn_id = trained.result["fitted_model_id"]
+    with_gnn = _plan(client, engine, study).result
+    assert with_gnn is not None and with_gnn["uses_gnn"] is True
+    assert with_gnn["gnn_model_id"] == gnn_id
+    assert with_gnn["method"] == "elook_budget / elook / pool"
+    assert 0.0 <= with_gnn["pool_weight"] <= 1.0 and with_gnn["pool_val_gain"] is not None
+    for t in with_gnn["predictions"]:
+        assert abs(sum(t["mean"]) - 1.0) < 1e-6 and all(0 < se < 0.5 for se in t["se"])
+
+    r = client.post(
+        f"/admin/studies/{study.slug}/groups/plan",
+        data={"selection": "relational", "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    job_id = int(r.headers["location"].rsplit("job=", 1)[1])
+    execute_job(engine, job_id)
+    with Session(engine) as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.status == JobStatus.succeeded.value, job.error
+        rel = job.result
+    assert rel["selection"] == "relational" and rel["method"] == "eig / relational / gnn"
+    assert len(rel["respondents"]) == 3
+    sizes = [
+        int(re.search(r"stands for (\d+) of", p["reason"]).group(1)) for p in rel["respondents"]
+    ]  # type: ignore[union-attr]
+    assert all(n >= 1 for n in sizes) and sum(sizes) == rel["n_eligible"]
+    page = client.get(f"/admin/studies/{study.slug}/groups")
+    assert "k-means over the GNN" in page.text and "stands for" in page.text
+
+    # open, answer nothing, close; the distribution plot has a point per round
+    assert _open(client, study, job_id).status_code == 303
+    closed = client.post(
+        f"/admin/studies/{study.slug}/groups/1/close",
+        data={"csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert closed.status_code == 303
+    with Session(engine) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        hist = group_rounds.distribution_history(st, session=s)
+    assert hist["rounds"] == [0, 1] and hist["uses_gnn"] is True
+    assert all(len(t["mean"]) == 2 for t in hist["targets"])
+    svg = client.get(f"/admin/studies/{study.slug}/groups/distribution.svg")
+    assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml")
+    assert "<svg" in svg.text and "closed rounds" in svg.text
+
+
+def test_one_respondent_is_singular_on_the_pages(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=1)
+    login(client, "alice@example.org")
+    plan = _plan(client, engine, study)
+    assert plan.status == JobStatus.succeeded.value, plan.error
+    page = client.get(f"/admin/studies/{study.slug}/groups").text
+    assert "ask 1 respondent</button>" in page
+    assert '<span class="n">1 respondent</span> per round' in page
+    assert "1 respondents" not in page
