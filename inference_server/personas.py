@@ -393,6 +393,92 @@ def deterministic_mu(answers: Tensor, n_options: Sequence[int], epsilon: float) 
     return torch.where((answers == MISSING_CODE).unsqueeze(-1), uniform, mu)
 
 
+def _read_metadata(meta_path: Path, metadata_file: str) -> dict:
+    """The question metadata JSON object ``{item id: {...}}`` of ``meta_path``.
+
+    Raises:
+        PersonaError: the file is not valid JSON or not a JSON object.
+    """
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PersonaError(f"{metadata_file}: invalid JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise PersonaError(f"{metadata_file}: expected a JSON object keyed by item id")
+    return meta
+
+
+def _item_scales(
+    item_keys: list[str], meta: dict, answers_file: str, metadata_file: str
+) -> tuple[list[int], list[int], list[str]]:
+    """Per item column: the scale's lowest answer, its number of options, its question.
+
+    An item with scale ``lo..hi`` (integers, ``hi > lo``) has ``hi − lo + 1`` options; the
+    question defaults to the item id.
+
+    Raises:
+        PersonaError: a column without a metadata entry or without an integer scale.
+    """
+    lows, n_opts, questions = [], [], []
+    for key in item_keys:
+        m = meta.get(key)
+        if not isinstance(m, dict):
+            raise PersonaError(f"{answers_file}: column {key!r} has no entry in {metadata_file}")
+        lo, hi = m.get("answer_scale_min"), m.get("answer_scale_max")
+        if (
+            isinstance(lo, bool)
+            or isinstance(hi, bool)
+            or not (isinstance(lo, int) and isinstance(hi, int) and hi > lo)
+        ):
+            raise PersonaError(
+                f"{metadata_file}: item {key!r} has no integer answer scale "
+                f"(answer_scale_min={lo!r}, answer_scale_max={hi!r})"
+            )
+        lows.append(lo)
+        n_opts.append(hi - lo + 1)
+        questions.append(str(m.get("question", key)))
+    return lows, n_opts, questions
+
+
+def _answer_codes(
+    cells: list[str],
+    r: int,
+    item_keys: list[str],
+    lows: list[int],
+    n_opts: list[int],
+    answers_file: str,
+) -> list[int]:
+    """Option codes of one CSV row's answer cells (row ``r``): ``v − lo``, or ``MISSING_CODE``.
+
+    Raises:
+        PersonaError: a cell that is not an integer, or outside its item's scale.
+    """
+    codes: list[int] = []
+    for j, cell in enumerate(cells):
+        cell = cell.strip()
+        if not cell:
+            codes.append(MISSING_CODE)
+            continue
+        try:
+            v = float(cell)
+            ok = v.is_integer()
+        except ValueError:
+            ok = False
+        if not ok:
+            raise PersonaError(
+                f"{answers_file} row {r}, column {item_keys[j]!r}: {cell!r} is not an "
+                "integer answer"
+            )
+        code = int(v) - lows[j]
+        if not 0 <= code < n_opts[j]:
+            raise PersonaError(
+                f"{answers_file} row {r}, column {item_keys[j]!r}: answer {cell} is "
+                f"outside the scale {lows[j]}..{lows[j] + n_opts[j] - 1}"
+            )
+        codes.append(code)
+    return codes
+
+
 def load_answer_matrix(
     folder: str | Path,
     *,
@@ -417,12 +503,7 @@ def load_answer_matrix(
     for p in (ans_path, meta_path):
         if not p.is_file():
             raise PersonaError(f"persona answer matrix: file not found: {p}")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PersonaError(f"{metadata_file}: invalid JSON: {exc}") from None
-    if not isinstance(meta, dict):
-        raise PersonaError(f"{metadata_file}: expected a JSON object keyed by item id")
+    meta = _read_metadata(meta_path, metadata_file)
     with ans_path.open(newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
         try:
@@ -432,26 +513,7 @@ def load_answer_matrix(
         item_keys = [h.strip() for h in header[1:]]
         if not item_keys:
             raise PersonaError(f"{answers_file}: no item columns")
-        lows, n_opts, questions = [], [], []
-        for key in item_keys:
-            m = meta.get(key)
-            if not isinstance(m, dict):
-                raise PersonaError(
-                    f"{answers_file}: column {key!r} has no entry in {metadata_file}"
-                )
-            lo, hi = m.get("answer_scale_min"), m.get("answer_scale_max")
-            if (
-                isinstance(lo, bool)
-                or isinstance(hi, bool)
-                or not (isinstance(lo, int) and isinstance(hi, int) and hi > lo)
-            ):
-                raise PersonaError(
-                    f"{metadata_file}: item {key!r} has no integer answer scale "
-                    f"(answer_scale_min={lo!r}, answer_scale_max={hi!r})"
-                )
-            lows.append(lo)
-            n_opts.append(hi - lo + 1)
-            questions.append(str(m.get("question", key)))
+        lows, n_opts, questions = _item_scales(item_keys, meta, answers_file, metadata_file)
         ids: list[str] = []
         rows: list[list[int]] = []
         seen: set[str] = set()
@@ -468,29 +530,7 @@ def load_answer_matrix(
                     f"{answers_file} row {r}: missing or duplicate persona id {pid!r}"
                 )
             seen.add(pid)
-            codes: list[int] = []
-            for j, cell in enumerate(row[1:]):
-                cell = cell.strip()
-                if not cell:
-                    codes.append(MISSING_CODE)
-                    continue
-                try:
-                    v = float(cell)
-                    ok = v.is_integer()
-                except ValueError:
-                    ok = False
-                if not ok:
-                    raise PersonaError(
-                        f"{answers_file} row {r}, column {item_keys[j]!r}: {cell!r} is not an "
-                        "integer answer"
-                    )
-                code = int(v) - lows[j]
-                if not 0 <= code < n_opts[j]:
-                    raise PersonaError(
-                        f"{answers_file} row {r}, column {item_keys[j]!r}: answer {cell} is "
-                        f"outside the scale {lows[j]}..{lows[j] + n_opts[j] - 1}"
-                    )
-                codes.append(code)
+            codes = _answer_codes(row[1:], r, item_keys, lows, n_opts, answers_file)
             ids.append(pid)
             rows.append(codes)
     if not rows:
