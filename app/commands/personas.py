@@ -20,7 +20,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlmodel import Session
 from tqdm import tqdm
@@ -135,11 +135,96 @@ def _backend(args: argparse.Namespace) -> Any:
     )
 
 
+def _study_personas(
+    args: argparse.Namespace, study_id: int, attrs: list[Any], session: Session
+) -> tuple[list[Any], str]:
+    """The personas ``--personas`` names and their source: ``(personas, source)``.
+
+    ``from-attributes`` builds them from the study's attribute items (``--profiles``,
+    ``--n-personas``, ``--seed``); otherwise they are read from the file, the first
+    ``--n-personas`` of it when given. ``source`` is ``"attributes"`` or ``"file"``.
+    """
+    # torch-heavy (inference_server), imported when the command runs: --help stays fast.
+    from app.services import personas as personas_service
+    from inference_server.personas import read_persona_file
+
+    if args.personas == "from-attributes":
+        if not attrs:
+            raise InvalidInputError(f"study {args.study!r} has no attribute items")
+        personas = personas_service.attribute_personas(
+            study_id,
+            attrs,
+            mode=args.profiles,
+            n=args.n_personas,
+            seed=args.seed,
+            session=session,
+        )
+        return personas, "attributes"
+    personas = read_persona_file(args.personas)
+    if args.n_personas is not None:
+        personas = personas[: args.n_personas]
+    return personas, "file"
+
+
+def _start_job(args: argparse.Namespace, study_id: int, session: Session) -> Job:
+    """A committed running ``Job`` of this command whose payload is its arguments."""
+    job = Job(
+        kind=JOB_KIND,
+        study_id=study_id,
+        status=JobStatus.running.value,
+        payload={
+            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"
+        },
+        started_at=utcnow(),
+        attempts=1,
+    )
+    session.add(job)
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def _fail_job(job: Job, exc: BaseException, session: Session) -> NoReturn:
+    """Roll back, then mark ``job`` failed with ``exc``; re-raise an interrupt, else a user error.
+
+    Raises:
+        KeyboardInterrupt: ``exc`` itself when it is one.
+        InvalidInputError: otherwise, naming the job (stored pairs are kept for a rerun).
+    """
+    session.rollback()
+    job.status = JobStatus.failed.value
+    job.error = f"{type(exc).__name__}: {exc}"
+    job.finished_at = utcnow()
+    session.add(job)
+    session.commit()
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    raise InvalidInputError(
+        f"persona generation failed (job {job.id}; stored pairs are kept, rerun to resume): {exc}"
+    ) from exc
+
+
+def _finish_job(job: Job, result: dict, session: Session) -> None:
+    """Mark ``job`` succeeded with ``result`` and commit it."""
+    job.status = JobStatus.succeeded.value
+    job.progress = 1.0
+    job.result = result
+    job.finished_at = utcnow()
+    session.add(job)
+    session.commit()
+
+
 def _generate(args: argparse.Namespace) -> int:
+    """``personas generate``: store the study's personas and score every persona-item pair.
+
+    Creates a running job with the arguments as payload, scores the pairs not stored yet
+    with the ``--backend`` (a progress bar on stderr), marks the job succeeded with the
+    counts and rate and prints them as JSON; on a backend error or an interrupt the job is
+    marked failed and the pairs already stored are kept.
+    """
     # torch-heavy (inference_server), imported when the command runs: --help stays fast.
     from app.services import personas as personas_service
     from inference_server.errors import InferenceError
-    from inference_server.personas import read_persona_file
 
     settings = get_settings()
     db.upgrade(settings.database_url)
@@ -151,41 +236,11 @@ def _generate(args: argparse.Namespace) -> int:
             attrs, questions = personas_service.study_items(study.id, session=session)
             if not questions:
                 raise InvalidInputError(f"study {args.study!r} has no questions")
-            if args.personas == "from-attributes":
-                if not attrs:
-                    raise InvalidInputError(f"study {args.study!r} has no attribute items")
-                personas = personas_service.attribute_personas(
-                    study.id,
-                    attrs,
-                    mode=args.profiles,
-                    n=args.n_personas,
-                    seed=args.seed,
-                    session=session,
-                )
-                source = "attributes"
-            else:
-                personas = read_persona_file(args.personas)
-                if args.n_personas is not None:
-                    personas = personas[: args.n_personas]
-                source = "file"
+            personas, source = _study_personas(args, study.id, attrs, session)
             added = personas_service.save_study_personas(
                 study.id, personas, source, session=session
             )
-            job = Job(
-                kind=JOB_KIND,
-                study_id=study.id,
-                status=JobStatus.running.value,
-                payload={
-                    k: (str(v) if isinstance(v, Path) else v)
-                    for k, v in vars(args).items()
-                    if k != "func"
-                },
-                started_at=utcnow(),
-                attempts=1,
-            )
-            session.add(job)
-            session.commit()
-            session.refresh(job)
+            job = _start_job(args, study.id, session)
             print(
                 f"study {study.slug!r}: {len(personas)} personas ({added} new) x "
                 f"{len(questions)} questions; job {job.id}",
@@ -211,18 +266,7 @@ def _generate(args: argparse.Namespace) -> int:
                 )
             except (InferenceError, KeyboardInterrupt) as exc:
                 bar.close()
-                session.rollback()
-                job.status = JobStatus.failed.value
-                job.error = f"{type(exc).__name__}: {exc}"
-                job.finished_at = utcnow()
-                session.add(job)
-                session.commit()
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
-                raise InvalidInputError(
-                    f"persona generation failed (job {job.id}; stored pairs are kept, rerun "
-                    f"to resume): {exc}"
-                ) from exc
+                _fail_job(job, exc, session)
             bar.close()
             result = {
                 "total_pairs": stats.total,
@@ -234,12 +278,7 @@ def _generate(args: argparse.Namespace) -> int:
                 "model_id": backend.model_id,
                 "template_version": backend.template.version_id,
             }
-            job.status = JobStatus.succeeded.value
-            job.progress = 1.0
-            job.result = result
-            job.finished_at = utcnow()
-            session.add(job)
-            session.commit()
+            _finish_job(job, result, session)
             print(json.dumps(result))
     finally:
         engine.dispose()
