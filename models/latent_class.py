@@ -315,6 +315,66 @@ def _search_structures(
     return runs_by_k, scores, by_k
 
 
+def _fit_inputs(
+    responses: Tensor,
+    val_responses: Tensor | None,
+    item_bank: ItemBank,
+    n_classes: Sequence[int],
+    n_restarts: int,
+) -> tuple[Tensor, Tensor | None, list[int]]:
+    """Checked ``(y, yv, cands)`` of :func:`fit_latent_classes`.
+
+    ``y`` the training responses ``[N, I]``; ``yv`` the validation responses, ``None``
+    when absent or empty; ``cands`` the distinct candidate ``K`` in increasing order with
+    ``K <= N`` (``[1]`` when none is).
+
+    Raises:
+        ModelError: a candidate ``K < 1``, no candidate, or ``n_restarts < 1``.
+        ShapeError, InvalidOptionError: responses that do not fit ``item_bank``.
+    """
+    y = item_bank.check_responses(responses)
+    cands = sorted({int(k) for k in n_classes})
+    if not cands or cands[0] < 1:
+        raise ModelError(f"n_classes must be positive integers, got {list(n_classes)}")
+    if n_restarts < 1:
+        raise ModelError(f"n_restarts must be >= 1, got {n_restarts}")
+    cands = [k for k in cands if k <= y.shape[0]] or [1]
+    yv = item_bank.check_responses(val_responses) if val_responses is not None else None
+    if yv is not None and yv.shape[0] == 0:
+        yv = None
+    return y, yv, cands
+
+
+@dataclass
+class _RestartProgress:
+    """The ``on_fit(k, r)`` callback of :func:`_restarts`: reports to ``progress``.
+
+    After restart ``r`` of candidate ``k`` (position ``i`` in ``stage_ks``) the fraction
+    done is ``start + span * (i * R + r + 1) / (len(stage_ks) * R)`` with
+    ``R = n_restarts``; the message names the stage, ``k`` and the restart. The stage
+    fields are reassigned when the search moves on to the refit.
+    """
+
+    progress: Callable[[float, str], None] | None
+    n_restarts: int
+    stage: str
+    start: float
+    span: float
+    stage_ks: list[int]
+
+    def __call__(self, k: int, r: int) -> None:
+        if self.progress is None:
+            return
+        stage_ks, n_restarts = self.stage_ks, self.n_restarts
+        i = stage_ks.index(k) if k in stage_ks else 0
+        done = (i * n_restarts + r + 1) / (len(stage_ks) * n_restarts)
+        self.progress(
+            self.start + self.span * done,
+            f"{self.stage}: {k} classes ({i + 1} of {len(stage_ks)}), "
+            f"restart {r + 1} of {n_restarts}",
+        )
+
+
 def fit_latent_classes(
     responses: Tensor,
     item_bank: ItemBank,
@@ -370,28 +430,8 @@ def fit_latent_classes(
         per-iteration penalised log-likelihood of the best component fit), ``fit_users``; and
         ``training_hash`` of the data it was fitted on.
     """
-    y = item_bank.check_responses(responses)
-    cands = sorted({int(k) for k in n_classes})
-    if not cands or cands[0] < 1:
-        raise ModelError(f"n_classes must be positive integers, got {list(n_classes)}")
-    if n_restarts < 1:
-        raise ModelError(f"n_restarts must be >= 1, got {n_restarts}")
-    cands = [k for k in cands if k <= y.shape[0]] or [1]
-    yv = item_bank.check_responses(val_responses) if val_responses is not None else None
-    if yv is not None and yv.shape[0] == 0:
-        yv = None
-
-    stage, start, span, stage_ks = "K grid", 0.0, 0.8, cands
-
-    def on_fit(k: int, r: int) -> None:
-        if progress is None:
-            return
-        i = stage_ks.index(k) if k in stage_ks else 0
-        done = (i * n_restarts + r + 1) / (len(stage_ks) * n_restarts)
-        progress(
-            start + span * done,
-            f"{stage}: {k} classes ({i + 1} of {len(stage_ks)}), restart {r + 1} of {n_restarts}",
-        )
+    y, yv, cands = _fit_inputs(responses, val_responses, item_bank, n_classes, n_restarts)
+    on_fit = _RestartProgress(progress, n_restarts, "K grid", 0.0, 0.8, cands)
 
     def fit_runs(data: Tensor, k: int) -> list[LatentClassFit]:
         return _restarts(data, item_bank, k, n_restarts, alpha, max_iter, tol, seed, on_fit)
@@ -407,7 +447,8 @@ def fit_latent_classes(
     if refit_with_validation and yv is not None:
         data = torch.cat([y, yv])
         needed = list(runs_by_k) if structure == "all" else [chosen]
-        stage, start, span, stage_ks = "refit with validation users", 0.8, 0.2, needed
+        on_fit.stage, on_fit.start, on_fit.span = "refit with validation users", 0.8, 0.2
+        on_fit.stage_ks = needed
         runs_by_k = {k: fit_runs(data, k) for k in needed}
     parts = _structure_parts(structure, chosen, runs_by_k)
     out = _mixture(parts, item_bank)
