@@ -199,6 +199,189 @@ def questions_needed(
     return None
 
 
+def _item_roles(items: Sequence[Item]) -> tuple[list[int], list[int], list[int]]:
+    """Column indices ``(attrs, cand, tgt)`` of the attribute, question and target items.
+
+    Raises:
+        InvalidInputError: no target item, or no question item.
+    """
+    attrs = [j for j, it in enumerate(items) if it.role == ItemRole.attribute.value]
+    cand = [j for j, it in enumerate(items) if it.role == ItemRole.question.value]
+    tgt = [j for j, it in enumerate(items) if it.role == ItemRole.target.value]
+    if not tgt:
+        raise InvalidInputError("choose at least one target item before simulating")
+    if not cand:
+        raise InvalidInputError("the study has no question items to ask")
+    return attrs, cand, tgt
+
+
+def _respondent_parts(
+    study_id: int, items: Sequence[Item], seed: int, *, session: Session
+) -> tuple[dict[str, torch.Tensor], bool]:
+    """The imported respondents as ``{"train", "val", "test": LongTensor [n, I]}``.
+
+    Row ``i`` holds the option index of each item's answer (attributes included) in the
+    column order of ``items``, ``MISSING`` where unanswered or unknown; rows are in
+    respondent id order. The second value says whether the study has its own split; when
+    it has none, :func:`_split_of` assigns each respondent from ``seed``.
+    """
+    col = {it.key: j for j, it in enumerate(items)}
+    letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
+    rows = session.exec(
+        select(Respondent.id, Respondent.attributes, Respondent.answers, Respondent.split)
+        .where(
+            Respondent.study_id == study_id,
+            Respondent.source == RespondentSource.import_.value,
+        )
+        .order_by(Respondent.id)  # type: ignore[arg-type]
+    ).all()
+    parts: dict[str, list[list[int]]] = {"train": [], "val": [], "test": []}
+    any_split = any(split for _, _, _, split in rows)
+    for rid, attributes, given, split in rows:
+        row = [MISSING] * len(items)
+        for mapping in (attributes or {}, given or {}):
+            for key, letter in mapping.items():
+                j = col.get(key)
+                if j is not None:
+                    row[j] = letter_index[j].get(letter, MISSING)
+        where = split if any_split else _split_of(int(rid or 0), seed)
+        parts[where or "train"].append(row)
+    n = len(items)
+    tensors = {k: torch.tensor(r, dtype=torch.long).reshape(-1, n) for k, r in parts.items()}
+    return tensors, any_split
+
+
+def _test_users(
+    train: torch.Tensor, test: torch.Tensor, tgt: list[int], max_test_users: int
+) -> torch.Tensor:
+    """The first ``max_test_users`` test rows with an answer to some target item.
+
+    Raises:
+        InvalidInputError: fewer than 10 training or no test respondents, or no test
+            respondent with a target answer.
+    """
+    if train.shape[0] < 10 or test.shape[0] < 1:
+        raise InvalidInputError(
+            f"the study has too few historical respondents to simulate "
+            f"({train.shape[0]} training, {test.shape[0]} test; need >= 10 and >= 1)"
+        )
+    test = test[(test[:, tgt] >= 0).any(1)][:max_test_users]
+    if test.shape[0] == 0:
+        raise InvalidInputError("no test respondent has an answer to any target item")
+    return test
+
+
+def _fit_context(
+    bank: ItemBank,
+    train: torch.Tensor,
+    val: torch.Tensor,
+    roles: tuple[list[int], list[int], list[int]],
+    persona_mu: torch.Tensor | None,
+    opts: SimulationOptions,
+) -> FitContext:
+    """The :class:`FitContext` of the simulation's fits, seeded from ``opts.seed``.
+
+    ``roles`` is ``(attrs, cand, tgt)``. Latent classes try ``opts.n_classes``; with a
+    persona prior (``persona_mu`` ``[P, I, O]``) the ``personas`` fit gets it as ``mu``.
+    """
+    attrs, cand, tgt = roles
+    fit_options: dict[str, dict[str, Any]] = {
+        "latent_classes": {"n_classes": tuple(opts.n_classes)}
+    }
+    if persona_mu is not None:
+        fit_options["personas"] = {"mu": persona_mu}
+    return FitContext(
+        bank,
+        train,
+        val,
+        attrs,
+        cand,
+        tgt,
+        seed=opts.seed,
+        base_seed=opts.seed,
+        cache={},
+        options=fit_options,
+    )
+
+
+def _replay_inputs(
+    test: torch.Tensor,
+    n: int,
+    roles: tuple[list[int], list[int], list[int]],
+    n_opt: torch.Tensor,
+) -> dict[str, Any]:
+    """What :func:`_score_method` replays for the ``U`` test users ``test`` ``[U, n]``.
+
+    ``observed`` ``[U, n]`` (the attributes, ``MISSING`` elsewhere), ``answers``
+    ``[U, C]`` (the candidates), ``truth`` ``[U, T]`` (the targets), ``chunks`` (slices of
+    at most ``CHUNK`` users), ``cand``, ``tgt`` and ``n_opt`` ``[n]``; ``roles`` is
+    ``(attrs, cand, tgt)``.
+    """
+    attrs, cand, tgt = roles
+    observed = torch.full((test.shape[0], n), MISSING, dtype=torch.long)
+    observed[:, attrs] = test[:, attrs]
+    chunks = [slice(i, min(i + CHUNK, test.shape[0])) for i in range(0, test.shape[0], CHUNK)]
+    return {
+        "observed": observed,
+        "answers": test[:, cand],
+        "truth": test[:, tgt],
+        "chunks": chunks,
+        "cand": cand,
+        "tgt": tgt,
+        "n_opt": n_opt,
+    }
+
+
+def _score_method(
+    name: str,
+    method: Method,
+    model: BeliefModel,
+    ctx: FitContext,
+    replay: dict[str, Any],
+    budget: int,
+    report: ProgressFn,
+    done: int,
+    steps: int,
+) -> tuple[dict[str, Any], int]:
+    """Replay the test users chunk by chunk with one method; its curves and the new ``done``.
+
+    ``replay`` holds ``observed`` (``[U, I]``, attributes only), ``answers`` (``[U, C]``),
+    ``truth`` (``[U, T]``), ``chunks``, ``cand``, ``tgt`` and ``n_opt``. Returns
+    ``{"accuracy", "log_loss": [budget + 1] (None where not finite), "description"}``, the
+    mean over (test user, target) pairs after ``0 .. budget`` questions; progress is
+    reported before each chunk at ``done / steps``, and ``done`` grows by one per chunk.
+    """
+    observed, answers, truth = replay["observed"], replay["answers"], replay["truth"]
+    cand, tgt, n_opt = replay["cand"], replay["tgt"], replay["n_opt"]
+    sums: list[Any] = [None] * (budget + 1)
+    crit: Any = None
+    for part in replay["chunks"]:
+        report(done / steps, f"{name}: respondents {part.start + 1}-{part.stop}")
+        if method.observe_all:
+            obs = observed[part].clone()
+            obs[:, cand] = answers[part]
+            full_pred = model.predict_batch(model.initial_batch(obs), tgt)
+            preds = [full_pred] * (budget + 1)
+        else:
+            assert method.criterion is not None
+            if crit is None or not crit.uses_fixed_order:
+                # an order-based criterion keeps its fixed order for every chunk
+                # (searched once); others are built per chunk
+                crit = method.criterion(ctx)
+            preds, _ = simulate(model, crit, observed[part], cand, answers[part], tgt, budget)
+        for k, pred in enumerate(preds):
+            scored = score_predictions(pred, truth[part], n_opt[tgt])
+            sums[k] = scored if sums[k] is None else sums[k].add(scored)
+        done += 1
+    means = [m.means() for m in sums]
+    result = {
+        "accuracy": [_finite(m["accuracy"]) for m in means],
+        "log_loss": [_finite(m["log_loss"]) for m in means],
+        "description": method.description,
+    }
+    return result, done
+
+
 def run_study_simulation(
     study: Study,
     *,
@@ -227,76 +410,23 @@ def run_study_simulation(
             select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
         ).all()
     )
-    attrs = [j for j, it in enumerate(items) if it.role == ItemRole.attribute.value]
-    cand = [j for j, it in enumerate(items) if it.role == ItemRole.question.value]
-    tgt = [j for j, it in enumerate(items) if it.role == ItemRole.target.value]
-    if not tgt:
-        raise InvalidInputError("choose at least one target item before simulating")
-    if not cand:
-        raise InvalidInputError("the study has no question items to ask")
+    attrs, cand, tgt = _item_roles(items)
     settings = StudySettings.model_validate(study.settings or {})
     budget = settings.budgets.max_questions if opts.budget is None else opts.budget
     if budget < 0:
         raise InvalidInputError(f"budget must be >= 0, got {budget}")
     budget = min(budget, len(cand))
 
-    col = {it.key: j for j, it in enumerate(items)}
-    letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
-    rows = session.exec(
-        select(Respondent.id, Respondent.attributes, Respondent.answers, Respondent.split)
-        .where(
-            Respondent.study_id == study.id,
-            Respondent.source == RespondentSource.import_.value,
-        )
-        .order_by(Respondent.id)  # type: ignore[arg-type]
-    ).all()
-    parts: dict[str, list[list[int]]] = {"train": [], "val": [], "test": []}
-    any_split = any(split for _, _, _, split in rows)
-    for rid, attributes, given, split in rows:
-        row = [MISSING] * len(items)
-        for mapping in (attributes or {}, given or {}):
-            for key, letter in mapping.items():
-                j = col.get(key)
-                if j is not None:
-                    row[j] = letter_index[j].get(letter, MISSING)
-        where = split if any_split else _split_of(int(rid or 0), opts.seed)
-        parts[where or "train"].append(row)
+    parts, any_split = _respondent_parts(study.id, items, opts.seed, session=session)
     n = len(items)
-
-    def as_t(r: list[list[int]]) -> torch.Tensor:
-        return torch.tensor(r, dtype=torch.long).reshape(-1, n)
-
-    train, val, test = as_t(parts["train"]), as_t(parts["val"]), as_t(parts["test"])
-    if train.shape[0] < 10 or test.shape[0] < 1:
-        raise InvalidInputError(
-            f"the study has too few historical respondents to simulate "
-            f"({train.shape[0]} training, {test.shape[0]} test; need >= 10 and >= 1)"
-        )
-    test = test[(test[:, tgt] >= 0).any(1)][: opts.max_test_users]
-    if test.shape[0] == 0:
-        raise InvalidInputError("no test respondent has an answer to any target item")
+    train, val = parts["train"], parts["val"]
+    test = _test_users(train, parts["test"], tgt, opts.max_test_users)
 
     bank = ItemBank(tuple(it.key for it in items), tuple(len(it.options) for it in items))
     n_opt = torch.tensor(bank.n_options, dtype=torch.long)
     prior = persona_prior_model(study, items, session=session)
     persona_mu = prior.mu if prior.metrics.get("prior") == "persona" else None
-    fit_options: dict[str, dict[str, Any]] = {
-        "latent_classes": {"n_classes": tuple(opts.n_classes)}
-    }
-    if persona_mu is not None:
-        fit_options["personas"] = {"mu": persona_mu}
-    ctx = FitContext(
-        bank,
-        train,
-        val,
-        attrs,
-        cand,
-        tgt,
-        seed=opts.seed,
-        base_seed=opts.seed,
-        cache={},
-        options=fit_options,
-    )
+    ctx = _fit_context(bank, train, val, (attrs, cand, tgt), persona_mu, opts)
     study_fit = study_model_fit(settings.belief_model, persona_mu)
     study_name, study_method = _study_method(settings.criterion)
     methods = [(study_name, study_method)] + [(b, get_method(b)) for b in opts.baselines]
@@ -305,11 +435,8 @@ def run_study_simulation(
         for name, m in methods
     ]
     families: dict[str, str] = {}
-    observed = torch.full((test.shape[0], n), MISSING, dtype=torch.long)
-    observed[:, attrs] = test[:, attrs]
-    answers = test[:, cand]
-    truth = test[:, tgt]
-    chunks = [slice(i, min(i + CHUNK, test.shape[0])) for i in range(0, test.shape[0], CHUNK)]
+    replay = _replay_inputs(test, n, (attrs, cand, tgt), n_opt)
+    chunks = replay["chunks"]
     steps = len(methods) * (len(chunks) + 1)
     done = 0
     out: dict[str, Any] = {}
@@ -322,34 +449,9 @@ def run_study_simulation(
                 model = method.fit(ctx)
                 families[name] = model.family
                 done += 1
-                sums: list[Any] = [None] * (budget + 1)
-                crit: Any = None
-                for part in chunks:
-                    report(done / steps, f"{name}: respondents {part.start + 1}-{part.stop}")
-                    if method.observe_all:
-                        obs = observed[part].clone()
-                        obs[:, cand] = answers[part]
-                        full_pred = model.predict_batch(model.initial_batch(obs), tgt)
-                        preds = [full_pred] * (budget + 1)
-                    else:
-                        assert method.criterion is not None
-                        if crit is None or not crit.uses_fixed_order:
-                            # an order-based criterion keeps its fixed order for every chunk
-                            # (searched once); others are built per chunk
-                            crit = method.criterion(ctx)
-                        preds, _ = simulate(
-                            model, crit, observed[part], cand, answers[part], tgt, budget
-                        )
-                    for k, pred in enumerate(preds):
-                        scored = score_predictions(pred, truth[part], n_opt[tgt])
-                        sums[k] = scored if sums[k] is None else sums[k].add(scored)
-                    done += 1
-                means = [m.means() for m in sums]
-                out[name] = {
-                    "accuracy": [_finite(m["accuracy"]) for m in means],
-                    "log_loss": [_finite(m["log_loss"]) for m in means],
-                    "description": method.description,
-                }
+                out[name], done = _score_method(
+                    name, method, model, ctx, replay, budget, report, done, steps
+                )
         finally:
             torch.set_num_threads(old_threads)
     acc = out[study_name]["accuracy"]
