@@ -348,6 +348,116 @@ def study_planner_models(
     return models, info
 
 
+def _option_index(rt: svc.StudyRuntime, item_id: int, letter: str | None) -> int | None:
+    """Option index of answer ``letter`` to item ``item_id`` in the active model.
+
+    ``None`` when the item is not in the model, the letter is ``None`` or not one of the
+    item's options.
+    """
+    it = rt.by_id.get(item_id)
+    if it is None or letter is None or item_id not in rt.model_index:
+        return None
+    letters = [o[0] for o in it.options]
+    return letters.index(letter) if letter in letters else None
+
+
+def _put(
+    observed: torch.Tensor, rt: svc.StudyRuntime, r: int, item_id: int, letter: str | None
+) -> None:
+    """Record answer ``letter`` to ``item_id`` in row ``r`` of ``observed`` when it is known."""
+    k = _option_index(rt, item_id, letter)
+    if k is not None:
+        observed[r, rt.model_index[item_id]] = k
+
+
+def _observe_members(
+    rt: svc.StudyRuntime, members: Sequence[Respondent], panel: str, observed: torch.Tensor
+) -> None:
+    """Fill ``observed`` ``[R, I]`` in place from the members' own records.
+
+    Every member's attributes; for an imported panel also their historical answers except
+    candidates and targets.
+    """
+    hidden = {c.key for c in rt.candidates} | {t.key for t in rt.targets}
+    for r, person in enumerate(members):
+        for key, letter in (person.attributes or {}).items():
+            if key in rt.by_key:
+                _put(observed, rt, r, rt.by_key[key].id, letter)
+        if panel == RespondentSource.import_.value:
+            for key, letter in (person.answers or {}).items():
+                if key in rt.by_key and key not in hidden:
+                    _put(observed, rt, r, rt.by_key[key].id, letter)
+
+
+def _observe_sessions(
+    study: Study,
+    rt: svc.StudyRuntime,
+    observed: torch.Tensor,
+    row_of: dict[int | None, int],
+    exclude: tuple[set[int], set[tuple[int, int]]],
+    session: Session,
+) -> set[int]:
+    """Fill ``observed`` in place from the members' session answers; who answered something.
+
+    ``exclude`` is ``(round_sessions, asked_in_round)``: answers in a round's own session,
+    and answers by a member to a question a closed round asked them, are left out (the
+    rounds add them). Returns the respondent ids with at least one recorded option.
+    """
+    round_sessions, asked_in_round = exclude
+    rows = session.exec(
+        select(Answer, ElicitationSession.respondent_id, ElicitationSession.id)
+        .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
+        .where(ElicitationSession.study_id == study.id)
+    ).all()
+    answered: set[int] = set()
+    for row, rid, sid in rows:
+        if rid in row_of and sid not in round_sessions and (rid, row.item_id) not in asked_in_round:
+            _put(observed, rt, row_of[rid], row.item_id, row.option)
+            if row.option is not None:
+                answered.add(rid)
+    return answered
+
+
+def _closed_rounds(
+    rt: svc.StudyRuntime,
+    closed: Sequence[GroupRound],
+    members_of: dict[int, list[GroupRoundMember]],
+    row_of: dict[int | None, int],
+    answers: dict[int, Answer],
+) -> list[ClosedRound]:
+    """The closed rounds as :class:`ClosedRound`: model item, panel rows asked, answers.
+
+    A member no longer in the panel is left out; an answer is its option index, ``-1``
+    when skipped or unanswered.
+
+    Raises:
+        ConflictError: a round's question is no longer an item of the active model.
+    """
+    closed_rounds: list[ClosedRound] = []
+    for rnd in closed:
+        if rnd.item_id not in rt.model_index:
+            raise ConflictError(
+                f"the question of round {rnd.number} is not an item of the active model"
+            )
+        asked: list[int] = []
+        got: list[int] = []
+        for m in members_of[rnd.id or 0]:
+            if m.respondent_id not in row_of:
+                continue  # no longer in the panel (erased, or beyond max_members)
+            given = answers.get(m.session_id)
+            k = _option_index(rt, rnd.item_id, given.option) if given is not None else None
+            asked.append(row_of[m.respondent_id])
+            got.append(-1 if k is None else k)
+        closed_rounds.append(
+            ClosedRound(
+                rt.model_index[rnd.item_id],
+                torch.tensor(asked, dtype=torch.long),
+                torch.tensor(got, dtype=torch.long),
+            )
+        )
+    return closed_rounds
+
+
 def replay_group(
     study: Study,
     *,
@@ -388,65 +498,15 @@ def replay_group(
         members_of[m.round_id].append(m)
     round_sessions = {m.session_id for ms in members_of.values() for m in ms}
     asked_in_round = {(m.respondent_id, r.item_id) for r in closed for m in members_of[r.id or 0]}
-
-    def index(item_id: int, letter: str | None) -> int | None:
-        it = rt.by_id.get(item_id)
-        if it is None or letter is None or item_id not in rt.model_index:
-            return None
-        letters = [o[0] for o in it.options]
-        return letters.index(letter) if letter in letters else None
-
-    def put(r: int, item_id: int, letter: str | None) -> None:
-        k = index(item_id, letter)
-        if k is not None:
-            observed[r, rt.model_index[item_id]] = k
-
-    hidden = {c.key for c in rt.candidates} | {t.key for t in rt.targets}
-    for r, person in enumerate(members):
-        for key, letter in (person.attributes or {}).items():
-            if key in rt.by_key:
-                put(r, rt.by_key[key].id, letter)
-        if panel == RespondentSource.import_.value:
-            for key, letter in (person.answers or {}).items():
-                if key in rt.by_key and key not in hidden:
-                    put(r, rt.by_key[key].id, letter)
-    rows = session.exec(
-        select(Answer, ElicitationSession.respondent_id, ElicitationSession.id)
-        .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
-        .where(ElicitationSession.study_id == study.id)
-    ).all()
-    answered: set[int] = set()
-    for row, rid, sid in rows:
-        if rid in row_of and sid not in round_sessions and (rid, row.item_id) not in asked_in_round:
-            put(row_of[rid], row.item_id, row.option)
-            if row.option is not None:
-                answered.add(rid)
+    _observe_members(rt, members, panel, observed)
+    answered = _observe_sessions(
+        study, rt, observed, row_of, (round_sessions, asked_in_round), session
+    )
     askable = reachable_members(members, panel, answered)
     answers = answers_by_session(
         [m.session_id for r in closed for m in members_of[r.id or 0]], session
     )
-    closed_rounds: list[ClosedRound] = []
-    for rnd in closed:
-        if rnd.item_id not in rt.model_index:
-            raise ConflictError(
-                f"the question of round {rnd.number} is not an item of the active model"
-            )
-        asked: list[int] = []
-        got: list[int] = []
-        for m in members_of[rnd.id or 0]:
-            if m.respondent_id not in row_of:
-                continue  # no longer in the panel (erased, or beyond max_members)
-            given = answers.get(m.session_id)
-            k = index(rnd.item_id, given.option) if given is not None else None
-            asked.append(row_of[m.respondent_id])
-            got.append(-1 if k is None else k)
-        closed_rounds.append(
-            ClosedRound(
-                rt.model_index[rnd.item_id],
-                torch.tensor(asked, dtype=torch.long),
-                torch.tensor(got, dtype=torch.long),
-            )
-        )
+    closed_rounds = _closed_rounds(rt, closed, members_of, row_of, answers)
     if use_gnn:
         models, info = study_planner_models(study, rt, session=session, seed=seed)
     else:
