@@ -84,6 +84,7 @@ from elicitation.group import (
     GroupElicitation,
     GroupState,
     PlannerModels,
+    RoundPlan,
     plan_round,
     replay,
     validation_pool,
@@ -590,6 +591,61 @@ def distribution_history(study: Study, *, session: Session) -> dict[str, Any]:
     }
 
 
+def _plan_result(
+    rep: GroupReplay, plan: RoundPlan, selection: str, n_eligible: int
+) -> dict[str, Any]:
+    """The plan job's result for ``plan`` on the replayed group ``rep``.
+
+    Keys as listed in :func:`plan_next_round`; ``n_eligible`` members can receive a
+    question.
+    """
+    rt, members, group, question, who = rep.rt, rep.members, plan.group, plan.question, plan.members
+    assert group is not None
+    member_gain = plan.member_gain
+    item_of = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
+    pairs = sorted(
+        zip(plan.left, plan.question_scores.tolist(), strict=True), key=lambda cs: -float(cs[1])
+    )
+    others = rep.askable.clone()
+    others[who] = False
+    m = plan.method
+    return {
+        "best_gain_not_chosen": float(member_gain[others].max()) if bool(others.any()) else None,
+        "panel": "live" if rep.panel == RespondentSource.live.value else "imported",
+        "n_members": len(members),
+        "n_eligible": n_eligible,
+        "question": item_of[question].key,
+        "question_text": item_of[question].question,
+        "question_scores": [{"item": item_of[c].key, "score": float(s)} for c, s in pairs],
+        "score_unit": "nats" if m.question == "eig" else "expected correct target answers",
+        "respondents": [
+            {
+                "respondent": member_label(members[int(v)]),
+                "respondent_id": members[int(v)].id,
+                "expected_gain": float(member_gain[int(v)]),
+                "questions_asked": int(group.n_asked[int(v)]),
+                "reason": plan.explanations[j]["reason"] if plan.explanations else "",
+            }
+            for j, v in enumerate(who.tolist())
+        ],
+        "per_round": len(who),
+        "rounds_done": len(group.records),
+        "rounds_total": group.budget.rounds,
+        "answers_used": group.answers_used,
+        "total_answers": group.budget.total_answers,
+        "selection": selection,
+        "selection_label": SELECTION_LABELS[selection],
+        "method": f"{m.question} / {m.respondents} / {m.imputation}",
+        "uses_gnn": plan.uses_gnn,
+        "gnn_model_id": rep.info.get("gnn_model_id"),
+        "gnn_note": rep.info.get("gnn_note", ""),
+        "pool_weight": plan.pool_weight,
+        "pool_val_gain": rep.info.get("pool_val_gain"),
+        "pool_val_gain_se": rep.info.get("pool_val_gain_se"),
+        "predictions": _target_predictions(rt, group),
+    }
+
+
 def plan_next_round(
     study: Study,
     *,
@@ -635,7 +691,7 @@ def plan_next_round(
     open_ = [r for r in rep.rounds if r.status == GroupRoundStatus.open.value]
     if open_:
         raise ConflictError(f"round {open_[0].number} is open: close it before planning the next")
-    rt, members = rep.rt, rep.members
+    members = rep.members
     n_eligible = int(rep.askable.sum())
     if n_eligible == 0:
         raise GroupBudgetError(
@@ -651,56 +707,13 @@ def plan_next_round(
         raise GroupBudgetError(f"the group budget is spent: {exc}") from None
     except GroupError as exc:
         raise InvalidInputError(str(exc)) from None
-    group, question, who = plan.group, plan.question, plan.members
-    assert group is not None
-    if len(who) == 0:
+    assert plan.group is not None
+    if len(plan.members) == 0:
         raise GroupBudgetError(
             "nobody may be asked this question (every member who can be reached has "
             "answered it or reached the per-respondent question budget)"
         )
-    member_gain = plan.member_gain
-    item_of = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
-    pairs = sorted(
-        zip(plan.left, plan.question_scores.tolist(), strict=True), key=lambda cs: -float(cs[1])
-    )
-    others = rep.askable.clone()
-    others[who] = False
-    m = plan.method
-    return {
-        "best_gain_not_chosen": float(member_gain[others].max()) if bool(others.any()) else None,
-        "panel": "live" if rep.panel == RespondentSource.live.value else "imported",
-        "n_members": len(members),
-        "n_eligible": n_eligible,
-        "question": item_of[question].key,
-        "question_text": item_of[question].question,
-        "question_scores": [{"item": item_of[c].key, "score": float(s)} for c, s in pairs],
-        "score_unit": "nats" if m.question == "eig" else "expected correct target answers",
-        "respondents": [
-            {
-                "respondent": member_label(members[int(v)]),
-                "respondent_id": members[int(v)].id,
-                "expected_gain": float(member_gain[int(v)]),
-                "questions_asked": int(group.n_asked[int(v)]),
-                "reason": plan.explanations[j]["reason"] if plan.explanations else "",
-            }
-            for j, v in enumerate(who.tolist())
-        ],
-        "per_round": len(who),
-        "rounds_done": len(group.records),
-        "rounds_total": group.budget.rounds,
-        "answers_used": group.answers_used,
-        "total_answers": group.budget.total_answers,
-        "selection": selection,
-        "selection_label": SELECTION_LABELS[selection],
-        "method": f"{m.question} / {m.respondents} / {m.imputation}",
-        "uses_gnn": plan.uses_gnn,
-        "gnn_model_id": rep.info.get("gnn_model_id"),
-        "gnn_note": rep.info.get("gnn_note", ""),
-        "pool_weight": plan.pool_weight,
-        "pool_val_gain": rep.info.get("pool_val_gain"),
-        "pool_val_gain_se": rep.info.get("pool_val_gain_se"),
-        "predictions": _target_predictions(rt, group),
-    }
+    return _plan_result(rep, plan, selection, n_eligible)
 
 
 # ----- budgets ----------------------------------------------------------------------------------
