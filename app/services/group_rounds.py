@@ -796,6 +796,81 @@ def _check_budget(
 # ----- open ------------------------------------------------------------------------------------
 
 
+def _finished_plan_job(study: Study, plan_job_id: int, db: Session) -> Job:
+    """The succeeded round plan job ``plan_job_id`` of ``study``, which must be published.
+
+    Raises:
+        NotFoundError: no such plan job of the study.
+        ConflictError: the plan has not finished, or the study is not published.
+    """
+    job = db.get(Job, plan_job_id)
+    if job is None or job.study_id != study.id or job.kind != "plan_group_round":
+        raise NotFoundError(f"no round plan {plan_job_id} in this study")
+    if job.status != JobStatus.succeeded.value or not job.result:
+        raise ConflictError(f"round plan {plan_job_id} has not finished")
+    if study.status != StudyStatus.published.value:
+        raise ConflictError(
+            "publish the study before opening a round (members answer on the "
+            "respondent pages, which only a published study has)"
+        )
+    return job
+
+
+def _add_member(
+    db: Session,
+    study: Study,
+    rnd: GroupRound,
+    p: dict[str, Any],
+    asked: tuple[int | None, str, dict[str, Any], int],
+    secret: str,
+) -> None:
+    """Add planned member ``p`` to round ``rnd``: a session, its decision and the membership.
+
+    ``asked`` is ``(item_id, panel, scores, model_id)``: the round's question, the panel
+    source, the question scores of the plan and the active model. The session's token is
+    never shown; the member's link token derives from ``secret``, the round and the
+    respondent.
+
+    Raises:
+        ConflictError: the respondent is no longer in the panel.
+    """
+    item_id, panel, scores, model_id = asked
+    resp = db.get(Respondent, int(p["respondent_id"]))
+    if resp is None or resp.study_id != study.id or resp.source != panel:
+        raise ConflictError(f"respondent {p['respondent']!r} is no longer in the panel")
+    sess = ElicitationSession(
+        study_id=study.id or 0,
+        respondent_id=resp.id or 0,
+        token_hash=svc.hash_token(svc.new_token()),  # never shown: links only
+    )
+    db.add(sess)
+    db.flush()
+    db.add(
+        SelectionDecision(
+            session_id=sess.id or 0,
+            position=0,
+            item_id=item_id,
+            criterion=ROUND_CRITERION,
+            scores={
+                "scores": scores,
+                "round": rnd.number,
+                "expected_gain": float(p["expected_gain"]),
+                "model_id": model_id,
+            },
+        )
+    )
+    token = link_token(secret, rnd.id or 0, resp.id or 0)
+    db.add(
+        GroupRoundMember(
+            round_id=rnd.id or 0,
+            respondent_id=resp.id or 0,
+            session_id=sess.id or 0,
+            token_hash=svc.hash_token(token),
+            expected_gain=float(p["expected_gain"]),
+        )
+    )
+
+
 def open_round(
     study: Study,
     plan_job_id: int,
@@ -815,16 +890,7 @@ def open_round(
         GroupBudgetError: the round would exceed the group budget.
     """
     with Session(engine, expire_on_commit=False) as db:
-        job = db.get(Job, plan_job_id)
-        if job is None or job.study_id != study.id or job.kind != "plan_group_round":
-            raise NotFoundError(f"no round plan {plan_job_id} in this study")
-        if job.status != JobStatus.succeeded.value or not job.result:
-            raise ConflictError(f"round plan {plan_job_id} has not finished")
-        if study.status != StudyStatus.published.value:
-            raise ConflictError(
-                "publish the study before opening a round (members answer on the "
-                "respondent pages, which only a published study has)"
-            )
+        job = _finished_plan_job(study, plan_job_id, db)
         plan = job.result
         rounds = study_rounds(study, session=db)
         open_ = [r for r in rounds if r.status == GroupRoundStatus.open.value]
@@ -869,39 +935,6 @@ def open_round(
             raise ConflictError("another round was opened at the same time") from None
         scores = {q["item"]: q["score"] for q in plan["question_scores"]}
         for p in plan["respondents"]:
-            resp = db.get(Respondent, int(p["respondent_id"]))
-            if resp is None or resp.study_id != study.id or resp.source != panel:
-                raise ConflictError(f"respondent {p['respondent']!r} is no longer in the panel")
-            sess = ElicitationSession(
-                study_id=study.id or 0,
-                respondent_id=resp.id or 0,
-                token_hash=svc.hash_token(svc.new_token()),  # never shown: links only
-            )
-            db.add(sess)
-            db.flush()
-            db.add(
-                SelectionDecision(
-                    session_id=sess.id or 0,
-                    position=0,
-                    item_id=item.id,
-                    criterion=ROUND_CRITERION,
-                    scores={
-                        "scores": scores,
-                        "round": rnd.number,
-                        "expected_gain": float(p["expected_gain"]),
-                        "model_id": rt.model_id,
-                    },
-                )
-            )
-            token = link_token(secret, rnd.id or 0, resp.id or 0)
-            db.add(
-                GroupRoundMember(
-                    round_id=rnd.id or 0,
-                    respondent_id=resp.id or 0,
-                    session_id=sess.id or 0,
-                    token_hash=svc.hash_token(token),
-                    expected_gain=float(p["expected_gain"]),
-                )
-            )
+            _add_member(db, study, rnd, p, (item.id, panel, scores, rt.model_id), secret)
         db.commit()
         return rnd
