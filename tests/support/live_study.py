@@ -279,7 +279,7 @@ def uvicorn_server(db_url: str, log: Path, *, timeout: float = 60.0) -> Iterator
     the process afterwards."""
     import sys
 
-    repo_root = Path(__file__).resolve().parent.parent
+    repo_root = Path(__file__).resolve().parents[2]
     port = free_port()
     env = {**os.environ, "PRIORLY_DATABASE_URL": db_url, "PRIORLY_ENV": "dev"}
     argv = [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory"]
