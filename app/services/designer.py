@@ -598,6 +598,8 @@ def _uploaded_manifest(data: bytes) -> dict[str, Any]:
         manifest = json.loads(data.decode("utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DatasetError(MANIFEST_FILE, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise DatasetError(MANIFEST_FILE, "JSON nested too deeply to read") from None
     if not isinstance(manifest, dict):
         raise DatasetError(MANIFEST_FILE, "must be a JSON object")
     return manifest

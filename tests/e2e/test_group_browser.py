@@ -14,6 +14,7 @@ pages.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -125,7 +126,11 @@ def _plan(page: Any, base: str, selection: str) -> str:
     page.goto(f"{base}/admin/studies/{SLUG}/groups")
     page.select_option("#selection", selection)
     page.click("#plan-round button[type=submit]")
-    page.wait_for_selector("#round-plan", timeout=300_000)  # the job row polls itself
+    page.wait_for_url(re.compile(r".*[?&]job=\d+"))
+    job_id = re.search(r"[?&]job=(\d+)", page.url).group(1)  # type: ignore[union-attr]
+    # this plan's job row polls itself until it shows the plan (an earlier plan may be
+    # on the page already)
+    page.wait_for_selector(f"#job-{job_id} #round-plan", timeout=300_000)
     page.goto(f"{base}/admin/studies/{SLUG}/groups")  # the latest plan with its open button
     return str(page.inner_text("#round-plan"))
 
