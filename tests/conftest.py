@@ -9,8 +9,6 @@ Helpers that test modules import live in the package :mod:`tests.support`
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.support.data import DATASETS_DIR, write_small_dataset
+from tests.support.live_study import fresh_database_url
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -51,32 +50,7 @@ def small_dataset(small_dataset_factory: Callable[..., Path]) -> Path:
 # PRIORLY_TEST_POSTGRES_URL is set (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test).
 # Every test gets its own database; nothing is shared between tests.
 
-POSTGRES_ENV = "PRIORLY_TEST_POSTGRES_URL"
 BACKENDS = ("sqlite", "postgresql")
-
-
-def _fresh_postgres_database() -> Iterator[str]:
-    """Create ``priorly_t_<random>`` on the server of $PRIORLY_TEST_POSTGRES_URL; drop it after."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.pool import NullPool
-
-    from app.settings import normalise_database_url
-
-    base = os.environ.get(POSTGRES_ENV)
-    if not base:
-        pytest.skip(f"{POSTGRES_ENV} is not set")
-    base_url = make_url(normalise_database_url(base))
-    name = f"priorly_t_{secrets.token_hex(6)}"
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        yield base_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture
@@ -86,9 +60,9 @@ def sqlite_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
+def postgres_url(tmp_path: Path) -> Iterator[str]:
     """URL of a fresh, empty PostgreSQL database (skipped without PRIORLY_TEST_POSTGRES_URL)."""
-    yield from _fresh_postgres_database()
+    yield from fresh_database_url("postgresql", tmp_path)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -97,7 +71,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'priorly-test.db'}"
     else:
-        yield from _fresh_postgres_database()
+        yield from fresh_database_url("postgresql", tmp_path)
 
 
 @pytest.fixture
