@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
-from tests.support.live_study import free_port, wait_healthy
+from tests.support.live_study import priorly_serve
 
 CHROMIUM = "/usr/bin/chromium"
 AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
@@ -50,30 +49,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     with Session(engine) as db:
         create_account(EMAIL, PASSWORD, session=db, is_admin=True)
     engine.dispose()
-    port = free_port()
-    env = {
-        **os.environ,
-        "PRIORLY_DATABASE_URL": url,
-        "PRIORLY_ENV": "dev",
-        "PRIORLY_DEMO_DATASET": str(datasets / "ces_small"),
-        "PRIORLY_QUEUE_PATH": str(folder / "queue.db"),
-        "OMP_NUM_THREADS": "1",
-    }
-    log = (folder / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--no-demo", "--port", str(port)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc, "priorly serve", log=folder / "server.log")
+    with priorly_serve(url, folder, PRIORLY_DEMO_DATASET=str(datasets / "ces_small")) as base:
         yield {"base": base, "upload": upload, "log": folder / "server.log"}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +23,7 @@ import pytest
 
 from tests.e2e.test_respondent_browser import AXE_JS, axe_violations
 from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
-from tests.support.live_study import free_port, wait_healthy
+from tests.support.live_study import priorly_serve
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = REPO_ROOT / "results" / "e2e" / "groups"
@@ -92,29 +91,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         db.commit()
         assert execute_job(engine, job.id or 0) == JobStatus.succeeded.value
     engine.dispose()
-    port = free_port()
-    env = {
-        **os.environ,
-        "PRIORLY_DATABASE_URL": url,
-        "PRIORLY_ENV": "dev",
-        "PRIORLY_QUEUE_PATH": str(folder / "queue.db"),
-        "OMP_NUM_THREADS": "1",
-    }
-    log = (folder / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--no-demo", "--port", str(port)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc, "priorly serve", log=folder / "server.log")
+    with priorly_serve(url, folder) as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _shot(page: Any, name: str) -> None:

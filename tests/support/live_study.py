@@ -293,3 +293,33 @@ def uvicorn_server(db_url: str, log: Path, *, timeout: float = 60.0) -> Iterator
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+@contextmanager
+def priorly_serve(db_url: str, folder: Path, **env_extra: str) -> Iterator[str]:
+    """``priorly serve --no-demo`` (the in-process job worker included) on ``db_url`` at a
+    free port, its queue and ``server.log`` in ``folder``; yields the base URL once
+    ``/healthz`` answers and stops the process afterwards. ``env_extra``: more
+    environment variables (e.g. ``PRIORLY_DEMO_DATASET``)."""
+    import sys
+
+    repo_root = Path(__file__).resolve().parents[2]
+    port = free_port()
+    env = {
+        **os.environ,
+        "PRIORLY_DATABASE_URL": db_url,
+        "PRIORLY_ENV": "dev",
+        "PRIORLY_QUEUE_PATH": str(folder / "queue.db"),
+        "OMP_NUM_THREADS": "1",
+        **env_extra,
+    }
+    argv = [sys.executable, "-m", "app.cli", "serve", "--no-demo", "--port", str(port)]
+    with (folder / "server.log").open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=repo_root, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, "priorly serve", log=folder / "server.log")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
