@@ -6,7 +6,7 @@ with axe-core on each changed page and screenshots into ``docs/screenshots/admin
   in ``window`` survives) and keeps its scroll position; several items get a role at once.
 * An upload (without ``runs.csv``) is previewed and imported from the preview page without
   choosing the files again.
-* The fit job shows its EM restarts while it runs and a readable result.
+* The fit job ends with a readable result (its running state: tests/app/routes/admin).
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ def _shot(page: Any, name: str, *, full_page: bool = True) -> None:
 
 def _axe(page: Any) -> list[dict[str, Any]]:
     """Serious or critical axe-core violations of the page as it is now."""
-    page.evaluate(AXE_JS.read_text(encoding="utf-8"))  # CDP evaluation: the pages' CSP refuses inline scripts
+    page.evaluate(
+        AXE_JS.read_text(encoding="utf-8")
+    )  # CDP evaluation: the pages' CSP refuses inline scripts
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     return [
         {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
@@ -161,10 +163,12 @@ def test_fit_job_shows_progress_and_a_readable_result(server: dict[str, Any], pa
     base = server["base"]
     page.goto(base + "/admin/studies/designer-e2e/jobs")
     page.click("button:has-text('Fit the belief model')")
-    page.wait_for_selector(".job >> text=restart", timeout=300_000)
-    progress = page.locator(".job progress").first.get_attribute("value")
-    assert progress is not None and 5 < int(progress) < 100
-    _shot(page, "21-fit-job-progress", full_page=False)
+    # The fit of 150 respondents takes about a second: whether a poll lands during its
+    # restarts is timing, so the running state's rendering is tested in
+    # tests/app/routes/admin/test_pages.py and the screenshot is taken only if seen.
+    page.wait_for_selector(".job[data-status]", timeout=60_000)
+    if page.locator(".job[data-status=running] >> text=restart").count():
+        _shot(page, "21-fit-job-progress", full_page=False)
     page.wait_for_selector("[id^=fit-summary]", timeout=600_000)
     summary = page.inner_text("[id^=fit-summary]")
     assert summary.startswith("Fitted: latent classes, ") and "classes" in summary

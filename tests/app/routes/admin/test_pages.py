@@ -1,4 +1,5 @@
-"""The htmx job partial (polls itself while active, stops when done; cancel), the
+"""The htmx job partial (polls itself while active, stops when done; cancel; a running
+fit's percentage and restart), the
 simulation page, the dashboard page and the group page through TestClient."""
 
 from __future__ import annotations
@@ -27,6 +28,28 @@ def test_job_partial_polls_until_done_and_cancel(
     assert r.status_code == 200 and 'data-status="cancelled"' in r.text
     assert "hx-get" not in r.text  # finished jobs stop polling
     assert client.post(url + "/cancel", headers={"X-CSRF-Token": csrf(client)}).status_code == 409
+
+
+def test_running_fit_job_shows_its_restart_and_percentage(
+    client: TestClient, ces_study: Study, db: Session
+) -> None:
+    message = "fitting latent classes: K grid: 8 classes (2 of 6), restart 2 of 3"
+    job = Job(
+        kind="fit_model",
+        study_id=ces_study.id,
+        payload={},
+        status="running",
+        progress=0.4,
+        message=message,
+    )
+    db.add(job)
+    db.commit()
+    login(client, "alice@example.org")
+    url = f"/admin/studies/{ces_study.slug}/jobs/{job.id}"
+    part = client.get(url, headers={"HX-Request": "true"}).text
+    assert '<progress max="100" value="40">' in part
+    assert f"40% {message}" in part
+    assert f'hx-get="{url}"' in part  # still polling
 
 
 def test_simulation_result_page_and_plot(
