@@ -85,12 +85,15 @@ async def study_settings(
     page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
 ) -> Response:
     def change() -> str:
+        # settings the form leaves empty or does not show keep their stored values
+        stored = StudySettings.model_validate(study.settings or {})
+        drop_after = form.opt_int("drop_after_minutes")
         values = {
             "criterion": form.text("criterion"),
             "ask_attributes": form.checked("ask_attributes"),
             "belief_model": form.text("belief_model") or "default",
-            "show_learned": StudySettings.model_validate(study.settings or {}).show_learned,
-            "drop_after_minutes": form.opt_int("drop_after_minutes") or 0,
+            "show_learned": stored.show_learned,
+            "drop_after_minutes": stored.drop_after_minutes if drop_after is None else drop_after,
             "budgets": {
                 "max_questions": form.opt_int("max_questions") or 0,
                 "min_questions": form.opt_int("min_questions") or 0,
