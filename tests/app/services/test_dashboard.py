@@ -30,7 +30,6 @@ from app.services.dashboard import (
 )
 from app.settings import Settings
 from app.tables import (
-    Answer,
     ElicitationSession,
     Item,
     Respondent,
@@ -39,19 +38,15 @@ from app.tables import (
 )
 from models.distinctive import distinctive_answers
 from tests.support.admin import login
-from tests.support.live_study import LiveStudy, make_live_study
+from tests.support.live_study import LiveStudy, SessionSpec, add_sessions, make_live_study
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SECRET = "t" * 40  # the settings fixture's secret key
 
 
-def _ago(minutes: float) -> datetime:
-    return NOW - timedelta(minutes=minutes)
-
-
 # (status, created min ago, last activity min ago, completed min ago, answers, earlier
 # starts, preview); answers are (question index, option letter or None for a skip)
-SESSIONS: list[tuple[str, float, float, float | None, list[tuple[int, str | None]], int, bool]] = [
+SESSIONS: list[SessionSpec] = [
     ("completed", 50, 40, 40, [(0, "A"), (1, "A"), (2, "B")], 0, False),  # 10 min
     ("completed", 100, 80, 80, [(0, "B"), (1, None), (2, "A")], 0, False),  # 20 min
     ("completed", 30, 29, 29, [(1, "B")], 0, False),  # 1 min
@@ -69,48 +64,8 @@ def live(settings: Settings, small_dataset: Path) -> Iterator[tuple[LiveStudy, l
     """The study with :data:`SESSIONS` written; yields it and the sessions' ids."""
     svc.clear_runtime_cache()
     study = make_live_study(settings.database_url, small_dataset)
-    ids = []
-    with study.session() as db:
-        questions = db.exec(
-            select(Item)
-            .where(Item.study_id == study.study_id, Item.role == "question")
-            .order_by(col(Item.position), col(Item.id))
-        ).all()
-        for n, (status, created, active, done, answers, earlier, preview) in enumerate(SESSIONS):
-            resp = Respondent(
-                study_id=study.study_id,
-                source="live",
-                earlier_starts=earlier,
-                created_at=_ago(created),
-            )
-            db.add(resp)
-            db.flush()
-            sess = ElicitationSession(
-                study_id=study.study_id,
-                respondent_id=resp.id or 0,
-                token_hash=f"h{n}",
-                status=status,
-                created_at=_ago(created),
-                updated_at=_ago(active),
-                completed_at=_ago(done) if done is not None else None,
-                state_version=len(answers),
-                is_preview=preview,
-            )
-            db.add(sess)
-            db.flush()
-            for q, option in answers:
-                db.add(
-                    Answer(
-                        session_id=sess.id or 0,
-                        item_id=questions[q].id or 0,
-                        option=option,
-                        created_at=_ago(active),
-                    )
-                )
-            ids.append(sess.id or 0)
-        db.commit()
     try:
-        yield study, ids
+        yield study, add_sessions(study, SESSIONS, NOW)
     finally:
         study.engine.dispose()
 
