@@ -46,9 +46,11 @@ dashboard into a respondent id.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -234,19 +236,36 @@ def _median_completion(study: Study, session: Session) -> float | None:
     return float(statistics.median(spans)) if spans else None
 
 
-def _distributions(study: Study, session: Session, items: list[Item]) -> list[ItemDistribution]:
-    live_rows = session.exec(
-        select(col(Answer.item_id), col(Answer.option), func.count())
-        .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
-        .where(ElicitationSession.study_id == study.id, _live_session())
-        .group_by(col(Answer.item_id), col(Answer.option))
-    ).all()
-    live: dict[int, dict[str | None, int]] = defaultdict(dict)
-    for item_id, option, n in live_rows:
-        live[int(item_id)][option] = int(n)
-    asked = [it for it in items if it.id in live]
-    imported: dict[str, dict[str, int]] = defaultdict(dict)
-    if asked:
+_IMPORTED: OrderedDict[tuple[str, int, int, int, tuple[str, ...]], dict[str, dict[str, int]]] = (
+    OrderedDict()
+)
+_IMPORTED_LOCK = threading.Lock()
+_IMPORTED_MAX = 32
+
+
+def _imported_counts(
+    study: Study, session: Session, items: list[Item]
+) -> dict[str, dict[str, int]]:
+    """``{item key: {option letter: imported respondents who gave it}}`` for every item.
+
+    Imported respondents are written once by the import and only ever deleted, so the
+    counts are cached per process under (database, study, number and largest id of its
+    imported respondents, item keys): a poll of the dashboard reads two aggregates instead of
+    every imported answer.
+    """
+    n, top = session.exec(
+        select(func.count(), func.coalesce(func.max(col(Respondent.id)), 0)).where(
+            Respondent.study_id == study.id, Respondent.source == RespondentSource.import_.value
+        )
+    ).one()
+    bind = session.get_bind()
+    key = (str(bind.engine.url), study.id or 0, int(n), int(top), tuple(it.key for it in items))
+    with _IMPORTED_LOCK:
+        if key in _IMPORTED:
+            _IMPORTED.move_to_end(key)
+            return _IMPORTED[key]
+    out: dict[str, dict[str, int]] = defaultdict(dict)
+    if n and items:
         answers = col(Respondent.answers)
         # one row per (item, imported respondent who answered it), grouped once in SQL
         # (grouping each part by its own JSON expression fails on PostgreSQL: every part
@@ -261,14 +280,33 @@ def _distributions(study: Study, session: Session, items: list[Item]) -> list[It
                     Respondent.source == RespondentSource.import_.value,
                     answers[it.key].as_string().is_not(None),
                 )
-                for it in asked
+                for it in items
             )
         ).subquery()
         grouped = select(cells.c.key, cells.c.option, func.count()).group_by(
             cells.c.key, cells.c.option
         )
-        for key, option, n in session.exec(grouped).all():  # type: ignore[call-overload]
-            imported[str(key)][str(option)] = int(n)
+        for k, option, count in session.exec(grouped).all():  # type: ignore[call-overload]
+            out[str(k)][str(option)] = int(count)
+    with _IMPORTED_LOCK:
+        _IMPORTED[key] = dict(out)
+        while len(_IMPORTED) > _IMPORTED_MAX:
+            _IMPORTED.popitem(last=False)
+    return dict(out)
+
+
+def _distributions(study: Study, session: Session, items: list[Item]) -> list[ItemDistribution]:
+    live_rows = session.exec(
+        select(col(Answer.item_id), col(Answer.option), func.count())
+        .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
+        .where(ElicitationSession.study_id == study.id, _live_session())
+        .group_by(col(Answer.item_id), col(Answer.option))
+    ).all()
+    live: dict[int, dict[str | None, int]] = defaultdict(dict)
+    for item_id, option, n in live_rows:
+        live[int(item_id)][option] = int(n)
+    asked = [it for it in items if it.id in live]
+    imported = _imported_counts(study, session, items) if asked else {}
     out = []
     for it in asked:
         counts = live[it.id or 0]
@@ -484,6 +522,20 @@ def build_dashboard(study: Study, *, session: Session, now: datetime | None = No
     return dash
 
 
+@functools.lru_cache(maxsize=64)
+def _distribution_svg(
+    title: str,
+    labels: tuple[str, ...],
+    mean: tuple[float, ...],
+    low: tuple[float, ...],
+    high: tuple[float, ...],
+    prior: tuple[float, ...],
+) -> str:
+    """:func:`app.services.plots.distribution_svg`, kept per process for the same inputs:
+    a poll of an unchanged dashboard draws no plot again (~0.1 s each)."""
+    return plots.distribution_svg(title, labels, mean, low, high, prior)
+
+
 def dashboard_page(
     study: Study, *, session: Session, now: datetime | None = None
 ) -> dict[str, Any]:
@@ -491,8 +543,13 @@ def dashboard_page(
     ``target_svgs`` (one predicted-distribution plot per target, with the prior)."""
     dash = build_dashboard(study, session=session, now=now)
     target_svgs = [
-        plots.distribution_svg(
-            f"{t.key}: {t.question} (n = {t.n})", t.labels, t.mean, t.low, t.high, t.prior
+        _distribution_svg(
+            f"{t.key}: {t.question} (n = {t.n})",
+            tuple(t.labels),
+            tuple(t.mean),
+            tuple(t.low),
+            tuple(t.high),
+            tuple(t.prior),
         )
         for t in dash.targets
     ]

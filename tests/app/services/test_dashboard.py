@@ -159,6 +159,15 @@ def test_answer_distributions_live_and_imported_apart(live: tuple[LiveStudy, lis
         assert d.n_imported == sum(hist.values()) > 0
         assert {o.letter: o.imported for o in d.options if o.imported} == dict(hist)
         assert sum(o.imported_share or 0 for o in d.options) == pytest.approx(1.0)
+    # the imported counts are kept per process until the imported respondents change
+    first_key = questions[0].key
+    gone = next(r for r in imported if first_key in r.answers)
+    with study_live.session() as db:
+        db.delete(db.get(Respondent, gone.id))
+        db.commit()
+        study = _study(db, study_live)
+        again = {d.key: d for d in build_dashboard(study, session=db, now=NOW).distributions}
+    assert again[first_key].n_imported == by_key[first_key].n_imported - 1
 
 
 def test_personas_are_described_by_their_most_distinctive_answers(
