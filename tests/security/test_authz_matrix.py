@@ -245,7 +245,8 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/admin/studies/{slug}/simulation"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard/respondent"): Case(
-        study_member(404, "GET"), path="/admin/studies/{slug}/dashboard/respondent?respondent=999999"
+        study_member(404, "GET"),
+        path="/admin/studies/{slug}/dashboard/respondent?respondent=999999",
     ),
     ("GET", "/admin/studies/{slug}/respondents"): Case(study_member(200, "GET")),
     ("POST", "/admin/studies/{slug}/respondents/{respondent_id}/erase"): Case(
