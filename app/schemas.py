@@ -14,6 +14,8 @@ MAX_ANSWERS = 10**12
 """The largest overall answer budget of a group protocol."""
 MAX_NATS = 1_000.0
 """The largest stopping threshold in nats (an item's entropy is at most log(options))."""
+MAX_DROP_MINUTES = 30 * 24 * 60
+"""The longest idle time before an unfinished session counts as dropped (30 days)."""
 
 
 class Budgets(BaseModel):
@@ -87,6 +89,9 @@ class StudySettings(BaseModel):
     ``show_learned``: the completion page shows the respondent what the model learned
     about them (predicted answers to the targets with their confidence; for CAPE models
     the preference profile); off by default.
+    ``drop_after_minutes``: an unfinished session whose last activity (start, attribute
+    step or answer) is older than this many minutes counts as *dropped* on the dashboard,
+    a younger one as *in progress* (1 to :data:`MAX_DROP_MINUTES`; default 60).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -99,3 +104,4 @@ class StudySettings(BaseModel):
     budgets: Budgets = Field(default_factory=Budgets)
     group: GroupSettings = Field(default_factory=GroupSettings)
     show_learned: bool = False
+    drop_after_minutes: int = Field(default=60, ge=1, le=MAX_DROP_MINUTES)

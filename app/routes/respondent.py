@@ -393,7 +393,7 @@ def declined(
     return templates.TemplateResponse(
         request,
         "pages/respondent_declined.html",
-        {"study": study, "stored": stored},
+        {"study": study, "stored": stored, "preview": visit.sess.is_preview},
     )
 
 
@@ -546,6 +546,7 @@ def _render_view(
             "confirm_skip": confirm_skip,
             "error": error,
             "resume_url": resume_url,
+            "preview": sess.is_preview,
         }
         response = templates.TemplateResponse(
             request,
@@ -566,6 +567,7 @@ def _render_view(
         notice=notice,
         resume_url=resume_url,
     )
+    context["preview"] = sess.is_preview
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "pages/respondent_question.html",
@@ -780,6 +782,7 @@ def done(
             "code": code,
             "redirect_url": _safe_redirect(study.redirect_url, code),
             "learned": learned,
+            "preview": sess.is_preview,
         },
     )
 

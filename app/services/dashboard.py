@@ -1,36 +1,66 @@
-"""The live dashboard of a study: progress, exposure, predicted population, personas, budget.
+"""The live dashboard of a study: progress, drop-off, answers, predicted population, personas.
 
-* **respondents**: sessions started, completed, dropped (declined or abandoned), active,
-  and erased (from ``erasure_record``). A group round's one-question sessions are left out
-  of these counts and of the predictions (the group rounds page tracks them); their answers
-  count in the exposure and the answers budget.
-* **exposure**: per item, how many live sessions were asked it (answers + skips).
+Who is counted: *live* sessions are a study's ordinary sessions, neither a group round's
+one-question session (the group rounds page tracks those; their answers count in the
+exposure and the answers budget) nor a researcher's "preview as respondent"
+(``elicitation_session.is_preview``: counted nowhere on the dashboard). Imported
+respondents (``respondent.source = 'import'``) have no sessions and are counted apart.
+
+* **counts**: ``started`` live sessions = ``completed`` + ``in_progress`` + ``dropped`` +
+  ``declined`` (consent refused). With ``now`` and the study setting
+  ``drop_after_minutes`` (``StudySettings.drop_after_minutes``, default 60), an unfinished
+  session is *dropped* when its last activity (``updated_at``: start, attribute step or
+  answer) is older than ``now - drop_after_minutes`` or it was closed as ``abandoned``,
+  else *in progress*. ``live_respondents``: respondents with a live session;
+  ``repeated_starts``: those of them flagged ``earlier_starts > 0`` (the same browser had
+  started the study before); ``imported``: imported respondents; ``erased``: sessions
+  erased on request (``erasure_record``).
+* **drop-off**: for each position ``k`` (0 = before the first question, 1..budget) the
+  number of dropped sessions with exactly ``k`` answered (or skipped) questions, i.e.
+  whose last answered position is ``k``.
+* **median completion time**: the median of ``completed_at - created_at`` (session start
+  to completion) over completed live sessions, in seconds.
+* **answer distributions**: for every item asked in a live session, the count and share
+  of each option among its live answers (skips counted apart), next to the same figures
+  over the imported respondents' historical answers (``respondent.answers``).
+* **exposure**: per item, how many sessions (round sessions included) were asked it
+  (answers + skips).
 * **predicted population distribution** per target: each live respondent's predictive
   distribution ``p_s`` over the target's options (replayed from the stored answers with
   the active model) averaged over respondents, ``p̄ = (1/S) Σ_s p_s``, with a 95 % band
   ``p̄ ± 1.96 · sd(p_s) / √S`` (normal approximation of the sampling error of the mean,
   clipped to ``[0, 1]``); the model's prior (no answer) is shown next to it.
-* **aggregate persona posterior**: for latent-class models, the mean over respondents of
-  each persona's posterior weight (top :data:`TOP_PERSONAS`).
+* **aggregate persona posterior**: for persona-mixture (latent-class) models, the mean
+  over respondents of each persona's posterior weight (top :data:`TOP_PERSONAS`), each
+  described by its most distinctive answers (:func:`models.distinctive.distinctive_answers`:
+  largest ``μ[c, i, o] / p(o | i)``), e.g. ``Strongly agree on 'X' (82 % vs 31 % overall)``.
 * **budget used**: answers collected, mean questions per completed respondent against
   ``max_questions``, and the group answer budget when one is set.
 
-At most :data:`MAX_SESSIONS` most recent sessions are replayed (the count figures use all).
-:func:`dashboard_page` adds the figures: one distribution plot per target and a bar chart
-of the aggregate persona posterior (SVG text).
+Every figure but the predictions is one aggregate SQL query. At most :data:`MAX_SESSIONS`
+most recent sessions are replayed for the predictions (their answers in one query).
+:func:`dashboard_page` adds the figures: one distribution plot per target (SVG text).
+:func:`resolve_respondent` turns a respondent id or a completion code typed on the
+dashboard into a respondent id.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
+import threading
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import torch
-from sqlalchemy import func
+from sqlalchemy import case, func, literal, union_all
 from sqlmodel import Session, col, select
 
 from app import session as svc
+from app.errors import InvalidInputError, NotFoundError
 from app.schemas import StudySettings
 from app.services import plots
 from app.tables import (
@@ -40,12 +70,18 @@ from app.tables import (
     GroupRoundMember,
     Item,
     Respondent,
+    RespondentSource,
     SessionStatus,
     Study,
+    utcnow,
 )
+from models.distinctive import distinctive_answers
 
 MAX_SESSIONS = 2000
 TOP_PERSONAS = 10
+DISTINCTIVE_TOP = 3
+"""Distinctive answers shown per persona."""
+MAX_DB_ID = 2**31 - 1
 
 
 @dataclass
@@ -61,6 +97,33 @@ class TargetSummary:
 
 
 @dataclass
+class OptionCount:
+    """One option of an asked item: live and imported counts and shares (``None``: no
+    answers of that kind)."""
+
+    letter: str
+    label: str
+    live: int
+    live_share: float | None
+    imported: int
+    imported_share: float | None
+
+
+@dataclass
+class ItemDistribution:
+    """The answers to one item asked live: ``n_live`` answers (``skipped`` apart) and
+    ``n_imported`` imported respondents' answers, per option."""
+
+    key: str
+    question: str
+    role: str
+    n_live: int
+    skipped: int
+    n_imported: int
+    options: list[OptionCount]
+
+
+@dataclass
 class Dashboard:
     counts: dict[str, int]
     exposure: list[dict[str, Any]]
@@ -68,24 +131,63 @@ class Dashboard:
     personas: list[dict[str, Any]] = field(default_factory=list)
     budget: dict[str, Any] = field(default_factory=dict)
     model_note: str | None = None
+    drop_after_minutes: int = 60
+    drop_off: list[dict[str, int]] = field(default_factory=list)
+    median_completion_s: float | None = None
+    distributions: list[ItemDistribution] = field(default_factory=list)
 
 
-def _not_round_session() -> Any:
-    """SQL condition: an ordinary session, not a group round's one-question session (those
-    are counted on the group rounds page, not as respondents started or completed) nor a
+def _live_session() -> Any:
+    """SQL condition: a live session, not a group round's one-question session (those are
+    counted on the group rounds page, not as respondents started or completed) nor a
     researcher's preview."""
     return col(ElicitationSession.id).not_in(select(GroupRoundMember.session_id)) & col(
         ElicitationSession.is_preview
     ).is_(False)
 
 
-def _counts(study: Study, session: Session) -> dict[str, int]:
+def _dropped(cutoff: datetime) -> Any:
+    """SQL condition: an unfinished session idle since before ``cutoff``, or abandoned."""
+    return (col(ElicitationSession.status) == SessionStatus.abandoned.value) | (
+        (col(ElicitationSession.status) == SessionStatus.active.value)
+        & (col(ElicitationSession.updated_at) < cutoff)
+    )
+
+
+def _counts(study: Study, session: Session, cutoff: datetime) -> dict[str, int]:
+    stale = case((col(ElicitationSession.updated_at) < cutoff, 1), else_=0)
     rows = session.exec(
-        select(ElicitationSession.status, func.count())
-        .where(ElicitationSession.study_id == study.id, _not_round_session())
-        .group_by(ElicitationSession.status)
+        select(ElicitationSession.status, stale, func.count())
+        .where(ElicitationSession.study_id == study.id, _live_session())
+        .group_by(ElicitationSession.status, stale)
     ).all()
-    by = {str(s): int(n) for s, n in rows}
+    by: dict[tuple[str, bool], int] = defaultdict(int)
+    for status, is_stale, n in rows:
+        by[(str(status), bool(is_stale))] += int(n)
+
+    def n(status: SessionStatus, stale_only: bool | None = None) -> int:
+        return sum(
+            v
+            for (s, st), v in by.items()
+            if s == status.value and (stale_only is None or st == stale_only)
+        )
+
+    people = session.exec(
+        select(
+            func.count(func.distinct(col(Respondent.id))),
+            func.count(
+                func.distinct(case((col(Respondent.earlier_starts) > 0, col(Respondent.id))))
+            ),
+        )
+        .select_from(ElicitationSession)
+        .join(Respondent, col(Respondent.id) == col(ElicitationSession.respondent_id))
+        .where(ElicitationSession.study_id == study.id, _live_session())
+    ).one()
+    imported = session.exec(
+        select(func.count()).where(
+            Respondent.study_id == study.id, Respondent.source == RespondentSource.import_.value
+        )
+    ).one()
     erased = session.exec(
         select(func.coalesce(func.sum(ErasureRecord.n_sessions), 0)).where(
             ErasureRecord.study_id == study.id
@@ -93,18 +195,150 @@ def _counts(study: Study, session: Session) -> dict[str, int]:
     ).one()
     return {
         "started": sum(by.values()),
-        "completed": by.get(SessionStatus.completed.value, 0),
-        "dropped": by.get(SessionStatus.abandoned.value, 0)
-        + by.get(SessionStatus.declined.value, 0),
-        "active": by.get(SessionStatus.active.value, 0),
+        "completed": n(SessionStatus.completed),
+        "in_progress": n(SessionStatus.active, False),
+        "dropped": n(SessionStatus.active, True) + n(SessionStatus.abandoned),
+        "declined": n(SessionStatus.declined),
+        "live_respondents": int(people[0]),
+        "repeated_starts": int(people[1]),
+        "imported": int(imported),
         "erased": int(erased),
     }
 
 
-def _exposure(study: Study, session: Session) -> list[dict[str, Any]]:
-    items = session.exec(
-        select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
+def _drop_off(
+    study: Study, session: Session, cutoff: datetime, budget: int
+) -> list[dict[str, int]]:
+    per = (
+        select(col(ElicitationSession.id), func.count(col(Answer.id)).label("n"))
+        .select_from(ElicitationSession)
+        .outerjoin(Answer, col(Answer.session_id) == col(ElicitationSession.id))
+        .where(ElicitationSession.study_id == study.id, _live_session(), _dropped(cutoff))
+        .group_by(col(ElicitationSession.id))
+        .subquery()
+    )
+    rows = session.exec(select(per.c.n, func.count()).group_by(per.c.n)).all()
+    by = {int(k): int(v) for k, v in rows}
+    top = max([budget, *by])
+    return [{"position": k, "dropped": by.get(k, 0)} for k in range(top + 1)]
+
+
+def _median_completion(study: Study, session: Session) -> float | None:
+    rows = session.exec(
+        select(ElicitationSession.created_at, ElicitationSession.completed_at).where(
+            ElicitationSession.study_id == study.id,
+            ElicitationSession.status == SessionStatus.completed.value,
+            col(ElicitationSession.completed_at).is_not(None),
+            _live_session(),
+        )
     ).all()
+    spans = [(done - start).total_seconds() for start, done in rows if done is not None]
+    return float(statistics.median(spans)) if spans else None
+
+
+_IMPORTED: OrderedDict[tuple[str, int, int, int, tuple[str, ...]], dict[str, dict[str, int]]] = (
+    OrderedDict()
+)
+_IMPORTED_LOCK = threading.Lock()
+_IMPORTED_MAX = 32
+
+
+def _imported_counts(
+    study: Study, session: Session, items: list[Item]
+) -> dict[str, dict[str, int]]:
+    """``{item key: {option letter: imported respondents who gave it}}`` for every item.
+
+    Imported respondents are written once by the import and only ever deleted, so the
+    counts are cached per process under (database, study, number and largest id of its
+    imported respondents, item keys): a poll of the dashboard reads two aggregates instead of
+    every imported answer.
+    """
+    n, top = session.exec(
+        select(func.count(), func.coalesce(func.max(col(Respondent.id)), 0)).where(
+            Respondent.study_id == study.id, Respondent.source == RespondentSource.import_.value
+        )
+    ).one()
+    bind = session.get_bind()
+    key = (str(bind.engine.url), study.id or 0, int(n), int(top), tuple(it.key for it in items))
+    with _IMPORTED_LOCK:
+        if key in _IMPORTED:
+            _IMPORTED.move_to_end(key)
+            return _IMPORTED[key]
+    out: dict[str, dict[str, int]] = defaultdict(dict)
+    if n and items:
+        answers = col(Respondent.answers)
+        # one row per (item, imported respondent who answered it), grouped once in SQL
+        # (grouping each part by its own JSON expression fails on PostgreSQL: every part
+        # binds the key as a new parameter)
+        cells = union_all(
+            *(
+                select(
+                    literal(it.key).label("key"),
+                    answers[it.key].as_string().label("option"),
+                ).where(
+                    Respondent.study_id == study.id,
+                    Respondent.source == RespondentSource.import_.value,
+                    answers[it.key].as_string().is_not(None),
+                )
+                for it in items
+            )
+        ).subquery()
+        grouped = select(cells.c.key, cells.c.option, func.count()).group_by(
+            cells.c.key, cells.c.option
+        )
+        for k, option, count in session.exec(grouped).all():  # type: ignore[call-overload]
+            out[str(k)][str(option)] = int(count)
+    with _IMPORTED_LOCK:
+        _IMPORTED[key] = dict(out)
+        while len(_IMPORTED) > _IMPORTED_MAX:
+            _IMPORTED.popitem(last=False)
+    return dict(out)
+
+
+def _distributions(study: Study, session: Session, items: list[Item]) -> list[ItemDistribution]:
+    live_rows = session.exec(
+        select(col(Answer.item_id), col(Answer.option), func.count())
+        .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
+        .where(ElicitationSession.study_id == study.id, _live_session())
+        .group_by(col(Answer.item_id), col(Answer.option))
+    ).all()
+    live: dict[int, dict[str | None, int]] = defaultdict(dict)
+    for item_id, option, n in live_rows:
+        live[int(item_id)][option] = int(n)
+    asked = [it for it in items if it.id in live]
+    imported = _imported_counts(study, session, items) if asked else {}
+    out = []
+    for it in asked:
+        counts = live[it.id or 0]
+        skipped = counts.get(None, 0)
+        n_live = sum(v for k, v in counts.items() if k is not None)
+        imp = imported.get(it.key, {})
+        n_imp = sum(imp.values())
+        out.append(
+            ItemDistribution(
+                key=it.key,
+                question=it.question,
+                role=it.role,
+                n_live=n_live,
+                skipped=skipped,
+                n_imported=n_imp,
+                options=[
+                    OptionCount(
+                        letter=letter,
+                        label=label,
+                        live=counts.get(letter, 0),
+                        live_share=counts.get(letter, 0) / n_live if n_live else None,
+                        imported=imp.get(letter, 0),
+                        imported_share=imp.get(letter, 0) / n_imp if n_imp else None,
+                    )
+                    for letter, label in ((o[0], o[1]) for o in it.options)
+                ],
+            )
+        )
+    return out
+
+
+def _exposure(study: Study, session: Session, items: list[Item]) -> list[dict[str, Any]]:
     rows = session.exec(
         select(col(Answer.item_id), func.count(), func.count(col(Answer.option)))
         .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
@@ -126,11 +360,55 @@ def _exposure(study: Study, session: Session) -> list[dict[str, Any]]:
     ]
 
 
-def build_dashboard(study: Study, *, session: Session) -> Dashboard:
-    """Everything the dashboard page shows (see the module docstring)."""
-    counts = _counts(study, session)
-    exposure = _exposure(study, session)
+def _clip(text: str, n: int) -> str:
+    """``text`` cut to at most ``n`` characters at a word boundary, with "…" when cut."""
+    if len(text) <= n:
+        return text
+    cut = text[: n - 1].rsplit(" ", 1)[0] if " " in text[: n - 1] else text[: n - 1]
+    return cut.rstrip(" ,;:") + "…"
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+def describe_personas(rt: Any, classes: list[int]) -> list[list[str]]:
+    """Each of ``classes`` of the runtime's persona-mixture model in words: its
+    :data:`DISTINCTIVE_TOP` most distinctive answers (:mod:`models.distinctive`), e.g.
+    ``Strongly agree on 'Ban assault rifles' (82 % vs 31 % overall)``; empty lists for a
+    model without ``mu`` / ``log_prior`` (not a persona mixture)."""
+    mu = getattr(rt.model, "mu", None)
+    log_prior = getattr(rt.model, "log_prior", None)
+    if not isinstance(mu, torch.Tensor) or not isinstance(log_prior, torch.Tensor):
+        return [[] for _ in classes]
+    by_index = {rt.model_index[it.id]: it for it in rt.items if it.id in rt.model_index}
+    found = distinctive_answers(mu, log_prior, classes, top=DISTINCTIVE_TOP, items=sorted(by_index))
+    out = []
+    for answers in found:
+        words = []
+        for a in answers:
+            it = by_index[a.item]
+            label = it.options[a.option][1] if a.option < len(it.options) else str(a.option)
+            words.append(
+                f"{label} on '{_clip(it.question, 60)}' "
+                f"({_percent(a.share)} vs {_percent(a.overall)} overall)"
+            )
+        out.append(words)
+    return out
+
+
+def build_dashboard(study: Study, *, session: Session, now: datetime | None = None) -> Dashboard:
+    """Everything the dashboard page shows (see the module docstring); ``now`` (default:
+    the current time) decides which unfinished sessions are dropped."""
     settings = StudySettings.model_validate(study.settings or {})
+    cutoff = (now or utcnow()) - timedelta(minutes=settings.drop_after_minutes)
+    items = list(
+        session.exec(
+            select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
+        ).all()
+    )
+    counts = _counts(study, session, cutoff)
+    exposure = _exposure(study, session, items)
     n_answers = sum(e["asked"] for e in exposure)
     completed_answers = session.exec(
         select(func.count())
@@ -139,7 +417,7 @@ def build_dashboard(study: Study, *, session: Session) -> Dashboard:
         .where(
             ElicitationSession.study_id == study.id,
             ElicitationSession.status == SessionStatus.completed.value,
-            _not_round_session(),
+            _live_session(),
         )
     ).one()
     budget: dict[str, Any] = {
@@ -155,7 +433,15 @@ def build_dashboard(study: Study, *, session: Session) -> Dashboard:
             else None
         ),
     }
-    dash = Dashboard(counts=counts, exposure=exposure, budget=budget)
+    dash = Dashboard(
+        counts=counts,
+        exposure=exposure,
+        budget=budget,
+        drop_after_minutes=settings.drop_after_minutes,
+        drop_off=_drop_off(study, session, cutoff, settings.budgets.max_questions),
+        median_completion_s=_median_completion(study, session),
+        distributions=_distributions(study, session, items),
+    )
     try:
         rt = svc.load_runtime(study, session=session, fit_if_missing=False)
     except Exception as exc:  # no fitted model yet, or a misconfigured study
@@ -167,22 +453,32 @@ def build_dashboard(study: Study, *, session: Session) -> Dashboard:
     idx = [rt.model_index[t.id] for t in rt.targets]
     prior = rt.model.predict(rt.model.initial_state({}), idx)
     pairs = session.exec(
-        select(ElicitationSession, Respondent)
+        select(ElicitationSession.id, Respondent)
         .join(Respondent, col(Respondent.id) == col(ElicitationSession.respondent_id))
-        .where(ElicitationSession.study_id == study.id, _not_round_session())
+        .where(ElicitationSession.study_id == study.id, _live_session())
         .order_by(col(ElicitationSession.id).desc())
         .limit(MAX_SESSIONS)
     ).all()
+    by_session: dict[int, list[Answer]] = defaultdict(list)
+    if pairs:
+        oldest = min(int(sid) for sid, _ in pairs)
+        rows = session.exec(
+            select(Answer)
+            .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
+            .where(
+                ElicitationSession.study_id == study.id,
+                _live_session(),
+                col(ElicitationSession.id) >= oldest,
+            )
+            .order_by(col(Answer.id))
+        ).all()
+        for a in rows:
+            by_session[a.session_id].append(a)
     preds: list[torch.Tensor] = []
     latent: list[torch.Tensor] = []
     latent_fn = getattr(rt.model, "latent_posterior", None)
-    for sess, resp in pairs:
-        answers = list(
-            session.exec(
-                select(Answer).where(Answer.session_id == sess.id).order_by(col(Answer.id))
-            ).all()
-        )
-        state = svc.replay(rt, resp, answers)
+    for sid, resp in pairs:
+        state = svc.replay(rt, resp, by_session.get(int(sid), []))
         preds.append(rt.model.predict(state, idx))
         if callable(latent_fn):
             latent.append(latent_fn(state))
@@ -212,33 +508,107 @@ def build_dashboard(study: Study, *, session: Session) -> Dashboard:
     if latent:
         w = torch.stack(latent).mean(0)
         top = torch.topk(w, min(TOP_PERSONAS, int(w.numel())))
+        classes = [int(i) for i in top.indices.tolist()]
         labels = getattr(rt.model, "labels", None)
+        words = describe_personas(rt, classes)
         dash.personas = [
-            {"label": labels[i] if labels else f"class {i + 1}", "weight": float(v)}
-            for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+            {
+                "label": labels[i] if labels else f"class {i + 1}",
+                "weight": float(v),
+                "distinctive": d,
+            }
+            for v, i, d in zip(top.values.tolist(), classes, words, strict=True)
         ]
     return dash
 
 
-def dashboard_page(study: Study, *, session: Session) -> dict[str, Any]:
-    """The dashboard page: ``study``, ``dash`` (:func:`build_dashboard`), ``target_svgs``
-    (one predicted-distribution plot per target, with the prior) and ``persona_svg`` (the
-    aggregate persona posterior; ``None`` without personas or before the first session)."""
-    dash = build_dashboard(study, session=session)
+@functools.lru_cache(maxsize=64)
+def _distribution_svg(
+    title: str,
+    labels: tuple[str, ...],
+    mean: tuple[float, ...],
+    low: tuple[float, ...],
+    high: tuple[float, ...],
+    prior: tuple[float, ...],
+) -> str:
+    """:func:`app.services.plots.distribution_svg`, kept per process for the same inputs:
+    a poll of an unchanged dashboard draws no plot again (~0.1 s each)."""
+    return plots.distribution_svg(title, labels, mean, low, high, prior)
+
+
+def dashboard_page(
+    study: Study, *, session: Session, now: datetime | None = None
+) -> dict[str, Any]:
+    """The dashboard page: ``study``, ``dash`` (:func:`build_dashboard`) and
+    ``target_svgs`` (one predicted-distribution plot per target, with the prior)."""
+    dash = build_dashboard(study, session=session, now=now)
     target_svgs = [
-        plots.distribution_svg(
-            f"{t.key}: {t.question} (n = {t.n})", t.labels, t.mean, t.low, t.high, t.prior
+        _distribution_svg(
+            f"{t.key}: {t.question} (n = {t.n})",
+            tuple(t.labels),
+            tuple(t.mean),
+            tuple(t.low),
+            tuple(t.high),
+            tuple(t.prior),
         )
         for t in dash.targets
     ]
-    persona_svg = (
-        plots.bars_svg(
-            "aggregate persona posterior",
-            [p["label"] for p in dash.personas],
-            [p["weight"] for p in dash.personas],
-            "mean posterior weight",
+    return {
+        "study": study,
+        "dash": dash,
+        "target_svgs": target_svgs,
+        "median_completion": duration_text(dash.median_completion_s),
+    }
+
+
+def duration_text(seconds: float | None) -> str:
+    """A duration in words: ``"—"`` for none, ``"45 s"``, ``"4 min 12 s"``, ``"2 h 05 min"``."""
+    if seconds is None:
+        return "—"
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def resolve_respondent(study: Study, text: str, secret: str, *, session: Session) -> int:
+    """The id of the respondent of ``study`` named by ``text``: a respondent id (digits),
+    or a completion code shown to a respondent at the end of the survey.
+
+    Example: ``resolve_respondent(study, "42", key, session=db)`` -> ``42``;
+    ``resolve_respondent(study, "3F9A0C21B7", key, session=db)`` -> that session's
+    respondent.
+
+    Raises:
+        InvalidInputError: ``text`` is empty (422).
+        NotFoundError: no respondent of the study has that id or completion code (404);
+            the message says which, and why when the study gives everyone one fixed code.
+    """
+    wanted = text.strip()
+    if not wanted:
+        raise InvalidInputError("respondent: enter a respondent id or a completion code")
+    if wanted.isdigit():
+        rid = int(wanted) if len(wanted) <= 10 else 0
+        found = (
+            session.exec(
+                select(Respondent.id).where(Respondent.id == rid, Respondent.study_id == study.id)
+            ).first()
+            if 0 < rid <= MAX_DB_ID
+            else None
         )
-        if dash.personas and dash.counts["started"]
-        else None
-    )
-    return {"study": study, "dash": dash, "target_svgs": target_svgs, "persona_svg": persona_svg}
+        if found is None:
+            raise NotFoundError(f"no respondent with id {wanted} in study {study.slug!r}")
+        return int(found)
+    if study.completion_code:
+        raise NotFoundError(
+            f"study {study.slug!r} gives every respondent the same completion code, which "
+            "names no one: open a respondent by id"
+        )
+    sess = svc.session_by_completion_code(study, wanted, secret, session=session)
+    if sess is None:
+        raise NotFoundError(
+            f"no completed session of study {study.slug!r} has the completion code {wanted[:64]!r}"
+        )
+    return sess.respondent_id

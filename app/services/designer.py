@@ -313,6 +313,10 @@ STOPPING_HELP: dict[str, str] = {
         "Leave empty to ignore."
     ),
     "allow_skip": "Show a 'skip' button; a skipped question counts as asked but not answered.",
+    "drop_after_minutes": (
+        "On the dashboard, a respondent who has not finished and has done nothing for this "
+        "many minutes counts as dropped out; a more recent one counts as still in progress."
+    ),
 }
 """Plain-language help for the stopping settings."""
 

@@ -8,9 +8,11 @@ and the pages embed the SVG through ``<img src=...>`` routes, never inline as ma
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 
@@ -23,8 +25,44 @@ def _svg(fig: Figure) -> str:
     return buf.getvalue()
 
 
+TITLE_CHARS = 70
+"""Longest title line (characters) of the 6.2-inch plots at 9 pt; longer titles wrap."""
+TITLE_LINE_IN = 0.2
+"""Height (inches) one more title line adds to a plot."""
+
+
 def _short(text: str, n: int = 40) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+    """``text`` cut to at most ``n`` characters at a word boundary, with "…" when cut
+    (a tick label; a title is wrapped instead, see :func:`wrap_title`)."""
+    if len(text) <= n:
+        return text
+    head = text[: n - 1]
+    if " " in head:
+        head = head.rsplit(" ", 1)[0]
+    return head.rstrip(" ,;:") + "…"
+
+
+def _title(fig: Figure, title: str, height: float) -> None:
+    """Put ``title`` over ``fig`` (6.2 inches wide), wrapped (:func:`wrap_title`) at
+    :data:`TITLE_CHARS` or, when its glyphs are wider than usual, at fewer characters
+    until it fits the figure's width; then size the figure to ``height`` inches plus
+    :data:`TITLE_LINE_IN` per extra title line."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    width = TITLE_CHARS
+    while True:
+        text = fig.suptitle(wrap_title(title, width), fontsize=9)
+        fits = text.get_window_extent(renderer).width <= 0.96 * fig.bbox.width
+        if fits or width <= 8:
+            break
+        width = int(width * 0.8)
+    fig.set_size_inches(fig.get_figwidth(), height + TITLE_LINE_IN * text.get_text().count("\n"))
+
+
+def wrap_title(title: str, width: int = TITLE_CHARS) -> str:
+    """``title`` wrapped at word boundaries into lines of at most ``width`` characters
+    (a longer word is broken), nothing left out: for a title without words longer than
+    ``width``, ``" ".join(result.split()) == " ".join(title.split())``."""
+    return "\n".join(textwrap.wrap(" ".join(title.split()), width)) or " "
 
 
 def simulation_svg(result: dict[str, Any]) -> str:
@@ -79,8 +117,21 @@ def distribution_svg(
         labels: option labels. mean / low / high: share of the population per option and
             the band's limits. prior: the model's distribution before any answer (markers).
     """
-    height = 0.5 + 0.35 * len(labels)
-    fig = Figure(figsize=(6.2, max(1.6, height)), dpi=100)
+    return _svg(distribution_figure(title, labels, mean, low, high, prior))
+
+
+def distribution_figure(
+    title: str,
+    labels: Sequence[str],
+    mean: Sequence[float],
+    low: Sequence[float],
+    high: Sequence[float],
+    prior: Sequence[float] | None = None,
+) -> Figure:
+    """The figure of :func:`distribution_svg`; the title is centred on the figure (long tick
+    labels cannot push it out) and wrapped to fit it (:func:`_title`)."""
+    fig = Figure(figsize=(6.2, 2), dpi=100)
+    _title(fig, title, max(1.6, 0.5 + 0.35 * len(labels)))
     ax = fig.subplots()
     ys = list(range(len(labels)))[::-1]
     err_lo = [max(0.0, m - lo) for m, lo in zip(mean, low, strict=True)]
@@ -92,21 +143,20 @@ def distribution_svg(
     ax.set_yticks(ys, [_short(lbl) for lbl in labels], fontsize=8)
     ax.set_xlim(0, 1)
     ax.set_xlabel("share of respondents", fontsize=8)
-    ax.set_title(_short(title, 80), fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    return _svg(fig)
+    return fig
 
 
 def bars_svg(title: str, labels: Sequence[str], values: Sequence[float], xlabel: str) -> str:
     """A horizontal bar chart (exposure per item, persona weights)."""
-    fig = Figure(figsize=(6.2, max(1.6, 0.5 + 0.25 * len(labels))), dpi=100)
+    fig = Figure(figsize=(6.2, 2), dpi=100)
+    _title(fig, title, max(1.6, 0.5 + 0.25 * len(labels)))
     ax = fig.subplots()
     ys = list(range(len(labels)))[::-1]
     ax.barh(ys, values, color="#2457a6", alpha=0.85)
     ax.set_yticks(ys, [_short(lbl, 30) for lbl in labels], fontsize=7)
     ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_title(title, fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return _svg(fig)

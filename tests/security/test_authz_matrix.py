@@ -244,6 +244,10 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/admin/studies/{slug}/jobs/{job_id}/plot.svg"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/simulation"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard"): Case(study_member(200, "GET")),
+    ("GET", "/admin/studies/{slug}/dashboard/respondent"): Case(
+        study_member(404, "GET"),
+        path="/admin/studies/{slug}/dashboard/respondent?respondent=999999",
+    ),
     ("GET", "/admin/studies/{slug}/respondents"): Case(study_member(200, "GET")),
     ("POST", "/admin/studies/{slug}/respondents/{respondent_id}/erase"): Case(
         study_member(404, "POST"), path="/admin/studies/{slug}/respondents/999999/erase"

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from app.services.demo import prepare_study_for_fielding
 from app.services.importer import import_dataset
 from app.session import decide as session_decide
 from app.session import locked as session_locked
-from app.tables import Study
+from app.tables import Answer, ElicitationSession, Item, Respondent, Study
 
 
 @dataclass
@@ -323,3 +324,61 @@ def priorly_serve(db_url: str, folder: Path, **env_extra: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+SessionSpec = tuple[str, float, float, float | None, list[tuple[int, str | None]], int, bool]
+"""A session to write: (status, started minutes ago, last activity minutes ago, completed
+minutes ago or ``None``, answers as (question index, option letter or ``None`` for a
+skip), the respondent's ``earlier_starts``, ``is_preview``)."""
+
+
+def add_sessions(live: LiveStudy, specs: list[SessionSpec], now: datetime) -> list[int]:
+    """Write one live respondent and session per spec (:data:`SessionSpec`) with the
+    given timestamps relative to ``now`` and the answers to the study's question items in
+    position order; returns the sessions' ids. The rows are written directly, so the
+    figures that depend on time and status are exactly what the spec says."""
+
+    def ago(minutes: float) -> datetime:
+        return now - timedelta(minutes=minutes)
+
+    ids = []
+    with live.session() as db:
+        questions = db.exec(
+            select(Item)
+            .where(Item.study_id == live.study_id, Item.role == "question")
+            .order_by(Item.position, Item.id)  # type: ignore[arg-type]
+        ).all()
+        for status, created, active, done, answers, earlier, preview in specs:
+            resp = Respondent(
+                study_id=live.study_id,
+                source="live",
+                earlier_starts=earlier,
+                created_at=ago(created),
+            )
+            db.add(resp)
+            db.flush()
+            sess = ElicitationSession(
+                study_id=live.study_id,
+                respondent_id=resp.id or 0,
+                token_hash=secrets.token_hex(16),
+                status=status,
+                created_at=ago(created),
+                updated_at=ago(active),
+                completed_at=ago(done) if done is not None else None,
+                state_version=len(answers),
+                is_preview=preview,
+            )
+            db.add(sess)
+            db.flush()
+            for q, option in answers:
+                db.add(
+                    Answer(
+                        session_id=sess.id or 0,
+                        item_id=questions[q].id or 0,
+                        option=option,
+                        created_at=ago(active),
+                    )
+                )
+            ids.append(sess.id or 0)
+        db.commit()
+    return ids

@@ -21,6 +21,7 @@ from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, SessionDep
 from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, user_error_message
+from app.schemas import StudySettings
 from app.services import accounts, designer
 from app.services.study_view import study_item_context, study_overview
 from app.tables import Item, Study
@@ -84,10 +85,15 @@ async def study_settings(
     page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
 ) -> Response:
     def change() -> str:
+        # settings the form leaves empty or does not show keep their stored values
+        stored = StudySettings.model_validate(study.settings or {})
+        drop_after = form.opt_int("drop_after_minutes")
         values = {
             "criterion": form.text("criterion"),
             "ask_attributes": form.checked("ask_attributes"),
             "belief_model": form.text("belief_model") or "default",
+            "show_learned": stored.show_learned,
+            "drop_after_minutes": stored.drop_after_minutes if drop_after is None else drop_after,
             "budgets": {
                 "max_questions": form.opt_int("max_questions") or 0,
                 "min_questions": form.opt_int("min_questions") or 0,

@@ -121,6 +121,7 @@ def test_full_questionnaire_with_plain_forms(client: Any, live: LiveStudy) -> No
     assert "httponly" in cookie and "samesite=lax" in cookie and f"path=/s/{live.slug}" in cookie
     page = client.get(f"/s/{live.slug}/q")
     assert "A few questions about you" in page.text and "Prefer not to answer" in page.text
+    assert "answers are not counted" not in page.text  # the preview banner is for previews only
     # answer two attributes, prefer not to answer the others
     r = about(client, live, {"gender4": "B", "educ": "A", "race": "__skip__"})
     assert r.status_code == 303

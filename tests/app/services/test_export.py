@@ -349,12 +349,24 @@ def test_studies_list_shares_the_survey_and_a_preview_is_not_counted(
             assert r.status_code == 303 and f"/s/{live.slug}/resume/" in r.headers["location"]
             page = client.get(r.headers["location"], follow_redirects=True)
             assert page.status_code == 200 and page.url.path == f"/s/{live.slug}/q"
+            assert "Preview — answers are not counted" in page.text
 
             with Session(live.engine) as s:
                 preview = s.exec(select(ElicitationSession)).one()
                 assert preview.is_preview
                 study = s.exec(select(Study).where(Study.id == live.study_id)).one()
-                assert build_dashboard(study, session=s).counts["started"] == 0
+                counts = build_dashboard(study, session=s).counts
+                assert counts == {
+                    "started": 0,
+                    "completed": 0,
+                    "in_progress": 0,
+                    "dropped": 0,
+                    "declined": 0,
+                    "live_respondents": 0,
+                    "repeated_starts": 0,
+                    "imported": 30,
+                    "erased": 0,
+                }
                 summary = [x for x in list_study_summaries(session=s) if x.slug == live.slug]
                 assert summary[0].n_respondents == 30  # the imported ones only
             wide = pd.read_csv(

@@ -49,3 +49,48 @@ def test_questions_needed_against_hand_computed_cases() -> None:
     assert questions_needed(curve, 0.5, 0.7, 0.95) == 3
     assert questions_needed(curve[:2], 0.5, 0.7, 0.9) is None
     assert questions_needed(curve, 0.5, 0.5, 0.9) == 0  # nothing to gain
+
+
+LONG_TITLE = (
+    "334a: Which of these statements comes closest to your view about what the federal "
+    "government should do about gun laws and background checks (n = 1,234)"
+)
+
+
+def _comments(svg: str) -> list[str]:
+    import re
+
+    return re.findall(r"<!-- (.*?) -->", svg, flags=re.S)
+
+
+def test_long_titles_are_wrapped_whole_and_fit_the_figure() -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from app.services.plots import TITLE_CHARS, distribution_figure, wrap_title
+
+    wrapped = wrap_title(LONG_TITLE)
+    assert wrapped.count("\n") >= 1 and max(map(len, wrapped.split("\n"))) <= TITLE_CHARS
+    assert " ".join(wrapped.split()) == LONG_TITLE
+    # the SVG names the title (matplotlib writes each line of text as a comment): all of it
+    svg = distribution_svg(LONG_TITLE, ["A: yes", "B: no"], [0.6, 0.4], [0.5, 0.3], [0.7, 0.5])
+    assert LONG_TITLE in " ".join(" ".join(c.split()) for c in _comments(svg))
+    assert "…" not in svg
+    # drawn, the title lies inside the figure (nothing cut at an edge), with long tick labels
+    for title in (LONG_TITLE, "W" * 150, "short"):
+        fig = distribution_figure(
+            title, ["A: " + "a long option label " * 4, "B: no"], [0.6, 0.4], [0.5, 0.3], [0.7, 0.5]
+        )
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        title_text = [
+            t for t in fig.texts if "".join(t.get_text().split()) == "".join(title.split())
+        ]
+        assert len(title_text) == 1, title
+        box = title_text[0].get_window_extent(renderer)
+        frame = fig.bbox
+        assert box.x0 >= frame.x0 and box.x1 <= frame.x1, title
+        assert box.y0 >= frame.y0 and box.y1 <= frame.y1, title
+
+
+def test_bars_title_is_wrapped_whole() -> None:
+    svg = bars_svg(LONG_TITLE, ["a", "b"], [0.3, 0.7], "weight")
+    assert LONG_TITLE in " ".join(" ".join(c.split()) for c in _comments(svg))

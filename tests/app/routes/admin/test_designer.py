@@ -121,6 +121,23 @@ def test_create_study_items_roles_budgets_texts_publish(
         "total_answers": 500,
         "max_questions_per_respondent": 1,
     }
+    assert study.settings["drop_after_minutes"] == 60  # not in the form: the default kept
+    # the dashboard's "dropped" threshold: a positive whole number of minutes, kept when
+    # the field is left empty; a setting the form does not show (show_learned) is kept
+    study.settings = {**study.settings, "show_learned": True}
+    db.add(study)
+    db.commit()
+    r = dclient.post(
+        base + "/settings", data={**form, "min_questions": "1", "drop_after_minutes": "0"}
+    )
+    assert r.status_code == 422 and "drop_after_minutes" in r.text
+    r = dclient.post(
+        base + "/settings", data={**form, "min_questions": "1", "drop_after_minutes": "90"}
+    )
+    assert r.status_code == 200
+    db.refresh(study)
+    assert study.settings["drop_after_minutes"] == 90 and study.settings["show_learned"] is True
+    assert 'name="drop_after_minutes" min="1" value="90"' in dclient.get(base).text
     # publish needs a consent text
     r = dclient.post(base + "/status", data={"status": "published", "csrf_token": csrf(dclient)})
     assert r.status_code == 422 and "consent" in r.text
