@@ -245,6 +245,9 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/admin/studies/{slug}/simulation"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/respondents"): Case(study_member(200, "GET")),
+    ("GET", "/admin/studies/{slug}/respondents/{respondent_id}"): Case(
+        study_member(404, "GET"), path="/admin/studies/{slug}/respondents/999999"
+    ),
     ("POST", "/admin/studies/{slug}/respondents/{respondent_id}/erase"): Case(
         study_member(404, "POST"), path="/admin/studies/{slug}/respondents/999999/erase"
     ),
