@@ -81,10 +81,14 @@ class ItemPrediction:
     options: tuple[tuple[str, str], ...]
     probabilities: tuple[float, ...]
     status: str
+    best: int = -1
+    """The most probable option's index when already known (else computed)."""
 
     @property
     def predicted(self) -> int:
         """Index of the most probable option (the first one on a tie)."""
+        if self.best >= 0:
+            return self.best
         return max(range(len(self.options)), key=lambda k: self.probabilities[k])
 
     @property
@@ -156,6 +160,7 @@ class _Loaded:
     items: list[ItemInfo]  # the study items the model knows, study order
     index: dict[str, int]  # key -> bank index
     letters: dict[str, list[str]]
+    options: list[tuple[tuple[str, str], ...]]  # per item of ``items``
 
 
 class ModelSet:
@@ -191,6 +196,7 @@ class ModelSet:
             known,
             {it.key: index_by_id[it.id] for it in known},
             {it.key: [str(o[0]) for o in it.options] for it in known},
+            [tuple((str(o[0]), str(o[1])) for o in it.options) for it in known],
         )
         self._loaded[ref.id] = loaded
         return loaded
@@ -279,7 +285,7 @@ def predict_respondents(
     for rows in groups.values():
         loaded = chosen[rows[0]][0]
         model = loaded.model
-        observed = torch.full((len(rows), model.item_bank.n_items), -1, dtype=torch.long)
+        grid = [[-1] * model.item_bank.n_items for _ in rows]
         counts = []
         for r, j in enumerate(rows):
             n = 0
@@ -287,16 +293,17 @@ def predict_respondents(
                 idx = loaded.index.get(key)
                 letters = loaded.letters.get(key, [])
                 if idx is not None and letter in letters:
-                    observed[r, idx] = letters.index(letter)
+                    grid[r][idx] = letters.index(letter)
                     n += 1
             counts.append(n)
-        if not loaded.items:
-            probs = torch.zeros(len(rows), 0, model.item_bank.max_options)
-        else:
-            state = model.initial_batch(observed)
+        if loaded.items:
+            state = model.initial_batch(torch.tensor(grid, dtype=torch.long))
             probs = model.predict_batch(state, [loaded.index[it.key] for it in loaded.items])
-        top = _top_personas(model, state, len(rows)) if loaded.items else [[] for _ in rows]
-        table = probs.tolist()
+            top = _top_personas(model, state, len(rows))
+        else:
+            probs = torch.zeros(len(rows), 0, model.item_bank.max_options)
+            top = [[] for _ in rows]
+        table, best = probs.tolist(), probs.argmax(dim=-1).tolist()  # argmax: first on a tie
         for r, j in enumerate(rows):
             ev = evidence[j]
             items = tuple(
@@ -304,15 +311,16 @@ def predict_respondents(
                     key=it.key,
                     role=it.role,
                     question=it.question,
-                    options=tuple((str(o[0]), str(o[1])) for o in it.options),
-                    probabilities=tuple(float(p) for p in table[r][i][: len(it.options)]),
+                    options=opts,
+                    probabilities=tuple(table[r][i][: len(opts)]),
                     status=ANSWERED
                     if it.key in ev.observed
                     else SKIPPED
                     if it.key in ev.skipped
                     else NOT_ASKED,
+                    best=best[r][i],
                 )
-                for i, it in enumerate(loaded.items)
+                for i, (it, opts) in enumerate(zip(loaded.items, loaded.options, strict=True))
             )
             out[j] = RespondentPrediction(
                 respondent_pk=ev.respondent_pk,
