@@ -197,6 +197,8 @@ def _people(
         )
         for p in people:
             mine = sessions[p.id or 0]
+            if not mine:  # erased between the two reads (READ COMMITTED)
+                continue
             yield _Person(
                 respondent=p,
                 sessions=mine,
