@@ -80,6 +80,10 @@ class ExportRow:
     """Respondents the same browser had started in this study before this one."""
     n_answers: int = 0
     """The respondent's live answer rows (skips included)."""
+    answer_order: tuple[str, ...] = ()
+    """The keys of ``cells`` that hold answers (not attributes, not skips) in the order
+    given: an imported respondent's stored answers first (study order), then the live
+    answers (a key answered again takes its later place); :func:`_order`."""
 
 
 def export_items(study: Study, *, session: Session) -> list[Item]:
@@ -243,6 +247,36 @@ def _person_cells(
     return cells
 
 
+def _order(
+    resp: Respondent, answers: list[Answer], items: list[Item], *, include_imported: bool
+) -> tuple[str, ...]:
+    """:attr:`ExportRow.answer_order` of a respondent (``items`` in study order)."""
+    order: dict[str, None] = {}
+    if include_imported and resp.source == RespondentSource.import_.value:
+        stored = resp.answers or {}
+        order.update((it.key, None) for it in items if it.key in stored)
+    keys = {it.id: it.key for it in items}
+    for a in answers:
+        key = keys.get(a.item_id)
+        if key is not None and a.option is not None:
+            order.pop(key, None)
+            order[key] = None
+    return tuple(order)
+
+
+def _evidence(pred: Any, pk: int, cells: dict[str, str], order: tuple[str, ...], model: Any) -> Any:
+    """The :class:`app.services.predictions.Evidence` of one row: attributes (the cells
+    that are neither answers nor skips), answers in ``order``, skips."""
+    answered = set(order)
+    return pred.Evidence(
+        respondent_pk=pk,
+        attributes={k: v for k, v in cells.items() if v != SKIP_MARK and k not in answered},
+        answers=[(k, cells[k]) for k in order],
+        skipped=frozenset(k for k, v in cells.items() if v == SKIP_MARK),
+        model_id=model,
+    )
+
+
 def iter_rows(
     study: Study,
     *,
@@ -281,6 +315,7 @@ def iter_rows(
             respondent_pk=resp.id or 0,
             earlier_starts=resp.earlier_starts,
             n_answers=len(person.answers),
+            answer_order=_order(resp, person.answers, items, include_imported=include_imported),
         )
     if not include_imported:
         return
@@ -318,6 +353,7 @@ def iter_rows(
                 cells=cells,
                 respondent_pk=resp.id or 0,
                 earlier_starts=resp.earlier_starts,
+                answer_order=_order(resp, [], items, include_imported=True),
             )
         last = people[-1].id or 0
 
@@ -385,12 +421,7 @@ def predicted_rows(
             [r.respondent_pk for r in chunk if r.session_id is not None], session=session
         )
         evidence = [
-            pred.Evidence(
-                respondent_pk=r.respondent_pk,
-                observed={k: v for k, v in r.cells.items() if v != SKIP_MARK},
-                skipped=frozenset(k for k, v in r.cells.items() if v == SKIP_MARK),
-                model_id=used.get(r.respondent_pk),
-            )
+            _evidence(pred, r.respondent_pk, r.cells, r.answer_order, used.get(r.respondent_pk))
             for r in chunk
         ]
         found = pred.predict_respondents(study, evidence, session=session, models=models)
@@ -522,15 +553,10 @@ def csv_long(study: Study, *, session: Session, predictions: bool = False) -> It
         used = pred.session_models([p.respondent.id or 0 for p in chunk], session=session)
         evidence = []
         for person in chunk:
+            pk = person.respondent.id or 0
             cells = _person_cells(person, by_id, attribute_keys, include_imported=False)
-            evidence.append(
-                pred.Evidence(
-                    respondent_pk=person.respondent.id or 0,
-                    observed={k: v for k, v in cells.items() if v != SKIP_MARK},
-                    skipped=frozenset(k for k, v in cells.items() if v == SKIP_MARK),
-                    model_id=used.get(person.respondent.id or 0),
-                )
-            )
+            order = _order(person.respondent, person.answers, items, include_imported=False)
+            evidence.append(_evidence(pred, pk, cells, order, used.get(pk)))
         found = pred.predict_respondents(study, evidence, session=session, models=models)
         for person, result in zip(chunk, found, strict=True):
             yield from given(person)

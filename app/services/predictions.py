@@ -1,10 +1,13 @@
 """Predicted answers of respondents: for every item, the probability of each option under
 the respondent's posterior (one code path for the exports, the API and the admin profile).
 
-A respondent's *evidence* (:class:`Evidence`) is what they told us: ``{item key: option
-letter}`` over their attributes and the answers of all their (non-preview) sessions, a
-later answer replacing an earlier one, skips and declined attributes left out. Their
-posterior is the belief model's state conditioned on that evidence, and each item's
+A respondent's *evidence* (:class:`Evidence`) is what they told us: their attributes
+(``{item key: option letter}``) and the answers of all their (non-preview) sessions in the
+order given (a later answer to the same item replacing an earlier one), skips and declined
+attributes left out. Their posterior is the belief model's state after the live loop's own
+replay (:func:`elicitation.session.replay_state`): the initial state given the attributes,
+then one update per answer in order, so the numbers equal the live session's even for a
+model whose state depends on the order (the stacked mixture's weights). Each item's
 predictive distribution is ``p(Y_i = k | evidence)``; the most likely option is the
 prediction (the first one on a tie).
 
@@ -16,9 +19,10 @@ what they answered; their missing items are predicted by the active model given 
 answers (in-sample when the model was fitted on them).
 
 Items the model does not know (another key, or another number of options) get no
-prediction. Batches are computed together: one ``initial_batch`` and one
-``predict_batch`` per model and batch (:func:`predict_respondents`), so an export of
-5,000 respondents × 40 items is a handful of matrix products.
+prediction. Batches are computed together (:func:`predict_respondents`): per model and
+batch one ``initial_batch``, one ``update_batch`` per answer position and one
+``predict_batch``, so an export of 5,000 respondents × 40 items is a few hundred small
+matrix products.
 
 Example (2 classes with prior ``(0.5, 0.5)``, items ``a``, ``b`` binary with
 ``P(A | class 1) = 0.8``, ``P(A | class 2) = 0.2``; a respondent answered ``a = A``)::
@@ -54,15 +58,22 @@ class Evidence:
 
     Attributes:
         respondent_pk: the respondent's database id.
-        observed: ``{item key: option letter}``: attributes and answers (no skips).
+        attributes: ``{item key: option letter}`` known before any question.
+        answers: ``(item key, option letter)`` in the order given (no skips; one per key).
         skipped: item keys they were asked and skipped (or attributes they declined).
         model_id: the fitted model their sessions used (``None``: the active model).
     """
 
     respondent_pk: int
-    observed: Mapping[str, str]
+    attributes: Mapping[str, str]
+    answers: Sequence[tuple[str, str]] = ()
     skipped: frozenset[str] = frozenset()
     model_id: int | None = None
+
+    @property
+    def observed(self) -> dict[str, str]:
+        """``{item key: option letter}`` of the attributes and answers."""
+        return {**self.attributes, **dict(self.answers)}
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,14 @@ class _Loaded:
     index: dict[str, int]  # key -> bank index
     letters: dict[str, list[str]]
     options: list[tuple[tuple[str, str], ...]]  # per item of ``items``
+
+    def lookup(self, key: str, letter: str) -> tuple[int, int] | None:
+        """``(bank index, option index)`` of an observation, ``None`` if unusable."""
+        idx = self.index.get(key)
+        letters = self.letters.get(key)
+        if idx is None or letters is None or letter not in letters:
+            return None
+        return idx, letters.index(letter)
 
 
 class ModelSet:
@@ -266,10 +285,13 @@ def predict_respondents(
 ) -> list[RespondentPrediction]:
     """Every respondent's predictions (same order as ``evidence``), batched per model.
 
-    For the respondents of one model: ``observed [B, I]`` (option index, ``-1`` missing)
-    from the evidence, the posterior states ``model.initial_batch(observed)``, and
-    ``model.predict_batch(states, items) [B, n, O]`` over every study item the model knows.
-    A letter that is not one of the item's options is ignored (as the live loop does).
+    For the respondents of one model: the initial states given the attributes
+    (``model.initial_batch(attributes [B, I])``, option index or ``-1``), then for answer
+    position ``t = 0, 1, ...`` one ``model.update_batch`` with each respondent's ``t``-th
+    answer (``-1``, no change, for those with fewer), which is the live loop's replay in
+    batch; then ``model.predict_batch(states, items) [B, n, O]`` over every study item the
+    model knows. A key the model does not know, a letter that is not one of the item's
+    options, or a second observation of one item is ignored.
 
     Raises:
         NoModelError: the study has no active fitted model (409).
@@ -286,18 +308,33 @@ def predict_respondents(
         loaded = chosen[rows[0]][0]
         model = loaded.model
         grid = [[-1] * model.item_bank.n_items for _ in rows]
+        steps: list[list[tuple[int, int]]] = []
         counts = []
         for r, j in enumerate(rows):
-            n = 0
-            for key, letter in evidence[j].observed.items():
-                idx = loaded.index.get(key)
-                letters = loaded.letters.get(key, [])
-                if idx is not None and letter in letters:
-                    grid[r][idx] = letters.index(letter)
-                    n += 1
-            counts.append(n)
+            seen: set[int] = set()
+            mine: list[tuple[int, int]] = []
+            for key, letter in evidence[j].attributes.items():
+                hit = loaded.lookup(key, letter)
+                if hit is not None and hit[0] not in seen:
+                    grid[r][hit[0]] = hit[1]
+                    seen.add(hit[0])
+            n_attr = len(seen)
+            for key, letter in evidence[j].answers:
+                hit = loaded.lookup(key, letter)
+                if hit is not None and hit[0] not in seen:
+                    mine.append(hit)
+                    seen.add(hit[0])
+            steps.append(mine)
+            counts.append(n_attr + len(mine))
         if loaded.items:
             state = model.initial_batch(torch.tensor(grid, dtype=torch.long))
+            for t in range(max((len(m) for m in steps), default=0)):
+                at = [m[t] if t < len(m) else (0, -1) for m in steps]
+                state = model.update_batch(
+                    state,
+                    torch.tensor([a[0] for a in at], dtype=torch.long),
+                    torch.tensor([a[1] for a in at], dtype=torch.long),
+                )
             probs = model.predict_batch(state, [loaded.index[it.key] for it in loaded.items])
             top = _top_personas(model, state, len(rows))
         else:
@@ -306,6 +343,7 @@ def predict_respondents(
         table, best = probs.tolist(), probs.argmax(dim=-1).tolist()  # argmax: first on a tie
         for r, j in enumerate(rows):
             ev = evidence[j]
+            observed = ev.observed
             items = tuple(
                 ItemPrediction(
                     key=it.key,
@@ -314,7 +352,7 @@ def predict_respondents(
                     options=opts,
                     probabilities=tuple(table[r][i][: len(opts)]),
                     status=ANSWERED
-                    if it.key in ev.observed
+                    if it.key in observed
                     else SKIPPED
                     if it.key in ev.skipped
                     else NOT_ASKED,

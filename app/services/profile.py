@@ -118,15 +118,13 @@ def session_predictions(
         return row.n_answers, result
     respondent, answers = respondent_and_answers(session, sess)
     keys = {it.id: it.key for it in export.export_items(study, session=session)}
-    observed = dict(respondent.attributes or {})
-    skipped = set()
-    for a in answers:
-        key = keys.get(a.item_id)
-        if key is not None and a.option is not None:
-            observed[key] = a.option
-        elif key is not None and key not in observed:
-            skipped.add(key)
-    ev = Evidence(respondent.id or 0, observed, frozenset(skipped))
+    given = [(keys[a.item_id], a.option) for a in answers if a.item_id in keys]
+    ev = Evidence(
+        respondent.id or 0,
+        dict(respondent.attributes or {}),
+        [(k, o) for k, o in given if o is not None],
+        frozenset(k for k, o in given if o is None),
+    )
     return len(answers), predict_respondents(study, [ev], session=session)[0]
 
 

@@ -39,10 +39,10 @@ def test_hand_computed_posterior() -> None:
 
 def test_predictions_equal_the_exact_posterior(tiny: TinyStudy, db: Session) -> None:
     evidence = [
-        Evidence(1, {"x": "B", "a": "A"}, model_id=tiny.old_id),
-        Evidence(2, {}, frozenset({"x", "a"}), model_id=tiny.old_id),
-        Evidence(3, {"a": "B"}),  # no recorded model: the active one
-        Evidence(4, {"t": "A"}, model_id=987654),  # not a model of the study: the active one
+        Evidence(1, {"x": "B"}, [("a", "A")], model_id=tiny.old_id),
+        Evidence(2, {}, (), frozenset({"x", "a"}), model_id=tiny.old_id),
+        Evidence(3, {}, [("a", "B")]),  # no recorded model: the active one
+        Evidence(4, {}, [("t", "A")], model_id=987654),  # not a model of the study: active
     ]
     got = predict_respondents(tiny.study, evidence, session=db)
     assert [g.respondent_pk for g in got] == [1, 2, 3, 4]
@@ -199,3 +199,68 @@ def live_study_without_model(db: Session, alice: Researcher) -> str:
     from app.services.designer import create_study
 
     return create_study("No model yet", owner=alice, session=db).slug
+
+
+def test_an_order_dependent_model_gets_the_live_loops_replay(
+    db: Session, alice: Researcher
+) -> None:
+    """The stacked mixture's weights depend on which observations are answers (and their
+    order): the exports' predictions equal the live loop's replay (attributes first, then
+    one update per answer in order), not the state of all observations at once."""
+    import secrets
+
+    import torch
+
+    from app.services.designer import add_item, create_study
+    from app.session import hash_token
+    from app.tables import Answer, ElicitationSession, FittedModel, Respondent
+    from elicitation.session import replay_state
+    from tests.models.test_cape_mixture import N_OPTIONS, mixture
+
+    model = mixture()
+    model.training_hash = "mixture"
+    study = create_study("Mixture", owner=alice, session=db)
+    roles = ("attribute", "question", "question", "target", "question")
+    items = [
+        add_item(
+            study,
+            session=db,
+            key=f"q{i}",
+            question=f"Question {i}?",
+            options_text="\n".join(f"{chr(65 + k)}: option {k}" for k in range(n)),
+            role=role,
+        )
+        for i, (n, role) in enumerate(zip(N_OPTIONS, roles, strict=True))
+    ]
+    db.add(
+        FittedModel(
+            study_id=study.id or 0,
+            family=model.family,
+            blob=model.to_bytes(),
+            training_hash="mixture",
+            is_active=True,
+        )
+    )
+    resp = Respondent(study_id=study.id or 0, attributes={"q0": "B"})
+    db.add(resp)
+    db.flush()
+    sess = ElicitationSession(
+        study_id=study.id or 0,
+        respondent_id=resp.id or 0,
+        token_hash=hash_token(secrets.token_urlsafe(8)),
+    )
+    db.add(sess)
+    db.flush()
+    for i, letter in ((2, "A"), (1, "C"), (4, "B")):
+        db.add(Answer(session_id=sess.id or 0, item_id=items[i].id or 0, option=letter))
+    db.commit()
+
+    want = model.predict(replay_state(model, {0: 1}, [(2, 0), (1, 2), (4, 1)]), [3])[0]
+    [(row, found)] = list(export.predicted_rows(study, session=db))
+    assert row.answer_order == ("q2", "q1", "q4")
+    got = found.get("q3")
+    assert got is not None and got.status == NOT_ASKED
+    assert got.probabilities == pytest.approx(want[:4].tolist(), abs=1e-12)
+    # all observations at once would be another state: this test can tell them apart
+    at_once = model.predict_batch(model.initial_batch(torch.tensor([[1, 2, 0, -1, 1]])), [3])[0, 0]
+    assert float((at_once - want).abs().max()) > 1e-4
