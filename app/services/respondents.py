@@ -47,6 +47,7 @@ class LiveRespondentRow:
     Attributes:
         status: ``completed`` when a session of it finished, else its newest session's.
         earlier_starts: respondents the same browser had started before this one.
+        preview: every session of it is a researcher's preview (no profile, no export).
     """
 
     id: int
@@ -56,6 +57,7 @@ class LiveRespondentRow:
     n_answers: int
     earlier_starts: int
     panel_params: dict[str, object] | None
+    preview: bool = False
 
 
 def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRow]:
@@ -78,6 +80,8 @@ def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRo
             .group_by(ElicitationSession.respondent_id)  # type: ignore[arg-type]
         ).all()
     )
+    previews = {s.respondent_id: True for s in sessions if s.is_preview}
+    real = {s.respondent_id: True for s in sessions if not s.is_preview}
     status: dict[int, str] = {}
     for s in sorted(sessions, key=lambda s: s.id or 0):
         if status.get(s.respondent_id) != SessionStatus.completed.value:
@@ -91,6 +95,7 @@ def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRo
             n_answers=int(counts.get(r.id or 0, 0)),
             earlier_starts=r.earlier_starts,
             panel_params=r.panel_params,
+            preview=bool(previews.get(r.id or 0)) and not real.get(r.id or 0),
         )
         for r in respondents
     ]

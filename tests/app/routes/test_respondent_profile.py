@@ -33,6 +33,9 @@ def test_profile_page_shows_answers_and_predictions(
     slug, r1 = tiny.study.slug, tiny.respondents["r1"]
     listing = client.get(f"/admin/studies/{slug}/respondents")
     assert f'href="http://localhost/admin/studies/{slug}/respondents/{r1}"' in listing.text
+    r4 = tiny.respondents["r4"]  # a preview: listed, not linked (it has no profile)
+    assert f'href="http://localhost/admin/studies/{slug}/respondents/{r4}"' not in listing.text
+    assert f'<td>{r4} <span class="muted">(preview)</span></td>' in listing.text
 
     page = client.get(f"/admin/studies/{slug}/respondents/{r1}")
     assert page.status_code == 200

@@ -139,6 +139,14 @@ def test_wide_export_with_predictions(tiny: TinyStudy, db: Session) -> None:
     assert plain.to_dict("records") == wide[list(plain.columns)].to_dict("records")
 
 
+def test_predictions_csv_has_no_preview_and_the_same_numbers(tiny: TinyStudy, db: Session) -> None:
+    rows = _csv("".join(export.csv_predictions(tiny.study, session=db)))
+    assert sorted(set(rows["respondent_id"])) == ["r1", "r2", "r3"]
+    r1 = rows[(rows["respondent_id"] == "r1")].set_index("option")
+    assert float(r1.loc["B", "probability"]) == pytest.approx(1 - 2.3 / 11, abs=1e-6)
+    assert r1.loc["B", "predicted"] == "1" and r1.loc["A", "predicted"] == "0"
+
+
 def test_long_export_with_predictions(tiny: TinyStudy, db: Session) -> None:
     long = _csv("".join(export.csv_long(tiny.study, session=db, predictions=True)))
     assert list(long.columns) == [*export.LONG_COLUMNS, "kind", "probability"]
