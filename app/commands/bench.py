@@ -114,7 +114,9 @@ def _individual(args: argparse.Namespace) -> int:
     if not args.no_cape_measures:
         # CAPE's measures: questions_to_90pct, log_loss_all_candidates, adaptivity and
         # adaptivity_pairs, added to each adaptive method's entry.
-        measures = cape_measures(args.dataset, result, n_runs=args.runs, seed=args.seed, cache=fits)
+        measures = cape_measures(
+            args.dataset, result, n_runs=args.runs, seed=args.seed, cache=fits
+        )
         for name, extra in measures.items():
             result["methods"][name].update(extra)
     _write_json(args.out, result)

@@ -150,11 +150,7 @@ def test_prepared_study_serves_the_stored_order_without_recomputing_it(
         bank = rt.model.item_bank
         assert rt.selector.fixed.order == [bank.index(k) for k in stored]
         # built once per runtime: every decision gets the same object
-        assert (
-            session_decide.criterion_for(rt, 1, 0)
-            is session_decide.criterion_for(rt, 2, 5)
-            is rt.selector
-        )
+        assert session_decide.criterion_for(rt, 1, 0) is session_decide.criterion_for(rt, 2, 5) is rt.selector
     sid = _run_session(live.engine, study, 4)
     assert count_greedy == []  # the whole session ran without a fixed-order search
     with live.session() as db:
