@@ -225,8 +225,7 @@ ROUTES: dict[tuple[str, str], Case] = {
         study_member(303, "POST"), form={"question": "Reworded?"}
     ),
     ("POST", "/admin/studies/{slug}/items/roles"): Case(
-        study_member(422, "POST"),
-        form={"role": "target"},  # no item selected: 422
+        study_member(422, "POST"), form={"role": "target"}  # no item selected: 422
     ),
     ("POST", "/admin/studies/{slug}/status"): Case(
         study_member(303, "POST"), form={"status": "closed"}
