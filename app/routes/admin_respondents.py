@@ -1,7 +1,8 @@
 """The researcher's list of a study's live respondents and erasing one (``/admin``).
 
 ``GET /admin/studies/{slug}/respondents`` lists the live respondents (answers, status and
-repeated starts from one browser); ``POST .../respondents/{id}/erase`` deletes one through
+repeated starts from one browser); ``GET .../respondents/{id}`` is one respondent's profile
+(what they answered, and the predicted answer to every other item); ``POST .../respondents/{id}/erase`` deletes one through
 :func:`app.services.respondents.erase_live_respondent` (the erasure record stays) after
 the form's confirmation. CSRF is checked for every unsafe request (:func:`app.auth.verify_csrf`).
 """
@@ -15,7 +16,12 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app import auth
 from app.deps import DbId, EngineDep, SessionDep, TemplatesDep
-from app.services.respondents import erase_live_respondent, live_respondents
+from app.routes.admin.common import PageDep
+from app.services.respondents import (
+    erase_live_respondent,
+    live_respondents,
+    respondent_profile,
+)
 
 router = APIRouter(
     prefix="/admin", dependencies=[Depends(auth.verify_csrf)], include_in_schema=False
@@ -45,6 +51,23 @@ def respondents_page(
     erased = request.query_params.get("erased")
     notice = f"Respondent {erased} was erased." if erased and erased.isdigit() else None
     return _page(request, templates, study, session, notice=notice)
+
+
+@router.get(
+    "/studies/{slug}/respondents/{respondent_id}",
+    response_class=HTMLResponse,
+    name="admin_respondent",
+)
+def respondent_page(
+    respondent_id: DbId, page: PageDep, study: auth.VisibleStudy, session: SessionDep
+) -> Response:
+    """One respondent's profile: status, answers in order, and the predicted answer (with
+    its probability) to every item they did not answer; 404 for an id of no respondent of
+    this study."""
+    profile = respondent_profile(study, respondent_id, session=session)
+    return page.render(
+        "admin/respondent.html", {"study": study, "section": "respondents", "p": profile}
+    )
 
 
 @router.post("/studies/{slug}/respondents/{respondent_id}/erase", name="admin_respondent_erase")

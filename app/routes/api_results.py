@@ -92,12 +92,26 @@ class TargetPredictionOut(BaseModel):
     label: str = Field(description="the most probable option's label")
 
 
+class ItemPredictionOut(TargetPredictionOut):
+    probability: float = Field(description="the most probable option's probability")
+
+
 class RespondentPredictionsOut(BaseModel):
     respondent_id: str
-    session_id: int
+    session_id: int = Field(description="the respondent's first session")
     status: str
-    answers: int = Field(description="answers the predictions are conditioned on")
-    targets: list[TargetPredictionOut]
+    answers: int = Field(description="the respondent's answers (skips included)")
+    model_id: int | None = Field(
+        default=None,
+        description="the fitted model of these predictions: the one the respondent's "
+        "sessions used (else the study's active model)",
+    )
+    targets: list[TargetPredictionOut] = Field(description="every target item")
+    items: list[ItemPredictionOut] = Field(
+        default_factory=list,
+        description="every item without an answer (never asked, skipped or declined; "
+        "questions, targets and attributes), in study order",
+    )
 
 
 class PredictionsPage(BaseModel):
@@ -152,10 +166,11 @@ def list_responses(
 @router.get(
     "/studies/{slug}/predictions",
     response_model=PredictionsPage,
-    summary="A page of per-respondent predictions for the study's targets",
-    description="The numbers of the predictions CSV export: each live respondent's "
-    "predicted distribution over every target's options given their answers, in session id "
-    "order. Follow next_cursor until it is null.",
+    summary="A page of per-respondent predictions for every item they did not answer",
+    description="Each live respondent's predicted distribution over every target's options "
+    "(the predictions CSV export's numbers) and over every item they did not answer, given "
+    "everything they answered, under the model their sessions used; in respondent order. "
+    "Follow next_cursor until it is null.",
 )
 def list_predictions(
     study: OwnedStudy,

@@ -47,7 +47,8 @@ from app.services.apikeys import (
     AuthenticationError,
     authenticate_api_key,
 )
-from app.services.profile import session_profile
+from app.services.predictions import NOT_ASKED
+from app.services.profile import session_predictions, session_profile
 from app.services.studies import get_study_by_slug
 from app.session import async_path as answer_async
 from app.tables import ElicitationSession, Researcher, Study
@@ -280,11 +281,53 @@ class PersonaOut(BaseModel):
     weight: float = Field(description="posterior weight")
 
 
+class PredictedAnswerOut(BaseModel):
+    item: str = Field(examples=["330a"])
+    role: str = Field(examples=["target"], description="question, target or attribute")
+    question: str
+    status: str = Field(
+        examples=["not asked"], description="not asked, or skipped (asked, not answered)"
+    )
+    predicted: str = Field(description="the most probable option's letter")
+    label: str = Field(description="the most probable option's label")
+    probability: float = Field(description="the most probable option's probability")
+    distribution: dict[str, float] = Field(examples=[{"A": 0.72, "B": 0.28}])
+
+
 class PredictionsOut(BaseModel):
     answers: int = Field(description="answers the predictions are conditioned on")
     items: list[PredictionOut] = Field(description="every question not asked yet")
     targets: list[PredictionOut] = Field(description="every target item")
     personas: list[PersonaOut] = Field(description="top personas by posterior weight")
+    predicted: list[PredictedAnswerOut] = Field(
+        default_factory=list,
+        description="every item the respondent has not answered (questions, targets and "
+        "attributes, never asked or skipped), in study order, with the most probable option",
+    )
+    model_id: int | None = Field(
+        default=None,
+        description="the fitted model of these predictions: the one the respondent's "
+        "sessions used (else the study's active model)",
+    )
+
+
+class ProfileOut(BaseModel):
+    """A session's preference profile; ``model_notice`` (a string) is added when the model
+    is a fallback prior (e.g. a persona prior before any history)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: int
+    answers: int
+    model_family: str
+    criteria: list[dict[str, Any]] = Field(description="preference criteria, ranked")
+    items: list[dict[str, Any]] = Field(description="every item of the model, ranked")
+    summary: str
+    predicted: list[PredictedAnswerOut] = Field(
+        default_factory=list,
+        description="every item the respondent has not answered, in study order (as in "
+        "the predictions)",
+    )
 
 
 class ExplanationOut(BaseModel):
@@ -620,22 +663,30 @@ def _post_answer_sync(
 @router.get(
     "/sessions/{session_id}/predictions",
     response_model=PredictionsOut,
-    summary="Predictions for every unasked item and every target, and the top personas",
+    summary="Predictions for every item the respondent has not answered, and the top personas",
+    description="From the respondent's posterior given everything they answered (all "
+    "their sessions), under the model their sessions used. `items`: the questions not "
+    "asked yet; `targets`: every target; `predicted`: every item without an answer "
+    "(questions, targets, attributes; never asked or skipped) with its most probable option.",
 )
 def get_predictions(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
     sess, study = auth
-    p = svc.predictions(study, sess, session=session)
+    n_answers, found = session_predictions(study, sess, session=session)
     as_dict = lambda x: {  # noqa: E731
-        "item": x.item,
+        "item": x.key,
         "role": x.role,
         "question": x.question,
         "distribution": x.distribution,
     }
     return {
-        "answers": p.n_answers,
-        "items": [as_dict(x) for x in p.items],
-        "targets": [as_dict(x) for x in p.targets],
-        "personas": p.personas,
+        "answers": n_answers,
+        "items": [
+            as_dict(x) for x in found.items if x.role == "question" and x.status == NOT_ASKED
+        ],
+        "targets": [as_dict(x) for x in found.items if x.role == "target"],
+        "personas": list(found.personas),
+        "predicted": [x.to_dict() for x in found.unanswered],
+        "model_id": found.model_id,
     }
 
 
@@ -651,7 +702,9 @@ def get_explanation(auth: AuthorizedSession, session: SessionDep) -> dict[str, A
 
 @router.get(
     "/sessions/{session_id}/profile",
-    summary="The respondent's preference profile (ranked criteria and items, plain-text summary)",
+    response_model=ProfileOut,
+    summary="The respondent's preference profile (ranked criteria and items, plain-text "
+    "summary) and the predicted answer to every item they have not answered",
 )
 def get_profile(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
     sess, study = auth

@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from app.errors import NotFoundError
+from app.errors import InvalidInputError, NotFoundError
 from app.services import export
 from app.session import load_runtime
 from app.tables import Study
@@ -43,15 +43,32 @@ class Download:
     chunks: Iterator[bytes] | None = None
 
 
+PREDICTING = frozenset({"answers_wide.csv", "answers_long.csv"})
+"""The downloads that take ``predictions`` (each respondent's predicted answers)."""
+
+
 def open_export(
-    study: Study, name: str, *, engine: Engine, include_imported: bool = False
+    study: Study,
+    name: str,
+    *,
+    engine: Engine,
+    include_imported: bool = False,
+    predictions: bool = False,
 ) -> Download:
     """Prepare the download ``name`` of :data:`EXPORTS` (:class:`NotFoundError` for any
     other name); ``include_imported`` adds the imported respondents to the wide CSV and
-    the SPSS and Stata files."""
+    the SPSS and Stata files; ``predictions`` adds each respondent's predicted answers to
+    the CSV answers (:data:`PREDICTING`; :class:`InvalidInputError` for another file, a
+    :class:`~app.services.belief.NoModelError` when the study has no model)."""
     if name not in EXPORTS:
         raise NotFoundError(f"no export {name!r}")
+    if predictions and name not in PREDICTING:
+        raise InvalidInputError(
+            f"predictions: only {' and '.join(sorted(PREDICTING))} carry predictions, not {name!r}"
+        )
     filename = f"{study.slug}-{name}"
+    if predictions:
+        filename = filename.replace(".csv", "-predictions.csv")
     if name.endswith((".sav", ".dta")):
         tmp = tempfile.NamedTemporaryFile(prefix="priorly-", suffix=name[-4:], delete=False)
         tmp.close()
@@ -60,16 +77,18 @@ def open_export(
             writer = export.write_sav if name.endswith(".sav") else export.write_dta
             writer(study, path, session=db, include_imported=include_imported)
         return Download(filename, EXPORTS[name], path=path)
-    if name == "predictions.csv":
+    if name == "predictions.csv" or predictions:
         with Session(engine) as db:
             load_runtime(study, session=db, fit_if_missing=False)
 
     def stream() -> Iterator[str]:
         with Session(engine) as db:
             if name == "answers_wide.csv":
-                yield from export.csv_wide(study, session=db, include_imported=include_imported)
+                yield from export.csv_wide(
+                    study, session=db, include_imported=include_imported, predictions=predictions
+                )
             elif name == "answers_long.csv":
-                yield from export.csv_long(study, session=db)
+                yield from export.csv_long(study, session=db, predictions=predictions)
             elif name == "codebook.jsonl":
                 yield from export.codebook_jsonl(study, session=db)
             else:

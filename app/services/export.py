@@ -25,11 +25,13 @@ import io
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import true
 from sqlmodel import Session, col, select
 
 from app.tables import (
@@ -45,7 +47,18 @@ from app.tables import (
 
 SKIP_MARK = "<skip>"
 SKIP_CODE = -1
-META_COLUMNS = ("respondent_id", "session_id", "source", "status", "started_at", "completed_at")
+META_COLUMNS = (
+    "respondent_id",
+    "session_id",
+    "source",
+    "status",
+    "started_at",
+    "completed_at",
+    "earlier_starts",
+)
+PRED_SUFFIX, PROB_SUFFIX = "__pred", "__p"
+"""With predictions, the wide CSV adds ``<key>__pred`` (the most likely option's letter)
+and ``<key>__p`` (its probability) per item, filled where the item has no answer."""
 BATCH = 500
 STATA_LABEL_MAX = 80
 
@@ -63,6 +76,14 @@ class ExportRow:
     cells: dict[str, str]
     respondent_pk: int = 0
     """The respondent's database id (the API's responses cursor)."""
+    earlier_starts: int = 0
+    """Respondents the same browser had started in this study before this one."""
+    n_answers: int = 0
+    """The respondent's live answer rows (skips included)."""
+    answer_order: tuple[str, ...] = ()
+    """The keys of ``cells`` that hold answers (not attributes, not skips) in the order
+    given: an imported respondent's stored answers first (study order), then the live
+    answers (a key answered again takes its later place); :func:`_order`."""
 
 
 def export_items(study: Study, *, session: Session) -> list[Item]:
@@ -119,10 +140,12 @@ class _Person:
     asked_attributes: bool
 
 
-def _people(study: Study, session: Session, *, after: int = 0) -> Iterator[_Person]:
+def _people(
+    study: Study, session: Session, *, after: int = 0, only: int | None = None
+) -> Iterator[_Person]:
     """The study's respondents that have at least one session, in respondent id order
     from the first id above ``after``, read ``BATCH`` respondents at a time (keyset
-    pagination).
+    pagination); with ``only``, just the respondent with that id (if it has a session).
 
     A respondent was asked the attribute items when the study asks them
     (``settings["ask_attributes"]``, default on) and one of their sessions got past the
@@ -144,6 +167,7 @@ def _people(study: Study, session: Session, *, after: int = 0) -> Iterator[_Pers
             session.exec(
                 select(Respondent)
                 .where(Respondent.study_id == study.id, col(Respondent.id) > last, has_session)
+                .where(true() if only is None else col(Respondent.id) == only)
                 .order_by(col(Respondent.id))
                 .limit(BATCH)
             ).all()
@@ -177,6 +201,8 @@ def _people(study: Study, session: Session, *, after: int = 0) -> Iterator[_Pers
         )
         for p in people:
             mine = sessions[p.id or 0]
+            if not mine:  # erased between the two reads (READ COMMITTED)
+                continue
             yield _Person(
                 respondent=p,
                 sessions=mine,
@@ -195,8 +221,69 @@ def _attribute_cells(person: _Person, attribute_keys: list[str]) -> dict[str, st
     return given
 
 
+def _person_cells(
+    person: _Person,
+    by_id: dict[int | None, Item],
+    attribute_keys: list[str],
+    *,
+    include_imported: bool,
+) -> dict[str, str]:
+    """``{item key: letter or SKIP_MARK}`` of one respondent: attributes, then (with
+    ``include_imported``, for an imported respondent) the stored answers, then the answers
+    of every session (a later answer replaces an earlier one, a later skip never replaces
+    an answer)."""
+    resp = person.respondent
+    cells = _attribute_cells(person, attribute_keys)
+    if include_imported and resp.source == RespondentSource.import_.value:
+        cells.update(resp.answers or {})
+    for a in person.answers:
+        item = by_id.get(a.item_id)
+        if item is None:
+            continue
+        if a.option is not None:
+            cells[item.key] = a.option
+        elif cells.get(item.key) in (None, SKIP_MARK):
+            cells[item.key] = SKIP_MARK
+    return cells
+
+
+def _order(
+    resp: Respondent, answers: list[Answer], items: list[Item], *, include_imported: bool
+) -> tuple[str, ...]:
+    """:attr:`ExportRow.answer_order` of a respondent (``items`` in study order)."""
+    order: dict[str, None] = {}
+    if include_imported and resp.source == RespondentSource.import_.value:
+        stored = resp.answers or {}
+        order.update((it.key, None) for it in items if it.key in stored)
+    keys = {it.id: it.key for it in items}
+    for a in answers:
+        key = keys.get(a.item_id)
+        if key is not None and a.option is not None:
+            order.pop(key, None)
+            order[key] = None
+    return tuple(order)
+
+
+def _evidence(pred: Any, pk: int, cells: dict[str, str], order: tuple[str, ...], model: Any) -> Any:
+    """The :class:`app.services.predictions.Evidence` of one row: attributes (the cells
+    that are neither answers nor skips), answers in ``order``, skips."""
+    answered = set(order)
+    return pred.Evidence(
+        respondent_pk=pk,
+        attributes={k: v for k, v in cells.items() if v != SKIP_MARK and k not in answered},
+        answers=[(k, cells[k]) for k in order],
+        skipped=frozenset(k for k, v in cells.items() if v == SKIP_MARK),
+        model_id=model,
+    )
+
+
 def iter_rows(
-    study: Study, *, session: Session, include_imported: bool = False, after: int = 0
+    study: Study,
+    *,
+    session: Session,
+    include_imported: bool = False,
+    after: int = 0,
+    only: int | None = None,
 ) -> Iterator[ExportRow]:
     """One row per respondent: those with sessions in respondent id order, then (with
     ``include_imported``) the imported respondents without a session, in id order.
@@ -207,24 +294,15 @@ def iter_rows(
     respondent's stored answers are included only with ``include_imported``.
 
     ``after``: start after the respondent with this database id (keyset pagination, as
-    the API's cursors do; ``ExportRow.respondent_pk``).
+    the API's cursors do; ``ExportRow.respondent_pk``); ``only``: just the respondent
+    with this database id (one profile).
     """
     items = export_items(study, session=session)
-    keys_by_id = {it.id: it.key for it in items}
+    by_id = {it.id: it for it in items}
     attribute_keys = [it.key for it in items if it.role == ItemRole.attribute.value]
-    for person in _people(study, session, after=after):
+    for person in _people(study, session, after=after, only=only):
         resp = person.respondent
-        cells = _attribute_cells(person, attribute_keys)
-        if include_imported and resp.source == RespondentSource.import_.value:
-            cells.update(resp.answers or {})
-        for a in person.answers:
-            key = keys_by_id.get(a.item_id)
-            if key is None:
-                continue
-            if a.option is not None:
-                cells[key] = a.option
-            elif cells.get(key) in (None, SKIP_MARK):
-                cells[key] = SKIP_MARK
+        cells = _person_cells(person, by_id, attribute_keys, include_imported=include_imported)
         first = person.sessions[0]
         yield ExportRow(
             respondent_id=_label(resp),
@@ -235,6 +313,9 @@ def iter_rows(
             completed_at=first.completed_at,
             cells=cells,
             respondent_pk=resp.id or 0,
+            earlier_starts=resp.earlier_starts,
+            n_answers=len(person.answers),
+            answer_order=_order(resp, person.answers, items, include_imported=include_imported),
         )
     if not include_imported:
         return
@@ -253,6 +334,7 @@ def iter_rows(
                 col(Respondent.id) > last,
                 no_session,
             )
+            .where(true() if only is None else col(Respondent.id) == only)
             .order_by(col(Respondent.id))
             .limit(BATCH)
         ).all()
@@ -269,6 +351,9 @@ def iter_rows(
                 started_at=None,
                 completed_at=None,
                 cells=cells,
+                respondent_pk=resp.id or 0,
+                earlier_starts=resp.earlier_starts,
+                answer_order=_order(resp, [], items, include_imported=True),
             )
         last = people[-1].id or 0
 
@@ -297,22 +382,94 @@ def _csv_line(values: list[Any]) -> str:
     return buf.getvalue()
 
 
-def csv_wide(study: Study, *, session: Session, include_imported: bool = False) -> Iterator[str]:
-    """CSV, one row per respondent: meta columns then one column per item key (letters)."""
-    keys = [it.key for it in export_items(study, session=session)]
-    yield "\ufeff" + _csv_line([*META_COLUMNS, *keys])
-    for r in iter_rows(study, session=session, include_imported=include_imported):
-        yield _csv_line(
-            [
-                r.respondent_id,
-                r.session_id if r.session_id is not None else "",
-                r.source,
-                r.status,
-                _iso(r.started_at),
-                _iso(r.completed_at),
-                *[r.cells.get(k, "") for k in keys],
-            ]
+def _chunks(rows: Iterator[Any], n: int = BATCH) -> Iterator[list[Any]]:
+    """``rows`` in lists of at most ``n``."""
+    chunk: list[Any] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def predicted_rows(
+    study: Study,
+    *,
+    session: Session,
+    include_imported: bool = False,
+    after: int = 0,
+    only: int | None = None,
+) -> Iterator[tuple[ExportRow, Any]]:
+    """The rows of :func:`iter_rows`, each with its respondent's predictions
+    (:class:`app.services.predictions.RespondentPrediction`), computed :data:`BATCH`
+    respondents at a time with the model each respondent's sessions used.
+
+    Raises:
+        NoModelError: the study has no active fitted model (before any row).
+    """
+    # the belief models (torch) are loaded only when predictions are asked for
+    from app.services import predictions as pred
+
+    models = pred.ModelSet(study, session=session)
+    rows = iter_rows(
+        study, session=session, include_imported=include_imported, after=after, only=only
+    )
+    for chunk in _chunks(rows):
+        used = pred.session_models(
+            [r.respondent_pk for r in chunk if r.session_id is not None], session=session
         )
+        evidence = [
+            _evidence(pred, r.respondent_pk, r.cells, r.answer_order, used.get(r.respondent_pk))
+            for r in chunk
+        ]
+        found = pred.predict_respondents(study, evidence, session=session, models=models)
+        yield from zip(chunk, found, strict=True)
+
+
+def _meta(r: ExportRow) -> list[Any]:
+    return [
+        r.respondent_id,
+        r.session_id if r.session_id is not None else "",
+        r.source,
+        r.status,
+        _iso(r.started_at),
+        _iso(r.completed_at),
+        r.earlier_starts,
+    ]
+
+
+def _prob(p: float) -> str:
+    return f"{p:.6f}"
+
+
+def csv_wide(
+    study: Study, *, session: Session, include_imported: bool = False, predictions: bool = False
+) -> Iterator[str]:
+    """CSV, one row per respondent: meta columns then one column per item key (letters).
+
+    With ``predictions``: then, per item, ``<key>__pred`` and ``<key>__p``: the most likely
+    option and its probability for an item without an answer (never asked, skipped or
+    declined; :func:`predicted_rows`), empty for an answered item or one the model does
+    not know.
+    """
+    keys = [it.key for it in export_items(study, session=session)]
+    extra = [f"{k}{s}" for k in keys for s in (PRED_SUFFIX, PROB_SUFFIX)] if predictions else []
+    yield "\ufeff" + _csv_line([*META_COLUMNS, *keys, *extra])
+    if not predictions:
+        for r in iter_rows(study, session=session, include_imported=include_imported):
+            yield _csv_line([*_meta(r), *[r.cells.get(k, "") for k in keys]])
+        return
+    from app.services.predictions import ANSWERED  # loaded with the predictions (torch)
+
+    for r, found in predicted_rows(study, session=session, include_imported=include_imported):
+        by_key = {p.key: p for p in found.items if p.status != ANSWERED}
+        cells: list[Any] = []
+        for k in keys:
+            p = by_key.get(k)
+            cells += [p.letter, _prob(p.probability)] if p is not None else ["", ""]
+        yield _csv_line([*_meta(r), *[r.cells.get(k, "") for k in keys], *cells])
 
 
 LONG_COLUMNS = (
@@ -327,35 +484,51 @@ LONG_COLUMNS = (
 )
 
 
-def csv_long(study: Study, *, session: Session) -> Iterator[str]:
+LONG_PREDICTION_COLUMNS = ("kind", "probability")
+"""With predictions, the long CSV adds ``kind`` (``answered``, ``skipped`` or
+``predicted``) and ``probability`` (of a predicted row's option)."""
+
+
+def csv_long(study: Study, *, session: Session, predictions: bool = False) -> Iterator[str]:
     """CSV, one row per live answer, with item text and option label: respondent by
     respondent (as :func:`iter_rows`), each one's attribute items first (a declined one is
     :data:`SKIP_MARK`; dated by their first session's start), then their answers in the
-    order given (every session of theirs)."""
+    order given (every session of theirs).
+
+    With ``predictions``: the columns ``kind`` and ``probability``, and after each
+    respondent's answers one ``predicted`` row per item without an answer (never asked,
+    skipped or declined; in study order) holding the most likely option, its label and its
+    probability (:func:`app.services.predictions.predict_respondents`; ``answered_at`` empty).
+    """
     items = export_items(study, session=session)
     by_id = {it.id: it for it in items}
+    by_key = {it.key: it for it in items}
     attributes = [it for it in items if it.role == ItemRole.attribute.value]
+    attribute_keys = [it.key for it in attributes]
 
-    def line(resp: Respondent, sid: int | None, item: Item, option: str | None, at: Any) -> str:
+    def line(
+        resp: Respondent, sid: int | None, item: Item, option: str | None, at: Any, p: Any = None
+    ) -> str:
         labels = {o[0]: o[1] for o in item.options}
         shown = option if option is not None else SKIP_MARK
-        return _csv_line(
-            [
-                _label(resp),
-                sid,
-                item.key,
-                item.role,
-                item.question,
-                shown,
-                labels.get(shown, "") if shown != SKIP_MARK else "",
-                _iso(at),
-            ]
-        )
+        values = [
+            _label(resp),
+            sid,
+            item.key,
+            item.role,
+            item.question,
+            shown,
+            labels.get(shown, "") if shown != SKIP_MARK else "",
+            _iso(at),
+        ]
+        if predictions:
+            kind = "predicted" if p is not None else "skipped" if option is None else "answered"
+            values += [kind, _prob(p) if p is not None else ""]
+        return _csv_line(values)
 
-    yield "\ufeff" + _csv_line(list(LONG_COLUMNS))
-    for person in _people(study, session):
+    def given(person: _Person) -> Iterator[str]:
         resp, first = person.respondent, person.sessions[0]
-        cells = _attribute_cells(person, [it.key for it in attributes])
+        cells = _attribute_cells(person, attribute_keys)
         for item in attributes:
             if item.key in cells:
                 value = cells[item.key]
@@ -365,6 +538,33 @@ def csv_long(study: Study, *, session: Session) -> Iterator[str]:
             asked = by_id.get(a.item_id)
             if asked is not None:
                 yield line(resp, a.session_id, asked, a.option, a.created_at)
+
+    header = [*LONG_COLUMNS, *LONG_PREDICTION_COLUMNS] if predictions else list(LONG_COLUMNS)
+    yield "\ufeff" + _csv_line(header)
+    if not predictions:
+        for person in _people(study, session):
+            yield from given(person)
+        return
+    # the belief models (torch) are loaded only when predictions are asked for
+    from app.services import predictions as pred
+
+    models = pred.ModelSet(study, session=session)
+    for chunk in _chunks(_people(study, session)):
+        used = pred.session_models([p.respondent.id or 0 for p in chunk], session=session)
+        evidence = []
+        for person in chunk:
+            pk = person.respondent.id or 0
+            cells = _person_cells(person, by_id, attribute_keys, include_imported=False)
+            order = _order(person.respondent, person.answers, items, include_imported=False)
+            evidence.append(_evidence(pred, pk, cells, order, used.get(pk)))
+        found = pred.predict_respondents(study, evidence, session=session, models=models)
+        for person, result in zip(chunk, found, strict=True):
+            yield from given(person)
+            first = person.sessions[0]
+            for p in result.unanswered:
+                yield line(
+                    person.respondent, first.id, by_key[p.key], p.letter, None, p.probability
+                )
 
 
 def codebook_jsonl(study: Study, *, session: Session) -> Iterator[str]:
@@ -426,6 +626,7 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
             "status": r.status,
             "started_at": _iso(r.started_at),
             "completed_at": _iso(r.completed_at),
+            "earlier_starts": float(r.earlier_starts),
         }
         for it, code in zip(items, codes, strict=True):
             v = r.cells.get(it.key)
@@ -438,7 +639,7 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
     columns = [*META_COLUMNS, *(names[it.key] for it in items)]
     frame = pd.DataFrame.from_records(records, columns=columns)
     for c in META_COLUMNS:
-        if c != "session_id":
+        if c not in ("session_id", "earlier_starts"):
             frame[c] = frame[c].astype(object).fillna("").astype(str)
     var_labels = {
         "respondent_id": "respondent id",
@@ -447,6 +648,7 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
         "status": "session status",
         "started_at": "session started (UTC)",
         "completed_at": "session completed (UTC)",
+        "earlier_starts": "earlier starts from the same browser",
     }
     value_labels: dict[str, dict[int, str]] = {}
     for it in items:
@@ -518,7 +720,7 @@ PREDICTION_COLUMNS = (
 
 @dataclass(frozen=True)
 class TargetPrediction:
-    """One target's predicted distribution ``probabilities[k]`` over ``options[k]``
+    """One item's predicted distribution ``probabilities[k]`` over ``options[k]``
     (``(letter, label)`` pairs in the item's order)."""
 
     key: str
@@ -533,59 +735,65 @@ class TargetPrediction:
 
 @dataclass(frozen=True)
 class RespondentPredictions:
-    """A live respondent's predictions for every target, given the stored answers."""
+    """A live respondent's predictions: every target, and every item without an answer.
+
+    Attributes:
+        session_id, status: the respondent's first session's (as in the wide export).
+        n_answers: the respondent's answer rows (skips included).
+        targets: every target the model knows (answered or not).
+        items: every item the model knows without an answer (never asked, skipped or
+            declined), study order.
+        model_id: the fitted model the predictions come from.
+    """
 
     respondent_id: str
     session_id: int
     status: str
     n_answers: int
     targets: list[TargetPrediction]
+    items: list[TargetPrediction] = field(default_factory=list)
+    model_id: int | None = None
+    respondent_pk: int = 0
 
 
 def iter_predictions(
     study: Study, *, session: Session, after: int = 0
 ) -> Iterator[RespondentPredictions]:
-    """Per live session (id order, above ``after``): the targets' predicted distributions.
+    """Per live respondent (respondent id order, above ``after``): the predicted
+    distributions of the targets and of every item without an answer.
 
-    States are replayed from the stored answers with the study's active model, which is
-    loaded by this call (so a study without a model raises here, before any row). Nothing
-    is yielded when the study has no targets.
+    The respondents of :func:`iter_rows` with :func:`predicted_rows`' predictions: the
+    posterior given everything they answered, under the model their sessions used.
+
+    Raises:
+        NoModelError: the study has no fitted model (before any row).
     """
-    # the live loop (torch, the model families) is loaded only when predictions are asked for
-    from app import session as svc
+    rows = predicted_rows(study, session=session, after=after)
+    # predicted_rows raises for a missing model only when iterated: check now, before any row
+    first = next(rows, None)
+    return _predictions(first, rows)
 
-    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
-    return _predictions(rt, svc.replay, study, session, after)
+
+def _as_target(p: Any) -> TargetPrediction:
+    return TargetPrediction(p.key, list(p.options), list(p.probabilities))
 
 
-def _predictions(
-    rt: Any, replay: Any, study: Study, session: Session, after: int
-) -> Iterator[RespondentPredictions]:
-    targets = rt.targets
-    if not targets:
+def _predictions(first: Any, rows: Iterator[Any]) -> Iterator[RespondentPredictions]:
+    from app.services.predictions import ANSWERED  # loaded with the predictions (torch)
+
+    if first is None:
         return
-    idx = [rt.model_index[t.id] for t in targets]
-    for batch in _session_batches(study, session, after=after):
-        for sess, resp in batch:
-            answers = list(
-                session.exec(
-                    select(Answer).where(Answer.session_id == sess.id).order_by(col(Answer.id))
-                ).all()
-            )
-            state = replay(rt, resp, answers)
-            probs = rt.model.predict(state, idx)
-            yield RespondentPredictions(
-                respondent_id=_label(resp),
-                session_id=sess.id or 0,
-                status=sess.status,
-                n_answers=len(answers),
-                targets=[
-                    TargetPrediction(
-                        t.key, [(o[0], o[1]) for o in t.options], row[: len(t.options)]
-                    )
-                    for t, row in zip(targets, probs.tolist(), strict=True)
-                ],
-            )
+    for r, found in chain([first], rows):
+        yield RespondentPredictions(
+            respondent_id=r.respondent_id,
+            session_id=r.session_id or 0,
+            status=r.status,
+            n_answers=r.n_answers,
+            targets=[_as_target(p) for p in found.items if p.role == ItemRole.target.value],
+            items=[_as_target(p) for p in found.items if p.status != ANSWERED],
+            model_id=found.model_id,
+            respondent_pk=r.respondent_pk,
+        )
 
 
 def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from sqlmodel import Session
 
 from app import session as live
-from app.services.profile import session_profile
+from app.services.predictions import ANSWERED
+from app.services.profile import session_predictions, session_profile
 from app.tables import ElicitationSession, Study
 
 MAX_PREFERENCES = 5
@@ -43,17 +44,16 @@ class Learned:
 
 
 def learned_about(study: Study, sess: ElicitationSession, *, session: Session) -> Learned:
-    """The predicted answers to the targets the respondent was not asked (and, for CAPE
-    models, the unobserved preference criteria), from the replayed state."""
+    """The predicted answers to the targets the respondent did not answer (and, for CAPE
+    models, the unobserved preference criteria), from their posterior
+    (:func:`app.services.profile.session_predictions`)."""
     rt = live.load_runtime(study, session=session, fit_if_missing=False)
-    answered = {a.item for a in live.session_answers(sess, session=session)}
-    labels = {it.key: {str(o[0]): str(o[1]) for o in it.options} for it in rt.targets}
-    targets = []
-    for pred in live.predictions(study, sess, session=session).targets:
-        if pred.item in answered or not pred.distribution:
-            continue
-        letter, p = max(pred.distribution.items(), key=lambda kv: kv[1])
-        targets.append(Guess(pred.question, labels[pred.item][letter], round(100 * p)))
+    _n, found = session_predictions(study, sess, session=session)
+    targets = [
+        Guess(p.question, p.label, round(100 * p.probability))
+        for p in found.items
+        if p.role == "target" and p.status != ANSWERED and p.options
+    ]
     preferences: list[Guess] = []
     if str(getattr(rt.model, "family", "")).startswith("cape"):
         profile = session_profile(study, sess, session=session)

@@ -6,6 +6,10 @@ preference criteria (``Item.is_preference_criterion``, ordinal "how much do you 
 X?" items) ranked by expected level, the other items by the probability of their most
 likely option, and a plain-text summary a product can put into a system prompt. Labels
 are returned as stored; clients escape them on display.
+
+:func:`session_predictions` is the predicted answer to every item of the session's
+respondent (:mod:`app.services.predictions`, the exports' code path): the profile's
+``predicted`` list and the API's predictions.
 """
 
 from __future__ import annotations
@@ -14,7 +18,14 @@ from typing import Any
 
 from sqlmodel import Session, select
 
+from app.services import export
+from app.services.predictions import (
+    Evidence,
+    RespondentPrediction,
+    predict_respondents,
+)
 from app.session import (
+    SessionNotFoundError,
     answer_pairs,
     attribute_indices,
     load_runtime,
@@ -30,9 +41,14 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
 
     Returns:
         ``{"session_id", "answers", "model_family", "criteria": [...], "items": [...],
-        "summary"}`` plus ``model_notice`` when the model is a fallback prior; each entry has ``item``, ``question``, ``option`` (label of the most
-        likely option), ``option_index``, ``probability``, ``distribution``,
-        ``expected_level`` (criteria and ordinal items), ``observed``, ``criterion``.
+        "summary", "predicted": [...]}`` plus ``model_notice`` when the model is a fallback
+        prior; each entry of ``criteria`` and ``items`` has ``item``, ``question``,
+        ``option`` (label of the most likely option), ``option_index``, ``probability``,
+        ``distribution``, ``expected_level`` (criteria and ordinal items), ``observed``,
+        ``criterion``; ``predicted`` is every item of the study the respondent has not
+        answered (targets, questions and attributes; :func:`session_predictions`), each
+        ``{"item", "role", "question", "status", "predicted", "label", "probability",
+        "distribution"}``.
 
     Raises:
         NoModelError: the study has no fitted belief model.
@@ -72,10 +88,44 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
         "model_family": rt.model.family,
         **profile.to_dict(),
     }
+    _n, predicted = session_predictions(study, sess, session=session)
+    out["predicted"] = [p.to_dict() for p in predicted.unanswered]
     notice = (rt.model.metrics or {}).get("notice")
     if notice:  # e.g. a persona or uniform prior because the study has no history yet
         out["model_notice"] = str(notice)
     return out
 
 
-__all__ = ["session_profile"]
+def session_predictions(
+    study: Study, sess: ElicitationSession, *, session: Session
+) -> tuple[int, RespondentPrediction]:
+    """``(answer rows, predictions)`` of the session's respondent: every item the model
+    knows, from everything they answered in all their sessions, under the model their
+    sessions used (:func:`app.services.export.predicted_rows`, the exports' rows).
+
+    A preview session (left out of the exports) is predicted from its own answers with
+    the study's active model.
+
+    Raises:
+        NoModelError: the study has no fitted belief model (409).
+        SessionNotFoundError: the session was erased after the caller read it (404).
+    """
+    if not sess.is_preview:
+        found = next(export.predicted_rows(study, session=session, only=sess.respondent_id), None)
+        if found is None:  # erased after the caller's authorization read it
+            raise SessionNotFoundError(f"no session {sess.id}")
+        row, result = found
+        return row.n_answers, result
+    respondent, answers = respondent_and_answers(session, sess)
+    keys = {it.id: it.key for it in export.export_items(study, session=session)}
+    given = [(keys[a.item_id], a.option) for a in answers if a.item_id in keys]
+    ev = Evidence(
+        respondent.id or 0,
+        dict(respondent.attributes or {}),
+        [(k, o) for k, o in given if o is not None],
+        frozenset(k for k, o in given if o is None),
+    )
+    return len(answers), predict_respondents(study, [ev], session=session)[0]
+
+
+__all__ = ["session_predictions", "session_profile"]

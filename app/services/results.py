@@ -3,15 +3,14 @@ responses and per-respondent predictions one page at a time.
 
 The rows are the exports' own (:mod:`app.services.export`): :func:`~app.services.export.iter_rows`
 for responses (one row per live respondent, the wide CSV's row) and
-:func:`~app.services.export.iter_predictions` for predictions (one row per live session,
+:func:`~app.services.export.iter_predictions` for predictions (one row per live respondent,
 the predictions CSV's numbers), so the API and the files never disagree. The studies a key
 lists are the admin UI's (:func:`app.services.studies.visible_study_summaries`: owner,
 shared with, or admin).
 
-Pages use keyset pagination: responses over the respondents' database ids, predictions over
-the sessions' ids; a page holds at most ``limit`` rows above the cursor's id, in id order. A
+Pages use keyset pagination over the respondents' database ids; a page holds at most ``limit`` rows above the cursor's id, in id order. A
 cursor is opaque to clients: ``base64url("<listing>:<study id>:<last id>")``, e.g. the
-cursor after session 42 of study 7's predictions is ``cHJlZGljdGlvbnM6Nzo0Mg``
+cursor after respondent 42 of study 7's predictions is ``cHJlZGljdGlvbnM6Nzo0Mg``
 (``predictions:7:42``). Rows added while a client pages appear on a later page (their ids
 are larger); none is returned twice.
 """
@@ -33,6 +32,7 @@ from app.services.export import (
     SKIP_MARK,
     ExportRow,
     RespondentPredictions,
+    TargetPrediction,
     export_items,
     iter_predictions,
     iter_rows,
@@ -184,10 +184,13 @@ def predictions_page(
 ) -> Page:
     """One page of per-respondent predictions: the predictions export's numbers.
 
-    Each row: ``respondent_id``, ``session_id``, ``status``, ``answers`` (how many answers
-    the predictions are conditioned on) and ``targets``, one entry per target item:
+    Each row: ``respondent_id``, ``session_id`` (their first session), ``status``,
+    ``answers`` (their answer rows), ``model_id`` (the fitted model used: the one their
+    sessions recorded), ``targets``, one entry per target item:
     ``{"item", "distribution": {letter: probability}, "predicted", "label"}`` (the most
-    probable option's letter and label).
+    probable option's letter and label), and ``items``, the same for every item without
+    an answer (never asked, skipped or declined; targets included), in study order, each
+    with its ``probability`` (of the predicted option).
 
     Raises:
         NoModelError: the study has no fitted belief model.
@@ -195,27 +198,30 @@ def predictions_page(
     after = decode_cursor(PREDICTIONS, study, cursor)
     n = check_limit(PREDICTIONS, limit)
 
+    def entry(t: TargetPrediction, with_probability: bool = False) -> dict[str, Any]:
+        best = t.options[t.predicted]
+        out: dict[str, Any] = {
+            "item": t.key,
+            "distribution": {
+                letter: p for (letter, _), p in zip(t.options, t.probabilities, strict=True)
+            },
+            "predicted": best[0],
+            "label": best[1],
+        }
+        if with_probability:
+            out["probability"] = t.probabilities[t.predicted]
+        return out
+
     def render(row: RespondentPredictions) -> dict[str, Any]:
-        targets = []
-        for t in row.targets:
-            best = t.options[t.predicted]
-            targets.append(
-                {
-                    "item": t.key,
-                    "distribution": {
-                        letter: p for (letter, _), p in zip(t.options, t.probabilities, strict=True)
-                    },
-                    "predicted": best[0],
-                    "label": best[1],
-                }
-            )
         return {
             "respondent_id": row.respondent_id,
             "session_id": row.session_id,
             "status": row.status,
             "answers": row.n_answers,
-            "targets": targets,
+            "model_id": row.model_id,
+            "targets": [entry(t) for t in row.targets],
+            "items": [entry(t, True) for t in row.items],
         }
 
     rows = iter_predictions(study, session=session, after=after)
-    return _page(PREDICTIONS, study, rows, n, render, lambda r: r.session_id or 0)
+    return _page(PREDICTIONS, study, rows, n, render, lambda r: r.respondent_pk)

@@ -265,6 +265,21 @@ def runtime_rows(
     return ref, model, blob, items, stored_fixed_orders(metrics)
 
 
+def model_item_index(bank: Any, items: list[ItemInfo]) -> dict[int, int]:
+    """``{item id: index in bank}`` of the items the model knows: same key and the same
+    number of options (the others cannot be asked or predicted with this model).
+
+    Example: a bank ``("a", "b")`` with 2 options each and items ``a`` (2 options, id 7),
+    ``b`` (3 options, id 8), ``c`` (id 9) gives ``{7: 0}``.
+    """
+    known = dict(zip(bank.keys, bank.n_options, strict=True))
+    return {
+        it.id: bank.index(it.key)
+        for it in items
+        if it.id is not None and known.get(it.key) == len(it.options)
+    }
+
+
 def build_runtime(
     study: Study | StudyHead,
     ref: Any,
@@ -279,12 +294,7 @@ def build_runtime(
     one of this exact design (model, criterion, pool, targets, options, budgets, orders).
     """
     bank = model.item_bank
-    known = dict(zip(bank.keys, bank.n_options, strict=True))
-    model_index = {
-        it.id: bank.index(it.key)
-        for it in items
-        if it.id is not None and known.get(it.key) == len(it.options)
-    }
+    model_index = model_item_index(bank, items)
     in_model = [it for it in items if it.id in model_index]
     targets = [it for it in in_model if it.role == ItemRole.target.value]
     settings = study_settings(study)

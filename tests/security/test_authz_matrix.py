@@ -249,6 +249,9 @@ ROUTES: dict[tuple[str, str], Case] = {
         path="/admin/studies/{slug}/dashboard/respondent?respondent=999999",
     ),
     ("GET", "/admin/studies/{slug}/respondents"): Case(study_member(200, "GET")),
+    ("GET", "/admin/studies/{slug}/respondents/{respondent_id}"): Case(
+        study_member(404, "GET"), path="/admin/studies/{slug}/respondents/999999"
+    ),
     ("POST", "/admin/studies/{slug}/respondents/{respondent_id}/erase"): Case(
         study_member(404, "POST"), path="/admin/studies/{slug}/respondents/999999/erase"
     ),

@@ -21,11 +21,18 @@ def exports_page(page: PageDep, study: VisibleStudy) -> Response:
 
 @router.get("/studies/{slug}/export/{name}", name="admin_export")
 def export_file(
-    name: str, study: VisibleStudy, engine: EngineDep, imported: bool = False
+    name: str,
+    study: VisibleStudy,
+    engine: EngineDep,
+    imported: bool = False,
+    predictions: bool = False,
 ) -> Response:
     """Send one export as an attachment; ``?imported=1`` adds the imported respondents to
-    the answer exports."""
-    download = open_export(study, name, engine=engine, include_imported=imported)
+    the answer exports, ``?predictions=1`` each respondent's predicted answers to the CSV
+    answers."""
+    download = open_export(
+        study, name, engine=engine, include_imported=imported, predictions=predictions
+    )
     headers = {"Content-Disposition": f'attachment; filename="{download.filename}"'}
     if download.path is not None:
         return FileResponse(
