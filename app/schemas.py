@@ -14,6 +14,9 @@ MAX_ANSWERS = 10**12
 """The largest overall answer budget of a group protocol."""
 MAX_NATS = 1_000.0
 """The largest stopping threshold in nats (an item's entropy is at most log(options))."""
+DEFAULT_REFIT_EVERY = 500
+"""New completed live respondents between automatic refits (``refit_every``; see
+docs/models.md, "The learning loop", for how it was chosen)."""
 
 
 class Budgets(BaseModel):
@@ -84,6 +87,10 @@ class StudySettings(BaseModel):
     ``belief_model``: what the "fit model" job fits (``default`` latent classes, ``auto``,
     ``cape_cooccurrence``, ``cape_linear``, ``cape_factor``, ``persona_mixture``; see
     :data:`elicitation.model_choice.BELIEF_MODEL_CHOICES`).
+    ``refit_every``: the learning loop (:mod:`app.services.learning`) queues a refit of the
+    belief model after this many new completed live respondents since the last fit job
+    (0: never automatically; "Refit now" on the study page always can). The new fit is
+    promoted only when it beats the active model on the study's held-out respondents.
     ``show_learned``: the completion page shows the respondent what the model learned
     about them (predicted answers to the targets with their confidence; for CAPE models
     the preference profile); off by default.
@@ -99,3 +106,4 @@ class StudySettings(BaseModel):
     budgets: Budgets = Field(default_factory=Budgets)
     group: GroupSettings = Field(default_factory=GroupSettings)
     show_learned: bool = False
+    refit_every: int = Field(default=DEFAULT_REFIT_EVERY, ge=0, le=MAX_PEOPLE)
