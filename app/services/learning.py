@@ -301,11 +301,13 @@ def load_row_model(row: FittedModel | None) -> BeliefModel | None:
 class ModelVersion:
     """One fitted model of a study as the study page lists it.
 
+    ``label`` is the family in words (e.g. ``latent classes, 12 classes``);
     ``val_log_loss`` is ``-val_log_lik`` (nats per held-out respondent; lower is better).
     """
 
     id: int
     family: str
+    label: str
     created_at: datetime
     is_active: bool
     status: str | None
@@ -315,6 +317,17 @@ class ModelVersion:
     n_validation: int
     val_log_loss: float | None
     active_val_log_loss: float | None
+
+
+def _family_label(family: str, metrics: dict[str, Any] | None) -> str:
+    m = metrics or {}
+    parts = ["latent classes" if m.get("model") == "latent_class" else family]
+    if isinstance(m.get("n_classes"), int):
+        parts.append(f"{m['n_classes']:,} classes")
+    chosen = [r for r in m.get("model_choice") or [] if isinstance(r, dict) and r.get("chosen")]
+    if chosen:
+        parts.append(f"auto: {chosen[0].get('name')}")
+    return ", ".join(parts)
 
 
 def model_versions(study_id: int, *, session: Session, limit: int = 20) -> list[ModelVersion]:
@@ -332,6 +345,7 @@ def model_versions(study_id: int, *, session: Session, limit: int = 20) -> list[
             FittedModel.n_validation,
             FittedModel.val_log_lik,
             FittedModel.active_val_log_lik,
+            FittedModel.metrics,
         )
         .where(FittedModel.study_id == study_id, FittedModel.family != "gnn")
         .order_by(col(FittedModel.id).desc())
@@ -341,6 +355,7 @@ def model_versions(study_id: int, *, session: Session, limit: int = 20) -> list[
         ModelVersion(
             id=int(r[0] or 0),
             family=str(r[1]),
+            label=_family_label(str(r[1]), r[11]),
             created_at=r[2],
             is_active=bool(r[3]),
             status=r[4],

@@ -21,6 +21,7 @@ from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, SessionDep
 from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, user_error_message
+from app.schemas import DEFAULT_REFIT_EVERY
 from app.services import accounts, designer
 from app.services.study_view import study_item_context, study_overview
 from app.tables import Item, Study
@@ -79,6 +80,13 @@ async def study_texts(
     return _study_form(page, study, session, change)
 
 
+def _refit_every(value: int | None, study: Study) -> int:
+    """The form's ``refit_every``, or the stored one when the form has no such field."""
+    if value is not None:
+        return value
+    return int((study.settings or {}).get("refit_every", DEFAULT_REFIT_EVERY))
+
+
 @router.post("/studies/{slug}/settings")
 async def study_settings(
     page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
@@ -88,6 +96,7 @@ async def study_settings(
             "criterion": form.text("criterion"),
             "ask_attributes": form.checked("ask_attributes"),
             "belief_model": form.text("belief_model") or "default",
+            "refit_every": _refit_every(form.opt_int("refit_every"), study),
             "budgets": {
                 "max_questions": form.opt_int("max_questions") or 0,
                 "min_questions": form.opt_int("min_questions") or 0,
