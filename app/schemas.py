@@ -91,6 +91,11 @@ class StudySettings(BaseModel):
     belief model after this many new completed live respondents since the last fit job
     (0: never automatically; "Refit now" on the study page always can). The new fit is
     promoted only when it beats the active model on the study's held-out respondents.
+    ``calibration_items``: questions asked after the adaptive part, chosen at random
+    among the question and target items not asked yet, so that the model also learns
+    about what the criterion never asks; they take the last places of
+    ``budgets.max_questions`` (the budget the respondent sees), and a session stopped
+    earlier by a threshold asks none (:func:`app.session.decide.decide_next`).
     ``show_learned``: the completion page shows the respondent what the model learned
     about them (predicted answers to the targets with their confidence; for CAPE models
     the preference profile); off by default.
@@ -107,3 +112,13 @@ class StudySettings(BaseModel):
     group: GroupSettings = Field(default_factory=GroupSettings)
     show_learned: bool = False
     refit_every: int = Field(default=DEFAULT_REFIT_EVERY, ge=0, le=MAX_PEOPLE)
+    calibration_items: int = Field(default=0, ge=0, le=MAX_COUNT)
+
+    @model_validator(mode="after")
+    def _calibration_fits(self) -> StudySettings:
+        if self.calibration_items and self.calibration_items >= self.budgets.max_questions:
+            raise ValueError(
+                f"calibration_items ({self.calibration_items}) must be below "
+                f"budgets.max_questions ({self.budgets.max_questions})"
+            )
+        return self

@@ -125,8 +125,10 @@ class StudyRuntime:
 
     @property
     def max_questions(self) -> int:
-        """The most questions one respondent can be asked (budget, capped by the pool)."""
-        return min(self.settings.budgets.max_questions, len(self.candidates))
+        """The most questions one respondent can be asked (budget, capped by the pool:
+        the candidates, and the targets too when calibration questions are asked)."""
+        pool = len(self.candidates) + (len(self.targets) if self.settings.calibration_items else 0)
+        return min(self.settings.budgets.max_questions, pool)
 
     @property
     def allow_skip(self) -> bool:
@@ -339,6 +341,7 @@ def build_runtime(
         tuple(sorted(model_index.items())),
         tuple((it.id, tuple(o[0] for o in it.options)) for it in in_model),
         settings.budgets.model_dump_json(),
+        settings.calibration_items,
         json.dumps(orders or {}, sort_keys=True, default=str),
     )
     return StudyRuntime(

@@ -80,11 +80,11 @@ async def study_texts(
     return _study_form(page, study, session, change)
 
 
-def _refit_every(value: int | None, study: Study) -> int:
-    """The form's ``refit_every``, or the stored one when the form has no such field."""
+def _stored_if_absent(value: int | None, study: Study, name: str, default: int) -> int:
+    """The form's value of setting ``name``, or the stored one when the form has none."""
     if value is not None:
         return value
-    return int((study.settings or {}).get("refit_every", DEFAULT_REFIT_EVERY))
+    return int((study.settings or {}).get(name, default))
 
 
 @router.post("/studies/{slug}/settings")
@@ -96,7 +96,12 @@ async def study_settings(
             "criterion": form.text("criterion"),
             "ask_attributes": form.checked("ask_attributes"),
             "belief_model": form.text("belief_model") or "default",
-            "refit_every": _refit_every(form.opt_int("refit_every"), study),
+            "refit_every": _stored_if_absent(
+                form.opt_int("refit_every"), study, "refit_every", DEFAULT_REFIT_EVERY
+            ),
+            "calibration_items": _stored_if_absent(
+                form.opt_int("calibration_items"), study, "calibration_items", 0
+            ),
             "budgets": {
                 "max_questions": form.opt_int("max_questions") or 0,
                 "min_questions": form.opt_int("min_questions") or 0,

@@ -224,3 +224,63 @@ def test_an_api_start_without_a_model_queues_a_fit_and_says_so(
             svc.start_session(ces_study, engine=engine)
     assert db.exec(select(FittedModel)).all() == []
     assert len(db.exec(select(Job).where(Job.kind == "fit_model")).all()) == 1
+
+
+def test_calibration_questions_take_the_last_places_of_the_budget(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    """``calibration_items = 2`` of ``max_questions = 4``: two adaptive questions, then two
+    items drawn from the unposed questions and targets (the draw: sha256 of the answers so
+    far, modulo the pool in study order); the respondent sees a budget of 4."""
+    import hashlib
+    import json
+
+    from app.schemas import StudySettings
+    from app.session.decide import calibration_decision
+
+    with pytest.raises(ValueError, match="calibration_items"):
+        StudySettings.model_validate({"calibration_items": 10})
+    _fit(db, ces_study)
+    budgets = {**ces_study.settings["budgets"], "max_questions": 4}
+    _publish(db, ces_study, budgets=budgets, calibration_items=2)
+    rt = svc.load_runtime(ces_study, engine=engine)
+    started = svc.start_session(ces_study, engine=engine)
+    assert started.view.max_questions == 4
+    view, posed = started.view, []
+    for _ in range(4):
+        assert view.question is not None
+        posed.append(rt.by_key[view.question.key].id)
+        view = svc.submit_answer(
+            ces_study, started.session_id, item_key=view.question.key, option="A",
+            idempotency_key=None, engine=engine,
+        )  # fmt: skip
+    assert view.status == "completed"
+    with Session(engine) as s:
+        decisions = s.exec(
+            select(SelectionDecision)
+            .where(SelectionDecision.session_id == started.session_id)
+            .order_by(col(SelectionDecision.position))
+        ).all()
+    assert [d.criterion for d in decisions] == [rt.criterion] * 2 + ["calibration"] * 3
+    assert decisions[-1].item_id is None and decisions[-1].stop_reason == "max_questions"
+    for position in (2, 3):
+        answered = [[item_id, "A"] for item_id in posed[:position]]
+        pool = [it.id for it in rt.candidates + rt.targets if it.id not in posed[:position]]
+        digest = hashlib.sha256(json.dumps(answered).encode()).digest()
+        assert posed[position] == pool[int.from_bytes(digest[:8], "big") % len(pool)]
+
+    class Ans:  # duck-types an answer row
+        def __init__(self, item_id: int) -> None:
+            self.item_id, self.option = item_id, "A"
+
+    only_targets_left = [Ans(c.id) for c in rt.candidates]
+    with_targets = svc.load_runtime(ces_study, engine=engine)
+    with_targets.settings = with_targets.settings.model_copy(
+        update={
+            "budgets": with_targets.settings.budgets.model_copy(
+                update={"max_questions": len(rt.candidates) + 1}
+            )
+        }
+    )
+    pick = calibration_decision(with_targets, 0, only_targets_left)  # type: ignore[arg-type]
+    assert pick is not None and pick.item_id in {t.id for t in rt.targets}
