@@ -15,8 +15,10 @@ MAX_ANSWERS = 10**12
 MAX_NATS = 1_000.0
 """The largest stopping threshold in nats (an item's entropy is at most log(options))."""
 DEFAULT_REFIT_EVERY = 500
-"""New completed live respondents between automatic refits (``refit_every``; see
-docs/models.md, "The learning loop", for how it was chosen)."""
+"""New completed live respondents between automatic refits (``refit_every``): in a replay
+on CES, refitting every 100 to 1,000 respondents gave the same live target log loss
+within noise (all better than never); 500 is the cheapest of the best (docs/models.md,
+"The learning loop")."""
 
 
 class Budgets(BaseModel):
