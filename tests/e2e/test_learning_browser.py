@@ -97,5 +97,5 @@ def test_refit_now_lists_promoted_and_rejected_versions(server: dict[str, Any]) 
         assert cells.nth(6).inner_text() == cells.nth(7).inner_text() != ""  # same fit, same score
         assert _axe(page) == []
         SHOTS.mkdir(parents=True, exist_ok=True)
-        page.locator("#belief-model").screenshot(path=str(SHOTS / "30-model-versions.png"))
+        page.locator("#belief-model").screenshot(path=str(SHOTS / "23-model-versions.png"))
         browser.close()

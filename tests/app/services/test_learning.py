@@ -232,6 +232,7 @@ def test_calibration_questions_take_the_last_places_of_the_budget(
     """``calibration_items = 2`` of ``max_questions = 4``: two adaptive questions, then two
     items drawn from the unposed questions and targets (the draw: sha256 of the answers so
     far, modulo the pool in study order); the respondent sees a budget of 4."""
+    import dataclasses
     import hashlib
     import json
 
@@ -274,13 +275,9 @@ def test_calibration_questions_take_the_last_places_of_the_budget(
             self.item_id, self.option = item_id, "A"
 
     only_targets_left = [Ans(c.id) for c in rt.candidates]
-    with_targets = svc.load_runtime(ces_study, engine=engine)
-    with_targets.settings = with_targets.settings.model_copy(
-        update={
-            "budgets": with_targets.settings.budgets.model_copy(
-                update={"max_questions": len(rt.candidates) + 1}
-            )
-        }
+    budget = rt.settings.budgets.model_copy(update={"max_questions": len(rt.candidates) + 1})
+    with_targets = dataclasses.replace(  # a copy: the cached runtime is shared
+        rt, settings=rt.settings.model_copy(update={"budgets": budget})
     )
     pick = calibration_decision(with_targets, 0, only_targets_left)  # type: ignore[arg-type]
     assert pick is not None and pick.item_id in {t.id for t in rt.targets}
