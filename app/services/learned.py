@@ -46,6 +46,7 @@ def learned_about(study: Study, sess: ElicitationSession, *, session: Session) -
     """The predicted answers to the targets the respondent was not asked (and, for CAPE
     models, the unobserved preference criteria), from the replayed state."""
     rt = live.load_runtime(study, session=session, fit_if_missing=False)
+    rt = live.session_runtime(rt, study, sess.model_id, session=session)
     answered = {a.item for a in live.session_answers(sess, session=session)}
     labels = {it.key: {str(o[0]): str(o[1]) for o in it.options} for it in rt.targets}
     targets = []
