@@ -145,6 +145,9 @@ def test_training_data_holds_imported_and_live_respondents(
     rows = {"train": after.train, "selection": after.selection, "holdout": after.holdout}[part]
     three = [r for r in rows.tolist() if sum(v >= 0 for v in r) == 3 and r.count(0) == 3]
     assert len(three) >= 1
+    refit = _fit(db, ces_study, force=True)
+    assert (refit.n_imported, refit.n_live) == (after.n_imported, after.n_live)
+    assert refit.n_validation == after.n_holdout
 
 
 def test_a_worse_fit_is_rejected_with_both_scores(db: Session, ces_study: Study) -> None:
