@@ -47,6 +47,16 @@ CALIBRATION = "calibration"
 """The criterion recorded in a calibration question's decision."""
 
 
+def calibration_start(rt: StudyRuntime) -> int | None:
+    """The first calibration place: ``max_questions - calibration_items``, or the number
+    of candidates when there are fewer (the adaptive part has asked them all); ``None``
+    without calibration questions."""
+    n_cal = rt.settings.calibration_items
+    if not n_cal:
+        return None
+    return min(rt.settings.budgets.max_questions - n_cal, len(rt.candidates))
+
+
 def calibration_decision(
     rt: StudyRuntime, sess_id: int, answers: Sequence[Answer | AnswerRow]
 ) -> DecisionRow | None:
@@ -54,17 +64,18 @@ def calibration_decision(
     a calibration place.
 
     With ``calibration_items = c`` and ``max_questions = m``, places ``m - c .. m - 1``
+    (earlier when the study has fewer than ``m - c`` candidates: :func:`calibration_start`)
     ask an item chosen uniformly at random among the question and target items the model
     knows that were not posed yet (study order, then a draw seeded by the answers so far:
     a replay, or the step memo, gives the same pick). Nothing left to ask stops the
     session. Example: ``m = 10, c = 1``: nine adaptive questions, then one random item.
     """
-    n_cal = rt.settings.calibration_items
+    start = calibration_start(rt)
     position = len(answers)
-    if not n_cal or position < rt.settings.budgets.max_questions - n_cal:
+    if start is None or position < start:
         return None
     scores: dict[str, Any] = {"model_id": rt.model_id, "calibration": True}
-    if position >= rt.settings.budgets.max_questions:
+    if position >= rt.max_questions:
         return DecisionRow(sess_id, position, None, CALIBRATION, scores, "max_questions")
     posed = {a.item_id for a in answers}
     pool = [it.id for it in rt.candidates + rt.targets if it.id not in posed]

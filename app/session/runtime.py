@@ -126,9 +126,12 @@ class StudyRuntime:
     @property
     def max_questions(self) -> int:
         """The most questions one respondent can be asked (budget, capped by the pool:
-        the candidates, and the targets too when calibration questions are asked)."""
-        pool = len(self.candidates) + (len(self.targets) if self.settings.calibration_items else 0)
-        return min(self.settings.budgets.max_questions, pool)
+        the candidates, then up to ``calibration_items`` calibration questions, which may
+        also be targets)."""
+        m, n_cal = self.settings.budgets.max_questions, self.settings.calibration_items
+        if not n_cal:
+            return min(m, len(self.candidates))
+        return min(m, min(m - n_cal, len(self.candidates)) + n_cal)
 
     @property
     def allow_skip(self) -> bool:

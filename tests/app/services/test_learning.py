@@ -240,7 +240,7 @@ def test_calibration_questions_take_the_last_places_of_the_budget(
     import json
 
     from app.schemas import StudySettings
-    from app.session.decide import calibration_decision
+    from app.session.decide import calibration_decision, calibration_start
 
     with pytest.raises(ValueError, match="calibration_items"):
         StudySettings.model_validate({"calibration_items": 10})
@@ -284,3 +284,7 @@ def test_calibration_questions_take_the_last_places_of_the_budget(
     )
     pick = calibration_decision(with_targets, 0, only_targets_left)  # type: ignore[arg-type]
     assert pick is not None and pick.item_id in {t.id for t in rt.targets}
+    few = dataclasses.replace(rt, candidates=rt.candidates[:1])  # fewer than 4 - 2
+    assert calibration_start(few) == 1 and few.max_questions == 3
+    assert calibration_decision(few, 0, []) is None
+    assert calibration_decision(few, 0, [Ans(rt.candidates[0].id)]) is not None
