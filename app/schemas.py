@@ -16,6 +16,11 @@ MAX_NATS = 1_000.0
 """The largest stopping threshold in nats (an item's entropy is at most log(options))."""
 MAX_DROP_MINUTES = 30 * 24 * 60
 """The longest idle time before an unfinished session counts as dropped (30 days)."""
+DEFAULT_REFIT_EVERY = 500
+"""New completed live respondents between automatic refits (``refit_every``): in a replay
+on CES, refitting every 100 to 1,000 respondents gave the same live target log loss
+within noise (all better than never); 500 is the cheapest of the best (docs/models.md,
+"The learning loop")."""
 
 
 class Budgets(BaseModel):
@@ -86,6 +91,15 @@ class StudySettings(BaseModel):
     ``belief_model``: what the "fit model" job fits (``default`` latent classes, ``auto``,
     ``cape_cooccurrence``, ``cape_linear``, ``cape_factor``, ``persona_mixture``; see
     :data:`elicitation.model_choice.BELIEF_MODEL_CHOICES`).
+    ``refit_every``: the learning loop (:mod:`app.services.learning`) queues a refit of the
+    belief model after this many new completed live respondents since the last fit job
+    (0: never automatically; "Refit now" on the study page always can). The new fit is
+    promoted only when it beats the active model on the study's held-out respondents.
+    ``calibration_items``: questions asked after the adaptive part, chosen at random
+    among the question and target items not asked yet, so that the model also learns
+    about what the criterion never asks; they take the last places of
+    ``budgets.max_questions`` (the budget the respondent sees), and a session stopped
+    earlier by a threshold asks none (:func:`app.session.decide.decide_next`).
     ``show_learned``: the completion page shows the respondent what the model learned
     about them (predicted answers to the targets with their confidence; for CAPE models
     the preference profile); off by default.
@@ -105,3 +119,14 @@ class StudySettings(BaseModel):
     group: GroupSettings = Field(default_factory=GroupSettings)
     show_learned: bool = False
     drop_after_minutes: int = Field(default=60, ge=1, le=MAX_DROP_MINUTES)
+    refit_every: int = Field(default=DEFAULT_REFIT_EVERY, ge=0, le=MAX_PEOPLE)
+    calibration_items: int = Field(default=0, ge=0, le=MAX_COUNT)
+
+    @model_validator(mode="after")
+    def _calibration_fits(self) -> StudySettings:
+        if self.calibration_items and self.calibration_items >= self.budgets.max_questions:
+            raise ValueError(
+                f"calibration_items ({self.calibration_items}) must be below "
+                f"budgets.max_questions ({self.budgets.max_questions})"
+            )
+        return self

@@ -250,6 +250,10 @@ class ElicitationSession(SQLModel, table=True):
     updated_at: datetime = _ts()
     completed_at: datetime | None = _ts(nullable=True)
     is_preview: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
+    model_id: int | None = None
+    """The fitted model whose states this session stores (set with its first decision;
+    ``None`` before it). A session keeps it when another model is promoted. No foreign
+    key: if the row is gone the session is replayed with the study's active model."""
 
 
 class Answer(SQLModel, table=True):
@@ -303,8 +307,22 @@ class ErasureRecord(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+class ModelStatus(StrEnum):
+    promoted = "promoted"
+    rejected = "rejected"
+
+
 class FittedModel(SQLModel, table=True):
-    """A fitted belief model (``models.base.BeliefModel.to_bytes``) of a study."""
+    """A fitted belief model (``models.base.BeliefModel.to_bytes``) of a study.
+
+    A version of the study's model (:mod:`app.services.learning`): ``status`` says whether
+    the fit was promoted to the active model or rejected (``NULL`` for models stored
+    outside the learning loop: GNNs, older rows), ``reason`` why; ``val_log_lik`` is its
+    mean log-likelihood per held-out respondent of the observed answers, and
+    ``active_val_log_lik`` the score of the model that was active when it was judged
+    (``NULL`` without one); ``n_imported`` / ``n_live`` count its training respondents and
+    ``n_validation`` the held-out ones.
+    """
 
     __tablename__ = "fitted_model"
 
@@ -316,6 +334,13 @@ class FittedModel(SQLModel, table=True):
     metrics: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
     is_active: bool = False
     created_at: datetime = _ts()
+    status: str | None = Field(default=None, max_length=16)
+    reason: str | None = Field(default=None, max_length=500)
+    val_log_lik: float | None = None
+    active_val_log_lik: float | None = None
+    n_imported: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    n_live: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    n_validation: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class Job(SQLModel, table=True):

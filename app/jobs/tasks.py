@@ -8,9 +8,11 @@ side (:mod:`app.jobs.runner`) imports this module.
 
 Kinds:
 
-* ``fit_model``: fit the study's belief model on its history and activate it
-  (:func:`app.services.belief.fit_study_model`; it also computes the fixed question order
-  that ``eig_anchored`` and ``fixed`` need).
+* ``fit_model``: fit a new version of the study's belief model on its imported and live
+  respondents and promote it when it beats the active one on held-out respondents
+  (:func:`app.services.belief.fit_study_model`; a promoted model also gets the fixed
+  question order that ``eig_anchored`` and ``fixed`` need). Payload ``force``: promote
+  whatever the scores.
 * ``fixed_order``: compute and store the fixed question order of the study's active model
   for its current candidates and targets (:func:`app.services.belief.ensure_fixed_order`);
   queued by the live loop when a study needs an order that is not stored (roles edited
@@ -67,8 +69,8 @@ FIT_STARTS = {
 
 
 def fit_model(ctx: JobContext) -> dict[str, Any]:
-    """Fit and activate the study's belief model (its ``belief_model`` setting) on its
-    history; payload ``seed`` (default 0).
+    """Fit the study's belief model (its ``belief_model`` setting) on its respondents and
+    promote it when it beats the active one; payload ``seed`` (default 0), ``force``.
 
     Progress: 5% at the start, then the fit's own steps (EM restarts over the ``K`` grid,
     the CAPE fits of ``auto``) up to 90%, then storing the model and its fixed order. The
@@ -85,10 +87,22 @@ def fit_model(ctx: JobContext) -> dict[str, Any]:
             ctx.progress(0.05 + 0.85 * fraction, f"{start}: {message}" if message else start)
 
         row = fit_study_model(
-            study, session=db, seed=int(ctx.payload.get("seed", 0)), progress=progress
+            study,
+            session=db,
+            seed=int(ctx.payload.get("seed", 0)),
+            progress=progress,
+            force=bool(ctx.payload.get("force", False)),
         )
+        verdict = f"{row.status}: {row.reason}" if row.status else ""
         return {
-            "summary": describe_fit(row.family, row.metrics),
+            "summary": describe_fit(row.family, row.metrics) + (f" ({verdict})" if verdict else ""),
+            "status": row.status,
+            "reason": row.reason,
+            "val_log_lik": row.val_log_lik,
+            "active_val_log_lik": row.active_val_log_lik,
+            "n_imported": row.n_imported,
+            "n_live": row.n_live,
+            "n_validation": row.n_validation,
             "fitted_model_id": row.id,
             "family": row.family,
             "training_hash": row.training_hash,

@@ -1,4 +1,4 @@
-"""A study's belief model: fit it from the study's historical respondents, store and load it.
+"""A study's belief model: fit it from the study's respondents, store and load it.
 
 A live session needs a fitted belief model (:mod:`models`). When a study has historical
 (imported) respondents and no active fitted model, :func:`ensure_fitted_model` fits the
@@ -8,11 +8,11 @@ default one and stores it in ``fitted_model`` (active):
   persona mixture whose personas are fitted by EM. It is a joint model of *every* item of
   the study (attributes, questions and targets), so any item can be conditioned on or
   predicted, whatever roles the designer later gives the items.
-* **data**: the imported respondents' attributes and answers. Users of the ``val`` split
-  choose the number of classes (validation log-likelihood, then a refit on train + val);
-  everyone else (train, test, or no split) is training data: a live study should learn
-  from all the history it has (the held-out ``test`` users matter to the benchmark
-  harness, which fits its own models). Live respondents are not used.
+* **data**: the study's imported and live respondents, split stably into training,
+  selection and held-out parts (:mod:`app.services.learning`). The selection part chooses
+  the number of classes (validation log-likelihood, then a refit on train + selection);
+  the held-out part is never fitted on: a new fit is promoted over the active model only
+  when it scores better there, else it is stored as ``rejected``.
 * **classes**: :data:`DEFAULT_N_CLASSES` candidates, :data:`DEFAULT_RESTARTS` restarts.
 
 The fitted model's ``training_hash`` identifies its data; :func:`load_active_model` keeps
@@ -56,6 +56,7 @@ import models  # noqa: F401  (registers every model family with models.base.load
 from app.errors import ConflictError, InvalidInputError
 from app.gcfreeze import freeze_long_lived
 from app.schemas import StudySettings
+from app.services import learning
 from app.services.jobs import ACTIVE, start_job
 from app.settings import get_settings
 from app.tables import (
@@ -63,6 +64,7 @@ from app.tables import (
     Item,
     ItemRole,
     Job,
+    ModelStatus,
     PersonaDistribution,
     Respondent,
     RespondentSource,
@@ -147,51 +149,73 @@ def fit_study_model(
     belief_model: str | None = None,
     fit_options: dict[str, dict[str, object]] | None = None,
     progress: Callable[[float, str], None] | None = None,
+    force: bool = False,
 ) -> FittedModel:
-    """Fit the study's belief model on its history and store it as the active one.
+    """Fit a new version of the study's belief model; promote it only if it beats the
+    active one on the study's held-out respondents (the learning loop,
+    :mod:`app.services.learning`).
 
-    ``belief_model`` (default: the study's ``settings["belief_model"]``, else
-    ``"default"``) is one of :data:`elicitation.model_choice.BELIEF_MODEL_CHOICES`:
+    The data are the study's imported and live respondents
+    (:func:`app.services.learning.study_training_data`): the fit uses the training part
+    (its ``selection`` part chooses the number of classes, ``auto``'s candidate...), never
+    the held-out one. ``belief_model`` (default: the study's ``settings["belief_model"]``,
+    else ``"default"``) is one of :data:`elicitation.model_choice.BELIEF_MODEL_CHOICES`:
     latent classes, ``auto`` (:func:`elicitation.model_choice.fit_auto`: the best on
     validation of latent classes, the CAPE models, the study's persona prior and personas
     + latent classes, or their stack when it is better by more than its standard error;
     the comparison table, skipped candidates included, lands in
     ``metrics["model_choice"]``), a CAPE family, or the
-    study's persona prior (:func:`persona_prior_model`). A study without historical
-    respondents gets the persona prior (or a uniform prior when no persona distributions
-    are stored), with ``metrics["notice"]`` saying so.
-    Previously active models of the study are deactivated in the same transaction.
-    ``progress(fraction, message)`` reports the fit's progress (see
-    :func:`elicitation.model_choice.fit_belief_model`).
+    study's persona prior (:func:`persona_prior_model`). A study without respondents
+    gets the persona prior (or a uniform prior when no persona distributions are stored),
+    with ``metrics["notice"]`` saying so.
+
+    The new row records its training counts, its held-out score and the active model's,
+    and the verdict (:func:`app.services.learning.judge`): ``promoted`` (the study's other
+    models are deactivated in the same transaction, and its fixed order is computed) or
+    ``rejected`` (stored inactive; the active model stays). ``force`` promotes it whatever
+    the scores (still recorded). ``progress(fraction, message)`` reports the fit's
+    progress (see :func:`elicitation.model_choice.fit_belief_model`).
 
     Raises:
         InvalidInputError: ``auto`` on a study without target or question items.
     """
     assert study.id is not None
     items = _study_items(study.id, session=session)
-    train, val = historical_matrix(study.id, items, session=session)
+    data = learning.study_training_data(study.id, items, session=session)
     kind = belief_model or str((study.settings or {}).get("belief_model") or "default")
     model = _fit_by_kind(
-        kind, study, items, train, val, session, n_classes, n_restarts, seed, fit_options,
-        progress,
+        kind, study, items, data.train, data.selection, session, n_classes, n_restarts, seed,
+        fit_options, progress,
     )  # fmt: skip
-    for old in session.exec(
-        select(FittedModel).where(FittedModel.study_id == study.id, FittedModel.is_active)  # type: ignore[arg-type]
-    ).all():
-        old.is_active = False
-        session.add(old)
+    active_row = active_model_row(study.id, session=session)
+    verdict = learning.judge(model, learning.load_row_model(active_row), data.holdout, force=force)
+    promoted = verdict.status == ModelStatus.promoted.value
+    if promoted:
+        for old in session.exec(
+            select(FittedModel).where(FittedModel.study_id == study.id, FittedModel.is_active)  # type: ignore[arg-type]
+        ).all():
+            old.is_active = False
+            session.add(old)
     row = FittedModel(
         study_id=study.id,
         family=model.family,
         blob=model.to_bytes(),
         training_hash=model.training_hash or "",
         metrics=_jsonable(model.metrics),
-        is_active=True,
+        is_active=promoted,
+        status=verdict.status,
+        reason=verdict.reason[:500],
+        val_log_lik=verdict.score,
+        active_val_log_lik=verdict.active_score,
+        n_imported=data.n_imported,
+        n_live=data.n_live,
+        n_validation=data.n_holdout,
     )
     session.add(row)
     session.commit()
     session.refresh(row)
-    try_ensure_fixed_order(study, session=session, row=row, model=model)
+    if promoted:
+        try_ensure_fixed_order(study, session=session, row=row, model=model)
     return row
 
 
@@ -383,6 +407,19 @@ def active_model_ref(study_id: int, *, session: Session) -> ActiveModelRef | Non
     if row is None:
         return None
     return ActiveModelRef(id=int(row[0] or 0), training_hash=str(row[1]))
+
+
+def model_ref(study_id: int, model_id: int, *, session: Session) -> ActiveModelRef | None:
+    """The id and hash of the study's stored model ``model_id`` (active or not; GNN rows
+    excluded), or ``None`` when the study has no such model."""
+    row = session.exec(
+        select(FittedModel.id, FittedModel.training_hash).where(
+            FittedModel.id == model_id,
+            FittedModel.study_id == study_id,
+            FittedModel.family != "gnn",
+        )
+    ).first()
+    return None if row is None else ActiveModelRef(id=int(row[0] or 0), training_hash=str(row[1]))
 
 
 def load_cached_model(ref: ActiveModelRef, *, session: Session):  # type: ignore[no-untyped-def]

@@ -842,6 +842,7 @@ def _add_member(
         study_id=study.id or 0,
         respondent_id=resp.id or 0,
         token_hash=svc.hash_token(svc.new_token()),  # never shown: links only
+        model_id=model_id,
     )
     db.add(sess)
     db.flush()

@@ -31,6 +31,7 @@ from app.session import (
     load_runtime,
     replay,
     respondent_and_answers,
+    session_runtime,
 )
 from app.tables import ElicitationSession, Item, Study
 from models.cape_profile import ItemText, preference_profile
@@ -55,6 +56,7 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
         SessionNotFoundError: the session was erased after the caller read it (404).
     """
     rt = load_runtime(study, session=session, fit_if_missing=False)
+    rt = session_runtime(rt, study, sess.model_id, session=session)  # the session's model
     respondent, answers = respondent_and_answers(session, sess)
     state = replay(rt, respondent, answers)
     criterion_ids = set(

@@ -14,7 +14,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import PriorlyError
 from app.schemas import StudySettings
-from app.services import designer
+from app.services import designer, learning
 from app.session import load_runtime
 from app.tables import FittedModel, Researcher, Study, StudyShare
 from elicitation.criteria import criterion_names
@@ -33,7 +33,9 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
     ``criteria`` (those that can run with the study's belief model), ``criterion_help``,
     ``belief_models`` (value, label by the family it fits), ``belief_model_help``,
     ``stopping_help``, ``shares`` (researchers), ``owner``, ``roles``, ``fitted_model``
-    (:func:`active_model_row`) and ``serving`` (:func:`serving_summary`)."""
+    (:func:`active_model_row`), ``serving`` (:func:`serving_summary`), ``model_versions``
+    (:func:`app.services.learning.model_versions`) and ``refit_job`` (the fit job queued
+    or running, if any)."""
     settings = StudySettings.model_validate(study.settings or {})
     return {
         **study_item_context(study, session=session),
@@ -56,6 +58,8 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         "stopping_help": designer.STOPPING_HELP,
         "name_max_len": designer.NAME_MAX_LEN,
         "serving": serving_summary(study, session=session),
+        "model_versions": learning.model_versions(study.id or 0, session=session),
+        "refit_job": learning.active_fit_job(study.id or 0, session=session),
     }
 
 

@@ -76,6 +76,7 @@ from app.session.runtime import (
     configure_step_memo,
     load_runtime,
     peek_runtime,
+    session_runtime,
     study_settings,
 )
 from app.session.sql import (
@@ -171,6 +172,7 @@ __all__ = [
     "locked_session",
     "new_token",
     "peek_runtime",
+    "session_runtime",
     "predictions",
     "read_session",
     "read_session_by_token",

@@ -39,6 +39,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import ratelimit
 from app.services.apikeys import KEY_PREFIX, AuthenticationError, hash_key
+from app.services.learning import maybe_queue_refit, refit_every
 from app.session.errors import StudyNotFoundError
 from app.session.fast import FastStep, fast_snapshot_usable, fast_step
 from app.session.runtime import load_runtime, peek_runtime, runtime_key
@@ -58,7 +59,7 @@ from app.session.submit import submit_answer as submit_answer_sync
 from app.session.tokens import hash_token
 from app.session.views import SessionView
 from app.settings import get_settings
-from app.tables import Study
+from app.tables import SessionStatus, Study
 
 try:  # the ``postgres`` extra; without it this path is never enabled (enabled_for)
     import psycopg
@@ -278,7 +279,7 @@ async def read_session_and_history(
 def _snapshot_and_history(row: Sequence[Any]) -> tuple[SessionSnapshot, list[Any]]:
     """A row of :data:`~app.session.sql.PG_SNAPSHOT_AND_HISTORY_BY_TOKEN` as
     ``(snapshot, history rows)``."""
-    history = row[11]
+    history = row[12]
     if isinstance(history, str | bytes):
         history = json.loads(history)
     return snapshot_of(row), list(history or [])
@@ -342,13 +343,20 @@ async def submit_answer(
     rt, fresh = peek_runtime(study, engine=engine)
     if rt is not None and not fresh:
         _refresh_runtime(study, engine)
+    if rt is not None and snap.model_id not in (None, rt.model_id):
+        rt = None  # a session of an earlier model: the synchronous path loads that model
     if rt is not None:
         item = answered_item(rt, item_key, option)
         if fast_snapshot_usable(rt, snap):
             step = fast_step(rt, snap, item, option, idempotency_key, history, _PG)
             if step is not None and await _write(db, step):
                 STATS["fast"] += 1
-                return step.view(rt)
+                view = step.view(rt)
+                if view.status == SessionStatus.completed.value and refit_every(study.settings):
+                    await run_in_threadpool(
+                        maybe_queue_refit, rt.study_id, study.settings, engine=engine
+                    )
+                return view
     STATS["handed_over"] += 1
     return await run_in_threadpool(
         submit_answer_sync,

@@ -11,6 +11,7 @@ cached per attribute set.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from collections.abc import Mapping, Sequence
@@ -30,14 +31,60 @@ from elicitation.session import decide, replay_state
 
 
 def _budget(rt: StudyRuntime) -> Budget:
-    """The study's stopping rules as the selection step takes them."""
+    """The study's stopping rules as the adaptive selection step takes them: the last
+    ``calibration_items`` places of ``max_questions`` are left to the calibration."""
     b = rt.settings.budgets
+    adaptive = b.max_questions - rt.settings.calibration_items
     return Budget(
-        max_questions=b.max_questions,
-        min_questions=b.min_questions,
+        max_questions=adaptive,
+        min_questions=min(b.min_questions, adaptive),
         stop_eig_threshold=b.stop_eig_threshold,
         stop_entropy_threshold=b.stop_entropy_threshold,
     )
+
+
+CALIBRATION = "calibration"
+"""The criterion recorded in a calibration question's decision."""
+
+
+def calibration_start(rt: StudyRuntime) -> int | None:
+    """The first calibration place: ``max_questions - calibration_items``, or the number
+    of candidates when there are fewer (the adaptive part has asked them all); ``None``
+    without calibration questions."""
+    n_cal = rt.settings.calibration_items
+    if not n_cal:
+        return None
+    return min(rt.settings.budgets.max_questions - n_cal, len(rt.candidates))
+
+
+def calibration_decision(
+    rt: StudyRuntime, sess_id: int, answers: Sequence[Answer | AnswerRow]
+) -> DecisionRow | None:
+    """The calibration question at position ``len(answers)``, or ``None`` when this is not
+    a calibration place.
+
+    With ``calibration_items = c`` and ``max_questions = m``, places ``m - c .. m - 1``
+    (earlier when the study has fewer than ``m - c`` candidates: :func:`calibration_start`)
+    ask an item chosen uniformly at random among the question and target items the model
+    knows that were not posed yet (study order, then a draw seeded by the answers so far:
+    a replay, or the step memo, gives the same pick). Nothing left to ask stops the
+    session. Example: ``m = 10, c = 1``: nine adaptive questions, then one random item.
+    """
+    start = calibration_start(rt)
+    position = len(answers)
+    if start is None or position < start:
+        return None
+    scores: dict[str, Any] = {"model_id": rt.model_id, "calibration": True}
+    if position >= rt.max_questions:
+        return DecisionRow(sess_id, position, None, CALIBRATION, scores, "max_questions")
+    posed = {a.item_id for a in answers}
+    pool = [it.id for it in rt.candidates + rt.targets if it.id not in posed]
+    if not pool:
+        return DecisionRow(sess_id, position, None, CALIBRATION, scores, "no items left")
+    seed = hashlib.sha256(json.dumps([[a.item_id, a.option] for a in answers]).encode()).digest()
+    pick = pool[int.from_bytes(seed[:8], "big") % len(pool)]
+    scores["pool"] = len(pool)
+    return DecisionRow(sess_id, position, pick, CALIBRATION, scores, None)
 
 
 def criterion_for(rt: StudyRuntime, session_id: int, position: int, seed: int | None = None) -> Any:
@@ -76,6 +123,9 @@ def decide_next(
     Raises:
         StudyMisconfiguredError: the selection step refused the study's setup.
     """
+    calibration = calibration_decision(rt, sess_id, answers)
+    if calibration is not None:
+        return calibration
     asked = [rt.model_index[a.item_id] for a in answers if a.option is not None]
     skipped = [rt.model_index[a.item_id] for a in answers if a.option is None]
     try:

@@ -112,11 +112,12 @@ def submit_fast(
 
 def fast_snapshot_usable(rt: StudyRuntime, snap: SessionSnapshot) -> bool:
     """Whether the fast path may start from ``snap`` (an active session of this study
-    with a cached state); otherwise the locked path answers."""
+    with a cached state of ``rt``'s model); otherwise the locked path answers."""
     return (
         snap.study_id == rt.study_id
         and snap.status == SessionStatus.active.value
         and snap.state is not None
+        and snap.model_id in (None, rt.model_id)
     )
 
 

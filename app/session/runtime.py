@@ -39,6 +39,7 @@ from app.services.belief import (
     fixed_order_params,
     model_blob,
     model_from_blob,
+    model_ref,
     request_fixed_order,
     stored_fixed_orders,
 )
@@ -124,8 +125,13 @@ class StudyRuntime:
 
     @property
     def max_questions(self) -> int:
-        """The most questions one respondent can be asked (budget, capped by the pool)."""
-        return min(self.settings.budgets.max_questions, len(self.candidates))
+        """The most questions one respondent can be asked (budget, capped by the pool:
+        the candidates, then up to ``calibration_items`` calibration questions, which may
+        also be targets)."""
+        m, n_cal = self.settings.budgets.max_questions, self.settings.calibration_items
+        if not n_cal:
+            return min(m, len(self.candidates))
+        return min(m, min(m - n_cal, len(self.candidates)) + n_cal)
 
     @property
     def allow_skip(self) -> bool:
@@ -164,13 +170,17 @@ def load_runtime(
     *,
     session: Session | None = None,
     engine: Engine | None = None,
-    fit_if_missing: bool = True,
+    fit_if_missing: bool = False,
+    model_id: int | None = None,
 ) -> StudyRuntime:
-    """Assemble the study's runtime; fits the default model first when there is none.
+    """Assemble the study's runtime with its active model (or the model ``model_id``).
 
     Give ``session`` or ``engine`` (with an engine, a session is opened only to rebuild the
     runtime, and closed before the model is deserialised, so no pooled connection is held
-    during CPU work). ``fit_if_missing`` needs the study's ORM row.
+    during CPU work). ``fit_if_missing`` (scripts and tests only: a request never fits)
+    fits the default model first when there is none; it needs the study's ORM row.
+    ``model_id``: the stored model of a session in progress (:func:`session_runtime`); a
+    model that is not the study's (or no longer stored) gives the active one.
 
     One build per key at a time (single flight): when the cached runtime is older than
     :data:`RUNTIME_TTL_S`, one request rebuilds it while concurrent requests keep using the
@@ -182,7 +192,7 @@ def load_runtime(
     """
     assert study.id is not None
     bind = engine if engine is not None else session.get_bind().engine  # type: ignore[union-attr]
-    key = runtime_key(bind, study)
+    key = runtime_key(bind, study, model_id)
     with _RUNTIME_LOCK:
         hit = _RUNTIME_CACHE.get(key)
         build_lock = _BUILD_LOCKS.setdefault(key, threading.Lock())
@@ -202,9 +212,9 @@ def load_runtime(
             return again[1]
         if session is None:
             with Session(bind) as db:
-                ref, model, blob, items, orders = runtime_rows(study, db, fit_if_missing)
+                ref, model, blob, items, orders = runtime_rows(study, db, fit_if_missing, model_id)
         else:
-            ref, model, blob, items, orders = runtime_rows(study, session, fit_if_missing)
+            ref, model, blob, items, orders = runtime_rows(study, session, fit_if_missing, model_id)
         if model is None:  # deserialised with no connection held (CPU work)
             model = model_from_blob(ref, blob)  # type: ignore[arg-type]
         rt = build_runtime(study, ref, model, items, orders)
@@ -219,14 +229,37 @@ def load_runtime(
         build_lock.release()
 
 
-def runtime_key(bind: Engine, study: StudyHead | Study) -> tuple[str, int, str]:
+def runtime_key(
+    bind: Engine, study: StudyHead | Study, model_id: int | None = None
+) -> tuple[str, int, str]:
     """The cache key of a study's runtime: database, study id, and its settings, status
-    and slug (a change of any of them builds a new runtime at once)."""
+    and slug (a change of any of them builds a new runtime at once), and the pinned model
+    of :func:`session_runtime` (none for the active model)."""
     return (
         str(bind.url),  # one process may serve (or test) several databases
         study.id or 0,
-        json.dumps(study.settings, sort_keys=True) + study.status + study.slug,
+        json.dumps(study.settings, sort_keys=True)
+        + study.status
+        + study.slug
+        + ("" if model_id is None else f"#model={model_id}"),
     )
+
+
+def session_runtime(
+    rt: StudyRuntime,
+    study: Study | StudyHead,
+    model_id: int | None,
+    *,
+    session: Session | None = None,
+    engine: Engine | None = None,
+) -> StudyRuntime:
+    """The runtime of a session in progress: ``rt`` (the study's active runtime) when the
+    session's stored ``model_id`` is that model or not set yet, else the runtime of the
+    session's own model, so that a session keeps the model it started with when a refit
+    promotes another one (its cached states belong to that model)."""
+    if model_id is None or model_id == rt.model_id:
+        return rt
+    return load_runtime(study, session=session, engine=engine, model_id=model_id)
 
 
 def peek_runtime(study: StudyHead | Study, *, engine: Engine) -> tuple[StudyRuntime | None, bool]:
@@ -241,12 +274,17 @@ def peek_runtime(study: StudyHead | Study, *, engine: Engine) -> tuple[StudyRunt
 
 
 def runtime_rows(
-    study: Study | StudyHead, session: Session, fit_if_missing: bool
+    study: Study | StudyHead, session: Session, fit_if_missing: bool, model_id: int | None = None
 ) -> tuple[Any, Any, bytes | None, list[ItemInfo], dict[str, Any]]:
-    """The active model's reference (fitting one first if allowed and needed), the model
-    if this process has it already or else its blob, the study's items and the fixed
-    orders stored with the model: everything read from the database for a runtime."""
-    ref = active_model_ref(study.id, session=session)
+    """The model's reference (``model_id`` when it is a model of the study, else the active
+    one, fitting one first if allowed and needed), the model if this process has it
+    already or else its blob, the study's items and the fixed orders stored with the
+    model: everything read from the database for a runtime."""
+    ref = None
+    if model_id is not None:
+        ref = model_ref(study.id, model_id, session=session)
+    if ref is None:
+        ref = active_model_ref(study.id, session=session)
     if ref is None:
         if not fit_if_missing or not isinstance(study, Study):
             raise NoModelError(f"study {study.slug!r} has no fitted belief model")
@@ -316,6 +354,7 @@ def build_runtime(
         tuple(sorted(model_index.items())),
         tuple((it.id, tuple(o[0] for o in it.options)) for it in in_model),
         settings.budgets.model_dump_json(),
+        settings.calibration_items,
         json.dumps(orders or {}, sort_keys=True, default=str),
     )
     return StudyRuntime(

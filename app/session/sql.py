@@ -58,11 +58,12 @@ class SessionSnapshot:
     state: bytes | None
     state_version: int
     study: StudyHead
+    model_id: int | None = None
 
 
 _SNAPSHOT_SQL = """
     SELECT s.id, s.study_id, s.respondent_id, s.token_hash, s.status, s.state,
-           s.state_version, st.slug, st.status, st.settings, st.owner_id
+           s.state_version, st.slug, st.status, st.settings, st.owner_id, s.model_id
     FROM elicitation_session s JOIN study st ON st.id = s.study_id
     WHERE {where}
 """
@@ -78,13 +79,13 @@ HISTORY = """
     ORDER BY 1, 2
 """
 # PostgreSQL: the snapshot by token and the rows of :data:`HISTORY` at the snapshot's
-# ``state_version`` in one round trip (column 11: a JSON array of ``[kind, n, item_id,
+# ``state_version`` in one round trip (column 12: a JSON array of ``[kind, n, item_id,
 # option, idempotency_key]``, ``null`` without rows): the answer call's reads as one
 # statement (each statement costs the worker a few hundred microseconds of driver and
 # event-loop work).
 PG_SNAPSHOT_AND_HISTORY_BY_TOKEN = """
     SELECT s.id, s.study_id, s.respondent_id, s.token_hash, s.status, s.state,
-           s.state_version, st.slug, st.status, st.settings, st.owner_id,
+           s.state_version, st.slug, st.status, st.settings, st.owner_id, s.model_id,
            (SELECT json_agg(json_build_array(h.kind, h.n, h.item_id, h.option,
                                              h.idempotency_key) ORDER BY h.kind, h.n)
             FROM (SELECT 0 AS kind, a.id AS n, a.item_id, a.option, a.idempotency_key
@@ -173,7 +174,7 @@ def timestamp_param(dialect: str, when: datetime) -> Any:
 
 
 def snapshot_of(row: Sequence[Any]) -> SessionSnapshot:
-    """A row of :data:`SNAPSHOT_BY_ID` / :data:`SNAPSHOT_BY_TOKEN` (or the first 11 columns
+    """A row of :data:`SNAPSHOT_BY_ID` / :data:`SNAPSHOT_BY_TOKEN` (or the first 12 columns
     of :data:`PG_SNAPSHOT_AND_HISTORY_BY_TOKEN`) as a :class:`SessionSnapshot`."""
     settings = row[9]
     if isinstance(settings, str | bytes):
@@ -193,6 +194,7 @@ def snapshot_of(row: Sequence[Any]) -> SessionSnapshot:
             settings=dict(settings or {}),
             owner_id=row[10],
         ),
+        model_id=None if row[11] is None else int(row[11]),
     )
 
 
@@ -231,9 +233,9 @@ INSERT_RESPONDENT = """
 """
 INSERT_SESSION = """
     INSERT INTO elicitation_session (study_id, respondent_id, token_hash, status, state,
-        state_version, created_at, updated_at, completed_at)
+        state_version, created_at, updated_at, completed_at, model_id)
     VALUES (:study_id, :respondent_id, :token_hash, :status, :state, 0, :now, :now,
-        :completed_at)
+        :completed_at, :model_id)
 """
 INSERT_FIRST_DECISION = """
     INSERT INTO selection_decision
@@ -251,8 +253,9 @@ PG_START = """
         RETURNING id
     ), s AS (
         INSERT INTO elicitation_session (study_id, respondent_id, token_hash, status, state,
-            state_version, created_at, updated_at, completed_at)
-        SELECT :study_id, r.id, :token_hash, :status, :state, 0, :now, :now, :completed_at
+            state_version, created_at, updated_at, completed_at, model_id)
+        SELECT :study_id, r.id, :token_hash, :status, :state, 0, :now, :now, :completed_at,
+            CAST(:model_id AS integer)
         FROM r
         RETURNING id, respondent_id
     ), d AS (

@@ -19,6 +19,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from app.errors import InvalidInputError
+from app.services.belief import NoModelError
+from app.services.learning import model_preparing
 from app.session.decide import first_state_and_decision
 from app.session.errors import ExternalIdTakenError, InvalidAttributesError, StudyClosedError
 from app.session.locked import locked_session, write_slots
@@ -134,7 +136,8 @@ def start_session(
             with the respondent, shown to the researcher as a repeated start).
 
     Raises:
-        StudyClosedError, ExternalIdTakenError, InvalidAttributesError, NoModelError.
+        StudyClosedError, ExternalIdTakenError, InvalidAttributesError;
+        ModelPreparingError (409: no model yet, a fit job was queued: retry later).
     """
     params = check_start(study, external_id, panel_params, allow_draft)
     with write_slots():
@@ -231,6 +234,7 @@ def plan_start(
         "criterion": decision.criterion if decision is not None else "",
         "scores": json.dumps(decision.scores if decision is not None else {}),
         "stop_reason": decision.stop_reason if decision is not None else None,
+        "model_id": rt.model_id if decision is not None else None,
     }
     return StartPlan(rt, token, decision, values)
 
@@ -252,7 +256,10 @@ def _start(
     earlier_starts: int,
 ) -> StartedSession:
     """Respondent, session and first decision in one transaction (raw statements)."""
-    rt = load_runtime(study, engine=engine)
+    try:
+        rt = load_runtime(study, engine=engine)
+    except NoModelError:  # never fitted in a request: queue the fit, ask to retry
+        raise model_preparing(study.id or 0, study.slug, engine=engine) from None
     plan = plan_start(
         rt,
         study.id or 0,
@@ -305,6 +312,7 @@ def _store_first_decision(
     db.add(row)
     sess.state = dump_state(state)
     sess.state_version = 0
+    sess.model_id = rt.model_id
     sess.updated_at = utcnow()
     if row.item_id is None:
         sess.status = SessionStatus.completed.value

@@ -12,13 +12,14 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
+from app.services.learning import maybe_queue_refit
 from app.session.errors import InvalidAnswerError, ItemNotFoundError
 from app.session.fast import submit_fast
 from app.session.locked import submit_locked, write_slots
-from app.session.runtime import ItemInfo, StudyRuntime, load_runtime
-from app.session.sql import SessionSnapshot, StudyHead
+from app.session.runtime import ItemInfo, StudyRuntime, load_runtime, session_runtime
+from app.session.sql import SessionSnapshot, StudyHead, read_session
 from app.session.views import SessionView
-from app.tables import Study
+from app.tables import SessionStatus, Study
 
 IDEMPOTENCY_KEY_MAX = 128
 """The longest idempotency key accepted (characters)."""
@@ -35,6 +36,10 @@ def submit_answer(
     snapshot: SessionSnapshot | None = None,
 ) -> SessionView:
     """Store an answer (``option`` ``None`` = "prefer not to answer") and choose the next item.
+
+    The session is answered with the model it started with (:func:`session_runtime`); an
+    answer that completes it may queue a refit (:func:`maybe_queue_refit`: a cheap check,
+    never a fit).
 
     Args:
         snapshot: the session row as the caller's authorization read it (saves a read);
@@ -56,7 +61,26 @@ def submit_answer(
     """
     check_idempotency_key(idempotency_key)
     rt = load_runtime(study, engine=engine, fit_if_missing=False)
+    if snapshot is None or snapshot.id != session_id:
+        snapshot = read_session(session_id, engine=engine)
+    if snapshot is not None:  # a session keeps the model it started with
+        rt = session_runtime(rt, study, snapshot.model_id, engine=engine)
     item = answered_item(rt, item_key, option)
+    view = _submit(rt, session_id, item, option, idempotency_key, engine, snapshot)
+    if view.status == SessionStatus.completed.value:
+        maybe_queue_refit(rt.study_id, study.settings, engine=engine)
+    return view
+
+
+def _submit(
+    rt: StudyRuntime,
+    session_id: int,
+    item: ItemInfo,
+    option: str | None,
+    idempotency_key: str | None,
+    engine: Engine,
+    snapshot: SessionSnapshot | None,
+) -> SessionView:
     with write_slots():
         view = submit_fast(rt, session_id, item, option, idempotency_key, engine, snapshot)
         if view is not None:

@@ -21,7 +21,7 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from app.session.errors import NotCurrentQuestionError, SessionNotFoundError
-from app.session.runtime import ItemInfo, StudyRuntime, load_runtime
+from app.session.runtime import ItemInfo, StudyRuntime, load_runtime, session_runtime
 from app.session.sql import DecisionRow
 from app.session.state import replay, respondent_and_answers
 from app.session.tokens import hash_token
@@ -202,8 +202,9 @@ def get_session_by_token(token: str, *, session: Session) -> ElicitationSession:
 
 
 def session_view(study: Study, sess: ElicitationSession, *, session: Session) -> SessionView:
-    """Where the session stands now."""
+    """Where the session stands now (with the model the session started with)."""
     rt = load_runtime(study, session=session, fit_if_missing=False)
+    rt = session_runtime(rt, study, sess.model_id, session=session)
     return current_view(rt, session, sess)
 
 
@@ -254,6 +255,7 @@ def predictions(study: Study, sess: ElicitationSession, *, session: Session) -> 
         SessionNotFoundError: the session was erased after the caller read it (404).
     """
     rt = load_runtime(study, session=session, fit_if_missing=False)
+    rt = session_runtime(rt, study, sess.model_id, session=session)
     respondent, answers = respondent_and_answers(session, sess)
     state = replay(rt, respondent, answers)
     answered = {a.item_id for a in answers}

@@ -242,6 +242,7 @@ ROUTES: dict[tuple[str, str], Case] = {
         study_member(200, "POST"), path="/admin/studies/{slug}/jobs/{queued_job_id}/cancel"
     ),
     ("GET", "/admin/studies/{slug}/jobs/{job_id}/plot.svg"): Case(study_member(200, "GET")),
+    ("POST", "/admin/studies/{slug}/refit"): Case(study_member(303, "POST")),
     ("GET", "/admin/studies/{slug}/simulation"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard/respondent"): Case(

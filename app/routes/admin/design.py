@@ -88,12 +88,15 @@ async def study_settings(
         # settings the form leaves empty or does not show keep their stored values
         stored = StudySettings.model_validate(study.settings or {})
         drop_after = form.opt_int("drop_after_minutes")
+        refit, calibration = form.opt_int("refit_every"), form.opt_int("calibration_items")
         values = {
             "criterion": form.text("criterion"),
             "ask_attributes": form.checked("ask_attributes"),
             "belief_model": form.text("belief_model") or "default",
             "show_learned": stored.show_learned,
             "drop_after_minutes": stored.drop_after_minutes if drop_after is None else drop_after,
+            "refit_every": stored.refit_every if refit is None else refit,
+            "calibration_items": stored.calibration_items if calibration is None else calibration,
             "budgets": {
                 "max_questions": form.opt_int("max_questions") or 0,
                 "min_questions": form.opt_int("min_questions") or 0,

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, Response
 from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, SessionDep, SettingsDep
 from app.routes.admin.common import FormDep, PageDep
-from app.services import job_views, jobs
+from app.services import job_views, jobs, learning
 
 router = APIRouter()
 
@@ -70,3 +70,19 @@ def job_plot(job_id: DbId, study: VisibleStudy, session: SessionDep) -> Response
         media_type="image/svg+xml",
         headers={"Cache-Control": "private, max-age=3600"},
     )
+
+
+@router.post("/studies/{slug}/refit", name="admin_refit")
+def refit_now(
+    page: PageDep,
+    study: VisibleStudy,
+    researcher: CurrentResearcher,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> Response:
+    """ "Refit now": queue a ``fit_model`` job (or find the one queued or running) and go to
+    the jobs page, where its row shows the progress; the study page lists the result."""
+    job, _ = learning.queue_refit(
+        study, researcher=researcher, settings=settings, session=session, reason="refit now"
+    )
+    return page.redirect("admin_jobs", query={"job": job.id}, slug=study.slug)

@@ -563,6 +563,7 @@ def test_completion_page_shows_the_cape_preference_profile(client: Any, live: Li
             session=db,
             belief_model="cape_linear",
             fit_options={"cape_linear": {"dims": (1,)}},
+            force=True,
         )
     svc.clear_runtime_cache()
     try:

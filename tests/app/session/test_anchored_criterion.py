@@ -342,7 +342,9 @@ def test_fit_stores_the_order_and_target_free_study_uses_the_fallback(
     live = fresh_live
     with live.session() as db:
         study = _study(db, live.study_id)
-        row = belief.fit_study_model(study, session=db, n_classes=(4,), n_restarts=1)
+        row = belief.fit_study_model(
+            study, session=db, n_classes=(4,), n_restarts=1, force=True
+        )
         assert len(count_greedy) == 1  # the fit searched the order once ...
         (key,) = belief.stored_fixed_orders(row.metrics)
     svc.clear_runtime_cache()
@@ -406,7 +408,7 @@ def test_a_failed_order_search_does_not_fail_the_fit(
     live = fresh_live
     with live.session() as db:
         row = belief.fit_study_model(
-            _study(db, live.study_id), session=db, n_classes=(4,), n_restarts=1
+            _study(db, live.study_id), session=db, n_classes=(4,), n_restarts=1, force=True
         )
         assert row.is_active and belief.stored_fixed_orders(row.metrics) == {}
     svc.clear_runtime_cache()

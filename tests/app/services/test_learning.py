@@ -1,0 +1,290 @@
+"""The learning loop: training data from imported and live respondents, the stable split,
+promotion on held-out respondents, sessions keeping their model, refits queued (never
+fitted) by the answer path. SQLite and PostgreSQL (the ``engine`` fixture)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from app import session as svc
+from app.services.belief import fit_study_model
+from app.services.learning import (
+    HOLDOUT_PERCENT,
+    ModelPreparingError,
+    judge,
+    model_versions,
+    respondent_part,
+    split_bucket,
+    study_training_data,
+)
+from app.session.erasure import erase_respondent
+from app.tables import ElicitationSession, FittedModel, Item, Job, SelectionDecision, Study
+from models.base import ItemBank
+from models.persona import PersonaMixture
+
+
+def _items(db: Session, study: Study) -> list[Item]:
+    return list(
+        db.exec(
+            select(Item).where(Item.study_id == study.id).order_by(col(Item.position), col(Item.id))
+        ).all()
+    )
+
+
+def _fit(db: Session, study: Study, k: tuple[int, ...] = (2,), **kw: object) -> FittedModel:
+    return fit_study_model(study, session=db, n_classes=k, n_restarts=1, **kw)  # type: ignore[arg-type]
+
+
+def _publish(db: Session, study: Study, **settings: object) -> None:
+    study.status = "published"
+    study.settings = {**study.settings, **settings}
+    db.add(study)
+    db.commit()
+    db.refresh(study)
+    svc.clear_runtime_cache()
+
+
+def _answer_all(
+    study: Study, engine: Engine, sid: int, view: svc.SessionView, n: int
+) -> svc.SessionView:
+    """Answer ``n`` questions with option ``A`` (or until the session stops)."""
+    for _ in range(n):
+        if view.question is None:
+            break
+        view = svc.submit_answer(
+            study, sid, item_key=view.question.key, option="A", idempotency_key=None, engine=engine
+        )
+    return view
+
+
+def test_split_is_stable_and_keeps_dataset_splits() -> None:
+    assert respondent_part(7, 1, "train") == "train"
+    assert respondent_part(7, 1, "val") == "selection"
+    assert respondent_part(7, 1, "test") == "holdout"
+    assert split_bucket(3, 42) == split_bucket(3, 42)
+    parts = [respondent_part(3, rid, None) for rid in range(10_000)]
+    share = parts.count("holdout") / len(parts)
+    assert abs(share - HOLDOUT_PERCENT / 100) < 0.015
+    assert [respondent_part(3, rid, None) for rid in range(200)] == parts[:200]
+
+
+def test_judge_scores_the_observed_answers_exactly() -> None:
+    """One item with two options: ``log 0.75`` per answer B; a missing cell scores 0."""
+    bank = ItemBank(("q",), (2,))
+    good = PersonaMixture(bank, torch.tensor([[[0.25, 0.75]]], dtype=torch.float64))
+    flat = PersonaMixture(bank, torch.tensor([[[0.5, 0.5]]], dtype=torch.float64))
+    holdout = torch.tensor([[1], [1], [-1]])
+    first = judge(good, None, holdout)
+    assert first.status == "promoted" and first.reason == "first model of the study"
+    assert first.score == pytest.approx(math.log(0.75))
+    better = judge(good, flat, holdout)
+    assert better.status == "promoted"
+    assert (better.score, better.active_score) == pytest.approx((math.log(0.75), math.log(0.5)))
+    worse = judge(flat, good, holdout)
+    assert worse.status == "rejected" and "does not beat" in worse.reason
+    assert judge(flat, good, holdout, force=True).status == "promoted"
+    assert judge(flat, good, torch.zeros(0, 1, dtype=torch.long)).status == "promoted"
+
+
+def test_training_data_holds_imported_and_live_respondents(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    """Completed and partial live respondents are rows (answers in place, skips and unasked
+    missing); preview and erased ones are not; counts say imported / live."""
+    _fit(db, ces_study)
+    _publish(db, ces_study, budgets={**ces_study.settings["budgets"], "max_questions": 3})
+    items = _items(db, ces_study)
+    before = study_training_data(ces_study.id or 0, items, session=db)
+    assert before.n_live == 0 and before.counts["holdout"]["live"] == 0
+    assert before.n_imported + before.counts["holdout"]["imported"] == 400
+
+    done = svc.start_session(ces_study, engine=engine)
+    done_view = _answer_all(ces_study, engine, done.session_id, done.view, 3)
+    assert done_view.status == "completed"
+    partial = svc.start_session(ces_study, engine=engine)
+    first_key = partial.view.question.key  # type: ignore[union-attr]
+    svc.submit_answer(
+        ces_study, partial.session_id, item_key=first_key, option="B", idempotency_key=None,
+        engine=engine,
+    )  # fmt: skip
+    skipped = svc.start_session(ces_study, engine=engine)
+    svc.submit_answer(
+        ces_study, skipped.session_id, item_key=skipped.view.question.key, option=None,  # type: ignore[union-attr]
+        idempotency_key=None, engine=engine,
+    )  # fmt: skip
+    preview = svc.start_session(ces_study, engine=engine)
+    _answer_all(ces_study, engine, preview.session_id, preview.view, 1)
+    erased = svc.start_session(ces_study, engine=engine)
+    _answer_all(ces_study, engine, erased.session_id, erased.view, 1)
+    with Session(engine) as s:
+        row = s.get(ElicitationSession, preview.session_id)
+        assert row is not None
+        row.is_preview = True
+        s.add(row)
+        s.commit()
+        gone = s.get(ElicitationSession, erased.session_id)
+        assert gone is not None
+    erase_respondent(gone, engine=engine)
+
+    after = study_training_data(ces_study.id or 0, items, session=db)
+    live_total = after.n_live + after.counts["holdout"]["live"]
+    assert live_total == 2  # completed + partial; the skip-only, preview and erased are not
+    assert after.n_imported == before.n_imported
+    col_of = {it.key: j for j, it in enumerate(items)}
+    expected = [-1] * len(items)
+    expected[col_of[first_key]] = 1
+    part = respondent_part(ces_study.id or 0, partial.respondent_id, None)
+    rows = {"train": after.train, "selection": after.selection, "holdout": after.holdout}[part]
+    assert any(r.tolist() == expected for r in rows)
+    part = respondent_part(ces_study.id or 0, done.respondent_id, None)
+    rows = {"train": after.train, "selection": after.selection, "holdout": after.holdout}[part]
+    three = [r for r in rows.tolist() if sum(v >= 0 for v in r) == 3 and r.count(0) == 3]
+    assert len(three) >= 1
+    refit = _fit(db, ces_study, force=True)
+    assert (refit.n_imported, refit.n_live) == (after.n_imported, after.n_live)
+    assert refit.n_validation == after.n_holdout
+
+
+def test_a_worse_fit_is_rejected_with_both_scores(db: Session, ces_study: Study) -> None:
+    first = _fit(db, ces_study, (3,))
+    assert first.is_active and first.status == "promoted"
+    assert first.n_imported > 0 and first.n_live == 0 and first.n_validation > 0
+    worse = _fit(db, ces_study, (1,))
+    db.refresh(first)
+    assert worse.status == "rejected" and not worse.is_active and first.is_active
+    assert worse.val_log_lik is not None and worse.active_val_log_lik is not None
+    assert worse.val_log_lik < worse.active_val_log_lik
+    assert worse.active_val_log_lik == pytest.approx(first.val_log_lik)
+    forced = _fit(db, ces_study, (1,), force=True)
+    db.refresh(first)
+    assert forced.is_active and forced.status == "promoted" and not first.is_active
+    versions = model_versions(ces_study.id or 0, session=db)
+    assert [v.id for v in versions] == [forced.id, worse.id, first.id]
+    assert versions[1].val_log_loss == pytest.approx(-(worse.val_log_lik or 0))
+    assert versions[1].reason is not None and "does not beat" in versions[1].reason
+
+
+def test_a_session_in_progress_keeps_its_model(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    a = _fit(db, ces_study, (2,))
+    _publish(db, ces_study, budgets={**ces_study.settings["budgets"], "max_questions": 4})
+    old = svc.start_session(ces_study, engine=engine)
+    _answer_all(ces_study, engine, old.session_id, old.view, 1)
+    b = _fit(db, ces_study, (3,), force=True)
+    assert b.is_active and b.id != a.id
+    svc.clear_runtime_cache()
+    _answer_all(ces_study, engine, old.session_id, svc.session_view(
+        ces_study, db.get(ElicitationSession, old.session_id), session=db  # type: ignore[arg-type]
+    ), 2)  # fmt: skip
+    new = svc.start_session(ces_study, engine=engine)
+    with Session(engine) as s:
+        models_of = {
+            sid: {
+                d.scores.get("model_id")
+                for d in s.exec(
+                    select(SelectionDecision).where(SelectionDecision.session_id == sid)
+                ).all()
+            }
+            for sid in (old.session_id, new.session_id)
+        }
+        assert models_of == {old.session_id: {a.id}, new.session_id: {b.id}}
+        assert s.get(ElicitationSession, old.session_id).model_id == a.id  # type: ignore[union-attr]
+        assert s.get(ElicitationSession, new.session_id).model_id == b.id  # type: ignore[union-attr]
+
+
+def test_completed_sessions_queue_one_refit(engine: Engine, db: Session, ces_study: Study) -> None:
+    _fit(db, ces_study)
+    _publish(
+        db, ces_study, refit_every=2, budgets={**ces_study.settings["budgets"], "max_questions": 1}
+    )
+
+    def fit_jobs() -> list[Job]:
+        with Session(engine) as s:
+            return list(s.exec(select(Job).where(Job.kind == "fit_model")).all())
+
+    for n in range(4):
+        started = svc.start_session(ces_study, engine=engine)
+        view = _answer_all(ces_study, engine, started.session_id, started.view, 1)
+        assert view.status == "completed"
+        assert len(fit_jobs()) == (0 if n == 0 else 1)  # the second queues; no duplicate
+    (job,) = fit_jobs()
+    assert job.payload == {"reason": "2 new completed respondents"}
+    assert db.exec(select(FittedModel)).all() and len(db.exec(select(FittedModel)).all()) == 1
+
+
+def test_an_api_start_without_a_model_queues_a_fit_and_says_so(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    _publish(db, ces_study)
+    for _ in range(2):
+        with pytest.raises(ModelPreparingError, match="being fitted by job"):
+            svc.start_session(ces_study, engine=engine)
+    assert db.exec(select(FittedModel)).all() == []
+    assert len(db.exec(select(Job).where(Job.kind == "fit_model")).all()) == 1
+
+
+def test_calibration_questions_take_the_last_places_of_the_budget(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    """``calibration_items = 2`` of ``max_questions = 4``: two adaptive questions, then two
+    items drawn from the unposed questions and targets (the draw: sha256 of the answers so
+    far, modulo the pool in study order); the respondent sees a budget of 4."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from app.schemas import StudySettings
+    from app.session.decide import calibration_decision, calibration_start
+
+    with pytest.raises(ValueError, match="calibration_items"):
+        StudySettings.model_validate({"calibration_items": 10})
+    _fit(db, ces_study)
+    budgets = {**ces_study.settings["budgets"], "max_questions": 4}
+    _publish(db, ces_study, budgets=budgets, calibration_items=2)
+    rt = svc.load_runtime(ces_study, engine=engine)
+    started = svc.start_session(ces_study, engine=engine)
+    assert started.view.max_questions == 4
+    view, posed = started.view, []
+    for _ in range(4):
+        assert view.question is not None
+        posed.append(rt.by_key[view.question.key].id)
+        view = svc.submit_answer(
+            ces_study, started.session_id, item_key=view.question.key, option="A",
+            idempotency_key=None, engine=engine,
+        )  # fmt: skip
+    assert view.status == "completed"
+    with Session(engine) as s:
+        decisions = s.exec(
+            select(SelectionDecision)
+            .where(SelectionDecision.session_id == started.session_id)
+            .order_by(col(SelectionDecision.position))
+        ).all()
+    assert [d.criterion for d in decisions] == [rt.criterion] * 2 + ["calibration"] * 3
+    assert decisions[-1].item_id is None and decisions[-1].stop_reason == "max_questions"
+    for position in (2, 3):
+        answered = [[item_id, "A"] for item_id in posed[:position]]
+        pool = [it.id for it in rt.candidates + rt.targets if it.id not in posed[:position]]
+        digest = hashlib.sha256(json.dumps(answered).encode()).digest()
+        assert posed[position] == pool[int.from_bytes(digest[:8], "big") % len(pool)]
+
+    class Ans:  # duck-types an answer row
+        def __init__(self, item_id: int) -> None:
+            self.item_id, self.option = item_id, "A"
+
+    only_targets_left = [Ans(c.id) for c in rt.candidates]
+    budget = rt.settings.budgets.model_copy(update={"max_questions": len(rt.candidates) + 1})
+    with_targets = dataclasses.replace(  # a copy: the cached runtime is shared
+        rt, settings=rt.settings.model_copy(update={"budgets": budget})
+    )
+    pick = calibration_decision(with_targets, 0, only_targets_left)  # type: ignore[arg-type]
+    assert pick is not None and pick.item_id in {t.id for t in rt.targets}
+    few = dataclasses.replace(rt, candidates=rt.candidates[:1])  # fewer than 4 - 2
+    assert calibration_start(few) == 1 and few.max_questions == 3
+    assert calibration_decision(few, 0, []) is None
+    assert calibration_decision(few, 0, [Ans(rt.candidates[0].id)]) is not None
