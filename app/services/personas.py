@@ -37,7 +37,15 @@ from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
 from app.settings import get_settings
-from app.tables import Item, ItemRole, PersonaDistribution, Respondent, StudyPersona
+from app.tables import (
+    FittedModel,
+    Item,
+    ItemRole,
+    PersonaDistribution,
+    Respondent,
+    Study,
+    StudyPersona,
+)
 from elicitation.datasets import CodebookItem
 from inference_server.backends import make_backend
 from inference_server.errors import InferenceError
@@ -366,6 +374,202 @@ def share_personas(
         )
         for j, (prof, w) in enumerate(profiles, start=1)
     ]
+
+
+def add_text_personas(
+    study: Study, raw: str, *, filename: str | None = None, session: Session
+) -> int:
+    """Add the personas of pasted or uploaded texts (:func:`text_personas`) to the
+    study's dictionary; returns how many are new. Nothing is stored on an error."""
+    assert study.id is not None
+    return save_study_personas(
+        study.id, text_personas(raw, filename=filename), "texts", session=session
+    )
+
+
+def add_share_personas(
+    study: Study,
+    shares: Mapping[str, Mapping[str, object]],
+    *,
+    sample: int | None = None,
+    seed: int = 0,
+    session: Session,
+) -> int:
+    """Add the attribute-profile personas of population ``shares`` (:func:`share_personas`)
+    with their profiles; returns how many are new. Nothing is stored on an error.
+
+    Raises:
+        InvalidInputError: the study has no attribute items, or bad shares.
+    """
+    assert study.id is not None
+    attrs, _ = study_items(study.id, session=session)
+    if not attrs:
+        raise InvalidInputError("the study has no attribute items: set an item's role to attribute")
+    personas = share_personas(attrs, shares, sample=sample, seed=seed)
+    return save_study_personas(study.id, personas, "shares", session=session, attrs=attrs)
+
+
+def add_respondent_personas(study: Study, *, n: int | None = None, session: Session) -> int:
+    """Add the distinct attribute profiles of the study's imported respondents, weighted by
+    how many respondents share each (the ``n`` most frequent when given); returns how many
+    are new.
+
+    Raises:
+        InvalidInputError: no attribute items, or no respondent with any attribute.
+    """
+    assert study.id is not None
+    attrs, _ = study_items(study.id, session=session)
+    if not attrs:
+        raise InvalidInputError("the study has no attribute items: set an item's role to attribute")
+    if n is not None and not 1 <= n <= MAX_PROFILE_PERSONAS:
+        raise InvalidInputError(f"profiles: give a number from 1 to {MAX_PROFILE_PERSONAS}")
+    try:
+        personas = attribute_personas(
+            study.id, attrs, mode="profiles", n=n, seed=0, session=session
+        )
+    except InferenceError as exc:
+        raise InvalidInputError(f"imported respondents: {exc}") from None
+    return save_study_personas(study.id, personas, "respondents", session=session, attrs=attrs)
+
+
+def clear_personas(study: Study, *, session: Session) -> int:
+    """Remove the study's persona dictionary (stored distributions stay: they are keyed by
+    text, so adding the same persona again finds them); returns how many were removed."""
+    rows = session.exec(select(StudyPersona).where(StudyPersona.study_id == study.id)).all()
+    for row in rows:
+        session.delete(row)
+    session.commit()
+    return len(rows)
+
+
+def shares_from_fields(
+    study: Study, field: Callable[[str], str], *, session: Session
+) -> dict[str, dict[str, str]]:
+    """The shares typed in the personas page's table: field ``share:{item key}:{letter}``
+    of each attribute item and option (``field(name)`` gives its text); blank fields are
+    left out, and an attribute whose fields are all blank is not part of the profiles.
+    Validated by :func:`check_shares`."""
+    assert study.id is not None
+    attrs, _ = study_items(study.id, session=session)
+    out: dict[str, dict[str, str]] = {}
+    for a in attrs:
+        given = {
+            letter: field(f"share:{a.id}:{letter}").strip()
+            for letter, _ in a.options
+            if field(f"share:{a.id}:{letter}").strip()
+        }
+        if given:
+            out[a.id] = given
+    return out
+
+
+BACKENDS = ("local", "openai")
+"""The persona job's backends: the embedded model, the configured inference server."""
+
+
+def generation_payload(backend: str, study: Study, *, session: Session) -> dict[str, Any]:
+    """The payload of a persona generation job started from the personas page.
+
+    Raises:
+        InvalidInputError: an unknown backend, ``openai`` without ``PRIORLY_LLM_BASE_URL``,
+            a study without personas or without questions.
+    """
+    assert study.id is not None
+    if backend not in BACKENDS:
+        raise InvalidInputError("model: choose the embedded model or the inference server")
+    if backend == "openai" and not get_settings().llm_base_url:
+        raise InvalidInputError(
+            "model: no inference server is configured (set PRIORLY_LLM_BASE_URL and "
+            "PRIORLY_LLM_MODEL)"
+        )
+    _, questions = study_items(study.id, session=session)
+    if not questions:
+        raise InvalidInputError("the study has no questions to score")
+    if not stored_persona_texts(study.id, session=session):
+        raise InvalidInputError("the persona dictionary is empty: add personas first")
+    return {"backend": backend, "chunk": 16}
+
+
+UNIFORM_PRIOR_WARNING = (
+    "This study's prior is uniform: it has no historical respondents and no persona "
+    "distributions, so predictions are uniform and the first questions are chosen blindly. "
+    "Way out: import historical respondents (Import), or add personas on the Personas page "
+    "(persona texts, attribute shares from a census table, or the imported respondents' "
+    "profiles), generate their distributions there, then fit the model (Jobs)."
+)
+"""The warning on the study page of a published study whose prior is uniform."""
+
+
+def uniform_prior_warning(study: Study, *, session: Session) -> str | None:
+    """:data:`UNIFORM_PRIOR_WARNING` when the study's prior is uniform: its active model
+    says so (``metrics["prior"] == "uniform"``), or it has no active model, no respondents
+    and no stored distribution for any of its personas; ``None`` otherwise."""
+    model = session.exec(
+        select(FittedModel.metrics)
+        .where(FittedModel.study_id == study.id, FittedModel.is_active)  # type: ignore[arg-type]
+        .order_by(FittedModel.id.desc())  # type: ignore[union-attr]
+    ).first()
+    if model is not None:
+        return UNIFORM_PRIOR_WARNING if (model or {}).get("prior") == "uniform" else None
+    if session.exec(select(Respondent.id).where(Respondent.study_id == study.id)).first():
+        return None
+    scored = session.exec(
+        select(PersonaDistribution.id)
+        .join(StudyPersona, StudyPersona.text_hash == PersonaDistribution.persona_hash)  # type: ignore[arg-type]
+        .where(StudyPersona.study_id == study.id)
+    ).first()
+    return None if scored else UNIFORM_PRIOR_WARNING
+
+
+def persona_page(study: Study, *, session: Session) -> dict[str, Any]:
+    """The personas page's context: ``study``; ``attrs`` (the attribute items, for the
+    shares table); ``personas`` (the first :data:`PERSONAS_SHOWN`) and ``n_personas``;
+    ``n_profiled`` (personas with an attribute profile); ``n_scored`` (personas with at
+    least one stored distribution); ``n_respondents`` with any attribute; ``llm`` (the
+    configured server: ``base_url``, ``model``, or ``None``: the server option is then
+    disabled); ``prior_warning`` (:func:`uniform_prior_warning`). The persona jobs are
+    added by :func:`app.services.job_views.persona_overview`."""
+    assert study.id is not None
+    attrs, questions = study_items(study.id, session=session)
+    rows = session.exec(
+        select(StudyPersona).where(StudyPersona.study_id == study.id).order_by(StudyPersona.id)  # type: ignore[arg-type]
+    ).all()
+    hashes = [r.text_hash for r in rows]
+    scored: set[str] = set()
+    for start in range(0, len(hashes), 500):
+        scored.update(
+            session.exec(
+                select(PersonaDistribution.persona_hash)
+                .where(PersonaDistribution.persona_hash.in_(hashes[start : start + 500]))  # type: ignore[attr-defined]
+                .distinct()
+            ).all()
+        )
+    respondents = attribute_matrix(study.id, attrs, session=session) if attrs else None
+    settings = get_settings()
+    return {
+        "study": study,
+        "attrs": attrs,
+        "n_questions": len(questions),
+        "personas": list(rows[:PERSONAS_SHOWN]),
+        "n_personas": len(rows),
+        "n_profiled": sum(1 for r in rows if r.attributes),
+        "n_scored": len(scored),
+        "n_respondents": int((respondents >= 0).any(axis=1).sum())
+        if respondents is not None
+        else 0,
+        "llm": (
+            {"base_url": settings.llm_base_url, "model": settings.llm_model or DEFAULT_MODEL}
+            if settings.llm_base_url
+            else None
+        ),
+        "embedded_model": DEFAULT_MODEL,
+        "max_profiles": MAX_PROFILE_PERSONAS,
+        "prior_warning": uniform_prior_warning(study, session=session),
+    }
+
+
+PERSONAS_SHOWN = 200
+"""Personas listed on the personas page (the counts cover all of them)."""
 
 
 def check_persona_backend(backend: Any) -> None:

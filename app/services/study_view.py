@@ -15,8 +15,9 @@ from sqlmodel import Session, col, select
 from app.errors import PriorlyError
 from app.schemas import StudySettings
 from app.services import designer
+from app.services.personas import uniform_prior_warning
 from app.session import load_runtime
-from app.tables import FittedModel, Researcher, Study, StudyShare
+from app.tables import FittedModel, Researcher, Study, StudyShare, StudyStatus
 from elicitation.criteria import criterion_names
 from elicitation.model_choice import BELIEF_MODEL_CHOICES
 
@@ -33,7 +34,9 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
     ``criteria`` (those that can run with the study's belief model), ``criterion_help``,
     ``belief_models`` (value, label by the family it fits), ``belief_model_help``,
     ``stopping_help``, ``shares`` (researchers), ``owner``, ``roles``, ``fitted_model``
-    (:func:`active_model_row`) and ``serving`` (:func:`serving_summary`)."""
+    (:func:`active_model_row`), ``serving`` (:func:`serving_summary`) and, for a
+    published study whose prior is uniform, ``prior_warning``
+    (:func:`app.services.personas.uniform_prior_warning`)."""
     settings = StudySettings.model_validate(study.settings or {})
     return {
         **study_item_context(study, session=session),
@@ -56,6 +59,11 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         "stopping_help": designer.STOPPING_HELP,
         "name_max_len": designer.NAME_MAX_LEN,
         "serving": serving_summary(study, session=session),
+        "prior_warning": (
+            uniform_prior_warning(study, session=session)
+            if study.status == StudyStatus.published.value
+            else None
+        ),
     }
 
 
