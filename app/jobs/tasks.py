@@ -277,6 +277,7 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
             "computed": stats.computed,
             "flagged": stats.flagged,
             "pairs_per_second": round(stats.rate, 3),
+            "model": backend.model_id,
             "model_id": backend.model_id,
             "template_version": backend.template.version_id,
         }
