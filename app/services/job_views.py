@@ -21,6 +21,7 @@ from app.services import personas as persona_service
 from app.services.designer import describe_fit
 from app.services.plots import simulation_svg
 from app.services.studies import study_personas
+from app.settings import Settings
 from app.tables import Job, JobStatus, Study
 
 PERSONAS_SHOWN = 200
@@ -74,11 +75,13 @@ def jobs_overview(study: Study, *, session: Session) -> dict[str, Any]:
     }
 
 
-def persona_overview(study: Study, *, session: Session, **extra: Any) -> dict[str, Any]:
+def persona_overview(
+    study: Study, *, session: Session, settings: Settings, **extra: Any
+) -> dict[str, Any]:
     """The personas page: :func:`app.services.personas.persona_page`, the study's newest
     persona generation ``jobs`` as rows, and ``extra`` (an ``error`` or ``notice``)."""
     return {
-        **persona_service.persona_page(study, session=session),
+        **persona_service.persona_page(study, session=session, settings=settings),
         "jobs": [
             job_row(j)
             for j in jobs.study_jobs(study, session=session, limit=50)

@@ -36,7 +36,7 @@ import numpy as np
 from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
-from app.settings import get_settings
+from app.settings import Settings, get_settings
 from app.tables import (
     FittedModel,
     Item,
@@ -467,7 +467,9 @@ BACKENDS = ("local", "openai")
 """The persona job's backends: the embedded model, the configured inference server."""
 
 
-def generation_payload(backend: str, study: Study, *, session: Session) -> dict[str, Any]:
+def generation_payload(
+    backend: str, study: Study, *, session: Session, settings: Settings | None = None
+) -> dict[str, Any]:
     """The payload of a persona generation job started from the personas page.
 
     Raises:
@@ -477,7 +479,7 @@ def generation_payload(backend: str, study: Study, *, session: Session) -> dict[
     assert study.id is not None
     if backend not in BACKENDS:
         raise InvalidInputError("model: choose the embedded model or the inference server")
-    if backend == "openai" and not get_settings().llm_base_url:
+    if backend == "openai" and not (settings or get_settings()).llm_base_url:
         raise InvalidInputError(
             "model: no inference server is configured (set PRIORLY_LLM_BASE_URL and "
             "PRIORLY_LLM_MODEL)"
@@ -521,7 +523,9 @@ def uniform_prior_warning(study: Study, *, session: Session) -> str | None:
     return None if scored else UNIFORM_PRIOR_WARNING
 
 
-def persona_page(study: Study, *, session: Session) -> dict[str, Any]:
+def persona_page(
+    study: Study, *, session: Session, settings: Settings | None = None
+) -> dict[str, Any]:
     """The personas page's context: ``study``; ``attrs`` (the attribute items, for the
     shares table); ``personas`` (the first :data:`PERSONAS_SHOWN`) and ``n_personas``;
     ``n_profiled`` (personas with an attribute profile); ``n_scored`` (personas with at
@@ -545,7 +549,7 @@ def persona_page(study: Study, *, session: Session) -> dict[str, Any]:
             ).all()
         )
     respondents = attribute_matrix(study.id, attrs, session=session) if attrs else None
-    settings = get_settings()
+    settings = settings or get_settings()
     return {
         "study": study,
         "attrs": attrs,

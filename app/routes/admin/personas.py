@@ -23,6 +23,7 @@ from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, user_error_message
 from app.services import job_views, jobs
 from app.services import personas as persona_service
+from app.settings import Settings
 from app.tables import Study
 
 router = APIRouter()
@@ -32,28 +33,37 @@ MAX_PERSONA_UPLOAD = 8 * 1024 * 1024
 
 
 def _page(
-    page: PageDep, study: Study, session: Session, status: int = 200, **extra: Any
+    page: PageDep,
+    study: Study,
+    session: Session,
+    settings: Settings,
+    status: int = 200,
+    **extra: Any,
 ) -> Response:
-    ctx = job_views.persona_overview(study, session=session, **extra)
+    ctx = job_views.persona_overview(study, session=session, settings=settings, **extra)
     return page.render("admin/personas.html", ctx, status=status)
 
 
 @router.get("/studies/{slug}/personas", response_class=HTMLResponse, name="admin_personas")
 def personas_page(
-    page: PageDep, study: VisibleStudy, session: SessionDep, notice: str | None = None
+    page: PageDep,
+    study: VisibleStudy,
+    session: SessionDep,
+    settings: SettingsDep,
+    notice: str | None = None,
 ) -> Response:
-    return _page(page, study, session, notice=(notice or "")[:200] or None)
+    return _page(page, study, session, settings, notice=(notice or "")[:200] or None)
 
 
 def _persona_form(
-    page: PageDep, study: Study, session: Session, change: Callable[[], str]
+    page: PageDep, study: Study, session: Session, settings: Settings, change: Callable[[], str]
 ) -> Response:
     """Run one change: redirect with its notice, or re-render with the error (422)."""
     try:
         notice = change()
     except Exception as exc:
         session.rollback()
-        return _page(page, study, session, status=422, error=user_error_message(exc))
+        return _page(page, study, session, settings, status=422, error=user_error_message(exc))
     return page.redirect("admin_personas", slug=study.slug, query={"notice": notice})
 
 
@@ -63,7 +73,11 @@ def _added(n: int, what: str) -> str:
 
 @router.post("/studies/{slug}/personas/texts")
 async def persona_texts(
-    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
+    page: PageDep,
+    form: FormDep,
+    study: VisibleStudy,
+    session: SessionDep,
+    settings: SettingsDep,
 ) -> Response:
     upload = await form.upload("file", max_bytes=MAX_PERSONA_UPLOAD)
 
@@ -79,12 +93,16 @@ async def persona_texts(
             n = persona_service.add_text_personas(study, form.text("texts"), session=session)
         return _added(n, "persona texts")
 
-    return _persona_form(page, study, session, change)
+    return _persona_form(page, study, session, settings, change)
 
 
 @router.post("/studies/{slug}/personas/shares")
 async def persona_shares(
-    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
+    page: PageDep,
+    form: FormDep,
+    study: VisibleStudy,
+    session: SessionDep,
+    settings: SettingsDep,
 ) -> Response:
     def change() -> str:
         shares = persona_service.shares_from_fields(study, form.text, session=session)
@@ -93,12 +111,16 @@ async def persona_shares(
         )
         return _added(n, "attribute shares")
 
-    return _persona_form(page, study, session, change)
+    return _persona_form(page, study, session, settings, change)
 
 
 @router.post("/studies/{slug}/personas/respondents")
 async def persona_respondents(
-    page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
+    page: PageDep,
+    form: FormDep,
+    study: VisibleStudy,
+    session: SessionDep,
+    settings: SettingsDep,
 ) -> Response:
     def change() -> str:
         n = persona_service.add_respondent_personas(
@@ -106,16 +128,18 @@ async def persona_respondents(
         )
         return _added(n, "the imported respondents' profiles")
 
-    return _persona_form(page, study, session, change)
+    return _persona_form(page, study, session, settings, change)
 
 
 @router.post("/studies/{slug}/personas/clear")
-async def persona_clear(page: PageDep, study: VisibleStudy, session: SessionDep) -> Response:
+async def persona_clear(
+    page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
+) -> Response:
     def change() -> str:
         n = persona_service.clear_personas(study, session=session)
         return f"{n} persona{'s' if n != 1 else ''} removed"
 
-    return _persona_form(page, study, session, change)
+    return _persona_form(page, study, session, settings, change)
 
 
 @router.post("/studies/{slug}/personas/generate")
@@ -128,7 +152,9 @@ async def persona_generate(
     settings: SettingsDep,
 ) -> Response:
     def change() -> str:
-        payload = persona_service.generation_payload(form.text("backend"), study, session=session)
+        payload = persona_service.generation_payload(
+            form.text("backend"), study, session=session, settings=settings
+        )
         job = jobs.start_job(
             "persona_generation",
             study,
@@ -139,4 +165,4 @@ async def persona_generate(
         )
         return f"persona generation job #{job.id} started"
 
-    return _persona_form(page, study, session, change)
+    return _persona_form(page, study, session, settings, change)
