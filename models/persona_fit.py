@@ -135,9 +135,9 @@ def hellinger_distance_matrix(a: Tensor, b: Tensor) -> Tensor:
     ``d(a_m, b_n) = sqrt( (1/I) Σ_i H²(a[m, i], b[n, i]) )`` with
     ``H²(p, q) = 1 − Σ_k sqrt(p_k q_k)`` (``0 <= H² <= 1``), so
     ``d² = 1 − (1/I) · sqrt(a) · sqrt(b)ᵀ``: one ``[M, I·O] @ [I·O, N]`` product instead
-    of :func:`js_distance_matrix`'s ``x log x`` per entry and pair (at 20,000 personas and
-    1,000 prototypes: under a second per k-means pass on one core instead of about a
-    minute). Like JS, it is a bounded f-divergence that is 0 exactly when the tables agree.
+    of :func:`js_distance_matrix`'s ``x log x`` per entry and pair (at 20,000 personas
+    x 91 four-option items and 500 prototypes: well under a second per k-means pass on
+    one core, against about 27 s for JS, extrapolated from 0.54 s for 2,000 x 100). Like JS, it is a bounded f-divergence that is 0 exactly when the tables agree.
 
     Args:
         a: ``[M, I, O]`` distributions. b: ``[N, I, O]`` distributions.
@@ -157,9 +157,9 @@ DISTANCES = {"js": js_distance_matrix, "hellinger": hellinger_distance_matrix}
 LIVE_COMPRESS_ABOVE = 2_000
 """A persona prior with more personas than this is compressed for the live step."""
 
-LIVE_PROTOTYPES = 1_000
-"""Prototypes of a compressed live persona prior (a live step at 1,000 personas takes
-well under 2 ms on one core; docs/benchmarks.md)."""
+LIVE_PROTOTYPES = 500
+"""Prototypes of a compressed live persona prior: the persona paper's 500 (docs/methods.md
+§1.4); a live step on them stays under 2 ms CPU (p99) on one core (docs/personas.md)."""
 
 
 def compress_for_live(
@@ -174,7 +174,7 @@ def compress_for_live(
     at most). The compressed model's ``metrics`` gain ``compressed_from``,
     ``n_prototypes`` and ``compression_seconds``; its labels are ``prototype-1``, ...
 
-    Example: 20,000 personas → 1,000 prototypes whose priors sum to 1.
+    Example: 20,000 personas → 500 prototypes whose priors sum to 1.
     """
     if mixture.n_personas <= above:
         return mixture

@@ -155,7 +155,7 @@ def _add_speed(p: argparse.ArgumentParser) -> None:
         "--compress",
         choices=("auto", "none"),
         default="auto",
-        help="auto (default): compress a dictionary of more than 2,000 personas to 1,000 "
+        help="auto (default): compress a dictionary of more than 2,000 personas to 500 "
         "prototypes as the live persona prior does; none: step on the whole dictionary",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")

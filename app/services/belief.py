@@ -262,7 +262,7 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
     options. The prior over personas is the personas' weights, or fitted by EM on
     ``history`` when the study has any (:func:`models.persona_fit.fit_prior_em`). A
     dictionary of more than 2,000 personas is compressed for the live step
-    (:func:`models.persona_fit.compress_for_live`: 1,000 prototypes by Hellinger k-means;
+    (:func:`models.persona_fit.compress_for_live`: 500 prototypes by Hellinger k-means;
     ``metrics["compressed_from"]``). Without stored distributions the model is a single
     uniform persona: every prediction is uniform until the study has history.
     ``metrics["notice"]`` says which, for the researcher and the JSON API.

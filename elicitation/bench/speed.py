@@ -244,7 +244,7 @@ def run_speed(
     ``n_personas``: grow the folder's dictionary to that many personas
     (:func:`grow_dictionary`). ``compress``: ``"auto"`` compresses like the app's live
     persona prior (:func:`models.persona_fit.compress_for_live`: above 2,000 personas, to
-    1,000 prototypes; the compression is offline, timed apart in
+    500 prototypes; the compression is offline, timed apart in
     ``compression_cpu_seconds``), ``"none"`` steps on the whole dictionary.
     """
     if compress not in ("auto", "none"):

@@ -76,7 +76,7 @@ def test_bad_dictionary(tmp_path: Path) -> None:
 
 def test_speed_grows_and_compresses_the_dictionary(tmp_path: Path) -> None:
     """``--personas N`` grows the dictionary to N; above 2,000 the live step runs on the
-    1,000 prototypes the app's live persona prior would use; ``none`` keeps them all."""
+    500 prototypes the app's live persona prior would use; ``none`` keeps them all."""
     from elicitation.bench.speed import grow_dictionary
 
     folder = _write_personas(tmp_path / "p")
@@ -91,7 +91,7 @@ def test_speed_grows_and_compresses_the_dictionary(tmp_path: Path) -> None:
         folder, n_personas=2001, steps=5, batch=4, batch_steps=2, warmup=1,
         questions_per_respondent=3, criterion="eig",
     )  # fmt: skip
-    assert res["personas"] == 2001 and res["live_personas"] == 1000
+    assert res["personas"] == 2001 and res["live_personas"] == 500
     assert res["compression"] == "auto" and res["compression_cpu_seconds"] > 0
     res = run_speed(
         folder, n_personas=60, compress="none", steps=5, batch=4, batch_steps=2, warmup=1,
