@@ -187,3 +187,28 @@ def test_generation_progress_message() -> None:
         120 / 400,
         "120 of 400 pairs scored (20 stored before), 3.33 pairs/s, about 1 min 24 s left",
     )
+
+
+def test_a_large_persona_prior_is_compressed_for_the_live_step(
+    db: Session, tiny: Study, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above the threshold (here 3 personas instead of 2,000) the fitted persona prior is
+    the compressed one: 2 prototypes, priors summing to 1, metrics saying so."""
+    from functools import partial
+
+    from app.services import belief
+    from models.persona_fit import compress_for_live
+
+    monkeypatch.setattr(
+        belief, "compress_for_live", partial(compress_for_live, above=3, n_prototypes=2)
+    )
+    ps.add_share_personas(tiny, SHARES, session=db)
+    texts = [p.text for p in db.exec(select(StudyPersona).order_by(StudyPersona.id)).all()]  # type: ignore[arg-type]
+    _store_q(db, tiny, dict(zip(texts, [0.9, 0.8, 0.3, 0.2], strict=True)))
+    model = persona_prior_model(tiny, _study_items(tiny.id or 0, session=db), session=db)
+    assert model.n_personas == 2 and model.metrics["compressed_from"] == 4
+    assert model.metrics["n_personas"] == 4
+    assert "compressed to 2 prototypes for the live step" in model.metrics["notice"]
+    assert float(model.log_prior.exp().sum()) == pytest.approx(1.0)
+    row = fit_study_model(tiny, session=db)
+    assert row.metrics["compressed_from"] == 4
