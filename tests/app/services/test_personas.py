@@ -212,3 +212,28 @@ def test_a_large_persona_prior_is_compressed_for_the_live_step(
     assert float(model.log_prior.exp().sum()) == pytest.approx(1.0)
     row = fit_study_model(tiny, session=db)
     assert row.metrics["compressed_from"] == 4
+
+
+def test_the_live_runtime_conditions_on_a_respondents_attributes(db: Session, tiny: Study) -> None:
+    """The live loop replays a respondent's stored attributes through the fitted persona
+    prior: an old southerner's predicted P(q = yes) is the exact posterior mix."""
+    from app.session import load_runtime
+    from app.session.state import replay
+
+    ps.add_share_personas(tiny, SHARES, session=db)
+    texts = [p.text for p in db.exec(select(StudyPersona).order_by(StudyPersona.id)).all()]  # type: ignore[arg-type]
+    yes = torch.tensor([0.9, 0.8, 0.3, 0.2], dtype=torch.float64)
+    _store_q(db, tiny, dict(zip(texts, yes.tolist(), strict=True)))
+    fit_study_model(tiny, session=db)
+    rt = load_runtime(tiny, session=db)
+    person = Respondent(study_id=tiny.id or 0, external_id="live-1", source="live",
+                        attributes={"age": "B", "region": "B"}, answers={})  # fmt: skip
+    state = replay(rt, person, [])
+    w = torch.tensor([0.2, 0.2, 0.3, 0.3], dtype=torch.float64)
+    lik = torch.tensor([EPS * (EPS / 2), EPS * (1 - EPS), (1 - EPS) * (EPS / 2), (1 - EPS) ** 2],
+                       dtype=torch.float64)  # fmt: skip
+    post = w * lik / (w * lik).sum()
+    q = rt.model.item_bank.keys.index("q")
+    assert float(rt.model.predict(state, [q])[0, 0]) == pytest.approx(
+        float((post * yes).sum()), abs=1e-12
+    )
