@@ -124,6 +124,10 @@ def test_cold_start_from_attribute_shares(server: dict[str, Any], page: Any) -> 
     warning = page.locator("#prior-warning").inner_text()
     assert "prior is uniform" in warning and "Personas" in warning and "Import" in warning
     assert _axe(page) == []
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("section:has(#prior-warning)").screenshot(
+        path=str(SHOTS / "24-uniform-prior-warning.png")
+    )
 
     page.click("nav.tabs >> text=Personas")
     page.wait_for_url(f"{base}/admin/studies/{SLUG}/personas")
