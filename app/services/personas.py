@@ -341,17 +341,12 @@ def share_personas(
         if not 1 <= sample <= max_personas:
             raise InvalidInputError(f"sample: give a number from 1 to {max_personas}")
         rng = np.random.default_rng(seed)
-        drawn = np.stack(
-            [
-                np.asarray([k for k, _ in c])[
-                    rng.choice(
-                        len(c), size=sample, p=np.asarray([v for _, v in c]) / sum(v for _, v in c)
-                    )
-                ]
-                for c in choices
-            ],
-            axis=1,
-        )
+        columns = []
+        for c in choices:  # one attribute at a time, independent draws
+            options = np.asarray([k for k, _ in c])
+            p = np.asarray([v for _, v in c])
+            columns.append(options[rng.choice(len(c), size=sample, p=p / p.sum())])
+        drawn = np.stack(columns, axis=1)
         uniq, first, counts = np.unique(drawn, axis=0, return_index=True, return_counts=True)
         order = np.lexsort((first, -counts))
         profiles = [(tuple(int(x) for x in uniq[j]), counts[j] / sample) for j in order]
