@@ -210,6 +210,9 @@ def test_a_large_persona_prior_is_compressed_for_the_live_step(
     assert model.metrics["n_personas"] == 4
     assert "compressed to 2 prototypes for the live step" in model.metrics["notice"]
     assert float(model.log_prior.exp().sum()) == pytest.approx(1.0)
+    assert model.metrics["compression_seconds"] >= 0
+    again = persona_prior_model(tiny, _study_items(tiny.id or 0, session=db), session=db)
+    assert again.training_hash == model.training_hash  # the timing is not hashed
     row = fit_study_model(tiny, session=db)
     assert row.metrics["compressed_from"] == 4
 
