@@ -461,6 +461,9 @@ def shares_from_fields(
 BACKENDS = ("local", "openai")
 """The persona job's backends: the embedded model, the configured inference server."""
 
+GENERATION_CHUNK = {"local": 8, "openai": 128}
+"""Pairs scored and committed together by a job started from the personas page."""
+
 
 def generation_payload(
     backend: str, study: Study, *, session: Session, settings: Settings | None = None
@@ -484,7 +487,8 @@ def generation_payload(
         raise InvalidInputError("the study has no questions to score")
     if not stored_persona_texts(study.id, session=session):
         raise InvalidInputError("the persona dictionary is empty: add personas first")
-    return {"backend": backend, "chunk": 16}
+    # chunks are the cancel and progress granularity: a few seconds of work each
+    return {"backend": backend, "chunk": GENERATION_CHUNK[backend]}
 
 
 UNIFORM_PRIOR_WARNING = (
