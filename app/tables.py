@@ -453,6 +453,10 @@ class StudyPersona(SQLModel, table=True):
     text_hash: str = Field(max_length=64)
     weight: float = 1.0
     source: str = Field(max_length=32)
+    # {attribute item key: option letter} of a persona built from an attribute profile or
+    # an imported respondent (empty for a researcher's free text): the persona prior's
+    # distribution for those attribute items (app.services.belief.persona_prior_model).
+    attributes: dict[str, str] = Field(default_factory=dict, sa_type=JSON)
     created_at: datetime = _ts()
 
 

@@ -118,14 +118,7 @@ def from_texts(texts: Sequence[str], keys: Sequence[str] | None = None) -> list[
 
 
 def read_persona_file(path: str | Path) -> list[Persona]:
-    """Read researcher personas from a file.
-
-    Formats (by extension):
-
-    * ``.txt``: one persona per line; blank lines are skipped;
-    * ``.jsonl``: one JSON object per line with ``text`` and optional ``key`` and
-      ``weight``;
-    * ``.json``: a list of strings or of such objects.
+    """Read researcher personas from a file (formats: :func:`parse_personas`, by extension).
 
     Raises:
         PersonaError: naming the file and line (or list position) of the first problem.
@@ -137,32 +130,51 @@ def read_persona_file(path: str | Path) -> list[Persona]:
         raise PersonaError(f"persona file not found: {p}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PersonaError(f"{p}: cannot read persona file: {exc}") from None
+    return parse_personas(raw, name=p.name, kind=p.suffix.lower())
+
+
+def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
+    """Researcher personas from the text of a persona file.
+
+    Formats (``kind``):
+
+    * ``.txt``: one persona per line; blank lines are skipped;
+    * ``.jsonl``: one JSON object per line with ``text`` and optional ``key`` and
+      ``weight``;
+    * ``.json``: a list of strings or of such objects.
+
+    Example: ``parse_personas('{"text": "A nurse", "weight": 2}', name="p", kind=".jsonl")``
+    is one persona ``persona-1`` of weight 2.
+
+    Raises:
+        PersonaError: naming ``name`` and the line (or list position) of the first problem.
+    """
+    suffix = kind
     entries: list[tuple[str, object]] = []  # (where, entry)
-    suffix = p.suffix.lower()
     if suffix == ".txt":
         for n, line in enumerate(raw.splitlines(), start=1):
             if line.strip():
-                entries.append((f"{p.name} line {n}", line))
+                entries.append((f"{name} line {n}", line))
     elif suffix == ".jsonl":
         for n, line in enumerate(raw.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                entries.append((f"{p.name} line {n}", json.loads(line)))
+                entries.append((f"{name} line {n}", json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise PersonaError(f"{p.name} line {n}: invalid JSON: {exc.msg}") from None
+                raise PersonaError(f"{name} line {n}: invalid JSON: {exc.msg}") from None
     elif suffix == ".json":
         try:
             data = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise PersonaError(f"{p.name} line {exc.lineno}: invalid JSON: {exc.msg}") from None
+            raise PersonaError(f"{name} line {exc.lineno}: invalid JSON: {exc.msg}") from None
         if not isinstance(data, list):
-            raise PersonaError(f"{p.name}: expected a JSON list of personas")
-        entries = [(f"{p.name} entry {i + 1}", e) for i, e in enumerate(data)]
+            raise PersonaError(f"{name}: expected a JSON list of personas")
+        entries = [(f"{name} entry {i + 1}", e) for i, e in enumerate(data)]
     else:
-        raise PersonaError(f"{p.name}: unknown persona file type {suffix!r} (.txt, .jsonl, .json)")
+        raise PersonaError(f"{name}: unknown persona file type {suffix!r} (.txt, .jsonl, .json)")
     if not entries:
-        raise PersonaError(f"{p.name}: no personas in the file")
+        raise PersonaError(f"{name}: no personas in the file")
     out: list[Persona] = []
     seen: dict[str, str] = {}
     for i, (where, entry) in enumerate(entries):

@@ -114,9 +114,7 @@ def _individual(args: argparse.Namespace) -> int:
     if not args.no_cape_measures:
         # CAPE's measures: questions_to_90pct, log_loss_all_candidates, adaptivity and
         # adaptivity_pairs, added to each adaptive method's entry.
-        measures = cape_measures(
-            args.dataset, result, n_runs=args.runs, seed=args.seed, cache=fits
-        )
+        measures = cape_measures(args.dataset, result, n_runs=args.runs, seed=args.seed, cache=fits)
         for name, extra in measures.items():
             result["methods"][name].update(extra)
     _write_json(args.out, result)
@@ -148,10 +146,17 @@ def _add_speed(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--personas",
-        type=Path,
-        default=DEFAULT_PERSONAS,
-        metavar="DIR",
-        help="persona dictionary folder (default: the bundled datasets/wvs_personas)",
+        default=str(DEFAULT_PERSONAS),
+        metavar="DIR|N",
+        help="persona dictionary folder (default: the bundled datasets/wvs_personas), or a "
+        "number N: the bundled dictionary grown to N personas (e.g. 20000)",
+    )
+    p.add_argument(
+        "--compress",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto (default): compress a dictionary of more than 2,000 personas to 500 "
+        "prototypes as the live persona prior does; none: step on the whole dictionary",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--seed", type=int, default=0)
@@ -166,8 +171,13 @@ def _add_speed(p: argparse.ArgumentParser) -> None:
 def _speed(args: argparse.Namespace) -> int:
     from elicitation.bench.speed import run_speed  # torch-heavy (``--help`` stays fast)
 
+    folder, n_personas = Path(args.personas), None
+    if args.personas.isdigit():
+        folder, n_personas = DEFAULT_PERSONAS, int(args.personas)
     result = run_speed(
-        args.personas,
+        folder,
+        n_personas=n_personas,
+        compress=args.compress,
         steps=args.steps,
         batch=args.batch,
         threads=args.threads,
@@ -179,6 +189,10 @@ def _speed(args: argparse.Namespace) -> int:
         f"live step p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms over "
         f"{result['steps']} steps; batch of {result['batch_size']}: "
         f"{result['batch_steps_per_second']:.0f} respondent-steps/s"
+    )
+    print(
+        f"CPU p50 {result['p50_cpu_ms']:.2f} ms, p99 {result['p99_cpu_ms']:.2f} ms; "
+        f"{result['personas']} personas, {result['live_personas']} in the live step"
     )
     print(f"wrote {args.out}")
     return 0

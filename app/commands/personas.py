@@ -237,8 +237,12 @@ def _generate(args: argparse.Namespace) -> int:
             if not questions:
                 raise InvalidInputError(f"study {args.study!r} has no questions")
             personas, source = _study_personas(args, study.id, attrs, session)
+            # the backend first: a server that is down or serves another model stores
+            # nothing (InvalidInputError naming the URL and the served models)
+            backend = _backend(args)
+            personas_service.check_persona_backend(backend)
             added = personas_service.save_study_personas(
-                study.id, personas, source, session=session
+                study.id, personas, source, session=session, attrs=attrs
             )
             job = _start_job(args, study.id, session)
             print(
@@ -254,7 +258,6 @@ def _generate(args: argparse.Namespace) -> int:
                 bar.refresh()
 
             try:
-                backend = _backend(args)
                 stats = personas_service.score_personas(
                     [p.text for p in personas],
                     questions,

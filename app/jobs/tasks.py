@@ -216,35 +216,31 @@ def plan_group_round(ctx: JobContext) -> dict[str, Any]:
 def persona_generation(ctx: JobContext) -> dict[str, Any]:
     """Score the study's personas × questions with a language model (resumable).
 
-    The same pieces as ``priorly personas generate`` (:mod:`app.services.personas`):
-    personas are the most frequent attribute profiles of the study's respondents
-    (``n_personas``, default 16); the backend is the embedded local model, or an
-    OpenAI-compatible server (``backend: "openai"``, ``base_url``, ``model``). Stored pairs
-    are never recomputed and every chunk is committed, so a job retried after its worker
-    died resumes where it stopped and ends with the same stored distributions. ``limit``
-    (payload) means "the first ``limit`` pairs of the persona × question grid" (in
-    :func:`inference_server.generate.generate`'s order), not "``limit`` new pairs in this
-    attempt", so a retried job stores the same pairs as an uninterrupted one.
+    The same pieces as ``priorly personas generate`` (:mod:`app.services.personas`). The
+    personas are the study's persona dictionary (``study_persona``, built from one of the
+    sources on the personas page); a study without one, or a payload with ``n_personas``,
+    gets the ``n_personas`` (default 16) most frequent attribute profiles of its
+    respondents, added to the dictionary. The backend is the embedded local model, or an
+    OpenAI-compatible server (``backend: "openai"``, ``base_url``, ``model``; unset: the
+    settings), checked before anything is stored (a server that is down or serves another
+    model fails the job with nothing written).
+
+    Progress: pairs done / total, pairs per second and the time left after every chunk;
+    a cancel stops the job between chunks (each chunk is committed). Stored pairs are
+    never recomputed, so running the job again (after a cancel, or a retry after its
+    worker died) resumes where it stopped and ends with the same stored distributions.
+    ``limit`` (payload) means "the first ``limit`` pairs of the persona × question grid"
+    (in :func:`inference_server.generate.generate`'s order), not "``limit`` new pairs in
+    this attempt", so a retried job stores the same pairs as an uninterrupted one.
     """
     p = ctx.payload
-    ctx.progress(0.0, "building the persona dictionary")
+    ctx.progress(0.0, "checking the language model and the persona dictionary")
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
         assert study.id is not None
         attrs, questions = persona_service.study_items(study.id, session=db)
         if not questions:
             raise InvalidInputError("the study has no questions to score")
-        if not attrs:
-            raise InvalidInputError("the study has no attribute items to build personas from")
-        personas = persona_service.attribute_personas(
-            study.id,
-            attrs,
-            mode="profiles",
-            n=int(p.get("n_personas", 16)),
-            seed=int(p.get("seed", 0)),
-            session=db,
-        )
-        persona_service.save_study_personas(study.id, personas, "attributes", session=db)
         backend = persona_service.make_persona_backend(
             str(p.get("backend", "local")),
             base_url=p.get("base_url"),
@@ -254,27 +250,48 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
             threshold=float(p.get("threshold", 0.5)),
             threads=1,
         )
-
-        def progress(done: int, todo: int) -> None:
-            ctx.progress(0.02 + 0.98 * done / max(1, todo), f"{done} of {todo} pairs scored")
-
+        persona_service.check_persona_backend(backend)
+        texts = persona_service.stored_persona_texts(study.id, session=db)
+        if not texts or p.get("n_personas") is not None:
+            if not attrs:
+                raise InvalidInputError(
+                    "the study has no personas and no attribute items to build them from: "
+                    "add personas on the study's personas page"
+                )
+            personas = persona_service.attribute_personas(
+                study.id,
+                attrs,
+                mode="profiles",
+                n=int(p.get("n_personas", 16)),
+                seed=int(p.get("seed", 0)),
+                session=db,
+            )
+            persona_service.save_study_personas(
+                study.id, personas, "respondents", session=db, attrs=attrs
+            )
+            texts = [persona.text for persona in personas]
+        total = len({(t, q.hash) for t in texts for q in questions})
         limit = None if p.get("limit") is None else max(0, int(p["limit"]))
         stats = persona_service.score_personas(
-            [persona.text for persona in personas],
+            texts,
             questions,
             backend,
             session=db,
             chunk_size=int(p.get("chunk", 32)),
             first_pairs=limit,
-            on_progress=progress,
+            on_progress=persona_service.generation_progress(
+                total if limit is None else min(total, limit), ctx.progress
+            ),
         )
         return {
-            "personas": len(personas),
+            "personas": len(texts),
             "questions": len(questions),
             "total_pairs": stats.total,
             "already_stored": stats.already_stored,
             "computed": stats.computed,
             "flagged": stats.flagged,
+            "pairs_per_second": round(stats.rate, 3),
+            "model": backend.model_id,
             "model_id": backend.model_id,
             "template_version": backend.template.version_id,
         }

@@ -79,13 +79,17 @@ from models.base import ItemBank, load_model
 from models.latent_class import DEFAULT_N_CLASSES as LC_DEFAULT_N_CLASSES
 from models.latent_class import DEFAULT_RESTARTS as LC_DEFAULT_RESTARTS
 from models.persona import PersonaMixture
-from models.persona_fit import fit_prior_em
+from models.persona_fit import compress_for_live, fit_prior_em
 
 # The benchmark's ``default`` fit (models.latent_class defaults): what the study serves is
 # what docs/benchmarks.md measures.
 DEFAULT_N_CLASSES: tuple[int, ...] = LC_DEFAULT_N_CLASSES
 DEFAULT_RESTARTS = LC_DEFAULT_RESTARTS
 DEFAULT_FAMILY = "persona_mixture"
+PERSONA_ATTRIBUTE_EPSILON = 0.01
+"""The persona prior's ``ε`` on a persona's own attribute values: ``1 − ε`` on the
+persona's option, ``ε / (O − 1)`` on each other (docs/methods.md §1.2), so a respondent
+whose attributes match no persona still gets a posterior (:func:`persona_prior_model`)."""
 
 
 class NoModelError(ConflictError):
@@ -272,11 +276,19 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
 
     ``mu[persona, item]`` is the stored language-model distribution
     (``persona_distribution``, matched by the persona's text hash and the item wording's
-    hash; the ``(model, template)`` with the most stored pairs is used); items without one
-    (attributes, unscored pairs) are uniform over their options. The prior over personas
-    is the personas' weights, or fitted by EM on ``history`` when the study has any
-    (:func:`models.persona_fit.fit_prior_em`). Without stored distributions the model is a
-    single uniform persona: every prediction is uniform until the study has history.
+    hash; the ``(model, template)`` with the most stored pairs is used). An attribute item
+    of a persona with a known value (``study_persona.attributes``: built from attribute
+    shares or an imported respondent) is near one-hot on that value:
+    ``1 − ε`` on it and ``ε / (O − 1)`` on each other option, ``ε =``
+    :data:`PERSONA_ATTRIBUTE_EPSILON`, so answering an attribute moves the posterior to
+    the personas with that value (``p(θ | a) ∝ p(θ) μ[θ, a, y]``). Other items without a
+    distribution (free-text personas' attributes, unscored pairs) are uniform over their
+    options. The prior over personas is the personas' weights, or fitted by EM on
+    ``history`` when the study has any (:func:`models.persona_fit.fit_prior_em`). A
+    dictionary of more than 2,000 personas is compressed for the live step
+    (:func:`models.persona_fit.compress_for_live`: 500 prototypes by Hellinger k-means;
+    ``metrics["compressed_from"]``). Without stored distributions the model is a single
+    uniform persona: every prediction is uniform until the study has history.
     ``metrics["notice"]`` says which, for the researcher and the JSON API.
     """
     bank = item_bank_of(items)
@@ -305,6 +317,7 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
         )
     n_hist = int(history.shape[0]) if history is not None else 0
     why = "no historical respondents" if n_hist == 0 else "the belief_model setting"
+    compressed = compression_seconds = None
     if not rows:
         mu = uniform.unsqueeze(0)
         model = PersonaMixture(bank, mu)
@@ -335,6 +348,7 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
                 continue
             mu[index[r.persona_hash], j, : probs.numel()] = probs / probs.sum()
             filled += 1
+        conditioned = _persona_attribute_rows(mu, personas, items, bank)
         weights = torch.tensor([max(p.weight, 0.0) for p in personas], dtype=torch.float64)
         log_prior = (weights / weights.sum()).log() if float(weights.sum()) > 0 else None
         model = PersonaMixture(bank, mu, log_prior, labels=[p.key for p in personas])
@@ -343,22 +357,68 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
             log_prior, _ = fit_prior_em(model, history)
             model = PersonaMixture(bank, mu, log_prior, labels=[p.key for p in personas])
             prior_from = f"EM on {n_hist} historical respondents"
+        model = compress_for_live(model)
+        compressed = model.metrics.get("compressed_from")
+        compression_seconds = model.metrics.get("compression_seconds")
         model.metrics = {
             "prior": "persona",
             "n_personas": len(personas),
             "distributions": filled,
+            "attribute_personas": conditioned,
             "llm": model_id,
             "template_version": version,
             "notice": (
                 f"Persona prior ({why}): {len(personas)} language-model personas "
                 f"({model_id}), {filled} persona x item distributions, prior from "
-                f"{prior_from}; other items uniform."
+                f"{prior_from}"
+                + (
+                    f"; {conditioned} personas conditioned on their attribute values"
+                    if conditioned
+                    else ""
+                )
+                + (
+                    f"; compressed to {model.n_personas} prototypes for the live step"
+                    if compressed
+                    else ""
+                )
+                + "; other items uniform."
             ),
         }
+        if compressed:
+            model.metrics["compressed_from"] = compressed
     model.training_hash = (
         "prior:" + hashlib.sha256(mu.numpy().tobytes() + repr(model.metrics).encode()).hexdigest()
     )
+    if compressed:  # a timing: recorded, not part of the training hash
+        model.metrics["compression_seconds"] = compression_seconds
     return model
+
+
+def _persona_attribute_rows(
+    mu: torch.Tensor, personas: Sequence[StudyPersona], items: Sequence[Item], bank: ItemBank
+) -> int:
+    """Set ``mu[k, j]`` of each persona's known attribute values to the near one-hot row
+    of :func:`persona_prior_model` (in place); returns how many personas have one."""
+    eps = PERSONA_ATTRIBUTE_EPSILON
+    position = {
+        it.key: (j, [o[0] for o in it.options])
+        for j, it in enumerate(items)
+        if it.role == ItemRole.attribute.value
+    }
+    n = 0
+    for k, persona in enumerate(personas):
+        known = [
+            (position[key], v) for key, v in (persona.attributes or {}).items() if key in position
+        ]
+        for (j, letters), letter in known:
+            if letter not in letters:
+                continue
+            o = bank.n_options[j]
+            row = torch.full((o,), eps / (o - 1) if o > 1 else 1.0, dtype=mu.dtype)
+            row[letters.index(letter)] = 1 - eps if o > 1 else 1.0
+            mu[k, j, :o] = row
+        n += bool(known)
+    return n
 
 
 def _jsonable(metrics: dict[str, object]) -> dict[str, object]:

@@ -17,9 +17,11 @@ from app.errors import NotFoundError
 from app.jobs.registry import LABELS, kind_names
 from app.schemas import StudySettings
 from app.services import jobs
+from app.services import personas as persona_service
 from app.services.designer import describe_fit
 from app.services.plots import simulation_svg
 from app.services.studies import study_personas
+from app.settings import Settings
 from app.tables import Job, JobStatus, Study
 
 PERSONAS_SHOWN = 200
@@ -70,6 +72,22 @@ def jobs_overview(study: Study, *, session: Session) -> dict[str, Any]:
         "kinds": [(k, LABELS[k]) for k in kind_names()],
         "personas": personas,
         "n_personas": n_personas,
+    }
+
+
+def persona_overview(
+    study: Study, *, session: Session, settings: Settings, **extra: Any
+) -> dict[str, Any]:
+    """The personas page: :func:`app.services.personas.persona_page`, the study's newest
+    persona generation ``jobs`` as rows, and ``extra`` (an ``error`` or ``notice``)."""
+    return {
+        **persona_service.persona_page(study, session=session, settings=settings),
+        "jobs": [
+            job_row(j)
+            for j in jobs.study_jobs(study, session=session, limit=50)
+            if j.kind == "persona_generation"
+        ][:10],
+        **extra,
     }
 
 

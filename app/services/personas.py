@@ -11,29 +11,52 @@ probabilities for one persona × question pair, stored in ``persona_distribution
 ``persona_generation`` job (:mod:`app.jobs.tasks`) both use these functions:
 
 * :func:`study_items`: the study's attribute items and question prompts;
-* :func:`attribute_personas`: the most frequent (or sampled) attribute profiles;
-* :func:`save_study_personas`: add them to ``study_persona``;
-* :func:`make_persona_backend`: the scoring backend (local model or OpenAI-compatible);
+* the three sources of personas a researcher has without history:
+  :func:`text_personas` (pasted or uploaded texts, one per line or JSONL),
+  :func:`share_personas` (attribute profiles from population shares, e.g. a census table)
+  and :func:`attribute_personas` (the imported respondents' distinct attribute profiles,
+  weighted by their frequencies);
+* :func:`save_study_personas`: add them to ``study_persona`` (one transaction), with the
+  profile of an attribute persona (``attributes``, which the persona prior conditions on);
+* :func:`make_persona_backend` and :func:`check_persona_backend`: the scoring backend
+  (local model or OpenAI-compatible), checked before anything is stored;
 * :func:`score_personas`: score every pair the database does not have yet, chunk by chunk,
   each chunk committed (resumable; :func:`inference_server.generate.generate`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
-from app.settings import get_settings
-from app.tables import Item, ItemRole, PersonaDistribution, Respondent, StudyPersona
+from app.settings import Settings, get_settings
+from app.tables import (
+    FittedModel,
+    Item,
+    ItemRole,
+    PersonaDistribution,
+    Respondent,
+    Study,
+    StudyPersona,
+)
 from elicitation.datasets import CodebookItem
 from inference_server.backends import make_backend
+from inference_server.errors import InferenceError
 from inference_server.generate import GenerationStats, PairKey, generate, pair_key
 from inference_server.model_store import DEFAULT_MODEL
-from inference_server.personas import Persona, profiles_from_matrix
+from inference_server.personas import (
+    Persona,
+    attribute_sentence,
+    parse_personas,
+    profiles_from_matrix,
+)
 from inference_server.prompts import PromptItem
 
 
@@ -138,30 +161,435 @@ def attribute_personas(
 
 
 def save_study_personas(
-    study_id: int, personas: Sequence[Persona], source: str, *, session: Session
+    study_id: int,
+    personas: Sequence[Persona],
+    source: str,
+    *,
+    session: Session,
+    attrs: Sequence[CodebookItem] = (),
 ) -> int:
-    """Add the personas the study does not have yet (by text hash); returns how many."""
+    """Add the personas the study does not have yet (by text hash), in one transaction;
+    returns how many. A persona's ``attributes`` (``{item id: option index}``) are stored
+    as ``{item key: option letter}`` of ``attrs`` (the study's attribute items)."""
+    letters = {a.id: [letter for letter, _ in a.options] for a in attrs}
     have = set(
         session.exec(select(StudyPersona.text_hash).where(StudyPersona.study_id == study_id)).all()
     )
     added = 0
-    for p in personas:
-        if p.hash in have:
-            continue
-        session.add(
-            StudyPersona(
-                study_id=study_id,
-                key=p.key[:200],
-                text=p.text,
-                text_hash=p.hash,
-                weight=p.weight,
-                source=source,
+    try:
+        for p in personas:
+            if p.hash in have:
+                continue
+            session.add(
+                StudyPersona(
+                    study_id=study_id,
+                    key=p.key[:200],
+                    text=p.text,
+                    text_hash=p.hash,
+                    weight=p.weight,
+                    source=source,
+                    attributes={
+                        k: letters[k][v]
+                        for k, v in p.attributes.items()
+                        if k in letters and 0 <= v < len(letters[k])
+                    },
+                )
             )
-        )
-        have.add(p.hash)
-        added += 1
-    session.commit()
+            have.add(p.hash)
+            added += 1
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
     return added
+
+
+def stored_persona_texts(study_id: int, *, session: Session) -> list[str]:
+    """The texts of the study's persona dictionary, in creation order."""
+    return list(
+        session.exec(
+            select(StudyPersona.text)
+            .where(StudyPersona.study_id == study_id)
+            .order_by(StudyPersona.id)  # type: ignore[arg-type]
+        ).all()
+    )
+
+
+# ----- persona sources --------------------------------------------------------------------
+
+MAX_PROFILE_PERSONAS = 20_000
+"""Most attribute combinations :func:`share_personas` enumerates (above: give a sample)."""
+
+
+def text_personas(raw: str, *, filename: str | None = None) -> list[Persona]:
+    """Researcher personas from pasted or uploaded text: JSONL (one object per line with
+    ``text`` and optional ``key`` and ``weight``) when the file is ``.jsonl`` or the first
+    non-blank line starts with ``{``; a ``.json`` file is a list; otherwise one persona per
+    line (:func:`inference_server.personas.parse_personas`).
+
+    Example: ``text_personas("A nurse in Leeds\\nA retired farmer")`` gives two personas.
+
+    Raises:
+        InvalidInputError: empty input, or naming the line of the first bad entry
+            (``"persona texts line 3: invalid JSON: ..."``).
+    """
+    name = filename or "persona texts"
+    lower = name.lower()
+    first = next((line.strip() for line in raw.splitlines() if line.strip()), "")
+    if not first:
+        raise InvalidInputError(f"{name}: no persona texts (the input is empty)")
+    if lower.endswith(".jsonl") or (first.startswith("{") and not lower.endswith(".txt")):
+        kind = ".jsonl"
+    elif lower.endswith(".json"):
+        kind = ".json"
+    else:
+        kind = ".txt"
+    try:
+        return parse_personas(raw, name=name, kind=kind)
+    except InferenceError as exc:
+        raise InvalidInputError(str(exc)) from None
+
+
+def check_shares(
+    attrs: Sequence[CodebookItem], shares: Mapping[str, Mapping[str, object]]
+) -> dict[str, dict[str, float]]:
+    """Validate population shares ``{attribute key: {option letter: share}}``.
+
+    Each share is a number in ``[0, 1]``; the shares of one attribute sum to 1 within
+    ``1e-6`` (they are not renormalised); each key is one of the study's attribute items
+    and each letter one of its options. Attributes left out are not part of the profiles.
+
+    Returns:
+        The shares as floats, in the order of ``attrs``.
+
+    Raises:
+        InvalidInputError: naming the attribute and option (``"shares of age, option Z:
+            not an option of age (A, B, C)"``, ``"shares of age sum to 0.9, not 1"``).
+    """
+    known = {a.id: a for a in attrs}
+    if not shares:
+        raise InvalidInputError("shares: give the shares of at least one attribute")
+    for key in shares:
+        if key not in known:
+            raise InvalidInputError(
+                f"shares: {key!r} is not an attribute item of this study "
+                f"(attributes: {', '.join(known) or 'none'})"
+            )
+    out: dict[str, dict[str, float]] = {}
+    for a in attrs:
+        if a.id not in shares:
+            continue
+        letters = [letter for letter, _ in a.options]
+        given = shares[a.id]
+        if not given:
+            raise InvalidInputError(f"shares of {a.id}: no option has a share")
+        values: dict[str, float] = {}
+        for letter, raw in given.items():
+            where = f"shares of {a.id}, option {letter}"
+            if letter not in letters:
+                raise InvalidInputError(f"{where}: not an option of {a.id} ({', '.join(letters)})")
+            try:
+                v = float(raw)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                raise InvalidInputError(f"{where}: {raw!r} is not a number") from None
+            if isinstance(raw, bool) or not math.isfinite(v) or not 0 <= v <= 1:
+                raise InvalidInputError(f"{where}: {raw!r} is not a share between 0 and 1")
+            values[letter] = v
+        total = sum(values.values())
+        if abs(total - 1) > 1e-6:
+            raise InvalidInputError(
+                f"shares of {a.id} sum to {total:.6g}, not 1 (within 1e-6); they are not rescaled"
+            )
+        out[a.id] = {letter: values[letter] for letter in letters if letter in values}
+    return out
+
+
+def share_personas(
+    attrs: Sequence[CodebookItem],
+    shares: Mapping[str, Mapping[str, object]],
+    *,
+    sample: int | None = None,
+    seed: int = 0,
+    max_personas: int = MAX_PROFILE_PERSONAS,
+) -> list[Persona]:
+    """Personas from population shares of the attribute options (:func:`check_shares`),
+    the attributes taken as independent.
+
+    Without ``sample``: one persona per combination of options with a positive share,
+    weight ``Π_a share[a, option_a]`` (they sum to 1). With ``sample = N``: ``N`` profiles
+    drawn from that product distribution with ``seed``, identical ones merged, weight =
+    count / N. A persona's text is
+    :func:`inference_server.personas.attribute_sentence` of its profile (the attribute's
+    topic or question, then the option's label).
+
+    Example: age ``{A: 0.4, B: 0.6}`` and region ``{A: 0.5, B: 0.5}`` give 4 personas of
+    weights 0.2, 0.2, 0.3, 0.3.
+
+    Raises:
+        InvalidInputError: bad shares, a bad sample size, or more than ``max_personas``
+            combinations without a sample.
+    """
+    checked = check_shares(attrs, shares)
+    used = [a for a in attrs if a.id in checked]
+    choices: list[list[tuple[int, float]]] = []
+    for a in used:
+        letters = [letter for letter, _ in a.options]
+        choices.append([(letters.index(letter), v) for letter, v in checked[a.id].items() if v > 0])
+    n_combos = math.prod(len(c) for c in choices)
+    profiles: list[tuple[tuple[int, ...], float]]
+    if sample is not None:
+        if not 1 <= sample <= max_personas:
+            raise InvalidInputError(f"sample: give a number from 1 to {max_personas}")
+        rng = np.random.default_rng(seed)
+        columns = []
+        for c in choices:  # one attribute at a time, independent draws
+            options = np.asarray([k for k, _ in c])
+            p = np.asarray([v for _, v in c])
+            columns.append(options[rng.choice(len(c), size=sample, p=p / p.sum())])
+        drawn = np.stack(columns, axis=1)
+        uniq, first, counts = np.unique(drawn, axis=0, return_index=True, return_counts=True)
+        order = np.lexsort((first, -counts))
+        profiles = [(tuple(int(x) for x in uniq[j]), counts[j] / sample) for j in order]
+    else:
+        if n_combos > max_personas:
+            raise InvalidInputError(
+                f"shares: {n_combos} attribute combinations, more than {max_personas}; "
+                "give a sample size (how many profiles to draw)"
+            )
+        profiles = [
+            (tuple(k for k, _ in combo), math.prod(v for _, v in combo))
+            for combo in itertools.product(*choices)
+        ]
+    return [
+        Persona(
+            key=f"profile-{j}",
+            text=attribute_sentence(used, list(prof)),
+            weight=float(w),
+            attributes={a.id: k for a, k in zip(used, prof, strict=True)},
+        )
+        for j, (prof, w) in enumerate(profiles, start=1)
+    ]
+
+
+def add_text_personas(
+    study: Study, raw: str, *, filename: str | None = None, session: Session
+) -> int:
+    """Add the personas of pasted or uploaded texts (:func:`text_personas`) to the
+    study's dictionary; returns how many are new. Nothing is stored on an error."""
+    assert study.id is not None
+    return save_study_personas(
+        study.id, text_personas(raw, filename=filename), "texts", session=session
+    )
+
+
+def add_share_personas(
+    study: Study,
+    shares: Mapping[str, Mapping[str, object]],
+    *,
+    sample: int | None = None,
+    seed: int = 0,
+    session: Session,
+) -> int:
+    """Add the attribute-profile personas of population ``shares`` (:func:`share_personas`)
+    with their profiles; returns how many are new. Nothing is stored on an error.
+
+    Raises:
+        InvalidInputError: the study has no attribute items, or bad shares.
+    """
+    assert study.id is not None
+    attrs, _ = study_items(study.id, session=session)
+    if not attrs:
+        raise InvalidInputError("the study has no attribute items: set an item's role to attribute")
+    personas = share_personas(attrs, shares, sample=sample, seed=seed)
+    return save_study_personas(study.id, personas, "shares", session=session, attrs=attrs)
+
+
+def add_respondent_personas(study: Study, *, n: int | None = None, session: Session) -> int:
+    """Add the distinct attribute profiles of the study's imported respondents, weighted by
+    how many respondents share each (the ``n`` most frequent when given); returns how many
+    are new.
+
+    Raises:
+        InvalidInputError: no attribute items, or no respondent with any attribute.
+    """
+    assert study.id is not None
+    attrs, _ = study_items(study.id, session=session)
+    if not attrs:
+        raise InvalidInputError("the study has no attribute items: set an item's role to attribute")
+    if n is not None and not 1 <= n <= MAX_PROFILE_PERSONAS:
+        raise InvalidInputError(f"profiles: give a number from 1 to {MAX_PROFILE_PERSONAS}")
+    try:
+        personas = attribute_personas(
+            study.id, attrs, mode="profiles", n=n, seed=0, session=session
+        )
+    except InferenceError as exc:
+        raise InvalidInputError(f"imported respondents: {exc}") from None
+    return save_study_personas(study.id, personas, "respondents", session=session, attrs=attrs)
+
+
+def clear_personas(study: Study, *, session: Session) -> int:
+    """Remove the study's persona dictionary (stored distributions stay: they are keyed by
+    text, so adding the same persona again finds them); returns how many were removed."""
+    rows = session.exec(select(StudyPersona).where(StudyPersona.study_id == study.id)).all()
+    for row in rows:
+        session.delete(row)
+    session.commit()
+    return len(rows)
+
+
+def shares_from_fields(
+    study: Study, field: Callable[[str], str], *, session: Session
+) -> dict[str, dict[str, str]]:
+    """The shares typed in the personas page's table: field ``share:{item key}:{letter}``
+    of each attribute item and option (``field(name)`` gives its text); blank fields are
+    left out, and an attribute whose fields are all blank is not part of the profiles.
+    Validated by :func:`check_shares`."""
+    assert study.id is not None
+    attrs, _ = study_items(study.id, session=session)
+    out: dict[str, dict[str, str]] = {}
+    for a in attrs:
+        given = {
+            letter: field(f"share:{a.id}:{letter}").strip()
+            for letter, _ in a.options
+            if field(f"share:{a.id}:{letter}").strip()
+        }
+        if given:
+            out[a.id] = given
+    return out
+
+
+BACKENDS = ("local", "openai")
+"""The persona job's backends: the embedded model, the configured inference server."""
+
+GENERATION_CHUNK = {"local": 8, "openai": 128}
+"""Pairs scored and committed together by a job started from the personas page."""
+
+
+def generation_payload(
+    backend: str, study: Study, *, session: Session, settings: Settings | None = None
+) -> dict[str, Any]:
+    """The payload of a persona generation job started from the personas page.
+
+    Raises:
+        InvalidInputError: an unknown backend, ``openai`` without ``PRIORLY_LLM_BASE_URL``,
+            a study without personas or without questions.
+    """
+    assert study.id is not None
+    if backend not in BACKENDS:
+        raise InvalidInputError("model: choose the embedded model or the inference server")
+    if backend == "openai" and not (settings or get_settings()).llm_base_url:
+        raise InvalidInputError(
+            "model: no inference server is configured (set PRIORLY_LLM_BASE_URL and "
+            "PRIORLY_LLM_MODEL)"
+        )
+    _, questions = study_items(study.id, session=session)
+    if not questions:
+        raise InvalidInputError("the study has no questions to score")
+    if not stored_persona_texts(study.id, session=session):
+        raise InvalidInputError("the persona dictionary is empty: add personas first")
+    # chunks are the cancel and progress granularity: a few seconds of work each
+    return {"backend": backend, "chunk": GENERATION_CHUNK[backend]}
+
+
+UNIFORM_PRIOR_WARNING = (
+    "This study's prior is uniform: it has no historical respondents and no persona "
+    "distributions, so predictions are uniform and the first questions are chosen blindly. "
+    "Way out: import historical respondents (Import), or add personas on the Personas page "
+    "(persona texts, attribute shares from a census table, or the imported respondents' "
+    "profiles), generate their distributions there, then fit the model (Jobs)."
+)
+"""The warning on the study page of a published study whose prior is uniform."""
+
+
+def uniform_prior_warning(study: Study, *, session: Session) -> str | None:
+    """:data:`UNIFORM_PRIOR_WARNING` when the study's prior is uniform: its active model
+    says so (``metrics["prior"] == "uniform"``), or it has no active model, no respondents
+    and no stored distribution for any of its personas; ``None`` otherwise."""
+    model = session.exec(
+        select(FittedModel.metrics)
+        .where(FittedModel.study_id == study.id, FittedModel.is_active)  # type: ignore[arg-type]
+        .order_by(FittedModel.id.desc())  # type: ignore[union-attr]
+    ).first()
+    if model is not None:
+        return UNIFORM_PRIOR_WARNING if (model or {}).get("prior") == "uniform" else None
+    if session.exec(select(Respondent.id).where(Respondent.study_id == study.id)).first():
+        return None
+    scored = session.exec(
+        select(PersonaDistribution.id)
+        .join(StudyPersona, StudyPersona.text_hash == PersonaDistribution.persona_hash)  # type: ignore[arg-type]
+        .where(StudyPersona.study_id == study.id)
+    ).first()
+    return None if scored else UNIFORM_PRIOR_WARNING
+
+
+def persona_page(
+    study: Study, *, session: Session, settings: Settings | None = None
+) -> dict[str, Any]:
+    """The personas page's context: ``study``; ``attrs`` (the attribute items, for the
+    shares table); ``personas`` (the first :data:`PERSONAS_SHOWN`) and ``n_personas``;
+    ``n_profiled`` (personas with an attribute profile); ``n_scored`` (personas with at
+    least one stored distribution); ``n_respondents`` with any attribute; ``llm`` (the
+    configured server: ``base_url``, ``model``, or ``None``: the server option is then
+    disabled); ``prior_warning`` (:func:`uniform_prior_warning`). The persona jobs are
+    added by :func:`app.services.job_views.persona_overview`."""
+    assert study.id is not None
+    attrs, questions = study_items(study.id, session=session)
+    rows = session.exec(
+        select(StudyPersona).where(StudyPersona.study_id == study.id).order_by(StudyPersona.id)  # type: ignore[arg-type]
+    ).all()
+    hashes = [r.text_hash for r in rows]
+    scored: set[str] = set()
+    for start in range(0, len(hashes), 500):
+        scored.update(
+            session.exec(
+                select(PersonaDistribution.persona_hash)
+                .where(PersonaDistribution.persona_hash.in_(hashes[start : start + 500]))  # type: ignore[attr-defined]
+                .distinct()
+            ).all()
+        )
+    respondents = attribute_matrix(study.id, attrs, session=session) if attrs else None
+    settings = settings or get_settings()
+    return {
+        "study": study,
+        "attrs": attrs,
+        "n_questions": len(questions),
+        "personas": list(rows[:PERSONAS_SHOWN]),
+        "n_personas": len(rows),
+        "n_profiled": sum(1 for r in rows if r.attributes),
+        "n_scored": len(scored),
+        "n_respondents": int((respondents >= 0).any(axis=1).sum())
+        if respondents is not None
+        else 0,
+        "llm": (
+            {"base_url": settings.llm_base_url, "model": settings.llm_model or DEFAULT_MODEL}
+            if settings.llm_base_url
+            else None
+        ),
+        "embedded_model": DEFAULT_MODEL,
+        "max_profiles": MAX_PROFILE_PERSONAS,
+        "prior_warning": uniform_prior_warning(study, session=session),
+    }
+
+
+PERSONAS_SHOWN = 200
+"""Personas listed on the personas page (the counts cover all of them)."""
+
+
+def check_persona_backend(backend: Any) -> None:
+    """Check the backend before anything is stored: an OpenAI-compatible server must
+    answer ``GET /v1/models`` and serve the configured model.
+
+    Raises:
+        InvalidInputError: the server is down or serves another model (the message names
+            the URL and the models it serves).
+    """
+    check = getattr(backend, "check", None)
+    if check is None:
+        return
+    try:
+        check()
+    except InferenceError as exc:
+        raise InvalidInputError(f"inference server: {exc}") from None
 
 
 def make_persona_backend(
@@ -201,6 +629,49 @@ def make_persona_backend(
     return make_backend(
         "local", model=model, batch_size=batch_size, threshold=threshold, num_threads=threads
     )
+
+
+def format_seconds(seconds: float) -> str:
+    """``75 → "1 min 15 s"``, ``3725 → "1 h 2 min"``, ``8 → "8 s"``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def generation_progress(
+    total: int,
+    report: Callable[[float, str], None],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[int, int], None]:
+    """An ``on_progress(done, todo)`` for :func:`score_personas` that reports
+    ``(fraction, message)`` over the whole persona × question grid of ``total`` pairs.
+
+    Pairs stored before this run count as done (``total − todo`` at the first call); the
+    rate counts this run's pairs only: ``rate = done / elapsed``, ``time left =
+    (todo − done) / rate``. Message, e.g. ``"120 of 400 pairs scored (20 stored before),
+    3.3 pairs/s, about 1 min 25 s left"``.
+    """
+    start = clock()
+    before: list[int] = []
+
+    def on_progress(done: int, todo: int) -> None:
+        if not before:
+            before.append(max(0, total - todo))
+        have = before[0] + done
+        msg = f"{have} of {total} pairs scored"
+        if before[0]:
+            msg += f" ({before[0]} stored before)"
+        elapsed = clock() - start
+        if done and elapsed > 0:
+            rate = done / elapsed
+            msg += f", {rate:.3g} pairs/s, about {format_seconds((todo - done) / rate)} left"
+        report(have / max(1, total), msg)
+
+    return on_progress
 
 
 def score_personas(

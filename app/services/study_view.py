@@ -15,8 +15,9 @@ from sqlmodel import Session, col, select
 from app.errors import PriorlyError
 from app.schemas import StudySettings
 from app.services import designer, learning
+from app.services.personas import uniform_prior_warning
 from app.session import load_runtime
-from app.tables import FittedModel, Researcher, Study, StudyShare
+from app.tables import FittedModel, Researcher, Study, StudyShare, StudyStatus
 from elicitation.criteria import criterion_names
 from elicitation.model_choice import BELIEF_MODEL_CHOICES
 
@@ -34,8 +35,9 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
     ``belief_models`` (value, label by the family it fits), ``belief_model_help``,
     ``stopping_help``, ``shares`` (researchers), ``owner``, ``roles``, ``fitted_model``
     (:func:`active_model_row`), ``serving`` (:func:`serving_summary`), ``model_versions``
-    (:func:`app.services.learning.model_versions`) and ``refit_job`` (the fit job queued
-    or running, if any)."""
+    (:func:`app.services.learning.model_versions`), ``refit_job`` (the fit job queued or
+    running, if any) and, for a published study whose prior is uniform, ``prior_warning``
+    (:func:`app.services.personas.uniform_prior_warning`)."""
     settings = StudySettings.model_validate(study.settings or {})
     return {
         **study_item_context(study, session=session),
@@ -60,6 +62,11 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         "serving": serving_summary(study, session=session),
         "model_versions": learning.model_versions(study.id or 0, session=session),
         "refit_job": learning.active_fit_job(study.id or 0, session=session),
+        "prior_warning": (
+            uniform_prior_warning(study, session=session)
+            if study.status == StudyStatus.published.value
+            else None
+        ),
     }
 
 

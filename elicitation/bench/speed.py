@@ -40,6 +40,7 @@ from elicitation.errors import BenchmarkError, ElicitationError
 from elicitation.session import decide
 from models.base import ItemBank
 from models.persona import PersonaMixture
+from models.persona_fit import compress_for_live
 
 ANSWERS_FILE = "persona_answers_deterministic.csv"
 METADATA_FILE = "question_metadata.json"
@@ -107,6 +108,32 @@ def load_persona_dictionary(folder: str | Path, epsilon: float) -> PersonaMixtur
         raise BenchmarkError(f"{ans_path.name}: no personas")
     bank = ItemBank(tuple(items), tuple(n_opt))
     return PersonaMixture.from_deterministic(torch.tensor(rows), bank, epsilon, labels=labels)
+
+
+def grow_dictionary(
+    model: PersonaMixture, n: int, epsilon: float, *, seed: int = 0, redraw: float = 0.3
+) -> PersonaMixture:
+    """An ``n``-persona dictionary grown from ``model``'s (deterministic) personas, for
+    measuring the live step at a size no bundled dataset has.
+
+    Persona ``j`` copies the modal answers of a persona drawn uniformly (seeded), then
+    redraws each answer with probability ``redraw`` uniformly over the item's options;
+    answers become distributions with ``ε`` (:meth:`PersonaMixture.from_deterministic`);
+    uniform prior. Example: the 2,058 WVS personas grown to 20,000.
+    """
+    if n < 1:
+        raise BenchmarkError(f"speed: --personas must be at least 1, got {n}")
+    gen = torch.Generator().manual_seed(seed)
+    bank = model.item_bank
+    base = model.mu.argmax(-1)  # [K, I] modal answers
+    rows = base[torch.randint(model.n_personas, (n,), generator=gen)]
+    n_opt = torch.tensor(bank.n_options, dtype=torch.float64)
+    fresh = (torch.rand(n, bank.n_items, generator=gen, dtype=torch.float64) * n_opt).long()
+    flip = torch.rand(n, bank.n_items, generator=gen) < redraw
+    answers = torch.where(flip, fresh, rows)
+    return PersonaMixture.from_deterministic(
+        answers, bank, epsilon, labels=[f"grown-{j + 1}" for j in range(n)]
+    )
 
 
 def _load_average() -> float | None:
@@ -199,6 +226,8 @@ def _time_batch(
 def run_speed(
     personas: str | Path,
     *,
+    n_personas: int | None = None,
+    compress: str = "auto",
     steps: int = 1000,
     batch: int = 1000,
     batch_steps: int = 10,
@@ -210,7 +239,16 @@ def run_speed(
     seed: int = 0,
     criterion: str = "eig",
 ) -> dict[str, Any]:
-    """Measure a live step; returns the ``speed.json`` object (see the module docstring)."""
+    """Measure a live step; returns the ``speed.json`` object (see the module docstring).
+
+    ``n_personas``: grow the folder's dictionary to that many personas
+    (:func:`grow_dictionary`). ``compress``: ``"auto"`` compresses like the app's live
+    persona prior (:func:`models.persona_fit.compress_for_live`: above 2,000 personas, to
+    500 prototypes; the compression is offline, timed apart in
+    ``compression_cpu_seconds``), ``"none"`` steps on the whole dictionary.
+    """
+    if compress not in ("auto", "none"):
+        raise BenchmarkError(f"speed: --compress must be auto or none, got {compress!r}")
     for name, v, least in (
         ("steps", steps, 1),
         ("batch", batch, 1),
@@ -224,6 +262,16 @@ def run_speed(
             raise BenchmarkError(f"speed: {name} must be >= {least}, got {v}")
     torch.set_num_threads(threads)
     model = load_persona_dictionary(personas, epsilon)
+    if n_personas is not None:
+        model = grow_dictionary(model, n_personas, epsilon, seed=seed)
+    dictionary_size = model.n_personas
+    full = model  # simulated respondents come from the whole dictionary
+    compression_s = None
+    if compress == "auto":
+        c0 = time.thread_time()
+        model = compress_for_live(model, seed=seed)
+        if model.n_personas != dictionary_size:
+            compression_s = time.thread_time() - c0
     bank = model.item_bank
     if n_targets >= bank.n_items:
         raise BenchmarkError(
@@ -233,8 +281,8 @@ def run_speed(
     perm = torch.randperm(bank.n_items, generator=gen)
     targets = sorted(perm[:n_targets].tolist())
     cand = [i for i in range(bank.n_items) if i not in set(targets)]
-    prior = model.log_prior.exp()
-    mu = model.mu  # [K, I, O]
+    prior = full.log_prior.exp()
+    mu = full.mu  # [K, I, O]
 
     def respondent_answers(n: int) -> torch.Tensor:
         theta = torch.multinomial(prior, n, replacement=True, generator=gen)
@@ -278,7 +326,10 @@ def run_speed(
         "batch_steps_per_cpu_second": batch * n_b / cpu_elapsed if cpu_elapsed > 0 else None,
         "load_average_1min": _load_average(),
         "threads": threads,
-        "personas": model.n_personas,
+        "personas": dictionary_size,
+        "live_personas": model.n_personas,
+        "compression": compress,
+        "compression_cpu_seconds": compression_s,
         "items": bank.n_items,
         "options": bank.max_options,
         "targets": [bank.keys[t] for t in targets],

@@ -119,3 +119,47 @@ def test_compress_drops_small_priors_and_merges_clusters() -> None:
         assert float(err) < 1e-12
     with pytest.raises(ModelError):
         compress(m, 0)
+
+
+def test_hellinger_distance_matches_its_formula() -> None:
+    from models.persona_fit import hellinger_distance_matrix
+
+    m = dictionary(5, seed=3)
+    d = hellinger_distance_matrix(m.mu, m.mu[:2])
+    a, b = m.mu[4], m.mu[1]
+    h2 = sum(1 - float((a[i] * b[i]).sqrt().sum()) for i in range(a.shape[0])) / a.shape[0]
+    assert float(d[4, 1]) == pytest.approx(math.sqrt(h2), abs=1e-12)
+    assert float(d[1, 1]) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_hellinger_compression_recovers_planted_clusters() -> None:
+    """Three tight clusters of personas (copies of three tables with tiny noise) compress
+    to three prototypes whose priors are the clusters' masses and whose tables are the
+    members' prior-weighted means."""
+    centres = dictionary(3, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    member = torch.tensor([0] * 6 + [1] * 3 + [2] * 9)
+    noise = 1 + 0.001 * torch.rand(member.numel(), *centres.mu.shape[1:], generator=gen)
+    mu = centres.mu[member] * noise
+    mu = mu / mu.sum(-1, keepdim=True)
+    full = PersonaMixture(centres.item_bank, mu)
+    out = compress(full, 3, metric="hellinger")
+    assert out.metrics == {"compressed_from": 18, "n_prototypes": 3, "metric": "hellinger"}
+    masses = sorted(round(float(p), 9) for p in out.log_prior.exp())
+    assert masses == [round(3 / 18, 9), round(6 / 18, 9), round(9 / 18, 9)]
+    for p in range(3):
+        # each prototype is one cluster's mean table
+        c = int(js_distance_matrix(out.mu[p : p + 1], centres.mu).argmin())
+        assert torch.allclose(out.mu[p], mu[member == c].mean(0), atol=1e-12)
+
+
+def test_compress_for_live_only_above_the_threshold() -> None:
+    from models.persona_fit import compress_for_live
+
+    m = dictionary(12, seed=6)
+    assert compress_for_live(m, above=12, n_prototypes=4) is m
+    small = compress_for_live(m, above=11, n_prototypes=4)
+    assert small.n_personas == 4 and small.metrics["compressed_from"] == 12
+    assert float(small.log_prior.exp().sum()) == pytest.approx(1.0)
+    with pytest.raises(ModelError, match="unknown compression metric"):
+        compress(m, 2, metric="cosine")

@@ -243,6 +243,20 @@ ROUTES: dict[tuple[str, str], Case] = {
     ),
     ("GET", "/admin/studies/{slug}/jobs/{job_id}/plot.svg"): Case(study_member(200, "GET")),
     ("POST", "/admin/studies/{slug}/refit"): Case(study_member(303, "POST")),
+    ("GET", "/admin/studies/{slug}/personas"): Case(study_member(200, "GET")),
+    ("POST", "/admin/studies/{slug}/personas/texts"): Case(
+        study_member(303, "POST"), form={"texts": "A retired nurse from Leeds"}
+    ),
+    ("POST", "/admin/studies/{slug}/personas/shares"): Case(
+        study_member(422, "POST"), form={"sample": "3"}  # no share typed: 422
+    ),
+    ("POST", "/admin/studies/{slug}/personas/respondents"): Case(
+        study_member(422, "POST"), form={"profiles": "0"}  # out of range (or no attributes)
+    ),
+    ("POST", "/admin/studies/{slug}/personas/clear"): Case(study_member(303, "POST")),
+    ("POST", "/admin/studies/{slug}/personas/generate"): Case(
+        study_member(422, "POST"), form={"backend": "another"}
+    ),
     ("GET", "/admin/studies/{slug}/simulation"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard"): Case(study_member(200, "GET")),
     ("GET", "/admin/studies/{slug}/dashboard/respondent"): Case(

@@ -134,6 +134,7 @@ def test_respondent_pages_escape_hostile_text(server: tuple[LiveServer, str], pa
         ("/admin/studies/{slug}", True),
         ("/admin/studies/{slug}/dashboard", True),
         ("/admin/studies/{slug}/jobs", True),
+        ("/admin/studies/{slug}/personas", True),
         ("/admin/studies/{slug}/simulation", True),
         ("/admin/studies/{slug}/groups", True),
         ("/admin/studies/{slug}/export", True),

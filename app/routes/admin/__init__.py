@@ -6,7 +6,7 @@ access are dependencies (:data:`app.auth.CurrentResearcher`, :data:`app.auth.Vis
 :func:`app.auth.verify_csrf` (a router-level dependency). A user error in a form is shown
 inline in the re-rendered form (status 422), never as a bare error page.
 
-One module per area (``login``, ``studies``, ``design``, ``jobs``, ``dashboard``,
+One module per area (``login``, ``studies``, ``design``, ``jobs``, ``personas``, ``dashboard``,
 ``groups``, ``exports``, ``keys``, ``accounts``), each with its own ``router``;
 :data:`router` joins them under ``/admin``. :func:`install` adds the router, the
 CSRF-cookie middleware and the error handlers that turn a missing login into a redirect to
@@ -32,6 +32,7 @@ from app.routes.admin import (
     jobs,
     keys,
     login,
+    personas,
     sharing,
     studies,
 )
@@ -39,7 +40,9 @@ from app.routes.admin import (
 # HTML pages and forms, not an API: kept out of the OpenAPI schema (/api/docs documents
 # the JSON API; the fuzz test checks every operation the schema lists).
 router = APIRouter(dependencies=[Depends(auth.verify_csrf)], include_in_schema=False)
-for _area in (login, studies, sharing, design, jobs, dashboard, groups, exports, keys, accounts):
+for _area in (
+    login, studies, sharing, design, jobs, personas, dashboard, groups, exports, keys, accounts,
+):  # fmt: skip
     router.include_router(_area.router, prefix="/admin")
 
 

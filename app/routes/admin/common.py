@@ -141,6 +141,17 @@ class FormFields:
                 out[name] = await upload.read()
         return out
 
+    async def upload(self, name: str, *, max_bytes: int) -> tuple[str, bytes] | None:
+        """The uploaded file ``name`` as ``(file name, bytes)``, ``None`` when no file was
+        chosen; a file larger than ``max_bytes`` is an InvalidInputError."""
+        upload = self.form.get(name)
+        if upload is None or isinstance(upload, str) or not upload.filename:
+            return None
+        data = await upload.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise InvalidInputError(f"{upload.filename}: larger than {max_bytes} bytes")
+        return upload.filename, data
+
 
 async def read_form(request: Request) -> FormFields:
     """Dependency: the request's form (parsed once; the CSRF check reads the same)."""

@@ -72,3 +72,32 @@ def test_bad_dictionary(tmp_path: Path) -> None:
         load_persona_dictionary(folder, 0.05)
     with pytest.raises(BenchmarkError, match="steps must be >= 1"):
         run_speed(folder, steps=0)
+
+
+def test_speed_grows_and_compresses_the_dictionary(tmp_path: Path) -> None:
+    """``--personas N`` grows the dictionary to N; above 2,000 the live step runs on the
+    500 prototypes the app's live persona prior would use; ``none`` keeps them all."""
+    from elicitation.bench.speed import grow_dictionary
+
+    folder = _write_personas(tmp_path / "p")
+    base = load_persona_dictionary(folder, 0.05)
+    grown = grow_dictionary(base, 50, 0.05, seed=1)
+    assert grown.n_personas == 50 and grown.item_bank == base.item_bank
+    modal = base.mu.argmax(-1)
+    # every grown persona is a base persona with some answers redrawn
+    same = (grown.mu.argmax(-1).unsqueeze(1) == modal.unsqueeze(0)).float().mean(-1)
+    assert float(same.max(1).values.min()) >= 0.25
+    res = run_speed(
+        folder, n_personas=2001, steps=5, batch=4, batch_steps=2, warmup=1,
+        questions_per_respondent=3, criterion="eig",
+    )  # fmt: skip
+    assert res["personas"] == 2001 and res["live_personas"] == 500
+    assert res["compression"] == "auto" and res["compression_cpu_seconds"] > 0
+    res = run_speed(
+        folder, n_personas=60, compress="none", steps=5, batch=4, batch_steps=2, warmup=1,
+        questions_per_respondent=3, criterion="eig",
+    )  # fmt: skip
+    assert res["personas"] == res["live_personas"] == 60
+    assert res["compression_cpu_seconds"] is None
+    with pytest.raises(BenchmarkError, match="--compress"):
+        run_speed(folder, compress="some")

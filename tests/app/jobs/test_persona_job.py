@@ -1,0 +1,162 @@
+"""The persona generation job from the personas page's pieces: cancel between chunks and
+resume (the real runner), a server that is down or serves another model (nothing
+stored), and the embedded SmolLM2 model on a few pairs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from app.jobs.runner import execute_job
+from app.services import jobs
+from app.services import personas as ps
+from app.services.designer import add_item, create_study
+from app.tables import FittedModel, Job, JobStatus, PersonaDistribution, Researcher, Study
+from tests.inference_server.test_generate_db import FakeVLLM
+
+
+def _job(engine: Engine, job_id: int) -> Job:
+    with Session(engine) as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        s.expunge(job)
+        return job
+
+
+@pytest.fixture
+def study(db: Session, alice: Researcher) -> Study:
+    """Two attribute-share personas x two questions = 4 pairs."""
+    st = create_study("Persona job", owner=alice, session=db)
+    add_item(st, session=db, key="age", question="Your age?", options_text="A: Young\nB: Old",
+             role="attribute", topic="Age", is_preference_criterion=False)  # fmt: skip
+    for k, q in (("q1", "Trust parliament?"), ("q2", "Trust the courts?")):
+        add_item(st, session=db, key=k, question=q, options_text="A: Yes\nB: No",
+                 role="question", topic="", is_preference_criterion=False)  # fmt: skip
+    assert ps.add_share_personas(st, {"age": {"A": "0.5", "B": "0.5"}}, session=db) == 2
+    return st
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeVLLM]:
+    server = FakeVLLM()
+    yield server
+    server.close()
+
+
+def _run(engine: Engine, db: Session, study: Study, payload: dict[str, Any]) -> Job:
+    job = Job(kind="persona_generation", study_id=study.id, payload=payload)
+    db.add(job)
+    db.commit()
+    execute_job(engine, job.id or 0)
+    return _job(engine, job.id or 0)
+
+
+def _stored(db: Session) -> int:
+    return len(db.exec(select(PersonaDistribution)).all())
+
+
+def test_cancel_between_chunks_then_resume(
+    engine: Engine, db: Session, study: Study, fake: FakeVLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel requested while the job runs (after its first chunk) stops it at the next
+    chunk boundary with that chunk stored; running the job again scores only the rest."""
+    original = ps.generation_progress
+    messages: list[str] = []
+
+    def cancelling(total: int, report: Callable[[float, str], None], **kw: Any):
+        def spy(fraction: float, message: str) -> None:
+            messages.append(message)
+            report(fraction, message)
+
+        inner = original(total, spy, **kw)
+
+        def on_progress(done: int, todo: int) -> None:
+            if done == 1:  # the researcher presses Cancel while the job runs
+                with Session(engine) as s:
+                    running = s.exec(select(Job).where(Job.status == "running")).one()
+                    jobs.cancel_job(running, session=s)
+            inner(done, todo)
+
+        return on_progress
+
+    monkeypatch.setattr(ps, "generation_progress", cancelling)
+    payload = {"backend": "openai", "base_url": fake.url, "chunk": 1}
+    first = _run(engine, db, study, payload)
+    assert first.status == JobStatus.cancelled.value
+    assert _stored(db) == 1
+    assert messages[0] == "0 of 4 pairs scored"
+    assert messages[1].startswith("1 of 4 pairs scored, ") and "pairs/s, about" in messages[1]
+    resumed: list[str] = []
+
+    def watching(total: int, report: Callable[[float, str], None], **kw: Any):
+        return original(total, lambda f, m: (resumed.append(m), report(f, m)), **kw)
+
+    monkeypatch.setattr(ps, "generation_progress", watching)
+    again = _run(engine, db, study, payload)  # what the Resume button starts
+    assert again.status == JobStatus.succeeded.value, again.error
+    assert again.result is not None
+    assert (again.result["already_stored"], again.result["computed"]) == (1, 3)
+    assert resumed[0] == "1 of 4 pairs scored (1 stored before)"
+    assert resumed[-1].startswith("4 of 4 pairs scored (1 stored before), ")
+    assert _stored(db) == 4
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (
+            "down",
+            r"inference server: http://127.0.0.1:\d+/v1/models: cannot reach the inference server",
+        ),
+        ("other model", "does not serve 'another-model'; it serves: SmolLM2-135M-Instruct"),
+    ],
+)
+def test_a_bad_server_fails_the_job_with_nothing_stored(
+    engine: Engine, db: Session, study: Study, fake: FakeVLLM, setup: str, message: str
+) -> None:
+    import re
+
+    db.add(FittedModel(study_id=study.id or 0, family="persona_mixture", blob=b"x",
+                       training_hash="h", metrics={"prior": "uniform"}, is_active=True))  # fmt: skip
+    db.commit()
+    personas_before = len(ps.stored_persona_texts(study.id or 0, session=db))
+    payload: dict[str, Any] = {"backend": "openai", "base_url": fake.url, "n_personas": 1}
+    if setup == "down":
+        fake.close()
+    else:
+        payload["model"] = "another-model"
+    job = _run(engine, db, study, payload)
+    assert job.status == JobStatus.failed.value
+    assert job.error is not None and re.search(message, job.error), job.error
+    assert _stored(db) == 0 and fake.requests == 0
+    # nothing else was written: no persona added (n_personas asked for respondents'
+    # profiles), the active model is the same row
+    assert len(ps.stored_persona_texts(study.id or 0, session=db)) == personas_before
+    active = db.exec(select(FittedModel).where(FittedModel.is_active)).all()  # type: ignore[arg-type]
+    assert [m.training_hash for m in active] == ["h"]
+
+
+def test_embedded_model_scores_the_share_personas(
+    engine: Engine, db: Session, study: Study
+) -> None:
+    """The real embedded SmolLM2-135M on 2 personas x 2 questions (about 15 s with the
+    model load), then the persona prior built from what it stored. The database part is
+    covered on both backends above, so this runs on SQLite only."""
+    from app.services.belief import fit_study_model
+
+    if engine.dialect.name != "sqlite":
+        pytest.skip("the embedded model run is tested once, on SQLite")
+    job = _run(engine, db, study, {"backend": "local", "chunk": 2})
+    assert job.status == JobStatus.succeeded.value, job.error
+    assert job.result is not None and job.result["computed"] == 4
+    assert job.result["model_id"] == "SmolLM2-135M-Instruct"
+    rows = db.exec(select(PersonaDistribution)).all()
+    assert len(rows) == 4
+    assert all(abs(sum(r.probs) - 1) < 1e-9 and len(r.probs) == 2 for r in rows)
+    row = fit_study_model(study, session=db)
+    assert row.metrics["prior"] == "persona" and row.metrics["distributions"] == 4
+    assert row.metrics["attribute_personas"] == 2

@@ -1,0 +1,127 @@
+"""The personas page's forms through the app (TestClient, SQLite and PostgreSQL): each
+bad input is a 422 naming the place with nothing stored; the server option is disabled
+with the reason until PRIORLY_LLM_BASE_URL is set; a cancelled persona job offers Resume."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from app.services.designer import add_item, create_study
+from app.settings import Settings
+from app.tables import Job, JobStatus, Researcher, Study, StudyPersona
+from tests.support.admin import csrf, login
+
+BASE = "/admin/studies/persona-page"
+
+
+@pytest.fixture
+def study(db: Session, alice: Researcher) -> Study:
+    st = create_study("Persona page", owner=alice, session=db)
+    add_item(st, session=db, key="age", question="Your age?", options_text="A: Young\nB: Old",
+             role="attribute", topic="Age", is_preference_criterion=False)  # fmt: skip
+    add_item(st, session=db, key="q1", question="Trust?", options_text="A: Yes\nB: No",
+             role="question", topic="", is_preference_criterion=False)  # fmt: skip
+    return st
+
+
+@pytest.fixture
+def ac(client: TestClient, study: Study) -> TestClient:
+    login(client, "alice@example.org")
+    return client
+
+
+def _personas(db: Session) -> list[StudyPersona]:
+    db.expire_all()
+    return list(db.exec(select(StudyPersona).order_by(StudyPersona.id)).all())  # type: ignore[arg-type]
+
+
+def test_page_and_server_option_disabled_without_settings(ac: TestClient) -> None:
+    r = ac.get(BASE + "/personas")
+    assert r.status_code == 200
+    assert 'name="share:age:A"' in r.text and 'name="share:age:B"' in r.text
+    assert 'value="openai" disabled aria-describedby="llm-unset"' in r.text
+    assert "set PRIORLY_LLM_BASE_URL and PRIORLY_LLM_MODEL" in r.text
+    r = ac.post(BASE + "/personas/generate", data={"backend": "openai", "csrf_token": csrf(ac)})
+    assert r.status_code == 422 and "no inference server is configured" in r.text
+
+
+def test_server_option_names_the_configured_server(
+    settings: Settings, study: Study, alice: Researcher
+) -> None:
+    from app.main import create_app
+
+    s = settings.model_copy(
+        update={"llm_base_url": "http://gpu-box:8000/v1", "llm_model": "Qwen/Qwen3-8B"}
+    )
+    with TestClient(create_app(s), base_url="http://localhost") as c:
+        login(c, "alice@example.org")
+        r = c.get(BASE + "/personas")
+    assert "<code>http://gpu-box:8000/v1</code> serving <code>Qwen/Qwen3-8B</code>" in r.text
+    assert 'value="openai" checked' in r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "data", "files", "message"),
+    [
+        ("shares", {"share:age:A": "0.3", "share:age:B": "0.3"}, None,
+         "shares of age sum to 0.6, not 1"),
+        ("shares", {"share:age:A": "1", "share:age:B": "x"}, None,
+         "shares of age, option B: &#39;x&#39; is not a number"),
+        ("shares", {}, None, "give the shares of at least one attribute"),
+        ("texts", {"texts": ""}, None, "persona texts: no persona texts"),
+        ("texts", {}, {"file": ("p.jsonl", b'{"text": "A"}\n{"text": 3}\n', "text/plain")},
+         "p.jsonl line 2: persona text must be a string"),
+        ("texts", {}, {"file": ("p.txt", b"\xff\xfe", "text/plain")}, "p.txt: not UTF-8 text"),
+        ("respondents", {}, None, "no respondent has any of the attributes"),
+        ("generate", {"backend": "local"}, None, "the persona dictionary is empty"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_422_naming_the_place_and_stores_nothing(
+    ac: TestClient, db: Session, path: str, data: dict, files: dict | None, message: str
+) -> None:
+    r = ac.post(f"{BASE}/personas/{path}", data={**data, "csrf_token": csrf(ac)}, files=files)
+    assert r.status_code == 422 and message in r.text, r.text[-2000:]
+    assert 'role="alert"' in r.text
+    assert _personas(db) == [] and db.exec(select(Job)).all() == []
+
+
+def test_sources_add_personas_and_a_cancelled_job_offers_resume(
+    ac: TestClient, db: Session, study: Study
+) -> None:
+    r = ac.post(
+        BASE + "/personas/shares",
+        data={"share:age:A": "0.25", "share:age:B": "0.75", "csrf_token": csrf(ac)},
+    )
+    assert r.status_code == 200 and "2 personas added from attribute shares" in r.text
+    r = ac.post(
+        BASE + "/personas/texts",
+        data={"csrf_token": csrf(ac)},
+        files={"file": ("p.jsonl", b'{"text": "A nurse", "key": "nurse", "weight": 2}\n', "x")},
+    )
+    assert "1 persona added from persona texts" in r.text
+    got = [(p.key, p.source, p.weight, p.attributes) for p in _personas(db)]
+    assert got == [
+        ("profile-1", "shares", 0.25, {"age": "A"}),
+        ("profile-2", "shares", 0.75, {"age": "B"}),
+        ("nurse", "texts", 2.0, {}),
+    ]
+    db.add(Job(kind="persona_generation", study_id=study.id, payload={"backend": "local"},
+               status=JobStatus.cancelled.value, message="cancelled"))  # fmt: skip
+    db.commit()
+    page = ac.get(BASE + "/personas").text
+    assert "Resume" in page and 'name="backend" value="local"' in page
+    r = ac.post(BASE + "/personas/clear", data={"csrf_token": csrf(ac)})
+    assert "3 personas removed" in r.text and _personas(db) == []
+
+
+def test_publishing_with_a_uniform_prior_warns(ac: TestClient, db: Session, study: Study) -> None:
+    study.consent_text = "ok"
+    db.add(study)
+    db.commit()
+    r = ac.post(BASE + "/status", data={"status": "published", "csrf_token": csrf(ac)})
+    assert r.status_code == 200 and "study published" in r.text
+    assert 'id="prior-warning"' in r.text
+    assert "prior is uniform: it has no historical respondents" in r.text
+    assert f'{BASE}/personas">Personas</a> · <a href=' in r.text

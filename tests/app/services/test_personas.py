@@ -1,0 +1,242 @@
+"""Persona sources, the persona prior's conditioning on attributes, and the uniform-prior
+warning, on a tiny enumerable study (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from sqlmodel import Session, select
+
+from app.errors import InvalidInputError
+from app.services import personas as ps
+from app.services.belief import (
+    PERSONA_ATTRIBUTE_EPSILON,
+    _study_items,
+    fit_study_model,
+    persona_prior_model,
+)
+from app.services.designer import add_item, create_study
+from app.tables import PersonaDistribution, Researcher, Respondent, Study, StudyPersona
+from inference_server.prompts import PromptItem
+
+EPS = PERSONA_ATTRIBUTE_EPSILON
+
+
+@pytest.fixture
+def tiny(db: Session, alice: Researcher) -> Study:
+    """Attributes age (A young, B old) and region (A north, B south, C west); one
+    question q (A yes, B no)."""
+    study = create_study("Tiny personas", owner=alice, session=db)
+    add_item(study, session=db, key="age", question="Your age?", options_text="A: Young\nB: Old",
+             role="attribute", topic="Age", is_preference_criterion=False)  # fmt: skip
+    add_item(study, session=db, key="region", question="Your region?",
+             options_text="A: North\nB: South\nC: West", role="attribute", topic="Region",
+             is_preference_criterion=False)  # fmt: skip
+    add_item(study, session=db, key="q", question="Trust parliament?", options_text="A: Yes\nB: No",
+             role="question", topic="", is_preference_criterion=False)  # fmt: skip
+    return study
+
+
+SHARES = {"age": {"A": "0.4", "B": "0.6"}, "region": {"A": 0.5, "B": 0.5, "C": 0}}
+
+
+def _store_q(db: Session, study: Study, yes: dict[str, float]) -> None:
+    """Store a distribution of q for each persona text (``yes[text]`` = P(A))."""
+    q = next(it for it in _study_items(study.id or 0, session=db) if it.key == "q")
+    h = PromptItem(q.key, q.question, tuple(o[1] for o in q.options)).hash
+    for p in db.exec(select(StudyPersona).where(StudyPersona.study_id == study.id)).all():
+        db.add(
+            PersonaDistribution(
+                model_id="m", template_version="v1", persona_hash=p.text_hash, item_hash=h,
+                probs=[yes[p.text], 1 - yes[p.text]], valid_mass=1.0, flagged=False,
+            )
+        )  # fmt: skip
+    db.commit()
+
+
+def test_share_personas_are_the_weighted_product(db: Session, tiny: Study) -> None:
+    attrs, _ = ps.study_items(tiny.id or 0, session=db)
+    personas = ps.share_personas(attrs, SHARES)
+    got = {p.text: (round(p.weight, 12), dict(p.attributes)) for p in personas}
+    assert got == {
+        "Age: Young; Region: North.": (0.2, {"age": 0, "region": 0}),
+        "Age: Young; Region: South.": (0.2, {"age": 0, "region": 1}),
+        "Age: Old; Region: North.": (0.3, {"age": 1, "region": 0}),
+        "Age: Old; Region: South.": (0.3, {"age": 1, "region": 1}),
+    }
+    sampled = ps.share_personas(attrs, SHARES, sample=1000, seed=3)
+    assert math.isclose(sum(p.weight for p in sampled), 1.0)
+    assert {p.text for p in sampled} == set(got) and len(sampled) == 4
+    with pytest.raises(InvalidInputError, match="2 attribute combinations, more than 1"):
+        ps.share_personas(attrs, {"age": SHARES["age"]}, max_personas=1)
+
+
+@pytest.mark.parametrize(
+    ("shares", "message"),
+    [
+        ({"age": {"A": "0.4", "B": "0.5"}}, "shares of age sum to 0.9, not 1"),
+        ({"age": {"A": "0.4", "Z": "0.6"}}, r"shares of age, option Z: not an option of age \(A, B\)"),
+        ({"height": {"A": "1"}}, "'height' is not an attribute item of this study"),
+        ({"age": {"A": "four", "B": "0.6"}}, "shares of age, option A: 'four' is not a number"),
+        ({"age": {"A": "1.5", "B": "-0.5"}}, "option A: '1.5' is not a share between 0 and 1"),
+        ({"age": {}}, "shares of age: no option has a share"),
+        ({}, "give the shares of at least one attribute"),
+        ({"q": {"A": "1"}}, "'q' is not an attribute item"),
+    ],
+)  # fmt: skip
+def test_bad_shares_name_the_place_and_store_nothing(
+    db: Session, tiny: Study, shares: dict, message: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        ps.add_share_personas(tiny, shares, session=db)
+    assert db.exec(select(StudyPersona)).all() == []
+
+
+def test_persona_texts_lines_and_jsonl_errors(db: Session, tiny: Study) -> None:
+    assert ps.add_text_personas(tiny, "A nurse in Leeds\n\nA retired farmer\n", session=db) == 2
+    raw = '{"text": "A student", "weight": 2}\n{"text": "x"\n'
+    with pytest.raises(InvalidInputError, match="persona texts line 2: invalid JSON"):
+        ps.add_text_personas(tiny, raw, session=db)
+    with pytest.raises(InvalidInputError, match="p.jsonl line 1: weight must be a positive"):
+        ps.add_text_personas(tiny, '{"text": "A", "weight": 0}', filename="p.jsonl", session=db)
+    with pytest.raises(InvalidInputError, match="no persona texts"):
+        ps.add_text_personas(tiny, "  \n \n", session=db)
+    with pytest.raises(InvalidInputError, match="line 3: the same text as persona texts line 1"):
+        ps.add_text_personas(tiny, "A\nB\nA", session=db)
+    rows = db.exec(select(StudyPersona).order_by(StudyPersona.id)).all()  # type: ignore[arg-type]
+    assert [(r.text, r.source, r.attributes) for r in rows] == [
+        ("A nurse in Leeds", "texts", {}),
+        ("A retired farmer", "texts", {}),
+    ]
+
+
+def test_answering_an_attribute_moves_the_posterior_to_matching_personas(
+    db: Session, tiny: Study
+) -> None:
+    """Exact on 4 share personas + 1 free-text persona: ``p(θ | age = B) ∝ p(θ) μ[θ, age, B]``
+    with ``μ = 1 − ε`` for the old personas, ``ε`` for the young, ``1/2`` (uniform) for
+    the free-text one."""
+    ps.add_share_personas(tiny, SHARES, session=db)
+    ps.add_text_personas(tiny, "Someone", session=db)
+    texts = [p.text for p in db.exec(select(StudyPersona).order_by(StudyPersona.id)).all()]  # type: ignore[arg-type]
+    yes = dict(zip(texts, [0.9, 0.8, 0.3, 0.2, 0.5], strict=True))
+    _store_q(db, tiny, yes)
+    items = _study_items(tiny.id or 0, session=db)
+    model = persona_prior_model(tiny, items, session=db)
+    assert model.metrics["prior"] == "persona" and model.metrics["attribute_personas"] == 4
+    keys = model.item_bank.keys
+    age, region, q = keys.index("age"), keys.index("region"), keys.index("q")
+    w = torch.tensor([0.2, 0.2, 0.3, 0.3, 1.0], dtype=torch.float64)
+    w = w / w.sum()  # weights as stored; the free-text persona has weight 1
+    assert torch.allclose(model.log_prior.exp(), w, atol=1e-12)
+    assert model.mu[0, region].tolist() == [1 - EPS, EPS / 2, EPS / 2]
+    assert model.mu[4, age, :2].tolist() == [0.5, 0.5]
+    s = model.update(model.initial_state(), age, 1)  # answered "Old"
+    lik = torch.tensor([EPS, EPS, 1 - EPS, 1 - EPS, 0.5], dtype=torch.float64)
+    want = w * lik / (w * lik).sum()
+    assert torch.allclose(s.log_post.exp(), want, atol=1e-12)
+    p_yes = float((want * torch.tensor([0.9, 0.8, 0.3, 0.2, 0.5], dtype=torch.float64)).sum())
+    assert float(model.predict(s, [q])[0, 0]) == pytest.approx(p_yes, abs=1e-12)
+    s2 = model.update(s, region, 1)  # ... and "South": the old southerner leads
+    lik2 = torch.tensor([EPS / 2, 1 - EPS, EPS / 2, 1 - EPS, 1 / 3], dtype=torch.float64)
+    want2 = want * lik2 / (want * lik2).sum()
+    assert torch.allclose(s2.log_post.exp(), want2, atol=1e-12)
+    assert int(want2.argmax()) == 3
+
+
+def test_respondent_personas_and_the_uniform_prior_warning(db: Session, tiny: Study) -> None:
+    assert ps.uniform_prior_warning(tiny, session=db) == ps.UNIFORM_PRIOR_WARNING
+    with pytest.raises(InvalidInputError, match="no respondent has any of the attributes"):
+        ps.add_respondent_personas(tiny, session=db)
+    for ext, attrs in enumerate([{"age": "B", "region": "A"}] * 3 + [{"age": "A"}]):
+        db.add(Respondent(study_id=tiny.id or 0, external_id=f"r{ext}", source="import",
+                          attributes=attrs, answers={}))  # fmt: skip
+    db.commit()
+    assert ps.uniform_prior_warning(tiny, session=db) is None  # history: the fit uses it
+    assert ps.add_respondent_personas(tiny, session=db) == 2
+    rows = db.exec(select(StudyPersona).order_by(StudyPersona.id)).all()  # type: ignore[arg-type]
+    assert [(r.text, r.weight, r.attributes, r.source) for r in rows] == [
+        ("Age: Old; Region: North.", 3.0, {"age": "B", "region": "A"}, "respondents"),
+        ("Age: Young.", 1.0, {"age": "A"}, "respondents"),
+    ]
+
+
+def test_a_fit_without_distributions_is_uniform_and_warned(db: Session, tiny: Study) -> None:
+    ps.add_share_personas(tiny, SHARES, session=db)
+    row = fit_study_model(tiny, session=db)
+    assert row.metrics["prior"] == "uniform"
+    assert ps.uniform_prior_warning(tiny, session=db) == ps.UNIFORM_PRIOR_WARNING
+    texts = [p.text for p in db.exec(select(StudyPersona)).all()]
+    _store_q(db, tiny, dict.fromkeys(texts, 0.7))
+    row = fit_study_model(tiny, session=db)
+    assert row.metrics["prior"] == "persona" and row.metrics["attribute_personas"] == 4
+    assert ps.uniform_prior_warning(tiny, session=db) is None
+
+
+def test_generation_progress_message() -> None:
+    now = [100.0]
+    seen: list[tuple[float, str]] = []
+    on = ps.generation_progress(400, lambda f, m: seen.append((f, m)), clock=lambda: now[0])
+    on(0, 380)
+    now[0] += 30.0
+    on(100, 380)
+    assert seen[0] == (20 / 400, "20 of 400 pairs scored (20 stored before)")
+    assert seen[1] == (
+        120 / 400,
+        "120 of 400 pairs scored (20 stored before), 3.33 pairs/s, about 1 min 24 s left",
+    )
+
+
+def test_a_large_persona_prior_is_compressed_for_the_live_step(
+    db: Session, tiny: Study, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above the threshold (here 3 personas instead of 2,000) the fitted persona prior is
+    the compressed one: 2 prototypes, priors summing to 1, metrics saying so."""
+    from functools import partial
+
+    from app.services import belief
+    from models.persona_fit import compress_for_live
+
+    monkeypatch.setattr(
+        belief, "compress_for_live", partial(compress_for_live, above=3, n_prototypes=2)
+    )
+    ps.add_share_personas(tiny, SHARES, session=db)
+    texts = [p.text for p in db.exec(select(StudyPersona).order_by(StudyPersona.id)).all()]  # type: ignore[arg-type]
+    _store_q(db, tiny, dict(zip(texts, [0.9, 0.8, 0.3, 0.2], strict=True)))
+    model = persona_prior_model(tiny, _study_items(tiny.id or 0, session=db), session=db)
+    assert model.n_personas == 2 and model.metrics["compressed_from"] == 4
+    assert model.metrics["n_personas"] == 4
+    assert "compressed to 2 prototypes for the live step" in model.metrics["notice"]
+    assert float(model.log_prior.exp().sum()) == pytest.approx(1.0)
+    assert model.metrics["compression_seconds"] >= 0
+    again = persona_prior_model(tiny, _study_items(tiny.id or 0, session=db), session=db)
+    assert again.training_hash == model.training_hash  # the timing is not hashed
+    row = fit_study_model(tiny, session=db)
+    assert row.metrics["compressed_from"] == 4
+
+
+def test_the_live_runtime_conditions_on_a_respondents_attributes(db: Session, tiny: Study) -> None:
+    """The live loop replays a respondent's stored attributes through the fitted persona
+    prior: an old southerner's predicted P(q = yes) is the exact posterior mix."""
+    from app.session import load_runtime
+    from app.session.state import replay
+
+    ps.add_share_personas(tiny, SHARES, session=db)
+    texts = [p.text for p in db.exec(select(StudyPersona).order_by(StudyPersona.id)).all()]  # type: ignore[arg-type]
+    yes = torch.tensor([0.9, 0.8, 0.3, 0.2], dtype=torch.float64)
+    _store_q(db, tiny, dict(zip(texts, yes.tolist(), strict=True)))
+    fit_study_model(tiny, session=db)
+    rt = load_runtime(tiny, session=db)
+    person = Respondent(study_id=tiny.id or 0, external_id="live-1", source="live",
+                        attributes={"age": "B", "region": "B"}, answers={})  # fmt: skip
+    state = replay(rt, person, [])
+    w = torch.tensor([0.2, 0.2, 0.3, 0.3], dtype=torch.float64)
+    lik = torch.tensor([EPS * (EPS / 2), EPS * (1 - EPS), (1 - EPS) * (EPS / 2), (1 - EPS) ** 2],
+                       dtype=torch.float64)  # fmt: skip
+    post = w * lik / (w * lik).sum()
+    q = rt.model.item_bank.keys.index("q")
+    assert float(rt.model.predict(state, [q])[0, 0]) == pytest.approx(
+        float((post * yes).sum()), abs=1e-12
+    )
