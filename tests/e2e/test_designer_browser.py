@@ -3,7 +3,8 @@
 with axe-core on each changed page and screenshots into ``docs/screenshots/admin/``.
 
 * An item far down the page is edited in place: the page is not reloaded (a marker set
-  in ``window`` survives) and keeps its scroll position; several items get a role at once.
+  in ``window`` survives) and keeps its scroll position; several items get a role at once;
+  an item's options are reordered and one is marked "not an answer" in place.
 * An upload (without ``runs.csv``) is previewed and imported from the preview page without
   choosing the files again.
 * The fit job ends with a readable result (its running state: tests/app/routes/admin).
@@ -136,6 +137,33 @@ def test_edit_in_place_keeps_the_page_and_its_scroll(server: dict[str, Any], pag
     assert page.evaluate("window.__notReloaded === true")
     for k in keys:
         assert page.locator(f"#role-{k} select[name=role]").input_value() == "target"
+    assert _axe(page) == []
+
+
+def test_reorder_options_and_mark_one_missing_in_place(server: dict[str, Any], page: Any) -> None:
+    """The item editor of an item with three or more options: its lines reversed (the new
+    scale order) and its last option marked "not an answer" are saved in place; the row
+    shows the options in the new order without the missing one."""
+    base = server["base"]
+    page.goto(base + "/admin/studies/designer-e2e")
+    rows = page.locator("table.items tbody tr")
+    row = next(
+        rows.nth(i)
+        for i in range(rows.count())
+        if rows.nth(i).locator("input[name=missing]").count() >= 3
+    )
+    key = row.get_attribute("data-key")
+    row.locator("details summary").click()
+    lines = row.locator("textarea[name=options]").input_value().strip().splitlines()
+    letters = [line.split(":", 1)[0] for line in lines]
+    row.locator("textarea[name=options]").fill("\n".join(reversed(lines)))
+    row.locator(f"input[name=missing][value='{letters[-1]}']").check()
+    page.evaluate("window.__notReloaded = true")
+    row.locator("button:has-text('Save item')").click()
+    page.wait_for_selector(f"tr[data-key='{key}'] >> text=item {key} saved")
+    assert page.evaluate("window.__notReloaded === true")
+    shown = page.locator(f"tr[data-key='{key}'] div.muted").first.inner_text()
+    assert [part.split(":", 1)[0] for part in shown.split(" · ")] == letters[-2::-1]
     assert _axe(page) == []
 
 

@@ -107,7 +107,9 @@ async def import_upload(
 ) -> Response:
     """``action=preview`` validates the files, keeps them and shows the preview (with a
     button that imports the kept upload: ``action=import`` with ``upload_token``);
-    ``action=import`` with files imports them at once."""
+    ``action=import`` with files imports them at once. The files come from the field
+    ``files`` (several chosen together, known by their names) and from the one-file fields
+    of :data:`UPLOAD_FIELDS`."""
     fields = {k: form.text(k) for k in ("name", "id_column", "attributes")}
     token = form.text("upload_token")
     try:
@@ -116,7 +118,11 @@ async def import_upload(
                 token, owner=researcher, session=session, study_name=form.text("name")
             )
             return page.redirect("admin_study", slug=result.slug)
-        files = await form.files(UPLOAD_FIELDS, max_bytes=designer.MAX_UPLOAD_BYTES)
+        limit = designer.MAX_UPLOAD_BYTES
+        files = {  # the files chosen together, then any chosen one by one (these win)
+            **await form.named_files("files", UPLOAD_FIELDS, max_bytes=limit),
+            **await form.files(UPLOAD_FIELDS, max_bytes=limit),
+        }
         if form.text("action") == "import":
             result = designer.import_upload(files, fields, owner=researcher, session=session)
             return page.redirect("admin_study", slug=result.slug)
