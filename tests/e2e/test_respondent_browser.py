@@ -4,8 +4,9 @@ screenshots at a phone width (390 px) and a desktop width, and axe-core accessib
 checks (no serious or critical violation) on every respondent page: consent, the pages of
 questions about the respondent (and their "skip them all?" prompt), question, completion
 with "what we learned about you", the declined page after answers, the deletion page.
-The Back button after consent never starts a second respondent. Screenshots of the pages
-at 390x844 go to docs/screenshots/respondent/.
+The Back button after consent, or a consent page left open in another tab after finishing,
+never starts a second respondent. Screenshots of the pages at 390x844 go to
+docs/screenshots/respondent/.
 
 Prerequisites are installed by ``scripts/setup-browser`` (apt chromium, npm axe-core),
 which the fixture runs when something is missing. The server is a real uvicorn process on
@@ -329,5 +330,47 @@ def test_researcher_sees_repeated_starts_and_erases_a_respondent(
         page.wait_for_selector(f"text=Respondent {rid} was erased")
         assert page.locator(f'tr[data-respondent="{rid}"]').count() == 0
         assert live_respondents(db_url) == n - 1
+    finally:
+        context.close()
+
+
+def test_consent_page_left_open_after_finishing_never_starts_a_second_respondent(
+    server: tuple[str, str, str], browser: Any
+) -> None:
+    """Two tabs show the consent page; the survey is finished in a third tab of the same
+    browser. "I agree" in the first old tab shows the completion page, "I do not want to
+    take part" in the second says what is stored (not "Nothing was recorded"); no second
+    respondent is created."""
+    base, slug, db_url = server
+    context = browser.new_context(viewport=PHONE)
+    try:
+        stale = [context.new_page() for _ in range(2)]
+        for tab in stale:
+            tab.goto(f"{base}/s/{slug}")
+            assert tab.locator("h1").inner_text() == "Before you start"
+        page = context.new_page()
+        page.goto(f"{base}/s/{slug}")
+        page.click("button[value=accept]")
+        page.wait_for_selector("text=A few questions about you")
+        page.click("button.r-primary")  # nothing chosen: the prompt, then skip them all
+        page.click("button[name=skip_all]")
+        for k in range(1, MAX_QUESTIONS + 1):
+            page.wait_for_selector(f"text=Question {N_ATTRIBUTES + k} of at most")
+            page.check("input[name=option] >> nth=0")
+            page.click("button.r-primary")
+        page.wait_for_selector("text=Thank you!")
+        code = page.locator(".r-code").inner_text().strip()
+        n = live_respondents(db_url)
+        stale[0].click("button[value=accept]")
+        stale[0].wait_for_selector("text=Thank you!")
+        assert stale[0].url.endswith(f"/s/{slug}/done")
+        assert stale[0].locator(".r-code").inner_text().strip() == code
+        stale[1].click("button[value=decline]")
+        stale[1].wait_for_selector("text=You already took part")
+        body = stale[1].inner_text("body")
+        assert "Nothing was recorded" not in body
+        assert f"{MAX_QUESTIONS} answers to the survey questions" in body
+        assert axe_violations(stale[1]) == []
+        assert live_respondents(db_url) == n
     finally:
         context.close()
