@@ -7,7 +7,8 @@ import page, chooses the dataset's files (one file choice: the multiple-file fie
 previews, imports from the preview, opens the study's exports and downloads the wide CSV
 with the imported respondents. The file holds every uploaded respondent with their
 answers and demographics; the SPSS file (read afterwards, not a click) gives each answer
-its label from the uploaded codebook. Every click and file choice goes through :class:`Clicks`, and the count is
+its label from the uploaded codebook; a visitor's home page shows nothing of the draft.
+Every click and file choice goes through :class:`Clicks`, and the count is
 :data:`CLICKS_TO_FIRST_EXPORT`, the figure docs/admin.md gives. axe-core finds no serious
 or critical violation on the pages of the flow; the import page with the files chosen
 together is docs/screenshots/admin/24-import-files-together.png.
@@ -202,6 +203,12 @@ def test_import_to_first_export_in_seven_clicks(server: dict[str, Any], tmp_path
                     assert label == want, (key, letter, label)
                     checked += 1
             assert checked == sum(len(c) - 1 for c in uploaded.values())
+            # a visitor (no cookies) sees no trace of the draft on the public home page
+            visitor = browser.new_context().new_page()
+            visitor.goto(base + "/")
+            body = visitor.inner_text("body")
+            assert "There is no open survey here" in body and "opinionqa" not in body.lower()
+            assert str(N_RESPONDENTS) not in body
             assert errors == []
         finally:
             browser.close()
