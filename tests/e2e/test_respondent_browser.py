@@ -126,14 +126,21 @@ def tab_to(page: Any, predicate: str, limit: int = 25) -> None:
 
 def live_respondents(db_url: str) -> int:
     """Live respondents stored in the server's database."""
+    return _count(db_url, "SELECT count(*) FROM respondent WHERE source = 'live'")
+
+
+def erasure_records(db_url: str) -> int:
+    """Erasure records (one per erased respondent) in the server's database."""
+    return _count(db_url, "SELECT count(*) FROM erasure_record")
+
+
+def _count(db_url: str, sql: str) -> int:
     from sqlalchemy import create_engine, text
 
     eng = create_engine(db_url)
     try:
         with eng.connect() as conn:
-            return int(
-                conn.execute(text("SELECT count(*) FROM respondent WHERE source = 'live'")).scalar()
-            )
+            return int(conn.execute(text(sql)).scalar())
     finally:
         eng.dispose()
 
@@ -258,6 +265,7 @@ def test_back_button_skip_prompt_decline_and_delete(
     context = browser.new_context(viewport=PHONE)
     page = context.new_page()
     try:
+        erased = erasure_records(db_url)
         page.goto(f"{base}/s/{slug}/delete")
         assert page.locator("h1").inner_text() == "Delete my answers"
         assert axe_violations(page) == []
@@ -274,6 +282,7 @@ def test_back_button_skip_prompt_decline_and_delete(
         assert axe_violations(page) == []
         page.screenshot(path=str(SHOTS / "deleted-390.png"), full_page=True)
         assert live_respondents(db_url) == n - 1
+        assert erasure_records(db_url) == erased + 1  # the existing erasure path's record
         assert errors == []
     finally:
         context.close()
@@ -325,11 +334,13 @@ def test_researcher_sees_repeated_starts_and_erases_a_respondent(
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "admin-respondents-1280.png"), full_page=True)
         rid = newest.get_attribute("data-respondent")
+        erased = erasure_records(db_url)
         page.on("dialog", lambda dialog: dialog.accept())
         newest.locator("button").click()
         page.wait_for_selector(f"text=Respondent {rid} was erased")
         assert page.locator(f'tr[data-respondent="{rid}"]').count() == 0
         assert live_respondents(db_url) == n - 1
+        assert erasure_records(db_url) == erased + 1
     finally:
         context.close()
 
