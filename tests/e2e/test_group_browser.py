@@ -128,6 +128,9 @@ def _open_answer_close(page: Any, base: str, number: int, answer: bool) -> None:
         member.close()
         page.wait_for_selector("#members tr[data-status=answered]", timeout=30_000)
         assert "UTC" in page.inner_text("#members tr[data-status=answered]")
+    # one unit for gains (correct target answers, as on the plan); no raw ISO timestamp
+    body = page.inner_text("body")
+    assert "nats" not in body and not re.search(r"\d{4}-\d\d-\d\dT\d", body)
     assert axe_violations(page) == []
     _shot(page, f"round-{number}-open")
     page.once("dialog", lambda d: d.accept())
@@ -170,5 +173,11 @@ def test_rounds_with_the_gnn_and_relational_selection(server: str) -> None:
             timeout=120_000,
         )
         assert axe_violations(page) == []
+        # the rounds list: readable times in UTC, one closed round per row
+        for row in page.locator("#rounds tbody tr").all():
+            cells = row.locator("td").all_inner_texts()
+            for cell in cells[3:5]:
+                assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", cell), cells
+        assert page.locator("#rounds tbody tr").count() == 2
         _shot(page, "groups-distribution")
         browser.close()
