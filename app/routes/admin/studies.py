@@ -30,6 +30,7 @@ def home(
 ) -> Response:
     studies = visible_study_summaries(researcher, session=session)
     ctx = {"studies": studies, "datasets": _datasets(settings), "error": None}
+    ctx["name_max_len"] = designer.NAME_MAX_LEN
     return page.render("admin/home.html", ctx)
 
 
@@ -47,6 +48,7 @@ async def create_study(
         error = user_error_message(exc)
         studies = visible_study_summaries(researcher, session=session)
         ctx = {"studies": studies, "datasets": _datasets(settings), "error": error}
+        ctx["name_max_len"] = designer.NAME_MAX_LEN
         return page.render("admin/home.html", ctx, status=422)
     return page.redirect("admin_study", slug=study.slug)
 
@@ -62,6 +64,7 @@ def _import_page(
     """The import page (shipped datasets, upload form), with an inline error (422) or a
     preview of an upload."""
     ctx: dict[str, Any] = {"datasets": _datasets(settings), "error": error, "preview": preview}
+    ctx["name_max_len"] = designer.NAME_MAX_LEN
     if fields is not None:
         ctx["fields"] = fields
     return page.render("admin/import.html", ctx, status=422 if error is not None else 200)
