@@ -15,6 +15,8 @@ a SQLite file prepared with a small CES study.
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 import subprocess
@@ -122,6 +124,12 @@ def tab_to(page: Any, predicate: str, limit: int = 25) -> None:
             return
         page.keyboard.press("Tab")
     raise AssertionError(f"keyboard focus never reached: {predicate}")
+
+
+def _csv(response: Any) -> list[dict[str, str]]:
+    """The rows of a CSV download (UTF-8 with a BOM)."""
+    assert response.status == 200, response.status
+    return list(csv.DictReader(io.StringIO(response.body().decode("utf-8-sig"))))
 
 
 def live_respondents(db_url: str) -> int:
@@ -291,8 +299,10 @@ def test_back_button_skip_prompt_decline_and_delete(
 def test_researcher_sees_repeated_starts_and_erases_a_respondent(
     server: tuple[str, str, str], browser: Any
 ) -> None:
-    """The admin list of live respondents flags a repeated start from one browser and
-    erases a respondent after the confirmation dialog."""
+    """The exports have one row per respondent with ``<skip>`` for a declined question about
+    the respondent, and the long CSV their demographics; the admin list of live respondents
+    flags a repeated start from one browser and erases a respondent after the confirmation
+    dialog."""
     from sqlmodel import Session, select
 
     from app.auth import set_password
@@ -327,6 +337,21 @@ def test_researcher_sees_repeated_starts_and_erases_a_respondent(
         page.fill("input[name=password]", "e2e owner password 1")
         page.click("button[type=submit]")
         page.wait_for_url(f"{base}/admin")
+        # the exports over HTTP: one row per respondent; a declined question about the
+        # respondent is <skip>; the long CSV has their demographics
+        long = _csv(page.request.get(f"{base}/admin/studies/{slug}/export/answers_long.csv"))
+        attributes = {r["item"] for r in long if r["role"] == "attribute"}
+        assert len(attributes) == N_ATTRIBUTES
+        wide = _csv(page.request.get(f"{base}/admin/studies/{slug}/export/answers_wide.csv"))
+        ids = [r["respondent_id"] for r in wide]
+        assert len(ids) == len(set(ids)) == live_respondents(db_url)
+        finished = [r for r in wide if r["status"] == "completed"]
+        assert len(finished) == 2  # the two keyboard surveys: one answer per page of three
+        for row in finished:
+            cells = [row[k] for k in sorted(attributes)]
+            assert cells.count("<skip>") == N_ATTRIBUTES - 3 and "" not in cells, cells
+            answered = {r["item"] for r in long if r["respondent_id"] == row["respondent_id"]}
+            assert attributes <= answered
         page.goto(f"{base}/admin/studies/{slug}/respondents")
         newest = page.locator("#respondents tbody tr").first
         assert "yes, 1 earlier from this browser" in newest.inner_text()
