@@ -7,12 +7,14 @@ the group GNN" job. In the browser the researcher plans a round with relational 
 member answers on their personal link, the track table updates itself, the round is
 closed; then a second round is planned with the default selection (the belief model and
 the GNN pooled), opened and closed. The groups page plots the imputed target distribution
-round by round. axe-core finds no serious or critical violation on the groups and round
-pages.
+round by round, and the wide CSV has each member once (survey and round answers in one
+row). axe-core finds no serious or critical violation on the groups and round pages.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 import subprocess
@@ -179,5 +181,12 @@ def test_rounds_with_the_gnn_and_relational_selection(server: str) -> None:
             for cell in cells[3:5]:
                 assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", cell), cells
         assert page.locator("#rounds tbody tr").count() == 2
+        first_question = page.locator("#rounds tbody tr").first.locator("td").nth(1).inner_text()
         _shot(page, "groups-distribution")
+        # the wide CSV: each member once, their survey and round answers in one row
+        got = page.request.get(f"{base}/admin/studies/{SLUG}/export/answers_wide.csv")
+        assert got.status == 200
+        rows = list(csv.DictReader(io.StringIO(got.body().decode("utf-8-sig"))))
+        assert sorted(r["respondent_id"] for r in rows) == [f"member-{r}" for r in range(6)]
+        assert any(r[first_question] not in ("", "<skip>") for r in rows), first_question
         browser.close()
