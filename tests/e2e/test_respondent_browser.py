@@ -408,5 +408,9 @@ def test_consent_page_left_open_after_finishing_never_starts_a_second_respondent
         assert f"{MAX_QUESTIONS} answers to the survey questions" in body
         assert axe_violations(stale[1]) == []
         assert live_respondents(db_url) == n
+        # every respondent page, as this browser gets it, is sent no-store
+        for path in ("", "/q", "/done", "/declined", "/delete"):
+            got = page.request.get(f"{base}/s/{slug}{path}")
+            assert got.status == 200 and got.headers["cache-control"] == "no-store", path
     finally:
         context.close()
