@@ -3,7 +3,9 @@
 with axe-core on each changed page and screenshots into ``docs/screenshots/admin/``.
 
 * An item far down the page is edited in place: the page is not reloaded (a marker set
-  in ``window`` survives) and keeps its scroll position; several items get a role at once.
+  in ``window`` survives) and keeps its scroll position; several items get a role at once;
+  an item's options are reordered and one is marked "not an answer" in place; a
+  10,000-character study name is refused with the limit, a German one reads well.
 * An upload (without ``runs.csv``) is previewed and imported from the preview page without
   choosing the files again.
 * The fit job ends with a readable result (its running state: tests/app/routes/admin).
@@ -137,6 +139,57 @@ def test_edit_in_place_keeps_the_page_and_its_scroll(server: dict[str, Any], pag
     for k in keys:
         assert page.locator(f"#role-{k} select[name=role]").input_value() == "target"
     assert _axe(page) == []
+
+
+def test_reorder_options_and_mark_one_missing_in_place(server: dict[str, Any], page: Any) -> None:
+    """The item editor of an item with three or more options: its lines reversed (the new
+    scale order) and its last option marked "not an answer" are saved in place; the row
+    shows the options in the new order without the missing one."""
+    base = server["base"]
+    page.goto(base + "/admin/studies/designer-e2e")
+    rows = page.locator("table.items tbody tr")
+    row = next(
+        rows.nth(i)
+        for i in range(rows.count())
+        if rows.nth(i).locator("input[name=missing]").count() >= 3
+    )
+    key = row.get_attribute("data-key")
+    row.locator("details summary").click()
+    lines = row.locator("textarea[name=options]").input_value().strip().splitlines()
+    letters = [line.split(":", 1)[0] for line in lines]
+    row.locator("textarea[name=options]").fill("\n".join(reversed(lines)))
+    row.locator(f"input[name=missing][value='{letters[-1]}']").check()
+    page.evaluate("window.__notReloaded = true")
+    row.locator("button:has-text('Save item')").click()
+    page.wait_for_selector(f"tr[data-key='{key}'] >> text=item {key} saved")
+    assert page.evaluate("window.__notReloaded === true")
+    shown = page.locator(f"tr[data-key='{key}'] div.muted").first.inner_text()
+    assert [part.split(":", 1)[0] for part in shown.split(" · ")] == letters[-2::-1]
+    assert _axe(page) == []
+
+
+def test_a_long_name_is_refused_not_cut_and_a_unicode_name_reads_well(
+    server: dict[str, Any], page: Any
+) -> None:
+    """The new-study form takes a 10,000-character name whole (no maxlength cuts it in the
+    browser) and the server refuses it, saying the limit; a German name becomes a readable
+    ASCII address."""
+    base = server["base"]
+    page.goto(base + "/admin")
+    form = page.locator("form[action='/admin/studies']")
+    form.locator("input[name=name]").fill("x" * 10_000)
+    assert len(form.locator("input[name=name]").input_value()) == 10_000
+    form.locator("button[type=submit]").click()
+    page.wait_for_selector(".error[role=alert]")
+    assert "the study name has 10,000 characters; the limit is 200" in page.inner_text(
+        ".error[role=alert]"
+    )
+    assert "x" * 201 not in page.inner_text("body")
+    form = page.locator("form[action='/admin/studies']")
+    form.locator("input[name=name]").fill("Umfrage Größe Zürich")
+    form.locator("button[type=submit]").click()
+    page.wait_for_url(base + "/admin/studies/umfrage-grosse-zurich")
+    assert page.locator("h1").first.inner_text().startswith("Umfrage Größe Zürich")
 
 
 def test_upload_preview_then_import_without_choosing_files_again(

@@ -7,12 +7,14 @@ the group GNN" job. In the browser the researcher plans a round with relational 
 member answers on their personal link, the track table updates itself, the round is
 closed; then a second round is planned with the default selection (the belief model and
 the GNN pooled), opened and closed. The groups page plots the imputed target distribution
-round by round. axe-core finds no serious or critical violation on the groups and round
-pages.
+round by round, and the wide CSV has each member once (survey and round answers in one
+row). axe-core finds no serious or critical violation on the groups and round pages.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 import subprocess
@@ -128,6 +130,9 @@ def _open_answer_close(page: Any, base: str, number: int, answer: bool) -> None:
         member.close()
         page.wait_for_selector("#members tr[data-status=answered]", timeout=30_000)
         assert "UTC" in page.inner_text("#members tr[data-status=answered]")
+    # one unit for gains (correct target answers, as on the plan); no raw ISO timestamp
+    body = page.inner_text("body")
+    assert "nats" not in body and not re.search(r"\d{4}-\d\d-\d\dT\d", body)
     assert axe_violations(page) == []
     _shot(page, f"round-{number}-open")
     page.once("dialog", lambda d: d.accept())
@@ -170,5 +175,18 @@ def test_rounds_with_the_gnn_and_relational_selection(server: str) -> None:
             timeout=120_000,
         )
         assert axe_violations(page) == []
+        # the rounds list: readable times in UTC, one closed round per row
+        for row in page.locator("#rounds tbody tr").all():
+            cells = row.locator("td").all_inner_texts()
+            for cell in cells[3:5]:
+                assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", cell), cells
+        assert page.locator("#rounds tbody tr").count() == 2
+        first_question = page.locator("#rounds tbody tr").first.locator("td").nth(1).inner_text()
         _shot(page, "groups-distribution")
+        # the wide CSV: each member once, their survey and round answers in one row
+        got = page.request.get(f"{base}/admin/studies/{SLUG}/export/answers_wide.csv")
+        assert got.status == 200
+        rows = list(csv.DictReader(io.StringIO(got.body().decode("utf-8-sig"))))
+        assert sorted(r["respondent_id"] for r in rows) == [f"member-{r}" for r in range(6)]
+        assert any(r[first_question] not in ("", "<skip>") for r in rows), first_question
         browser.close()

@@ -4,8 +4,9 @@ screenshots at a phone width (390 px) and a desktop width, and axe-core accessib
 checks (no serious or critical violation) on every respondent page: consent, the pages of
 questions about the respondent (and their "skip them all?" prompt), question, completion
 with "what we learned about you", the declined page after answers, the deletion page.
-The Back button after consent never starts a second respondent. Screenshots of the pages
-at 390x844 go to docs/screenshots/respondent/.
+The Back button after consent, or a consent page left open in another tab after finishing,
+never starts a second respondent. Screenshots of the pages at 390x844 go to
+docs/screenshots/respondent/.
 
 Prerequisites are installed by ``scripts/setup-browser`` (apt chromium, npm axe-core),
 which the fixture runs when something is missing. The server is a real uvicorn process on
@@ -14,6 +15,8 @@ a SQLite file prepared with a small CES study.
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 import subprocess
@@ -123,16 +126,29 @@ def tab_to(page: Any, predicate: str, limit: int = 25) -> None:
     raise AssertionError(f"keyboard focus never reached: {predicate}")
 
 
+def _csv(response: Any) -> list[dict[str, str]]:
+    """The rows of a CSV download (UTF-8 with a BOM)."""
+    assert response.status == 200, response.status
+    return list(csv.DictReader(io.StringIO(response.body().decode("utf-8-sig"))))
+
+
 def live_respondents(db_url: str) -> int:
     """Live respondents stored in the server's database."""
+    return _count(db_url, "SELECT count(*) FROM respondent WHERE source = 'live'")
+
+
+def erasure_records(db_url: str) -> int:
+    """Erasure records (one per erased respondent) in the server's database."""
+    return _count(db_url, "SELECT count(*) FROM erasure_record")
+
+
+def _count(db_url: str, sql: str) -> int:
     from sqlalchemy import create_engine, text
 
     eng = create_engine(db_url)
     try:
         with eng.connect() as conn:
-            return int(
-                conn.execute(text("SELECT count(*) FROM respondent WHERE source = 'live'")).scalar()
-            )
+            return int(conn.execute(text(sql)).scalar())
     finally:
         eng.dispose()
 
@@ -257,6 +273,7 @@ def test_back_button_skip_prompt_decline_and_delete(
     context = browser.new_context(viewport=PHONE)
     page = context.new_page()
     try:
+        erased = erasure_records(db_url)
         page.goto(f"{base}/s/{slug}/delete")
         assert page.locator("h1").inner_text() == "Delete my answers"
         assert axe_violations(page) == []
@@ -273,6 +290,7 @@ def test_back_button_skip_prompt_decline_and_delete(
         assert axe_violations(page) == []
         page.screenshot(path=str(SHOTS / "deleted-390.png"), full_page=True)
         assert live_respondents(db_url) == n - 1
+        assert erasure_records(db_url) == erased + 1  # the existing erasure path's record
         assert errors == []
     finally:
         context.close()
@@ -281,8 +299,10 @@ def test_back_button_skip_prompt_decline_and_delete(
 def test_researcher_sees_repeated_starts_and_erases_a_respondent(
     server: tuple[str, str, str], browser: Any
 ) -> None:
-    """The admin list of live respondents flags a repeated start from one browser and
-    erases a respondent after the confirmation dialog."""
+    """The exports have one row per respondent with ``<skip>`` for a declined question about
+    the respondent, and the long CSV their demographics; the admin list of live respondents
+    flags a repeated start from one browser and erases a respondent after the confirmation
+    dialog."""
     from sqlmodel import Session, select
 
     from app.auth import set_password
@@ -317,6 +337,21 @@ def test_researcher_sees_repeated_starts_and_erases_a_respondent(
         page.fill("input[name=password]", "e2e owner password 1")
         page.click("button[type=submit]")
         page.wait_for_url(f"{base}/admin")
+        # the exports over HTTP: one row per respondent; a declined question about the
+        # respondent is <skip>; the long CSV has their demographics
+        long = _csv(page.request.get(f"{base}/admin/studies/{slug}/export/answers_long.csv"))
+        attributes = {r["item"] for r in long if r["role"] == "attribute"}
+        assert len(attributes) == N_ATTRIBUTES
+        wide = _csv(page.request.get(f"{base}/admin/studies/{slug}/export/answers_wide.csv"))
+        ids = [r["respondent_id"] for r in wide]
+        assert len(ids) == len(set(ids)) == live_respondents(db_url)
+        finished = [r for r in wide if r["status"] == "completed"]
+        assert len(finished) == 2  # the two keyboard surveys: one answer per page of three
+        for row in finished:
+            cells = [row[k] for k in sorted(attributes)]
+            assert cells.count("<skip>") == N_ATTRIBUTES - 3 and "" not in cells, cells
+            answered = {r["item"] for r in long if r["respondent_id"] == row["respondent_id"]}
+            assert attributes <= answered
         page.goto(f"{base}/admin/studies/{slug}/respondents")
         newest = page.locator("#respondents tbody tr").first
         assert "yes, 1 earlier from this browser" in newest.inner_text()
@@ -324,10 +359,58 @@ def test_researcher_sees_repeated_starts_and_erases_a_respondent(
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "admin-respondents-1280.png"), full_page=True)
         rid = newest.get_attribute("data-respondent")
+        erased = erasure_records(db_url)
         page.on("dialog", lambda dialog: dialog.accept())
         newest.locator("button").click()
         page.wait_for_selector(f"text=Respondent {rid} was erased")
         assert page.locator(f'tr[data-respondent="{rid}"]').count() == 0
         assert live_respondents(db_url) == n - 1
+        assert erasure_records(db_url) == erased + 1
+    finally:
+        context.close()
+
+
+def test_consent_page_left_open_after_finishing_never_starts_a_second_respondent(
+    server: tuple[str, str, str], browser: Any
+) -> None:
+    """Two tabs show the consent page; the survey is finished in a third tab of the same
+    browser. "I agree" in the first old tab shows the completion page, "I do not want to
+    take part" in the second says what is stored (not "Nothing was recorded"); no second
+    respondent is created."""
+    base, slug, db_url = server
+    context = browser.new_context(viewport=PHONE)
+    try:
+        stale = [context.new_page() for _ in range(2)]
+        for tab in stale:
+            tab.goto(f"{base}/s/{slug}")
+            assert tab.locator("h1").inner_text() == "Before you start"
+        page = context.new_page()
+        page.goto(f"{base}/s/{slug}")
+        page.click("button[value=accept]")
+        page.wait_for_selector("text=A few questions about you")
+        page.click("button.r-primary")  # nothing chosen: the prompt, then skip them all
+        page.click("button[name=skip_all]")
+        for k in range(1, MAX_QUESTIONS + 1):
+            page.wait_for_selector(f"text=Question {N_ATTRIBUTES + k} of at most")
+            page.check("input[name=option] >> nth=0")
+            page.click("button.r-primary")
+        page.wait_for_selector("text=Thank you!")
+        code = page.locator(".r-code").inner_text().strip()
+        n = live_respondents(db_url)
+        stale[0].click("button[value=accept]")
+        stale[0].wait_for_selector("text=Thank you!")
+        assert stale[0].url.endswith(f"/s/{slug}/done")
+        assert stale[0].locator(".r-code").inner_text().strip() == code
+        stale[1].click("button[value=decline]")
+        stale[1].wait_for_selector("text=You already took part")
+        body = stale[1].inner_text("body")
+        assert "Nothing was recorded" not in body
+        assert f"{MAX_QUESTIONS} answers to the survey questions" in body
+        assert axe_violations(stale[1]) == []
+        assert live_respondents(db_url) == n
+        # every respondent page, as this browser gets it, is sent no-store
+        for path in ("", "/q", "/done", "/declined", "/delete"):
+            got = page.request.get(f"{base}/s/{slug}{path}")
+            assert got.status == 200 and got.headers["cache-control"] == "no-store", path
     finally:
         context.close()

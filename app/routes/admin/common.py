@@ -135,7 +135,7 @@ class FormFields:
         out: dict[str, bytes] = {}
         for name in names:
             upload = self.form.get(name)
-            if upload is not None and not isinstance(upload, str):
+            if upload is not None and not isinstance(upload, str) and upload.filename:
                 if upload.size is not None and upload.size > max_bytes:
                     raise InvalidInputError(f"{name} is larger than the upload limit")
                 out[name] = await upload.read()
@@ -151,6 +151,30 @@ class FormFields:
         if len(data) > max_bytes:
             raise InvalidInputError(f"{upload.filename}: larger than {max_bytes} bytes")
         return upload.filename, data
+
+    async def named_files(
+        self, field: str, names: tuple[str, ...], *, max_bytes: int
+    ) -> dict[str, bytes]:
+        """The files chosen together in the multiple-file field ``field``, keyed by their
+        file names, each of which must be one of ``names`` (a folder part of the name is
+        ignored), e.g. ``{"responses.csv": b"...", "codebook.jsonl": b"..."}``; an unknown
+        or repeated name, or a file declared larger than ``max_bytes``, is an
+        InvalidInputError. An empty field gives ``{}``."""
+        out: dict[str, bytes] = {}
+        for upload in self.form.getlist(field):
+            if isinstance(upload, str) or not upload.filename:
+                continue
+            name = upload.filename.replace("\\", "/").rsplit("/", 1)[-1]
+            if name not in names:
+                raise InvalidInputError(
+                    f"{field}: {name!r} is not one of the expected files ({', '.join(names)})"
+                )
+            if name in out:
+                raise InvalidInputError(f"{field}: {name!r} chosen twice")
+            if upload.size is not None and upload.size > max_bytes:
+                raise InvalidInputError(f"{name} is larger than the upload limit")
+            out[name] = await upload.read()
+        return out
 
 
 async def read_form(request: Request) -> FormFields:

@@ -30,6 +30,7 @@ def home(
 ) -> Response:
     studies = visible_study_summaries(researcher, session=session)
     ctx = {"studies": studies, "datasets": _datasets(settings), "error": None}
+    ctx["name_max_len"] = designer.NAME_MAX_LEN
     return page.render("admin/home.html", ctx)
 
 
@@ -47,6 +48,7 @@ async def create_study(
         error = user_error_message(exc)
         studies = visible_study_summaries(researcher, session=session)
         ctx = {"studies": studies, "datasets": _datasets(settings), "error": error}
+        ctx["name_max_len"] = designer.NAME_MAX_LEN
         return page.render("admin/home.html", ctx, status=422)
     return page.redirect("admin_study", slug=study.slug)
 
@@ -62,6 +64,7 @@ def _import_page(
     """The import page (shipped datasets, upload form), with an inline error (422) or a
     preview of an upload."""
     ctx: dict[str, Any] = {"datasets": _datasets(settings), "error": error, "preview": preview}
+    ctx["name_max_len"] = designer.NAME_MAX_LEN
     if fields is not None:
         ctx["fields"] = fields
     return page.render("admin/import.html", ctx, status=422 if error is not None else 200)
@@ -107,7 +110,9 @@ async def import_upload(
 ) -> Response:
     """``action=preview`` validates the files, keeps them and shows the preview (with a
     button that imports the kept upload: ``action=import`` with ``upload_token``);
-    ``action=import`` with files imports them at once."""
+    ``action=import`` with files imports them at once. The files come from the field
+    ``files`` (several chosen together, known by their names) and from the one-file fields
+    of :data:`UPLOAD_FIELDS`."""
     fields = {k: form.text(k) for k in ("name", "id_column", "attributes")}
     token = form.text("upload_token")
     try:
@@ -116,7 +121,11 @@ async def import_upload(
                 token, owner=researcher, session=session, study_name=form.text("name")
             )
             return page.redirect("admin_study", slug=result.slug)
-        files = await form.files(UPLOAD_FIELDS, max_bytes=designer.MAX_UPLOAD_BYTES)
+        limit = designer.MAX_UPLOAD_BYTES
+        files = {  # the files chosen together, then any chosen one by one (these win)
+            **await form.named_files("files", UPLOAD_FIELDS, max_bytes=limit),
+            **await form.files(UPLOAD_FIELDS, max_bytes=limit),
+        }
         if form.text("action") == "import":
             result = designer.import_upload(files, fields, owner=researcher, session=session)
             return page.redirect("admin_study", slug=result.slug)

@@ -1,8 +1,10 @@
 """Results through the API (GET /api/v1/studies, .../responses, .../predictions) on a real
 database (SQLite file and PostgreSQL), checked against the CSV exports of the same study.
 
-Sessions are made and answered through the API itself; the pages are walked with a small
-limit so that several pages and the last partial page are exercised.
+Sessions are made and answered through the API itself (in-process); the results are read
+over HTTP from ``priorly serve`` running in its own process on the same database, and the
+pages are walked with a small limit so that several pages and the last partial page are
+exercised.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from app.auth import share_study
 from app.services.apikeys import create_api_key, create_researcher
 from app.services.export import SKIP_MARK, codebook_jsonl, csv_predictions, csv_wide
 from app.tables import ElicitationSession, Study
-from tests.support.live_study import LiveStudy, app_client, ces_sample_study
+from tests.support.live_study import LiveStudy, app_client, ces_sample_study, priorly_serve
 
 N_SESSIONS = 7
 
@@ -68,9 +70,14 @@ def live(
         yield study
 
 
-@pytest.fixture
-def client(live: LiveStudy) -> Iterator[Any]:
-    with app_client(live.url) as c:
+@pytest.fixture(scope="module")
+def client(live: LiveStudy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """An HTTP client of ``priorly serve`` running in its own process on the study's
+    database: the product or pipeline's view, over a real socket."""
+    import httpx
+
+    folder = tmp_path_factory.mktemp("results-server")
+    with priorly_serve(live.url, folder) as base, httpx.Client(base_url=base, timeout=60) as c:
         yield c
 
 

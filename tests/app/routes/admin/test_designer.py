@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -446,6 +447,37 @@ def test_preview_without_runs_then_import_the_kept_upload(
         data={"action": "import", "upload_token": token.group(1), "csrf_token": csrf(dclient)},
     )
     assert again.status_code == 422 and "no longer kept" in again.text
+
+
+def test_files_chosen_together_are_known_by_their_names(
+    dclient: TestClient, alice: Researcher, db: Session, small_dataset_factory: Callable[..., Path]
+) -> None:
+    """One multiple-file field holds the dataset's files; an unknown or repeated name is a
+    422 naming the file, and nothing is imported."""
+    folder = small_dataset_factory("ces", 20, folder="upload-together")
+    login(dclient, "alice@example.org")
+
+    def post(names: list[str], action: str = "import") -> Any:
+        paths = {n: folder / n.rsplit("/", 1)[-1] for n in names}
+        body = {n: p.read_bytes() if p.exists() else b"notes" for n, p in paths.items()}
+        parts = [("files", (n, body[n], "application/octet-stream")) for n in names]
+        return dclient.post(
+            "/admin/import/upload",
+            data={"action": action, "name": "Together", "csrf_token": csrf(dclient)},
+            files=parts,
+        )
+
+    r = post(["responses.csv", "codebook.jsonl", "notes.txt"])
+    assert r.status_code == 422 and "files: &#39;notes.txt&#39; is not one of" in r.text
+    r = post(["responses.csv", "codebook.jsonl", "sub/responses.csv"])
+    assert r.status_code == 422 and "&#39;responses.csv&#39; chosen twice" in r.text
+    assert db.exec(select(Study)).all() == []
+    r = post(["responses.csv", "codebook.jsonl", "dataset.json", "user_split.json"], "preview")
+    assert r.status_code == 200 and "20 respondents" in r.text
+    r = post(["responses.csv", "codebook.jsonl", "dataset.json"])
+    assert r.status_code == 200, r.text
+    study = db.exec(select(Study).where(Study.slug == "together")).one()
+    assert len(db.exec(select(Respondent).where(Respondent.study_id == study.id)).all()) == 20
 
 
 def test_kept_uploads_belong_to_their_researcher_and_expire(
