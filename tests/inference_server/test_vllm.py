@@ -4,7 +4,9 @@ The ``openai`` backend is checked on every path: completions with the chat templ
 rendered here (the embedded model's files), completions with the template applied by the
 server (``/tokenize``, no local tokenizer), chat completions; and through
 ``priorly personas generate`` with the server taken from ``PRIORLY_LLM_*`` and no local
-model folder. A wrong model name and a server that is down are one clear error each.
+model folder; and through the admin personas page's persona generation job with the
+server option, followed by the fit of the persona prior on what the job stored. A wrong
+model name and a server that is down are one clear error each.
 
 Slow, and on by default: CI runs it. Opt out (local development without the vLLM
 environment) with ``PRIORLY_SKIP_VLLM=1``. Where the server comes from:
@@ -23,22 +25,37 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app import db
+from app.auth import create_account
 from app.cli import main
-from app.settings import get_settings
+from app.jobs.runner import execute_job
+from app.main import create_app
+from app.services import jobs
+from app.services import personas as ps
+from app.services.belief import active_model_row
+from app.services.designer import add_item, create_study
+from app.settings import Settings, get_settings
+from app.tables import Job, JobStatus, PersonaDistribution, Study, StudyPersona
 from elicitation.datasets import load_dataset
 from inference_server.backends import LocalBackend, OpenAIBackend, ScoreRequest
 from inference_server.errors import BackendError
 from inference_server.model_store import DEFAULT_MODEL, resolve_model
 from inference_server.prompts import DEFAULT_TEMPLATE, PromptItem
 from inference_server.server import MARKER, VLLMServer, default_venv, free_port, wait_background
+from models.base import load_model
+from tests.support.admin import PASSWORD, csrf, login
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,3 +213,134 @@ def test_generate_from_settings_without_local_model_files(
     for row, want in zip(rows, local, strict=True):
         assert row.model_id == DEFAULT_MODEL
         assert row.probs == pytest.approx(want.probs, abs=5e-3)
+
+
+def test_admin_persona_job_on_the_server_then_persona_prior(
+    vllm_url: str,
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The personas page's "inference server" option (``PRIORLY_LLM_*`` = this server)
+    starts the ``persona_generation`` job; run by the worker's :func:`execute_job`, it
+    stores one distribution per persona x question (3 attribute-share personas x 2
+    questions of 2 and 4 options), keyed by the server's model name, reporting "done of
+    total pairs scored, rate pairs/s"; the fit job then builds the persona prior from them
+    (each persona's row of an item = its stored distribution). SQLite and PostgreSQL."""
+    served = [m["id"] for m in httpx.get(f"{vllm_url}/v1/models", timeout=30).json()["data"]]
+    assert served == [DEFAULT_MODEL]
+    monkeypatch.setenv("PRIORLY_LLM_BASE_URL", vllm_url)  # the worker's settings
+    monkeypatch.setenv("PRIORLY_LLM_MODEL", DEFAULT_MODEL)
+    get_settings.cache_clear()
+    settings = Settings(
+        database_url=str(engine.url.render_as_string(hide_password=False)),
+        env="test",
+        secret_key="t" * 40,  # type: ignore[arg-type]
+        queue_path=tmp_path / "queue.db",
+    )
+    assert (settings.llm_base_url, settings.llm_model) == (vllm_url, DEFAULT_MODEL)
+    options = {"age": ["Under 30", "30 to 64", "65 or older"], "q1": ["Yes", "No"],
+               "q2": ["Always", "Usually", "Rarely", "Never"]}  # fmt: skip
+    with Session(engine) as s:
+        alice = create_account("alice@example.org", PASSWORD, session=s)
+        study = create_study("Server personas", owner=alice, session=s)
+        for key, question, role in (
+            ("age", "Your age?", "attribute"),
+            ("q1", "Do you trust the national parliament?", "question"),
+            ("q2", "How often do you vote in national elections?", "question"),
+        ):
+            text = "\n".join(f"{chr(65 + k)}: {o}" for k, o in enumerate(options[key]))
+            add_item(study, session=s, key=key, question=question, options_text=text,
+                     role=role, topic="Age" if role == "attribute" else "",
+                     is_preference_criterion=False)  # fmt: skip
+        shares = {"age": {"A": "0.3", "B": "0.5", "C": "0.2"}}
+        assert ps.add_share_personas(study, shares, session=s) == 3
+        study_id, slug = study.id, study.slug
+
+    messages: list[str] = []
+    original = ps.generation_progress
+
+    def spying(total: int, report: Callable[[float, str], None], **kw: Any):
+        return original(total, lambda f, m: (messages.append(m), report(f, m)), **kw)
+
+    monkeypatch.setattr(ps, "generation_progress", spying)
+    try:
+        with TestClient(create_app(settings), base_url="http://localhost") as client:
+            login(client, "alice@example.org")
+            r = client.post(
+                f"/admin/studies/{slug}/personas/generate",
+                data={"backend": "openai", "csrf_token": csrf(client)},
+                follow_redirects=False,
+            )
+            assert r.status_code == 303, r.text
+            with Session(engine) as s:
+                job = s.exec(select(Job).where(Job.kind == "persona_generation")).one()
+            assert job.payload == {"backend": "openai", "chunk": ps.GENERATION_CHUNK["openai"]}
+            notice = parse_qs(urlsplit(r.headers["location"]).query)["notice"]
+            assert notice == [f"persona generation job #{job.id} started"]
+            assert execute_job(engine, job.id or 0) == JobStatus.succeeded.value
+    finally:
+        get_settings.cache_clear()
+
+    with Session(engine) as s:
+        job = s.get(Job, job.id)
+        assert job is not None and job.status == JobStatus.succeeded.value, job.error
+        result = job.result or {}
+        assert (result["personas"], result["questions"], result["total_pairs"]) == (3, 2, 6)
+        assert (result["computed"], result["already_stored"]) == (6, 0)
+        assert result["model_id"] == DEFAULT_MODEL and result["pairs_per_second"] > 0
+        # one chunk (the page's 128 pairs): the start, then all pairs with the rate
+        assert messages[0] == "0 of 6 pairs scored"
+        assert len(messages) == 2
+        assert re.fullmatch(
+            r"6 of 6 pairs scored, (\d+(\.\d+)?(e[+-]\d+)?) pairs/s, about 0 s left", messages[1]
+        ), messages[1]
+        assert float(messages[1].split(", ")[1].split()[0]) > 0
+
+        rows = s.exec(select(PersonaDistribution)).all()
+        personas = [
+            (p.key, p.text_hash)
+            for p in s.exec(
+                select(StudyPersona)
+                .where(StudyPersona.study_id == study_id)
+                .order_by(StudyPersona.id)  # type: ignore[arg-type]
+            ).all()
+        ]
+        _, questions = ps.study_items(study_id or 0, session=s)
+        key_of = {q.hash: q.key for q in questions}
+        assert len(rows) == 6
+        assert {(r.persona_hash, key_of[r.item_hash]) for r in rows} == {
+            (h, k) for _, h in personas for k in ("q1", "q2")
+        }
+        for r in rows:
+            assert r.model_id == DEFAULT_MODEL == served[0]
+            assert r.template_version == result["template_version"]
+            assert len(r.probs) == len(options[key_of[r.item_hash]])
+            assert min(r.probs) >= 0 and sum(r.probs) == pytest.approx(1, abs=1e-9)
+            assert 0 < r.valid_mass <= 1 + 1e-6
+        stored = {(r.persona_hash, key_of[r.item_hash]): r.probs for r in rows}
+
+        study = s.get(Study, study_id)
+        assert study is not None
+        fit = jobs.start_job(
+            "fit_model", study, payload={}, researcher=None, settings=settings, session=s
+        )
+        fit_id = fit.id or 0
+    assert execute_job(engine, fit_id) == JobStatus.succeeded.value
+    with Session(engine) as s:
+        row = active_model_row(study_id or 0, session=s)
+        assert row is not None and row.family == "persona_mixture"
+        m = row.metrics
+        assert (m["prior"], m["llm"], m["template_version"]) == (
+            "persona",
+            DEFAULT_MODEL,
+            result["template_version"],
+        )
+        assert (m["n_personas"], m["distributions"], m["attribute_personas"]) == (3, 6, 3)
+        model = load_model(row.blob)
+    assert model.labels == tuple(key for key, _ in personas)
+    for k, (label, text_hash) in enumerate(personas):
+        for key in ("q1", "q2"):
+            j = model.item_bank.keys.index(key)
+            got = model.mu[k, j, : len(options[key])].tolist()
+            assert got == pytest.approx(stored[(text_hash, key)], abs=1e-12), (label, key)
