@@ -226,17 +226,6 @@ def _not_open(request: Request, templates: Any) -> HTMLResponse:
     )
 
 
-def _not_ready(request: Request, templates: Any, study: Study) -> HTMLResponse:
-    return message_page(
-        request,
-        templates,
-        "Survey not ready",
-        "This survey is not ready yet. Please try again later.",
-        status_code=503,
-        study=study,
-    )
-
-
 def _safe_redirect(url: str | None, code: str) -> str | None:
     """The study's redirect URL with ``{code}`` filled in; only http(s) URLs are used."""
     if not url:
@@ -291,16 +280,25 @@ def _question_context(
 
 @router.get("/{slug}", response_class=HTMLResponse, name="respondent_start")
 def start_page(
-    slug: str, request: Request, visit: VisitDep, session: SessionDep, templates: TemplatesDep
+    slug: str,
+    request: Request,
+    visit: VisitDep,
+    session: SessionDep,
+    templates: TemplatesDep,
+    settings: SettingsDep,
 ) -> Response:
     """The consent page (or straight to the current page when a session cookie exists);
-    the "preparing" page while the study's first model is being fitted, whose poll
-    (``HX-Trigger: preparing``) gets 204 until then and ``HX-Refresh`` after; "not
-    ready" (503) for a study without a model and without a fit job."""
+    the "preparing" page while the study's first model is being fitted (a study without a
+    model or fit job gets its first fit queued here), whose poll (``HX-Trigger:
+    preparing``) gets 204 until then and ``HX-Refresh`` after."""
     study = visit.study
     if study is None:
         return _not_open(request, templates)
-    readiness = survey_readiness(study, session=session) if visit.sess is None else "ready"
+    readiness = (
+        survey_readiness(study, session=session, queue_fit=settings)
+        if visit.sess is None
+        else "ready"
+    )
     polled = request.headers.get("HX-Trigger") == "preparing"
     if readiness == "preparing":
         if polled:
@@ -310,8 +308,6 @@ def start_page(
         )
     if polled:
         return Response(headers={"HX-Refresh": "true"})
-    if readiness == "no_model":
-        return _not_ready(request, templates, study)
     if visit.sess is not None:
         return _see(str(request.url_for("respondent_question", slug=slug)))
     try:

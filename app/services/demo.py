@@ -159,15 +159,25 @@ def queue_demo_preparation(
 Readiness = Literal["ready", "preparing", "no_model"]
 
 
-def survey_readiness(study: Study, *, session: Session) -> Readiness:
+def survey_readiness(
+    study: Study, *, session: Session, queue_fit: Settings | None = None
+) -> Readiness:
     """Whether ``study``'s survey can start a session: ``ready`` (it has an active model),
     ``preparing`` (no model yet, a fit job is queued or running: the survey shows the
-    "preparing" page) or ``no_model`` (no model and no fit job: the survey is not available
-    until a researcher fits one). A survey never fits a model while a respondent waits."""
+    "preparing" page) or ``no_model`` (no model and no fit job). With ``queue_fit`` (the
+    process settings) a study without either gets its first ``fit_model`` job queued
+    (imported history, or the persona / uniform prior without any) and is ``preparing``,
+    as an API start does. A survey never fits a model while a respondent waits."""
     assert study.id is not None
     has_model = session.exec(
         select(FittedModel.id).where(FittedModel.study_id == study.id, FittedModel.is_active)  # type: ignore[arg-type]
     ).first()
     if has_model is not None:
         return "ready"
-    return "preparing" if _active_fit_job(study.id, session=session) is not None else "no_model"
+    if _active_fit_job(study.id, session=session) is not None:
+        return "preparing"
+    if queue_fit is None:
+        return "no_model"
+    start_job(FIT_KIND, study, payload={"reason": "first model"}, researcher=None,
+              settings=queue_fit, session=session)  # fmt: skip
+    return "preparing"

@@ -166,14 +166,15 @@ def test_busy_port_says_use_port(tmp_path: Path) -> None:
 def test_a_survey_never_fits_while_a_respondent_waits(
     migrated_sqlite_url: str, small_dataset_factory: Callable[..., Path]
 ) -> None:
-    """A published study without a model and without a fit job: "not ready" (503), and a
-    consent posted anyway goes back to the start page; no model is fitted by either."""
+    """A published study without a model and without a fit job: the survey page queues the
+    first fit job and says "preparing", and a consent posted anyway goes back to the start
+    page; no model is fitted by either (the fit is the queued job's)."""
     from fastapi.testclient import TestClient
 
     from app.main import create_app
     from app.services.demo import open_for_fielding
     from app.services.importer import import_dataset
-    from app.tables import FittedModel
+    from app.tables import FittedModel, Job
 
     eng = make_engine(migrated_sqlite_url)
     try:
@@ -184,11 +185,12 @@ def test_a_survey_never_fits_while_a_respondent_waits(
         settings = Settings(database_url=migrated_sqlite_url, env="dev")
         with TestClient(create_app(settings)) as client:
             page = client.get("/s/ces")
-            assert page.status_code == 503 and "not ready" in page.text
+            assert page.status_code == 200 and "Preparing the survey" in page.text
             r = client.post("/s/ces/consent", data={"choice": "accept"}, follow_redirects=False)
             assert r.status_code == 303 and r.headers["location"].endswith("/s/ces")
         with Session(eng) as s:
             assert s.exec(select(FittedModel)).all() == []
+            assert [j.kind for j in s.exec(select(Job)).all()] == ["fit_model"]
             assert s.exec(select(Respondent)).all() != []  # only the imported ones
             assert all(r.source == "import" for r in s.exec(select(Respondent)).all())
     finally:

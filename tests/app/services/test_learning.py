@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -227,6 +228,20 @@ def test_an_api_start_without_a_model_queues_a_fit_and_says_so(
             svc.start_session(ces_study, engine=engine)
     assert db.exec(select(FittedModel)).all() == []
     assert len(db.exec(select(Job).where(Job.kind == "fit_model")).all()) == 1
+
+
+def test_a_browser_visit_without_a_model_queues_the_fit_and_shows_preparing(
+    client: TestClient, db: Session, ces_study: Study
+) -> None:
+    """The survey page of a published study without a model or fit job queues its first
+    fit (once) and shows "preparing"; nothing is fitted in the request."""
+    _publish(db, ces_study)
+    for _ in range(2):
+        page = client.get(f"/s/{ces_study.slug}")
+        assert page.status_code == 200 and "Preparing the survey" in page.text
+    (job,) = db.exec(select(Job).where(Job.kind == "fit_model")).all()
+    assert job.payload == {"reason": "first model"} and job.status == "queued"
+    assert db.exec(select(FittedModel)).all() == []
 
 
 def test_calibration_questions_take_the_last_places_of_the_budget(
