@@ -299,6 +299,9 @@ def _group_speed(args: argparse.Namespace) -> int:
 
 
 # ---- lifecycle ----------------------------------------------------------------------------
+_STUDY_DEFAULTS = StudySettings()
+
+
 def _add_lifecycle(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dataset",
@@ -323,16 +326,18 @@ def _add_lifecycle(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--live-questions",
         type=int,
-        default=10,
+        default=_STUDY_DEFAULTS.budgets.max_questions,
         metavar="M",
-        help="the study's max_questions: what each arriving respondent answers (default 10)",
+        help="the study's budgets.max_questions: what each arriving respondent answers "
+        f"(default {_STUDY_DEFAULTS.budgets.max_questions}, a new study's)",
     )
     p.add_argument(
         "--calibration-items",
         type=int,
-        default=2,
+        default=_STUDY_DEFAULTS.calibration_items,
         metavar="C",
-        help="the study's calibration_items (default 2)",
+        help="the study's calibration_items: its last places go to random question and target "
+        f"items (default {_STUDY_DEFAULTS.calibration_items}, a new study's)",
     )
     p.add_argument("--out", required=True, type=Path, metavar="FILE", help="result JSON to write")
     p.add_argument(

@@ -314,7 +314,7 @@ def run_lifecycle(
     *,
     n_runs: int = 3,
     live_questions: int = 10,
-    calibration_items: int = 2,
+    calibration_items: int = 0,
     keep_db: Path | None = None,
     log: Callable[[str], None] = lambda _msg: None,
 ) -> dict[str, Any]:

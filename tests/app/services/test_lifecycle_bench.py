@@ -20,6 +20,7 @@ from app.tables import (
     Item,
     Respondent,
     RespondentSource,
+    SelectionDecision,
     Study,
 )
 from elicitation.datasets import load_dataset
@@ -38,13 +39,15 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def replay(small: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    """One run, arrivals 0 and 20, budget 2; its database kept."""
+    """One run, arrivals 0 and 20, budget 2, two calibration questions per live
+    respondent; its database kept."""
     folder = tmp_path_factory.mktemp("lc-out")
     out = folder / "r.json"
     code = main(
         [
             "bench", "lifecycle", "--dataset", str(small), "--arrivals", "0,20", "--budget", "2",
-            "--runs", "1", "--out", str(out), "--keep-db", str(folder / "db"),
+            "--runs", "1", "--calibration-items", "2", "--out", str(out),
+            "--keep-db", str(folder / "db"),
         ]
     )  # fmt: skip
     assert code == 0
@@ -167,6 +170,14 @@ def test_replay_went_through_the_product(replay: tuple[dict, Path], small: Path)
             checkpoints = result["methods"]["default"]["per_run"][0]["checkpoints"]
             assert checkpoints[-1]["model_id"] == active[0].id
             assert study.settings["refit_every"] == 0
+            assert study.settings["calibration_items"] == 2
+            calibration = db.exec(
+                select(SelectionDecision).where(
+                    SelectionDecision.criterion == "calibration",
+                    col(SelectionDecision.item_id).is_not(None),
+                )
+            ).all()
+            assert len(calibration) == 20 * 2  # places 8 and 9 of every session
     finally:
         engine.dispose()
 
