@@ -298,6 +298,82 @@ def _group_speed(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- lifecycle ----------------------------------------------------------------------------
+_STUDY_DEFAULTS = StudySettings()
+
+
+def _add_lifecycle(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dataset",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="dataset folder (canonical format)",
+    )
+    p.add_argument(
+        "--arrivals",
+        default="0,50,200,800",
+        metavar="A1,A2",
+        help="increasing arrival counts at which the study is refitted and scored "
+        "(default 0,50,200,800)",
+    )
+    p.add_argument(
+        "--budget", type=int, default=10, metavar="T", help="questions per test user (default 10)"
+    )
+    p.add_argument(
+        "--runs", type=int, default=3, metavar="N", help="first N runs of runs.csv (default 3)"
+    )
+    p.add_argument(
+        "--live-questions",
+        type=int,
+        default=_STUDY_DEFAULTS.budgets.max_questions,
+        metavar="M",
+        help="the study's budgets.max_questions: what each arriving respondent answers "
+        f"(default {_STUDY_DEFAULTS.budgets.max_questions}, a new study's)",
+    )
+    p.add_argument(
+        "--calibration-items",
+        type=int,
+        default=_STUDY_DEFAULTS.calibration_items,
+        metavar="C",
+        help="the study's calibration_items: its last places go to random question and target "
+        f"items (default {_STUDY_DEFAULTS.calibration_items}, a new study's)",
+    )
+    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="result JSON to write")
+    p.add_argument(
+        "--keep-db", type=Path, metavar="DIR", help="keep each run's SQLite database here"
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+
+
+def _lifecycle(args: argparse.Namespace) -> int:
+    # torch-heavy, imported when the command runs (``priorly --help`` stays fast)
+    import torch
+
+    from app.services.lifecycle_bench import parse_arrivals, run_lifecycle
+
+    if args.threads < 1:
+        raise InvalidInputError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    result = run_lifecycle(
+        args.dataset,
+        parse_arrivals(args.arrivals),
+        args.budget,
+        n_runs=args.runs,
+        live_questions=args.live_questions,
+        calibration_items=args.calibration_items,
+        keep_db=args.keep_db,
+        log=lambda msg: print(msg, file=sys.stderr),
+    )
+    _write_json(args.out, result)
+    budget = result["budget"]
+    print("method".ljust(13) + "".join(f"  ll@{budget} a={a:<5d}" for a in result["arrivals"]))
+    for name, res in result["methods"].items():
+        print(name.ljust(13) + "".join(f"  {row[budget]:<12.4f}" for row in res["log_loss"]))
+    print(f"wrote {args.out}")
+    return 0
+
+
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handler]] = {
     "individual": (
         "replay real respondents: target accuracy/log loss after 0..T questions per method",
@@ -313,6 +389,11 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Han
         "group rounds on the published protocol: target accuracy after rounds 0..R per method",
         _add_group,
         _group,
+    ),
+    "lifecycle": (
+        "a study without history learning from live respondents: target log loss per arrivals",
+        _add_lifecycle,
+        _lifecycle,
     ),
     "group-speed": (
         "GNN training time and round planning time for 1k / 10k / 100k members",

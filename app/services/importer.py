@@ -192,7 +192,11 @@ def _roles(ds: Dataset) -> dict[str, str]:
 
 
 def import_dataset(
-    path: str | Path, *, session: Session, study_name: str | None = None
+    path: str | Path,
+    *,
+    session: Session,
+    study_name: str | None = None,
+    respondents: bool = True,
 ) -> ImportResult:
     """Import the dataset folder ``path`` as a new study, in one transaction.
 
@@ -201,6 +205,8 @@ def import_dataset(
         session: the database session; it is committed on success, rolled back on error.
         study_name: the study's name (default: the manifest's ``name``); the slug is
             :func:`slugify` of it.
+        respondents: also import the respondents and their answers (``False``: the study
+            and its items only, e.g. the lifecycle benchmark's study without history).
 
     Raises:
         DatasetError: the dataset is invalid (names file, row, column); nothing written.
@@ -218,7 +224,7 @@ def import_dataset(
             f"study name {name!r} gives an empty slug (use letters or digits, e.g. --study ces)"
         )
     try:
-        result = _write(ds, name=name, slug=slug, session=session)
+        result = _write(ds, name=name, slug=slug, session=session, respondents=respondents)
         session.commit()
     except IntegrityError as exc:
         session.rollback()
@@ -266,7 +272,9 @@ def _bulk_insert(conn: Connection, table: Any, rows: list[dict[str, Any]]) -> No
             )
 
 
-def _write(ds: Dataset, *, name: str, slug: str, session: Session) -> dict[str, Any]:
+def _write(
+    ds: Dataset, *, name: str, slug: str, session: Session, respondents: bool = True
+) -> dict[str, Any]:
     conn = session.connection()
     if conn.execute(select(Study.id).where(Study.slug == slug)).first() is not None:  # type: ignore[call-overload]
         raise ConflictError(f"a study with slug {slug!r} already exists")
@@ -320,6 +328,8 @@ def _write(ds: Dataset, *, name: str, slug: str, session: Session) -> dict[str, 
     respondent_rows = []
     n_answers = 0
     for rid, row in zip(ds.respondent_ids, ds.responses.tolist(), strict=True):
+        if not respondents:
+            break
         answers = {keys[j]: letters[j][row[j]] for j in answer_cols if row[j] >= 0}
         n_answers += len(answers)
         respondent_rows.append(
@@ -341,6 +351,6 @@ def _write(ds: Dataset, *, name: str, slug: str, session: Session) -> dict[str, 
         "slug": slug,
         "name": name,
         "n_items": len(ds.codebook),
-        "n_respondents": len(ds.respondent_ids),
+        "n_respondents": len(respondent_rows),
         "n_answers": n_answers,
     }
