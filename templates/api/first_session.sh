@@ -30,9 +30,10 @@ curl -sS --fail-with-body -X POST "$BASE/api/v1/sessions/$SESSION/answers" \
   -d "{\"item\": \"$ITEM\", \"option\": \"$OPTION\", \"idempotency_key\": \"curl-1-a1\"}" \
   | jq '{questions_answered, question}'
 
-# 5. What the model now predicts for the study's targets, and the respondent's profile.
+# 5. What the model now predicts for the study's targets and every unanswered item,
+#    and the respondent's profile.
 curl -sS --fail-with-body "$BASE/api/v1/sessions/$SESSION/predictions" \
-  -H "Authorization: Bearer $TOKEN" | jq '{answers, targets: .targets[:2]}'
+  -H "Authorization: Bearer $TOKEN" | jq '{answers, targets: .targets[:2], predicted: .predicted[:2]}'
 curl -sS --fail-with-body "$BASE/api/v1/sessions/$SESSION/profile" \
   -H "Authorization: Bearer $TOKEN" | jq '{answers, summary}'
 
