@@ -75,7 +75,7 @@ from elicitation.criteria import FixedOrder, get_criterion
 from elicitation.errors import ElicitationError
 from elicitation.model_choice import BELIEF_MODEL_CHOICES, fit_belief_model
 from inference_server.prompts import PromptItem
-from models.base import ItemBank, load_model
+from models.base import ItemBank, load_model, responses_hash
 from models.latent_class import DEFAULT_N_CLASSES as LC_DEFAULT_N_CLASSES
 from models.latent_class import DEFAULT_RESTARTS as LC_DEFAULT_RESTARTS
 from models.persona import PersonaMixture
@@ -191,6 +191,10 @@ def fit_study_model(
         kind, study, items, data.train, data.selection, session, n_classes, n_restarts, seed,
         fit_options, progress,
     )  # fmt: skip
+    if not model.training_hash:  # the CAPE fits set none: the data and family identify it
+        model.training_hash = f"{model.family}:" + responses_hash(
+            torch.cat([data.train, data.selection]), item_bank_of(items)
+        )
     active_row = active_model_row(study.id, session=session)
     verdict = learning.judge(model, learning.load_row_model(active_row), data.holdout, force=force)
     promoted = verdict.status == ModelStatus.promoted.value

@@ -244,6 +244,25 @@ def test_a_browser_visit_without_a_model_queues_the_fit_and_shows_preparing(
     assert db.exec(select(FittedModel)).all() == []
 
 
+def test_a_cape_fit_is_identified_by_its_training_data(db: Session, ces_study: Study) -> None:
+    """A CAPE fit (whose fitter sets no training hash) is stored with the hash of its family
+    and training data, so the per-process model cache and the fixed-order keys never take
+    it for another study's or another fit's model."""
+    from models.base import responses_hash
+
+    for it in _items(db, ces_study):
+        it.is_preference_criterion = it.role == "question"
+        db.add(it)
+    db.commit()
+    row = _fit(db, ces_study, belief_model="cape_linear",
+               fit_options={"cape_linear": {"dims": (1,)}})  # fmt: skip
+    items = _items(db, ces_study)
+    data = study_training_data(ces_study.id or 0, items, session=db)
+    bank = ItemBank(tuple(i.key for i in items), tuple(len(i.options) for i in items))
+    expected = responses_hash(torch.cat([data.train, data.selection]), bank)
+    assert row.family == "cape_linear" and row.training_hash == f"cape_linear:{expected}"
+
+
 def test_calibration_questions_take_the_last_places_of_the_budget(
     engine: Engine, db: Session, ces_study: Study
 ) -> None:
