@@ -1,6 +1,6 @@
 """Markdown report of `priorly bench group` result files (the tables of docs/group.md §4).
 
-    python scripts/group_report.py docs/group/s8-ces_10.json[:0.785,0.787,0.788,0.789,0.790] ...
+    python scripts/group_report.py docs/group/ces_10.json[:0.785,0.787,0.788,0.789,0.790] ...
 
 For each file (one dataset and respondent budget): every method's target accuracy after
 rounds 0..4, Brier and perplexity after the last round and the mean planning seconds per
