@@ -144,12 +144,9 @@ def test_embedded_model_scores_the_share_personas(
     engine: Engine, db: Session, study: Study
 ) -> None:
     """The real embedded SmolLM2-135M on 2 personas x 2 questions (about 15 s with the
-    model load), then the persona prior built from what it stored. The database part is
-    covered on both backends above, so this runs on SQLite only."""
+    model load), then the persona prior built from what it stored, on each backend."""
     from app.services.belief import fit_study_model
 
-    if engine.dialect.name != "sqlite":
-        pytest.skip("the embedded model run is tested once, on SQLite")
     job = _run(engine, db, study, {"backend": "local", "chunk": 2})
     assert job.status == JobStatus.succeeded.value, job.error
     assert job.result is not None and job.result["computed"] == 4
