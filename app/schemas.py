@@ -21,6 +21,10 @@ DEFAULT_REFIT_EVERY = 500
 on CES, refitting every 100 to 1,000 respondents gave the same live target log loss
 within noise (all better than never); 500 is the cheapest of the best (docs/models.md,
 "The learning loop")."""
+DEFAULT_CALIBRATION_ITEMS = 5
+"""A new study's ``calibration_items`` (docs/models.md, "Calibration questions")."""
+DEFAULT_CALIBRATION_MIN_ANSWERS = 300
+"""A new study's ``calibration_min_answers`` (docs/models.md, "Calibration questions")."""
 
 
 class Budgets(BaseModel):
@@ -95,11 +99,18 @@ class StudySettings(BaseModel):
     belief model after this many new completed live respondents since the last fit job
     (0: never automatically; "Refit now" on the study page always can). The new fit is
     promoted only when it beats the active model on the study's held-out respondents.
-    ``calibration_items``: questions asked after the adaptive part, chosen at random
-    among the question and target items not asked yet, so that the model also learns
-    about what the criterion never asks; they take the last places of
-    ``budgets.max_questions`` (the budget the respondent sees), and a session stopped
-    earlier by a threshold asks none (:func:`app.session.decide.decide_next`).
+    ``calibration_items``: questions asked after the adaptive part, so that the model also
+    learns about what the criterion never asks (the targets above all); they take the last
+    places of ``budgets.max_questions`` (the budget the respondent sees; at most
+    ``max_questions - 1`` of them, so one question at least is adaptive), and a session
+    stopped earlier by a threshold asks none (:func:`app.session.decide.decide_next`).
+    Each is drawn at random among the question and target items not asked yet, preferring
+    those with fewer than ``calibration_min_answers`` observed answers in the active
+    model's training data.
+    ``calibration_min_answers``: calibration is asked only while some question or target
+    item has fewer than this many observed answers in the data the active model was fitted
+    on (0: always); a study with enough history asks none, and a new study stops once
+    every item has been observed this often (docs/models.md, "Calibration questions").
     ``show_learned``: the completion page shows the respondent what the model learned
     about them (predicted answers to the targets with their confidence; for CAPE models
     the preference profile); off by default.
@@ -120,13 +131,7 @@ class StudySettings(BaseModel):
     show_learned: bool = False
     drop_after_minutes: int = Field(default=60, ge=1, le=MAX_DROP_MINUTES)
     refit_every: int = Field(default=DEFAULT_REFIT_EVERY, ge=0, le=MAX_PEOPLE)
-    calibration_items: int = Field(default=0, ge=0, le=MAX_COUNT)
-
-    @model_validator(mode="after")
-    def _calibration_fits(self) -> StudySettings:
-        if self.calibration_items and self.calibration_items >= self.budgets.max_questions:
-            raise ValueError(
-                f"calibration_items ({self.calibration_items}) must be below "
-                f"budgets.max_questions ({self.budgets.max_questions})"
-            )
-        return self
+    calibration_items: int = Field(default=DEFAULT_CALIBRATION_ITEMS, ge=0, le=MAX_COUNT)
+    calibration_min_answers: int = Field(
+        default=DEFAULT_CALIBRATION_MIN_ANSWERS, ge=0, le=MAX_PEOPLE
+    )

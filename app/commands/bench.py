@@ -339,6 +339,15 @@ def _add_lifecycle(p: argparse.ArgumentParser) -> None:
         help="the study's calibration_items: its last places go to random question and target "
         f"items (default {_STUDY_DEFAULTS.calibration_items}, a new study's)",
     )
+    p.add_argument(
+        "--calibration-min-answers",
+        type=int,
+        default=_STUDY_DEFAULTS.calibration_min_answers,
+        metavar="N",
+        help="the study's calibration_min_answers: calibration is asked while an item has fewer "
+        f"observed answers (0: always; default {_STUDY_DEFAULTS.calibration_min_answers}, "
+        "a new study's)",
+    )
     p.add_argument("--out", required=True, type=Path, metavar="FILE", help="result JSON to write")
     p.add_argument(
         "--keep-db", type=Path, metavar="DIR", help="keep each run's SQLite database here"
@@ -362,6 +371,7 @@ def _lifecycle(args: argparse.Namespace) -> int:
         n_runs=args.runs,
         live_questions=args.live_questions,
         calibration_items=args.calibration_items,
+        calibration_min_answers=args.calibration_min_answers,
         keep_db=args.keep_db,
         log=lambda msg: print(msg, file=sys.stderr),
     )

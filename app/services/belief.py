@@ -191,6 +191,10 @@ def fit_study_model(
         kind, study, items, data.train, data.selection, session, n_classes, n_restarts, seed,
         fit_options, progress,
     )  # fmt: skip
+    everyone = torch.cat([data.train, data.selection, data.holdout])
+    model.metrics[ITEM_ANSWERS_KEY] = {
+        it.key: int(n) for it, n in zip(items, (everyone >= 0).sum(0).tolist(), strict=True)
+    }
     if not model.training_hash:  # the CAPE fits set none: the data and family identify it
         model.training_hash = f"{model.family}:" + responses_hash(
             torch.cat([data.train, data.selection]), item_bank_of(items)
@@ -329,8 +333,9 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
             "prior": "uniform",
             "notice": (
                 f"Uniform prior ({why}; no persona distributions stored): every prediction "
-                "is uniform and answers do not change it. Import historical respondents or "
-                "generate persona distributions, then fit the model again."
+                "is uniform until a refit learns from live respondents (the calibration "
+                "questions teach it the targets). To start better, import historical "
+                "respondents or generate persona distributions, then fit the model again."
             ),
         }
     else:
@@ -585,6 +590,20 @@ def fixed_order_key(
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+ITEM_ANSWERS_KEY = "item_answers"
+"""Where a fit records its data's observed answers per item in ``fitted_model.metrics``:
+``{item key: count}`` over every respondent the fit saw (held-out ones included)."""
+
+
+def stored_item_answers(metrics: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """The ``{item key: observed answers}`` a model row was fitted on, or ``None`` for a row
+    stored without them (fitted before they were recorded)."""
+    counts = (metrics or {}).get(ITEM_ANSWERS_KEY)
+    if not isinstance(counts, dict):
+        return None
+    return {str(k): int(v) for k, v in counts.items() if isinstance(v, int)}
 
 
 def stored_fixed_orders(metrics: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -463,13 +463,32 @@ def refit_every(settings: dict[str, Any] | None) -> int:
         return 0
 
 
+EARLY_REFIT = 25
+"""The first automatic refit of a study comes after this many completed live respondents
+(or ``refit_every``, if smaller): see :func:`refit_threshold`."""
+
+
+def refit_threshold(every: int, fitted: int) -> int:
+    """New completed respondents that trigger the next automatic refit: ``refit_every``,
+    but sooner while the active model was fitted on few respondents, so that a study
+    that starts without history learns early (the threshold doubles the data each time).
+
+    ``min(every, max(EARLY_REFIT, fitted))`` where ``fitted`` is the number of respondents
+    behind the active model (imported, live and held out). Example with ``every = 500``:
+    refits after 25, 25, 50, 100, 200, 400, 500, 500, ... new respondents (at about 25, 50,
+    100, 200, 400, 800, 1,300, ... live respondents in all).
+    """
+    return min(every, max(EARLY_REFIT, fitted))
+
+
 def maybe_queue_refit(
     study_id: int, study_settings: dict[str, Any] | None, *, engine: Engine
 ) -> Job | None:
-    """After a completed session: queue a ``fit_model`` job when the study's ``refit_every``
-    (N > 0) new completed live sessions were stored since its last fit job and no fit job
-    is queued or running. Two cheap queries, no fitting; never raises (a respondent's
-    answer must not fail because of it: the log says why). Returns the job queued now."""
+    """After a completed session: queue a ``fit_model`` job when :func:`refit_threshold`
+    new completed live sessions (at most the study's ``refit_every``, N > 0) were stored
+    since its last fit job and no fit job is queued or running. Three cheap queries, no
+    fitting; never raises (a respondent's answer must not fail because of it: the log
+    says why). Returns the job queued now."""
     every = refit_every(study_settings)
     if every <= 0:
         return None
@@ -477,7 +496,17 @@ def maybe_queue_refit(
         with Session(engine) as db:
             if active_fit_job(study_id, session=db) is not None:
                 return None
-            if completed_since_last_fit(study_id, session=db) < every:
+            fitted = db.exec(
+                select(FittedModel.n_imported + FittedModel.n_live + FittedModel.n_validation)
+                .where(
+                    FittedModel.study_id == study_id,
+                    col(FittedModel.is_active),
+                    FittedModel.family != "gnn",
+                )
+                .order_by(col(FittedModel.id).desc())
+            ).first()
+            due = refit_threshold(every, int(fitted or 0))
+            if completed_since_last_fit(study_id, session=db) < due:
                 return None
             study = db.get(Study, study_id)
             if study is None:
@@ -487,7 +516,7 @@ def maybe_queue_refit(
                 researcher=None,
                 settings=_settings_for(engine),
                 session=db,
-                reason=f"{every} new completed respondents",
+                reason=f"{due} new completed respondents",
             )
             return job if queued else None
     except Exception:

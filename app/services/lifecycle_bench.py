@@ -10,8 +10,9 @@ buys a study that starts with no history. For each benchmark run of the dataset
    cut to the run's (the demographics as ``attribute``, the run's candidates as
    ``question``, its targets as ``target``); settings: the product's defaults
    (criterion ``eig_anchored``, ``belief_model`` ``default``) with
-   ``budgets.max_questions`` = ``live_questions``, ``calibration_items`` as given and
-   ``refit_every = 0`` (the refits happen at the checkpoints, below); published.
+   ``budgets.max_questions`` = ``live_questions``, ``calibration_items`` and
+   ``calibration_min_answers`` as given (by default a new study's) and ``refit_every = 0``
+   (the refits happen at the checkpoints, below); published.
 2. **The cold start.** :func:`app.services.belief.fit_study_model` on the study without
    history: the persona prior, which is one uniform persona because the benchmark's
    study has no persona distributions (the first model of a study is promoted).
@@ -59,6 +60,7 @@ from sqlmodel import Session, col, select
 
 from app.db import make_engine, upgrade
 from app.errors import InvalidInputError
+from app.schemas import DEFAULT_CALIBRATION_ITEMS, DEFAULT_CALIBRATION_MIN_ANSWERS
 from app.services import belief
 from app.services.importer import import_dataset
 from app.services.learning import model_versions
@@ -100,7 +102,7 @@ def parse_arrivals(text: str) -> list[int]:
 
 def _check(
     ds: Dataset, arrivals: Sequence[int], budget: int, n_runs: int, live_questions: int,
-    calibration_items: int,
+    calibration_items: int, calibration_min_answers: int,
 ) -> list[str]:  # fmt: skip
     """The arriving users (train + val ids); raises :class:`InvalidInputError` on bad input."""
     if budget < 0:
@@ -120,6 +122,10 @@ def _check(
             f"--calibration-items must be between 0 and {live_questions - 1} "
             f"(below --live-questions), got {calibration_items}"
         )
+    if calibration_min_answers < 0:
+        raise InvalidInputError(
+            f"--calibration-min-answers must be >= 0, got {calibration_min_answers}"
+        )
     users = [*ds.split["train_users"], *ds.split.get("val_users", [])]
     if arrivals[-1] > len(users):
         raise InvalidInputError(
@@ -131,7 +137,7 @@ def _check(
 
 def _study_for_run(
     ds: Dataset, path: Path, run: BenchmarkRun, db: Session, live_questions: int,
-    calibration_items: int,
+    calibration_items: int, calibration_min_answers: int,
 ) -> Study:  # fmt: skip
     """Import the dataset's items (no respondents) and shape them to the run's roles."""
     result = import_dataset(path, session=db, respondents=False)
@@ -154,6 +160,7 @@ def _study_for_run(
     settings = dict(study.settings)
     settings["budgets"] = {**settings["budgets"], "max_questions": live_questions}
     settings["calibration_items"] = calibration_items
+    settings["calibration_min_answers"] = calibration_min_answers
     settings["refit_every"] = 0
     study.settings = settings
     study.status = StudyStatus.published.value
@@ -211,8 +218,8 @@ def _score(
 
 def _lifecycle_run(
     ds: Dataset, path: Path, run: BenchmarkRun, users: list[str], arrivals: Sequence[int],
-    budget: int, live_questions: int, calibration_items: int, folder: Path,
-    log: Callable[[str], None],
+    budget: int, live_questions: int, calibration_items: int, calibration_min_answers: int,
+    folder: Path, log: Callable[[str], None],
 ) -> dict[str, Any]:  # fmt: skip
     """One run: ``{"default"|"uniform"|"fixed": {curve: [[budget + 1] per arrival]},
     "versions": [...], "n_sessions", "n_questions", "seconds"}``."""
@@ -230,7 +237,9 @@ def _lifecycle_run(
     random.Random(run.seed).shuffle(order)
     n_questions = 0
     with Session(engine) as db:
-        study = _study_for_run(ds, path, run, db, live_questions, calibration_items)
+        study = _study_for_run(
+            ds, path, run, db, live_questions, calibration_items, calibration_min_answers
+        )
         belief.fit_study_model(study, session=db)  # the cold start
         done = 0
         for target in arrivals:
@@ -314,7 +323,8 @@ def run_lifecycle(
     *,
     n_runs: int = 3,
     live_questions: int = 10,
-    calibration_items: int = 0,
+    calibration_items: int = DEFAULT_CALIBRATION_ITEMS,
+    calibration_min_answers: int = DEFAULT_CALIBRATION_MIN_ANSWERS,
     keep_db: Path | None = None,
     log: Callable[[str], None] = lambda _msg: None,
 ) -> dict[str, Any]:
@@ -328,6 +338,7 @@ def run_lifecycle(
         n_runs: the first ``n_runs`` runs of ``runs.csv``.
         live_questions: the study's ``budgets.max_questions`` (what live respondents answer).
         calibration_items: the study's ``calibration_items``.
+        calibration_min_answers: the study's ``calibration_min_answers``.
         keep_db: a folder to keep each run's SQLite database in (default: a temporary one).
         log: receives one line per checkpoint.
 
@@ -344,7 +355,9 @@ def run_lifecycle(
     path = Path(dataset)
     ds = load_dataset(path)
     arrivals = list(arrivals)
-    users = _check(ds, arrivals, budget, n_runs, live_questions, calibration_items)
+    users = _check(
+        ds, arrivals, budget, n_runs, live_questions, calibration_items, calibration_min_answers
+    )
     runs = ds.runs[:n_runs]
     per_run: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="priorly-lifecycle-") as tmp:
@@ -361,6 +374,7 @@ def run_lifecycle(
                     budget,
                     live_questions,
                     calibration_items,
+                    calibration_min_answers,
                     folder,
                     log,
                 )  # fmt: skip
@@ -409,6 +423,7 @@ def run_lifecycle(
             "test_users": len(ds.split["test_users"]),  # type: ignore[index]
             "live_questions": live_questions,
             "calibration_items": calibration_items,
+            "calibration_min_answers": calibration_min_answers,
             "refits": "fit_study_model at each arrival count > 0 (promotion on held-out)",
             "cold_start": "the persona prior of a study without personas: one uniform persona",
             "index": "[arrival count][questions asked 0..budget]",

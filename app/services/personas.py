@@ -493,8 +493,9 @@ def generation_payload(
 
 UNIFORM_PRIOR_WARNING = (
     "This study's prior is uniform: it has no historical respondents and no persona "
-    "distributions, so predictions are uniform and the first questions are chosen blindly. "
-    "Way out: import historical respondents (Import), or add personas on the Personas page "
+    "distributions, so predictions are uniform and the first questions are chosen blindly "
+    "until the first refits learn from live respondents (after 25, 50, 100, ... completed "
+    "sessions, with the calibration questions teaching the targets). Way out: import historical respondents (Import), or add personas on the Personas page "
     "(persona texts, attribute shares from a census table, or the imported respondents' "
     "profiles), generate their distributions there, then fit the model (Jobs)."
 )

@@ -32,9 +32,10 @@ from elicitation.session import decide, replay_state
 
 def _budget(rt: StudyRuntime) -> Budget:
     """The study's stopping rules as the adaptive selection step takes them: the last
-    ``calibration_items`` places of ``max_questions`` are left to the calibration."""
+    :attr:`~app.session.runtime.StudyRuntime.calibration_items` places of ``max_questions``
+    are left to the calibration."""
     b = rt.settings.budgets
-    adaptive = b.max_questions - rt.settings.calibration_items
+    adaptive = b.max_questions - rt.calibration_items
     return Budget(
         max_questions=adaptive,
         min_questions=min(b.min_questions, adaptive),
@@ -50,8 +51,9 @@ CALIBRATION = "calibration"
 def calibration_start(rt: StudyRuntime) -> int | None:
     """The first calibration place: ``max_questions - calibration_items``, or the number
     of candidates when there are fewer (the adaptive part has asked them all); ``None``
-    without calibration questions."""
-    n_cal = rt.settings.calibration_items
+    without calibration questions (none set, or every item observed
+    ``calibration_min_answers`` times: :attr:`~app.session.runtime.StudyRuntime.calibration_items`)."""
+    n_cal = rt.calibration_items
     if not n_cal:
         return None
     return min(rt.settings.budgets.max_questions - n_cal, len(rt.candidates))
@@ -66,9 +68,13 @@ def calibration_decision(
     With ``calibration_items = c`` and ``max_questions = m``, places ``m - c .. m - 1``
     (earlier when the study has fewer than ``m - c`` candidates: :func:`calibration_start`)
     ask an item chosen uniformly at random among the question and target items the model
-    knows that were not posed yet (study order, then a draw seeded by the answers so far:
-    a replay, or the step memo, gives the same pick). Nothing left to ask stops the
-    session. Example: ``m = 10, c = 1``: nine adaptive questions, then one random item.
+    knows that were not posed yet and are still
+    :attr:`~app.session.runtime.StudyRuntime.under_observed` (among all the unposed ones
+    when the respondent was asked every under-observed item already); the pool is in study
+    order and the draw is seeded by the answers so far (a replay, or the step memo, gives
+    the same pick). Nothing left to ask stops the session. Example: ``m = 10, c = 1``:
+    nine adaptive questions, then one random item, a target if only the targets have fewer
+    than ``calibration_min_answers`` answers.
     """
     start = calibration_start(rt)
     position = len(answers)
@@ -78,7 +84,9 @@ def calibration_decision(
     if position >= rt.max_questions:
         return DecisionRow(sess_id, position, None, CALIBRATION, scores, "max_questions")
     posed = {a.item_id for a in answers}
-    pool = [it.id for it in rt.candidates + rt.targets if it.id not in posed]
+    pool = [it.id for it in rt.under_observed if it.id not in posed] or [
+        it.id for it in rt.candidates + rt.targets if it.id not in posed
+    ]
     if not pool:
         return DecisionRow(sess_id, position, None, CALIBRATION, scores, "no items left")
     seed = hashlib.sha256(json.dumps([[a.item_id, a.option] for a in answers]).encode()).digest()

@@ -42,12 +42,14 @@ from app.services.belief import (
     model_ref,
     request_fixed_order,
     stored_fixed_orders,
+    stored_item_answers,
 )
 from app.session.errors import StudyMisconfiguredError
 from app.session.memo import StepMemo, set_step_memo_size, step_memo_for
 from app.session.sql import DecisionRow, StudyHead
 from app.tables import FittedModel, Item, ItemRole, Study
 from elicitation.criteria import get_criterion
+from elicitation.criteria.anchored import AnchoredInformationGain
 from elicitation.errors import ElicitationError
 
 FALLBACK_CRITERION = "posterior_entropy"
@@ -95,6 +97,8 @@ class StudyRuntime:
         requested_criterion: the study's criterion when ``criterion`` replaces it for a
             missing fixed order, else ``None``.
         missing_order_key: the key of that missing order (:func:`belief.fixed_order_key`).
+        item_answers: item id -> observed answers in the data the model was fitted on
+            (``None`` for a model stored without them: counted as learned).
         first_decisions: the prior state and first decision per set of known attributes
             (:func:`app.session.decide.first_state_and_decision`; lives as long as this runtime).
         step_memo: the answer steps already computed for this study design
@@ -118,17 +122,38 @@ class StudyRuntime:
     selector: Any = None
     requested_criterion: str | None = None
     missing_order_key: str | None = None
+    item_answers: Mapping[int, int] | None = None
     first_decisions: dict[tuple[tuple[str, str], ...], tuple[Any, DecisionRow]] = field(
         default_factory=dict, repr=False, compare=False
     )
     step_memo: StepMemo | None = field(default=None, repr=False, compare=False)
 
     @property
+    def under_observed(self) -> list[ItemInfo]:
+        """The question and target items with fewer than ``calibration_min_answers``
+        observed answers in the model's data (:func:`under_observed_items`)."""
+        return under_observed_items(
+            self.settings, self.item_answers, self.candidates + self.targets
+        )
+
+    @property
+    def calibration_items(self) -> int:
+        """The calibration places of a session started now: the study's
+        ``calibration_items`` while some item is :attr:`under_observed` (else 0), at most
+        ``max_questions - 1``.
+
+        Example: ``calibration_items = 2``, ``max_questions = 10``, a target with 40 answers
+        and ``calibration_min_answers = 300``: 2 (8 adaptive questions, then 2 calibration).
+        """
+        n_cal = min(self.settings.calibration_items, self.settings.budgets.max_questions - 1)
+        return n_cal if n_cal > 0 and self.under_observed else 0
+
+    @property
     def max_questions(self) -> int:
         """The most questions one respondent can be asked (budget, capped by the pool:
-        the candidates, then up to ``calibration_items`` calibration questions, which may
-        also be targets)."""
-        m, n_cal = self.settings.budgets.max_questions, self.settings.calibration_items
+        the candidates, then up to :attr:`calibration_items` calibration questions, which
+        may also be targets)."""
+        m, n_cal = self.settings.budgets.max_questions, self.calibration_items
         if not n_cal:
             return min(m, len(self.candidates))
         return min(m, min(m - n_cal, len(self.candidates)) + n_cal)
@@ -137,6 +162,22 @@ class StudyRuntime:
     def allow_skip(self) -> bool:
         """Whether a respondent may answer "prefer not to answer"."""
         return self.settings.budgets.allow_skip
+
+
+def under_observed_items(
+    settings: StudySettings, item_answers: Mapping[int, int] | None, pool: list[ItemInfo]
+) -> list[ItemInfo]:
+    """The items of ``pool`` with fewer than ``settings.calibration_min_answers`` observed
+    answers in ``item_answers`` (item id -> count): all of them with a threshold of 0,
+    none without counts (a model stored without them counts as learned); in pool order.
+
+    Example: threshold 300 and counts ``{1: 500, 2: 40}`` give the item with id 2."""
+    floor = settings.calibration_min_answers
+    if not floor:
+        return list(pool)
+    if item_answers is None:
+        return []
+    return [it for it in pool if item_answers.get(it.id, 0) < floor]
 
 
 def study_settings(study: Study | StudyHead) -> StudySettings:
@@ -212,12 +253,14 @@ def load_runtime(
             return again[1]
         if session is None:
             with Session(bind) as db:
-                ref, model, blob, items, orders = runtime_rows(study, db, fit_if_missing, model_id)
+                ref, model, blob, items, metrics = runtime_rows(study, db, fit_if_missing, model_id)
         else:
-            ref, model, blob, items, orders = runtime_rows(study, session, fit_if_missing, model_id)
+            ref, model, blob, items, metrics = runtime_rows(
+                study, session, fit_if_missing, model_id
+            )
         if model is None:  # deserialised with no connection held (CPU work)
             model = model_from_blob(ref, blob)  # type: ignore[arg-type]
-        rt = build_runtime(study, ref, model, items, orders)
+        rt = build_runtime(study, ref, model, items, metrics)
         with _RUNTIME_LOCK:
             if len(_RUNTIME_CACHE) > 256:
                 _RUNTIME_CACHE.clear()
@@ -278,8 +321,9 @@ def runtime_rows(
 ) -> tuple[Any, Any, bytes | None, list[ItemInfo], dict[str, Any]]:
     """The model's reference (``model_id`` when it is a model of the study, else the active
     one, fitting one first if allowed and needed), the model if this process has it
-    already or else its blob, the study's items and the fixed orders stored with the
-    model: everything read from the database for a runtime."""
+    already or else its blob, the study's items and the model row's metrics (its fixed
+    orders and observed answers per item): everything read from the database for a
+    runtime."""
     ref = None
     if model_id is not None:
         ref = model_ref(study.id, model_id, session=session)
@@ -300,7 +344,7 @@ def runtime_rows(
         ).all()
     ]
     metrics = session.exec(select(FittedModel.metrics).where(FittedModel.id == ref.id)).first()
-    return ref, model, blob, items, stored_fixed_orders(metrics)
+    return ref, model, blob, items, dict(metrics or {})
 
 
 def model_item_index(bank: Any, items: list[ItemInfo]) -> dict[int, int]:
@@ -323,14 +367,17 @@ def build_runtime(
     ref: Any,
     model: Any,
     items: list[ItemInfo],
-    orders: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
 ) -> StudyRuntime:
-    """The runtime of ``study`` from its rows (no I/O).
+    """The runtime of ``study`` from its rows (no I/O); ``metrics`` are the model row's
+    (its stored fixed orders and observed answers per item).
 
     Items count for the model when it knows their key with the same number of options;
     the criterion follows the fallbacks of this module's overview, and the step memo is the
     one of this exact design (model, criterion, pool, targets, options, budgets, orders).
     """
+    orders = stored_fixed_orders(metrics)
+    answers_by_key = stored_item_answers(metrics)
     bank = model.item_bank
     model_index = model_item_index(bank, items)
     in_model = [it for it in items if it.id in model_index]
@@ -343,6 +390,18 @@ def build_runtime(
     selector, used, missing = criterion_selector(
         criterion, model, ref, candidates, targets, model_index, orders or {}
     )
+    item_answers = (
+        None
+        if answers_by_key is None
+        else {it.id: answers_by_key.get(it.key, 0) for it in in_model}
+    )
+    calibrating = settings.calibration_items > 0 and bool(
+        under_observed_items(settings, item_answers, candidates + targets)
+    )
+    if calibrating and isinstance(selector, AnchoredInformationGain):
+        # a model still calibrating was fitted on few answers: its anchor beats its
+        # adaptive pick (docs/models.md, "Calibration questions")
+        selector, used = selector.fixed, "fixed"
     design = (
         ref.id,
         ref.training_hash,
@@ -355,6 +414,7 @@ def build_runtime(
         tuple((it.id, tuple(o[0] for o in it.options)) for it in in_model),
         settings.budgets.model_dump_json(),
         settings.calibration_items,
+        settings.calibration_min_answers,
         json.dumps(orders or {}, sort_keys=True, default=str),
     )
     return StudyRuntime(
@@ -374,6 +434,7 @@ def build_runtime(
         selector=selector,
         requested_criterion=None if used == criterion else criterion,
         missing_order_key=missing,
+        item_answers=item_answers,
         step_memo=None if selector is None else step_memo_for(design),
     )
 

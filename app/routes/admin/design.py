@@ -89,6 +89,7 @@ async def study_settings(
         stored = StudySettings.model_validate(study.settings or {})
         drop_after = form.opt_int("drop_after_minutes")
         refit, calibration = form.opt_int("refit_every"), form.opt_int("calibration_items")
+        calibration_min = form.opt_int("calibration_min_answers")
         values = {
             "criterion": form.text("criterion"),
             "ask_attributes": form.checked("ask_attributes"),
@@ -97,6 +98,9 @@ async def study_settings(
             "drop_after_minutes": stored.drop_after_minutes if drop_after is None else drop_after,
             "refit_every": stored.refit_every if refit is None else refit,
             "calibration_items": stored.calibration_items if calibration is None else calibration,
+            "calibration_min_answers": stored.calibration_min_answers
+            if calibration_min is None
+            else calibration_min,
             "budgets": {
                 "max_questions": form.opt_int("max_questions") or 0,
                 "min_questions": form.opt_int("min_questions") or 0,

@@ -19,6 +19,7 @@ from app.services.learning import (
     ModelPreparingError,
     judge,
     model_versions,
+    refit_threshold,
     respondent_part,
     split_bucket,
     study_training_data,
@@ -276,12 +277,15 @@ def test_calibration_questions_take_the_last_places_of_the_budget(
     from app.schemas import StudySettings
     from app.session.decide import calibration_decision, calibration_start
 
-    with pytest.raises(ValueError, match="calibration_items"):
-        StudySettings.model_validate({"calibration_items": 10})
     _fit(db, ces_study)
     budgets = {**ces_study.settings["budgets"], "max_questions": 4}
-    _publish(db, ces_study, budgets=budgets, calibration_items=2)
+    _publish(db, ces_study, budgets=budgets, calibration_items=10, calibration_min_answers=0)
+    capped = svc.load_runtime(ces_study, engine=engine)
+    assert capped.calibration_items == 3  # at most max_questions - 1: one adaptive question
+    assert StudySettings.model_validate({}).calibration_items == 5  # a new study's
+    _publish(db, ces_study, calibration_items=2)
     rt = svc.load_runtime(ces_study, engine=engine)
+    assert rt.calibration_items == 2
     started = svc.start_session(ces_study, engine=engine)
     assert started.view.max_questions == 4
     view, posed = started.view, []
@@ -322,3 +326,114 @@ def test_calibration_questions_take_the_last_places_of_the_budget(
     assert calibration_start(few) == 1 and few.max_questions == 3
     assert calibration_decision(few, 0, []) is None
     assert calibration_decision(few, 0, [Ans(rt.candidates[0].id)]) is not None
+
+
+def test_a_fit_records_the_observed_answers_of_each_item(db: Session, ces_study: Study) -> None:
+    """``metrics["item_answers"]`` counts the observed cells of every respondent the fit saw
+    (held-out ones included), per item key."""
+    row = _fit(db, ces_study)
+    items = _items(db, ces_study)
+    data = study_training_data(ces_study.id or 0, items, session=db)
+    everyone = torch.cat([data.train, data.selection, data.holdout])
+    expected = {it.key: int((everyone[:, j] >= 0).sum()) for j, it in enumerate(items)}
+    assert row.metrics["item_answers"] == expected
+    assert sum(expected.values()) == int((everyone >= 0).sum())
+
+
+def test_calibration_is_asked_only_while_an_item_is_under_observed(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    """Calibration places exist while some question or target item has fewer than
+    ``calibration_min_answers`` answers in the model's data; the draw prefers those items,
+    and falls back to any unposed item once the respondent was asked all of them."""
+    import dataclasses
+
+    from app.session.decide import calibration_decision
+
+    row = _fit(db, ces_study)
+    counts = row.metrics["item_answers"]
+    budgets = {**ces_study.settings["budgets"], "max_questions": 4}
+    _publish(db, ces_study, budgets=budgets, calibration_items=2,
+             calibration_min_answers=max(counts.values()) + 1)  # fmt: skip
+    rt = svc.load_runtime(ces_study, engine=engine)
+    assert rt.calibration_items == 2
+    assert rt.under_observed == rt.candidates + rt.targets
+    # a model still calibrating asks the anchor of eig_anchored (its fixed order)
+    assert (rt.criterion, rt.requested_criterion) == ("fixed", "eig_anchored")
+    db.refresh(row)
+    (order,) = row.metrics["fixed_orders"].values()
+    first = svc.start_session(ces_study, engine=engine).view.question
+    assert first is not None and first.key == order["order"][0]
+    assert rt.item_answers == {it.id: counts[it.key] for it in rt.items if it.id in rt.model_index}
+
+    askable = rt.candidates + rt.targets
+    _publish(db, ces_study, calibration_min_answers=min(counts[it.key] for it in askable))
+    learned = svc.load_runtime(ces_study, engine=engine)
+    assert learned.under_observed == [] and learned.calibration_items == 0
+    assert (learned.criterion, learned.requested_criterion) == ("eig_anchored", None)
+    started = svc.start_session(ces_study, engine=engine)
+    view = _answer_all(ces_study, engine, started.session_id, started.view, 4)
+    assert view.status == "completed"
+    with Session(engine) as s:
+        criteria = s.exec(
+            select(SelectionDecision.criterion).where(
+                SelectionDecision.session_id == started.session_id
+            )
+        ).all()
+    assert "calibration" not in criteria and len(criteria) == 5  # 4 adaptive, then the stop
+
+    target = rt.targets[0]
+    one_left = dataclasses.replace(  # a copy: the cached runtime is shared
+        learned, item_answers={**(learned.item_answers or {}), target.id: 0}
+    )
+    assert one_left.under_observed == [target] and one_left.calibration_items == 2
+
+    class Ans:  # duck-types an answer row
+        def __init__(self, item_id: int) -> None:
+            self.item_id, self.option = item_id, "A"
+
+    two = [Ans(c.id) for c in rt.candidates[:2]]
+    pick = calibration_decision(one_left, 0, two)  # type: ignore[arg-type]
+    assert pick is not None and pick.item_id == target.id  # the only under-observed item
+    three = [*two, Ans(target.id)]
+    pick = calibration_decision(one_left, 0, three)  # type: ignore[arg-type]
+    assert pick is not None and pick.item_id in {it.id for it in askable} - {
+        a.item_id for a in three
+    }
+    unknown = dataclasses.replace(learned, item_answers=None)  # a model stored without counts
+    assert unknown.calibration_items == 0
+
+
+def test_refits_come_early_while_the_model_knows_few_respondents() -> None:
+    """The threshold doubles the data until ``refit_every``: 25, 25, 50, ... 500."""
+    assert [refit_threshold(500, n) for n in (0, 10, 25, 50, 400, 800, 5000)] == [
+        25, 25, 25, 50, 400, 500, 500,
+    ]  # fmt: skip
+    assert refit_threshold(2, 0) == 2 and refit_threshold(2, 1000) == 2
+
+
+def test_a_model_fitted_on_few_respondents_is_refitted_early(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    """With ``refit_every = 500`` and an active model behind which stand no respondents, the
+    25th completed session queues the refit (:func:`refit_threshold` read from the active
+    row's counts), not the 24th."""
+    row = _fit(db, ces_study)
+    row.n_imported = row.n_live = row.n_validation = 0
+    db.add(row)
+    db.commit()
+    _publish(
+        db,
+        ces_study,
+        refit_every=500,
+        budgets={**ces_study.settings["budgets"], "max_questions": 1},
+    )
+    for n in range(1, 26):
+        started = svc.start_session(ces_study, engine=engine)
+        assert _answer_all(ces_study, engine, started.session_id, started.view, 1).status == (
+            "completed"
+        )
+        with Session(engine) as s:
+            jobs = s.exec(select(Job).where(Job.kind == "fit_model")).all()
+        assert len(jobs) == (1 if n == 25 else 0)
+    assert jobs[0].payload == {"reason": "25 new completed respondents"}

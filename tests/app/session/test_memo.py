@@ -162,7 +162,7 @@ def test_a_new_budget_gets_its_own_memo(live: LiveStudy, fresh_memo: None) -> No
         _, answered = _run(client, live, 0)
         assert len(answered) > 2
         budgets = {**_settings(live).get("budgets", {}), "max_questions": 2}
-        with study_settings(live, budgets=budgets):
+        with study_settings(live, budgets=budgets, calibration_items=0):  # both adaptive
             _, short = _run(client, live, 0)
     assert len(short) == 2 and short[-1]["status"] == "completed"
     assert [b["question"] for b in short[:1]] == [b["question"] for b in answered[:1]]

@@ -139,6 +139,40 @@ def test_create_study_items_roles_budgets_texts_publish(
     db.refresh(study)
     assert study.settings["drop_after_minutes"] == 90 and study.settings["show_learned"] is True
     assert 'name="drop_after_minutes" min="1" value="90"' in dclient.get(base).text
+    # calibration: kept when left empty, a clear error when negative
+    assert study.settings["calibration_min_answers"] == 300  # a new study's
+    r = dclient.post(
+        base + "/settings",
+        data={
+            **form,
+            "min_questions": "1",
+            "calibration_items": "1",
+            "calibration_min_answers": "-1",
+        },
+    )
+    assert r.status_code == 422 and "calibration_min_answers" in r.text
+    r = dclient.post(
+        base + "/settings",
+        data={
+            **form,
+            "min_questions": "1",
+            "calibration_items": "1",
+            "calibration_min_answers": "40",
+        },
+    )
+    assert r.status_code == 200
+    db.refresh(study)
+    assert (study.settings["calibration_items"], study.settings["calibration_min_answers"]) == (
+        1,
+        40,
+    )
+    r = dclient.post(base + "/settings", data={**form, "min_questions": "1"})
+    db.refresh(study)
+    assert (study.settings["calibration_items"], study.settings["calibration_min_answers"]) == (
+        1,
+        40,
+    )
+    assert 'name="calibration_min_answers" min="0" value="40"' in dclient.get(base).text
     # publish needs a consent text
     r = dclient.post(base + "/status", data={"status": "published", "csrf_token": csrf(dclient)})
     assert r.status_code == 422 and "consent" in r.text
