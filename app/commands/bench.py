@@ -52,19 +52,47 @@ def _methods_arg(text: str) -> list[str]:
     return names
 
 
-# ---- individual -------------------------------------------------------------------------
-def _add_individual(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--dataset",
-        required=True,
-        type=Path,
-        metavar="DIR",
-        help="dataset folder (canonical format)",
-    )
+# ---- arguments shared by several subcommands ---------------------------------------------
+# Their names, defaults and help texts are a public interface: keep each byte-identical.
+def _add_dataset(
+    p: argparse.ArgumentParser, help: str = "dataset folder (canonical format)"
+) -> None:
+    """``--dataset DIR`` (required): the dataset folder to benchmark on."""
+    p.add_argument("--dataset", required=True, type=Path, metavar="DIR", help=help)
+
+
+def _add_out(p: argparse.ArgumentParser, what: str) -> None:
+    """``--out FILE`` (required): where to write the result; help ``"<what> to write"``."""
+    p.add_argument("--out", required=True, type=Path, metavar="FILE", help=f"{what} to write")
+
+
+def _add_budget(p: argparse.ArgumentParser) -> None:
+    """``--budget T``: questions per test user (default 10)."""
     p.add_argument(
         "--budget", type=int, default=10, metavar="T", help="questions per test user (default 10)"
     )
-    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="result.json to write")
+
+
+def _add_cache(p: argparse.ArgumentParser) -> None:
+    """``--cache DIR``: a folder to store and reuse the fitted models in."""
+    p.add_argument("--cache", type=Path, metavar="DIR", help="store / reuse the fitted models")
+
+
+def _add_threads(p: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch threads (default 1)."""
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+
+
+def _add_seed(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--seed SEED`` (default 0); ``help=None`` leaves it without a help text."""
+    p.add_argument("--seed", type=int, default=0, help=help)
+
+
+# ---- individual -------------------------------------------------------------------------
+def _add_individual(p: argparse.ArgumentParser) -> None:
+    _add_dataset(p)
+    _add_budget(p)
+    _add_out(p, "result.json")
     p.add_argument(
         "--plot", type=Path, metavar="PNG", help="also plot accuracy and log loss to this PNG"
     )
@@ -76,9 +104,9 @@ def _add_individual(p: argparse.ArgumentParser) -> None:
         help=f"methods to run (default {','.join(DEFAULT_METHODS)})",
     )
     p.add_argument("--runs", type=int, metavar="N", help="use only the first N runs of runs.csv")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model fits (default 0)")
+    _add_seed(p, help="seed of the model fits (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    _add_threads(p)
     p.add_argument(
         "--no-cape-measures",
         action="store_true",
@@ -134,7 +162,7 @@ def _individual(args: argparse.Namespace) -> int:
 
 # ---- speed ------------------------------------------------------------------------------
 def _add_speed(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="speed.json to write")
+    _add_out(p, "speed.json")
     p.add_argument(
         "--steps", type=int, default=1000, help="timed single-respondent steps (default 1000)"
     )
@@ -158,8 +186,8 @@ def _add_speed(p: argparse.ArgumentParser) -> None:
         help="auto (default): compress a dictionary of more than 2,000 personas to 500 "
         "prototypes as the live persona prior does; none: step on the whole dictionary",
     )
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--seed", type=int, default=0)
+    _add_threads(p)
+    _add_seed(p)
     live = StudySettings().criterion
     p.add_argument(
         "--criterion",
@@ -200,7 +228,7 @@ def _speed(args: argparse.Namespace) -> int:
 
 # ---- group (logic in elicitation/group_bench.py) -----------------------------------------
 def _add_group(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", required=True, type=Path, metavar="DIR", help="dataset folder")
+    _add_dataset(p, help="dataset folder")
     p.add_argument(
         "--respondent-budget",
         type=float,
@@ -209,7 +237,7 @@ def _add_group(p: argparse.ArgumentParser) -> None:
         help="respondents per round: a share <= 1 or a count > 1 (default 0.1)",
     )
     p.add_argument("--rounds", type=int, default=4, help="rounds per run (default 4)")
-    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="result.json to write")
+    _add_out(p, "result.json")
     p.add_argument("--plot", type=Path, metavar="PNG", help="also plot the curves to this PNG")
     p.add_argument("--nonresponse", type=float, default=0.0, help="non-response rate (default 0)")
     p.add_argument(
@@ -219,9 +247,9 @@ def _add_group(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated (default {','.join(DEFAULT_GROUP_METHODS)})",
     )
     p.add_argument("--runs", type=int, default=None, help="use only the first N runs")
-    p.add_argument("--cache", type=Path, metavar="DIR", help="store / reuse the fitted models")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--seed", type=int, default=0)
+    _add_cache(p)
+    _add_threads(p)
+    _add_seed(p)
 
 
 def _group(args: argparse.Namespace) -> int:
@@ -256,8 +284,8 @@ def _group(args: argparse.Namespace) -> int:
 
 
 def _add_group_speed(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", required=True, type=Path, metavar="DIR", help="dataset folder")
-    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="speed.json to write")
+    _add_dataset(p, help="dataset folder")
+    _add_out(p, "speed.json")
     p.add_argument(
         "--members",
         type=_methods_arg,
@@ -272,9 +300,9 @@ def _add_group_speed(p: argparse.ArgumentParser) -> None:
         help="rounds of the budget whose first round is timed (default 4)",
     )
     p.add_argument("--no-train", action="store_true", help="do not time GNN training")
-    p.add_argument("--cache", type=Path, metavar="DIR", help="store / reuse the fitted models")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--seed", type=int, default=0)
+    _add_cache(p)
+    _add_threads(p)
+    _add_seed(p)
 
 
 def _group_speed(args: argparse.Namespace) -> int:
@@ -303,13 +331,7 @@ _STUDY_DEFAULTS = StudySettings()
 
 
 def _add_lifecycle(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--dataset",
-        required=True,
-        type=Path,
-        metavar="DIR",
-        help="dataset folder (canonical format)",
-    )
+    _add_dataset(p)
     p.add_argument(
         "--arrivals",
         default="0,50,200,800",
@@ -317,9 +339,7 @@ def _add_lifecycle(p: argparse.ArgumentParser) -> None:
         help="increasing arrival counts at which the study is refitted and scored "
         "(default 0,50,200,800)",
     )
-    p.add_argument(
-        "--budget", type=int, default=10, metavar="T", help="questions per test user (default 10)"
-    )
+    _add_budget(p)
     p.add_argument(
         "--runs", type=int, default=3, metavar="N", help="first N runs of runs.csv (default 3)"
     )
@@ -348,11 +368,11 @@ def _add_lifecycle(p: argparse.ArgumentParser) -> None:
         f"observed answers (0: always; default {_STUDY_DEFAULTS.calibration_min_answers}, "
         "a new study's)",
     )
-    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="result JSON to write")
+    _add_out(p, "result JSON")
     p.add_argument(
         "--keep-db", type=Path, metavar="DIR", help="keep each run's SQLite database here"
     )
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    _add_threads(p)
 
 
 def _lifecycle(args: argparse.Namespace) -> int:

@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, select
 
 from app.services.belief import active_model_ref, ensure_fitted_model, try_ensure_fixed_order
 from app.services.importer import slugify
-from app.services.jobs import ACTIVE, start_job
+from app.services.jobs import start_job
+from app.services.learning import FIT_JOB, active_fit_job
 from app.settings import Settings
-from app.tables import FittedModel, Item, ItemRole, Job, Study, StudyStatus
+from app.tables import FittedModel, Item, ItemRole, Study, StudyStatus
 
 DEFAULT_CONSENT = (
     "This is a short adaptive survey: each question is chosen from your earlier answers. "
@@ -41,9 +42,6 @@ DEFAULT_CONSENT = (
     "research only. You may skip questions you prefer not to answer, stop at any time, and "
     "ask for your answers to be deleted."
 )
-
-FIT_KIND = "fit_model"
-"""The job kind that fits a study's belief model (:mod:`app.jobs.registry`)."""
 
 
 @dataclass(frozen=True)
@@ -118,14 +116,6 @@ def demo_study(dataset_dir: Path, *, session: Session) -> Study | None:
     return session.exec(select(Study).where(Study.slug == slugify(str(name)))).first()
 
 
-def _active_fit_job(study_id: int, *, session: Session) -> Job | None:
-    return session.exec(
-        select(Job)
-        .where(Job.study_id == study_id, Job.kind == FIT_KIND, col(Job.status).in_(ACTIVE))
-        .order_by(col(Job.id).desc())
-    ).first()
-
-
 def queue_demo_preparation(
     settings: Settings, *, session: Session, log: Callable[[str], object] = lambda _m: None
 ) -> DemoPreparation | None:
@@ -143,12 +133,12 @@ def queue_demo_preparation(
     if active_model_ref(study.id, session=session) is not None:
         log(f"demo survey: {survey}")
         return DemoPreparation(study.slug, "ready")
-    running = _active_fit_job(study.id, session=session)
+    running = active_fit_job(study.id, session=session)
     if running is not None:
         log(f"demo survey: {survey} (its model is being fitted by job {running.id})")
         return DemoPreparation(study.slug, "fitting", running.id)
     targets, _ = open_for_fielding(study, session=session)
-    job = start_job(FIT_KIND, study, researcher=None, settings=settings, session=session)
+    job = start_job(FIT_JOB, study, researcher=None, settings=settings, session=session)
     log(
         f"demo survey: {survey} (targets: {', '.join(targets) or 'none'}); its model is "
         f"fitted by job {job.id} in the background, the survey says 'preparing' until then"
@@ -174,10 +164,10 @@ def survey_readiness(
     ).first()
     if has_model is not None:
         return "ready"
-    if _active_fit_job(study.id, session=session) is not None:
+    if active_fit_job(study.id, session=session) is not None:
         return "preparing"
     if queue_fit is None:
         return "no_model"
-    start_job(FIT_KIND, study, payload={"reason": "first model"}, researcher=None,
+    start_job(FIT_JOB, study, payload={"reason": "first model"}, researcher=None,
               settings=queue_fit, session=session)  # fmt: skip
     return "preparing"

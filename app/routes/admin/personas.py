@@ -11,11 +11,10 @@ nothing stored.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import HTMLResponse, Response
-from sqlmodel import Session
 
 from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import SessionDep, SettingsDep
@@ -23,8 +22,6 @@ from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, user_error_message
 from app.services import job_views, jobs
 from app.services import personas as persona_service
-from app.settings import Settings
-from app.tables import Study
 
 router = APIRouter()
 
@@ -32,39 +29,47 @@ MAX_PERSONA_UPLOAD = 8 * 1024 * 1024
 """Largest persona file accepted (bytes)."""
 
 
-def _page(
-    page: PageDep,
-    study: Study,
-    session: Session,
-    settings: Settings,
-    status: int = 200,
-    **extra: Any,
-) -> Response:
-    ctx = job_views.persona_overview(study, session=session, settings=settings, **extra)
-    return page.render("admin/personas.html", ctx, status=status)
+class PersonasPage:
+    """Dependency: what every personas route shares: the page to answer with, the study of
+    the URL (visible to the logged-in researcher, else 404), the database session and the
+    settings.
+
+    Example: a route taking ``personas: PersonasPageDep`` answers with
+    ``personas.render(notice="3 personas added")`` or ``personas.apply(change)``.
+    """
+
+    def __init__(
+        self, page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
+    ) -> None:
+        self.page = page
+        self.study = study
+        self.session = session
+        self.settings = settings
+
+    def render(self, status: int = 200, **extra: Any) -> Response:
+        """The personas page of the study (``extra``: ``notice`` / ``error``)."""
+        ctx = job_views.persona_overview(
+            self.study, session=self.session, settings=self.settings, **extra
+        )
+        return self.page.render("admin/personas.html", ctx, status=status)
+
+    def apply(self, change: Callable[[], str]) -> Response:
+        """Run one change: redirect (303) with its notice, or roll back and re-render with
+        the user error (422)."""
+        try:
+            notice = change()
+        except Exception as exc:
+            self.session.rollback()
+            return self.render(status=422, error=user_error_message(exc))
+        return self.page.redirect("admin_personas", slug=self.study.slug, query={"notice": notice})
+
+
+PersonasPageDep = Annotated[PersonasPage, Depends(PersonasPage)]
 
 
 @router.get("/studies/{slug}/personas", response_class=HTMLResponse, name="admin_personas")
-def personas_page(
-    page: PageDep,
-    study: VisibleStudy,
-    session: SessionDep,
-    settings: SettingsDep,
-    notice: str | None = None,
-) -> Response:
-    return _page(page, study, session, settings, notice=(notice or "")[:200] or None)
-
-
-def _persona_form(
-    page: PageDep, study: Study, session: Session, settings: Settings, change: Callable[[], str]
-) -> Response:
-    """Run one change: redirect with its notice, or re-render with the error (422)."""
-    try:
-        notice = change()
-    except Exception as exc:
-        session.rollback()
-        return _page(page, study, session, settings, status=422, error=user_error_message(exc))
-    return page.redirect("admin_personas", slug=study.slug, query={"notice": notice})
+def personas_page(personas: PersonasPageDep, notice: str | None = None) -> Response:
+    return personas.render(notice=(notice or "")[:200] or None)
 
 
 def _added(n: int, what: str) -> str:
@@ -72,13 +77,8 @@ def _added(n: int, what: str) -> str:
 
 
 @router.post("/studies/{slug}/personas/texts")
-async def persona_texts(
-    page: PageDep,
-    form: FormDep,
-    study: VisibleStudy,
-    session: SessionDep,
-    settings: SettingsDep,
-) -> Response:
+async def persona_texts(form: FormDep, personas: PersonasPageDep) -> Response:
+    study, session = personas.study, personas.session
     upload = await form.upload("file", max_bytes=MAX_PERSONA_UPLOAD)
 
     def change() -> str:
@@ -93,17 +93,13 @@ async def persona_texts(
             n = persona_service.add_text_personas(study, form.text("texts"), session=session)
         return _added(n, "persona texts")
 
-    return _persona_form(page, study, session, settings, change)
+    return personas.apply(change)
 
 
 @router.post("/studies/{slug}/personas/shares")
-async def persona_shares(
-    page: PageDep,
-    form: FormDep,
-    study: VisibleStudy,
-    session: SessionDep,
-    settings: SettingsDep,
-) -> Response:
+async def persona_shares(form: FormDep, personas: PersonasPageDep) -> Response:
+    study, session = personas.study, personas.session
+
     def change() -> str:
         shares = persona_service.shares_from_fields(study, form.text, session=session)
         n = persona_service.add_share_personas(
@@ -111,46 +107,37 @@ async def persona_shares(
         )
         return _added(n, "attribute shares")
 
-    return _persona_form(page, study, session, settings, change)
+    return personas.apply(change)
 
 
 @router.post("/studies/{slug}/personas/respondents")
-async def persona_respondents(
-    page: PageDep,
-    form: FormDep,
-    study: VisibleStudy,
-    session: SessionDep,
-    settings: SettingsDep,
-) -> Response:
+async def persona_respondents(form: FormDep, personas: PersonasPageDep) -> Response:
+    study, session = personas.study, personas.session
+
     def change() -> str:
         n = persona_service.add_respondent_personas(
             study, n=form.opt_int("profiles"), session=session
         )
         return _added(n, "the imported respondents' profiles")
 
-    return _persona_form(page, study, session, settings, change)
+    return personas.apply(change)
 
 
 @router.post("/studies/{slug}/personas/clear")
-async def persona_clear(
-    page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
-) -> Response:
+async def persona_clear(personas: PersonasPageDep) -> Response:
     def change() -> str:
-        n = persona_service.clear_personas(study, session=session)
+        n = persona_service.clear_personas(personas.study, session=personas.session)
         return f"{n} persona{'s' if n != 1 else ''} removed"
 
-    return _persona_form(page, study, session, settings, change)
+    return personas.apply(change)
 
 
 @router.post("/studies/{slug}/personas/generate")
 async def persona_generate(
-    page: PageDep,
-    form: FormDep,
-    study: VisibleStudy,
-    researcher: CurrentResearcher,
-    session: SessionDep,
-    settings: SettingsDep,
+    form: FormDep, personas: PersonasPageDep, researcher: CurrentResearcher
 ) -> Response:
+    study, session, settings = personas.study, personas.session, personas.settings
+
     def change() -> str:
         payload = persona_service.generation_payload(
             form.text("backend"), study, session=session, settings=settings
@@ -165,4 +152,4 @@ async def persona_generate(
         )
         return f"persona generation job #{job.id} started"
 
-    return _persona_form(page, study, session, settings, change)
+    return personas.apply(change)

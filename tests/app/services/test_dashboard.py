@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -22,14 +23,18 @@ from sqlmodel import Session, col, select
 
 from app import session as svc
 from app.errors import InvalidInputError, NotFoundError
+from app.services import dashboard as dashboard_service
+from app.services.belief import fit_study_model
 from app.services.dashboard import (
     build_dashboard,
+    clear_population_cache,
     dashboard_page,
     duration_text,
     resolve_respondent,
 )
 from app.settings import Settings
 from app.tables import (
+    Answer,
     ElicitationSession,
     Item,
     Respondent,
@@ -63,6 +68,7 @@ SESSIONS: list[SessionSpec] = [
 def live(settings: Settings, small_dataset: Path) -> Iterator[tuple[LiveStudy, list[int]]]:
     """The study with :data:`SESSIONS` written; yields it and the sessions' ids."""
     svc.clear_runtime_cache()
+    clear_population_cache()
     study = make_live_study(settings.database_url, small_dataset)
     try:
         yield study, add_sessions(study, SESSIONS, NOW)
@@ -192,6 +198,86 @@ def test_personas_are_described_by_their_most_distinctive_answers(
             assert text.startswith(f"{it.options[a.option][1]} on '")
             assert text.endswith(f"({100 * a.share:.0f} % vs {100 * a.overall:.0f} % overall)")
             assert re.fullmatch(r".+ on '.+' \(\d+ % vs \d+ % overall\)", text)
+
+
+def _population(dash: Any) -> list[tuple[str, int, list[float]]]:
+    return [(t.key, t.n, t.mean) for t in dash.targets]
+
+
+def test_an_unchanged_study_is_replayed_once_and_a_change_replays_it(
+    live: tuple[LiveStudy, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two refreshes without a change replay the sessions once; a new answer, a new session,
+    a changed attribute and a new active model each make the next refresh replay them and
+    show what a replay without the cache shows."""
+    study_live, ids = live
+    replays: list[int] = []
+    real = dashboard_service.replay_population
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        replays.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dashboard_service, "replay_population", counted)
+
+    def refresh(db: Session) -> Any:
+        return build_dashboard(_study(db, study_live), session=db, now=NOW)
+
+    def uncached(db: Session) -> Any:
+        clear_population_cache()
+        return refresh(db)
+
+    with study_live.session() as db:
+        first = refresh(db)
+        second = refresh(db)
+        assert len(replays) == 1
+        assert _population(second) == _population(first) and first.targets[0].n == 8
+        assert second.personas == first.personas
+
+        # a new answer in the session in progress (index 4): replayed, and different
+        question = db.exec(
+            select(Item)
+            .where(Item.study_id == study_live.study_id, Item.role == "question")
+            .order_by(col(Item.position), col(Item.id))
+        ).all()[5]
+        db.add(Answer(session_id=ids[4], item_id=question.id or 0, option="A", created_at=NOW))
+        db.commit()
+        answered = refresh(db)
+        assert len(replays) == 2
+        assert _population(answered) != _population(first)
+        assert _population(answered) == _population(uncached(db))
+        assert len(replays) == 3
+        refresh(db)
+        assert len(replays) == 3  # unchanged again
+
+    # a new session: one more respondent in every target's mean
+    add_sessions(study_live, [("active", 1, 1, None, [(0, "B")], 0, False)], NOW)
+    with study_live.session() as db:
+        grown = refresh(db)
+        assert len(replays) == 4 and grown.targets[0].n == 9
+        # an attribute stored on an attribute page (no answer, no session change)
+        attribute = db.exec(
+            select(Item).where(Item.study_id == study_live.study_id, Item.role == "attribute")
+        ).first()
+        assert attribute is not None  # the CES demographics
+        sess = db.get(ElicitationSession, ids[5])  # started, no answer
+        assert sess is not None
+        resp = db.get(Respondent, sess.respondent_id)
+        assert resp is not None
+        resp.attributes = {attribute.key: attribute.options[0][0]}
+        db.add(resp)
+        db.commit()
+        described = refresh(db)
+        assert len(replays) == 5 and _population(described) != _population(grown)
+        n = len(replays)
+
+        # a new active model (3 classes, promoted): replayed with it
+        fit_study_model(_study(db, study_live), session=db, n_classes=(3,), n_restarts=1,
+                        force=True)  # fmt: skip
+        svc.clear_runtime_cache()  # the runtime itself follows a new model within 5 s
+        refit = refresh(db)
+        assert len(replays) == n + 1 and len(refit.personas) == 3
+        assert _population(refit) == _population(uncached(db))
 
 
 def test_resolve_respondent_by_id_or_completion_code(live: tuple[LiveStudy, list[int]]) -> None:
