@@ -13,22 +13,17 @@ in a second tab, tracked (the table updates itself) and closed.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
-from tests.support.live_study import free_port, wait_healthy
+from tests.support.browser import DESKTOP, RESULTS, admin_database, log_in, shot, wait_or_explain
+from tests.support.data import DATASETS_DIR, write_small_dataset
+from tests.support.live_study import priorly_serve
 
-CHROMIUM = "/usr/bin/chromium"
-SHOTS = REPO_ROOT / "results" / "e2e" / "admin"
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+SHOTS = RESULTS / "admin"
 EMAIL, PASSWORD = "admin@example.org", "e2e admin password"
 N_RESPONDENTS = 200
 
@@ -36,83 +31,40 @@ N_RESPONDENTS = 200
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``priorly serve --no-demo`` on a fresh SQLite file, with one admin account."""
-    if not os.access(CHROMIUM, os.X_OK):
-        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
-    from sqlmodel import Session
-
-    from app.auth import create_account
-    from app.db import make_engine, upgrade
+    from app.db import make_engine
 
     folder = tmp_path_factory.mktemp("admin-e2e")
     datasets = folder / "datasets"
     write_small_dataset(DATASETS_DIR / "ces", datasets / "ces_small", N_RESPONDENTS)
     url = f"sqlite:///{folder / 'admin.db'}"
-    upgrade(url)
+    admin_database(url, EMAIL, PASSWORD)
     engine = make_engine(url)
-    with Session(engine) as db:
-        create_account(EMAIL, PASSWORD, session=db, is_admin=True)
-    port = free_port()
-    env = {
-        **os.environ,
-        "PRIORLY_DATABASE_URL": url,
-        "PRIORLY_ENV": "dev",
-        "PRIORLY_DEMO_DATASET": str(datasets / "ces_small"),
-        "PRIORLY_QUEUE_PATH": str(folder / "queue.db"),
-        "OMP_NUM_THREADS": "1",
-    }
-    log = (folder / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--no-demo", "--port", str(port)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(base, proc, "priorly serve", log=folder / "server.log")
-        yield {"base": base, "engine": engine, "log": folder / "server.log"}
+        with priorly_serve(url, folder, PRIORLY_DEMO_DATASET=str(datasets / "ces_small")) as base:
+            yield {"base": base, "engine": engine, "log": folder / "server.log"}
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
         engine.dispose()
 
 
 @pytest.fixture(scope="module")
-def page(server: dict[str, Any]) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        pg = context.new_page()
-        yield pg
-        browser.close()
-
-
-def _shot(page: Any, name: str) -> Path:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path
+def page(browser: Any) -> Any:
+    """A page of a fresh context, not logged in."""
+    return browser.new_context(viewport=DESKTOP).new_page()
 
 
 def test_admin_creates_study_simulates_and_sees_plot(server: dict[str, Any], page: Any) -> None:
     base = server["base"]
     page.goto(f"{base}/admin")
     assert page.url.endswith("/admin/login")
-    _shot(page, "01-login")
-    page.fill("input[name=email]", EMAIL)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/admin")
-    _shot(page, "02-studies-empty")
+    shot(page, SHOTS, "01-login")
+    log_in(page, base, EMAIL, PASSWORD)
+    shot(page, SHOTS, "02-studies-empty")
 
     # create a study from the shipped dataset
     page.click("text=Import data")
     page.select_option("#import-shipped select[name=dataset]", "ces_small")
     page.fill("#import-shipped input[name=name]", "CES pilot")
-    _shot(page, "03-import")
+    shot(page, SHOTS, "03-import")
     page.click("#import-shipped button[type=submit]")
     page.wait_for_url(f"{base}/admin/studies/ces-pilot")
 
@@ -122,7 +74,7 @@ def test_admin_creates_study_simulates_and_sees_plot(server: dict[str, Any], pag
         page.click(f"#role-{key} button[type=submit]")
         page.wait_for_selector("text=item " + key + " saved")
     assert "targets: 3" in page.inner_text("body")
-    _shot(page, "04-study-designer")
+    shot(page, SHOTS, "04-study-designer")
 
     # start a simulation and wait for the plot (the job partial polls itself)
     page.click("text=Simulation")
@@ -130,20 +82,12 @@ def test_admin_creates_study_simulates_and_sees_plot(server: dict[str, Any], pag
     page.fill("#simulate input[name=max_test_users]", "60")
     page.click("#simulate button[type=submit]")
     page.wait_for_selector(".job[data-status=running], .job[data-status=queued], #simulation-plot")
-    _shot(page, "05-simulation-running")
-    try:
-        page.wait_for_selector("#simulation-plot", timeout=420_000)
-    except Exception:
-        raise AssertionError(
-            "no plot; page: "
-            + page.inner_text("body")[:1500]
-            + "\nserver log: "
-            + server["log"].read_text()[-3000:]
-        ) from None
+    shot(page, SHOTS, "05-simulation-running")
+    wait_or_explain(page, "#simulation-plot", timeout=420_000, log=server["log"], what="no plot")
     ok = page.evaluate("document.querySelector('#simulation-plot').naturalWidth > 0")
     assert ok, "the plot image did not load"
     assert "How many questions do you need?" in page.inner_text("body")
-    _shot(page, "06-simulation-result")
+    shot(page, SHOTS, "06-simulation-result")
 
 
 def test_every_admin_screen(server: dict[str, Any], page: Any) -> None:
@@ -198,23 +142,23 @@ def test_every_admin_screen(server: dict[str, Any], page: Any) -> None:
     page.click("#open-round button[type=submit]")
     page.wait_for_url(base + "/admin/studies/ces-pilot/groups/1")
     assert page.locator("#members tr[data-status=waiting]").count() == n_members
-    _shot(page, "14-group-round-open")
+    shot(page, SHOTS, "14-group-round-open")
     link = page.locator("#members input").first.input_value()
     member = page.context.new_page()
     member.goto(link)
     assert member.locator("input[name=option]").count() >= 2
-    _shot(member, "15-group-round-link")
+    shot(member, SHOTS, "15-group-round-link")
     member.locator("input[name=option]").first.check()
     member.click("button.r-primary")
     member.wait_for_selector("text=Thank you")
     # the track table polls itself: the answer appears without a reload
     page.wait_for_selector("#members tr[data-status=answered]", timeout=30_000)
-    _shot(page, "16-group-round-track")
+    shot(page, SHOTS, "16-group-round-track")
     page.once("dialog", lambda d: d.accept())
     page.click("#close-round button[type=submit]")
     page.wait_for_selector("#track[data-status=closed]")
     assert page.locator("#members tr[data-status=no_answer]").count() == n_members - 1
-    _shot(page, "17-group-round-closed")
+    shot(page, SHOTS, "17-group-round-closed")
     member.goto(link.replace("/g/", "/g/x"))  # a wrong token
     assert "not valid" in member.inner_text("body")
     member.close()
@@ -229,6 +173,6 @@ def test_every_admin_screen(server: dict[str, Any], page: Any) -> None:
     ):
         page.goto(base + path)
         assert page.locator("h1").first.is_visible()
-        _shot(page, name)
+        shot(page, SHOTS, name)
     page.goto(base + "/admin/studies/ces-pilot/dashboard")
     assert "6" in page.inner_text(".stats")

@@ -16,26 +16,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.test_respondent_browser import AXE_JS, CHROMIUM, LAUNCH_ARGS, RESULTS, browser_ready
+from tests.support.browser import DESKTOP, RESULTS, axe_violations
 from tests.support.data import DATASETS_DIR, write_small_dataset
 from tests.support.live_study import LiveStudy, make_live_study, uvicorn_server
-
-__all__ = ["browser_ready"]  # a fixture of this module too
-
-
-def axe_violations(page: Any) -> list[dict[str, Any]]:
-    """Serious or critical axe-core violations of the page as it is now.
-
-    axe is evaluated through the DevTools protocol, not added as a ``<script>``: these
-    pages' Content-Security-Policy refuses inline scripts, and the test must not relax it.
-    """
-    page.evaluate(AXE_JS.read_text(encoding="utf-8"))
-    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    return [
-        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
-        for v in result["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -72,22 +55,17 @@ class Visit:
 
 
 @pytest.fixture
-def visit(browser_ready: None, server: tuple[str, LiveStudy]) -> Iterator[Visit]:
-    from playwright.sync_api import sync_playwright
-
+def visit(browser: Any, server: tuple[str, LiveStudy]) -> Iterator[Visit]:
     host = urlsplit(server[0]).netloc
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        v = Visit(context.new_page())
-        v.page.route("**/*", lambda r: v.route(host, r))
-        v.page.on("pageerror", lambda exc: v.problems.append(f"error: {exc}"))
-        v.page.on("console", v.console)
-        try:
-            yield v
-        finally:
-            context.close()
-            browser.close()
+    context = browser.new_context(viewport=DESKTOP)
+    v = Visit(context.new_page())
+    v.page.route("**/*", lambda r: v.route(host, r))
+    v.page.on("pageerror", lambda exc: v.problems.append(f"error: {exc}"))
+    v.page.on("console", v.console)
+    try:
+        yield v
+    finally:
+        context.close()
 
 
 def test_docs_show_the_operations_offline_and_authorize_works(

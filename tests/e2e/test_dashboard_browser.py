@@ -12,20 +12,15 @@ the respondent's page for an id and explains an unknown completion code.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.browser import SCREENSHOTS, admin_page, axe_violations, shot
+from tests.support.data import DATASETS_DIR, write_small_dataset
 from tests.support.live_study import SessionSpec, add_sessions, make_live_study, priorly_serve
 
-CHROMIUM = "/usr/bin/chromium"
-AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
-SHOTS = REPO_ROOT / "docs" / "screenshots"
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 EMAIL, PASSWORD = "dash@example.org", "e2e dashboard password"
 
 SESSIONS: list[SessionSpec] = [
@@ -42,8 +37,6 @@ SESSIONS: list[SessionSpec] = [
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``priorly serve --no-demo`` on a fresh SQLite file with the prepared study and one
     admin account."""
-    if not (os.access(CHROMIUM, os.X_OK) and AXE_JS.is_file()):
-        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
     from sqlmodel import Session
 
     from app.auth import create_account
@@ -63,31 +56,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
-def context(server: dict[str, Any]) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-        pg = ctx.new_page()
-        pg.goto(server["base"] + "/admin/login")
-        pg.fill("input[name=email]", EMAIL)
-        pg.fill("input[name=password]", PASSWORD)
-        pg.click("button[type=submit]")
-        pg.wait_for_url(server["base"] + "/admin")
-        yield ctx
-        browser.close()
-
-
-def _axe(page: Any) -> list[dict[str, Any]]:
-    """Serious or critical axe-core violations of the page as it is now."""
-    page.evaluate(AXE_JS.read_text(encoding="utf-8"))  # CDP evaluation: CSP refuses inline
-    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    return [
-        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
-        for v in result["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
+def context(server: dict[str, Any], browser: Any) -> Any:
+    """A browser context whose first page is logged in as the admin."""
+    return admin_page(browser, server["base"], EMAIL, PASSWORD).context
 
 
 def _stat(page: Any, name: str) -> str:
@@ -105,10 +76,9 @@ def test_preview_banner_then_dashboard_sections(server: dict[str, Any], context:
     survey.wait_for_url(f"{base}/s/{live.slug}/q*")
     banner = survey.locator("#preview-banner")
     assert banner.is_visible() and banner.inner_text() == "Preview — answers are not counted"
-    assert _axe(survey) == []
+    assert axe_violations(survey) == []
     survey.set_viewport_size({"width": 390, "height": 800})
-    (SHOTS / "respondent").mkdir(parents=True, exist_ok=True)
-    survey.screenshot(path=str(SHOTS / "respondent" / "preview-banner-390.png"))
+    shot(survey, SCREENSHOTS / "respondent", "preview-banner-390", full_page=False)
     survey.close()
 
     page.goto(f"{base}/admin/studies/{live.slug}/dashboard")
@@ -128,9 +98,8 @@ def test_preview_banner_then_dashboard_sections(server: dict[str, Any], context:
     personas = page.locator("#personas tbody tr")
     assert personas.count() == 4 and "overall)" in personas.first.inner_text()
     assert page.locator("#answers table.distribution").count() == 3  # questions 0, 1, 2
-    assert _axe(page) == []
-    (SHOTS / "admin").mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "admin" / "23-dashboard-sections.png"), full_page=True)
+    assert axe_violations(page) == []
+    shot(page, SCREENSHOTS / "admin", "23-dashboard-sections")
 
 
 def test_open_a_respondent_by_id_or_code(server: dict[str, Any], context: Any) -> None:
@@ -153,4 +122,4 @@ def test_open_a_respondent_by_id_or_code(server: dict[str, Any], context: Any) -
     page.click("#open-respondent button[type=submit]")
     page.wait_for_selector("text=Not found")
     assert "has the completion code 'NOT-A-CODE'" in page.inner_text("body")
-    assert _axe(page) == []
+    assert axe_violations(page) == []

@@ -13,81 +13,38 @@ with axe-core on each changed page and screenshots into ``docs/screenshots/admin
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlmodel import select
 
-from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.browser import SCREENSHOTS, admin_database, admin_page, axe_violations, shot
+from tests.support.data import DATASETS_DIR, write_small_dataset
 from tests.support.live_study import priorly_serve
 
-CHROMIUM = "/usr/bin/chromium"
-AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
-SHOTS = REPO_ROOT / "docs" / "screenshots" / "admin"
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+SHOTS = SCREENSHOTS / "admin"
 EMAIL, PASSWORD = "designer@example.org", "e2e designer password"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``priorly serve --no-demo`` on a fresh SQLite file, with one admin account."""
-    if not (os.access(CHROMIUM, os.X_OK) and AXE_JS.is_file()):
-        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
-    from sqlmodel import Session
-
-    from app.auth import create_account
-    from app.db import make_engine, upgrade
-
     folder = tmp_path_factory.mktemp("designer-e2e")
     datasets = folder / "datasets"
     write_small_dataset(DATASETS_DIR / "ces", datasets / "ces_small", 150)
     upload = write_small_dataset(DATASETS_DIR / "opinionqa", folder / "upload", 80)
     (upload / "runs.csv").unlink()
     url = f"sqlite:///{folder / 'designer.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    with Session(engine) as db:
-        create_account(EMAIL, PASSWORD, session=db, is_admin=True)
-    engine.dispose()
+    admin_database(url, EMAIL, PASSWORD)
     with priorly_serve(url, folder, PRIORLY_DEMO_DATASET=str(datasets / "ces_small")) as base:
         yield {"base": base, "upload": upload, "log": folder / "server.log", "url": url}
 
 
 @pytest.fixture(scope="module")
-def page(server: dict[str, Any]) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        pg = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-        pg.goto(server["base"] + "/admin/login")
-        pg.fill("input[name=email]", EMAIL)
-        pg.fill("input[name=password]", PASSWORD)
-        pg.click("button[type=submit]")
-        pg.wait_for_url(server["base"] + "/admin")
-        yield pg
-        browser.close()
-
-
-def _shot(page: Any, name: str, *, full_page: bool = True) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full_page)
-
-
-def _axe(page: Any) -> list[dict[str, Any]]:
-    """Serious or critical axe-core violations of the page as it is now."""
-    page.evaluate(
-        AXE_JS.read_text(encoding="utf-8")
-    )  # CDP evaluation: the pages' CSP refuses inline scripts
-    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    return [
-        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
-        for v in result["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
+def page(server: dict[str, Any], browser: Any) -> Any:
+    """A page logged in as the admin."""
+    return admin_page(browser, server["base"], EMAIL, PASSWORD)
 
 
 def test_edit_in_place_keeps_the_page_and_its_scroll(server: dict[str, Any], page: Any) -> None:
@@ -97,7 +54,7 @@ def test_edit_in_place_keeps_the_page_and_its_scroll(server: dict[str, Any], pag
     page.fill("#import-shipped input[name=name]", "Designer e2e")
     page.click("#import-shipped button[type=submit]")
     page.wait_for_url(base + "/admin/studies/designer-e2e")
-    assert _axe(page) == []
+    assert axe_violations(page) == []
     page.click("#criterion-help summary")
     page.click("#belief-help summary")
     assert "irt" not in page.locator("select[name=criterion]").inner_text()
@@ -118,7 +75,7 @@ def test_edit_in_place_keeps_the_page_and_its_scroll(server: dict[str, Any], pag
     assert page.evaluate("window.__notReloaded === true")
     assert abs(page.evaluate("window.scrollY") - y_before) < 100
     assert "Reworded in place?" in page.locator(f"tr[data-key='{key}']").inner_text()
-    _shot(page, "19-designer-edit-in-place", full_page=False)
+    shot(page, SHOTS, "19-designer-edit-in-place", full_page=False)
 
     # an invalid edit shows its error in the row, still without a reload
     row = page.locator(f"tr[data-key='{key}']")
@@ -139,7 +96,7 @@ def test_edit_in_place_keeps_the_page_and_its_scroll(server: dict[str, Any], pag
     assert page.evaluate("window.__notReloaded === true")
     for k in keys:
         assert page.locator(f"#role-{k} select[name=role]").input_value() == "target"
-    assert _axe(page) == []
+    assert axe_violations(page) == []
 
 
 def test_reorder_options_and_mark_one_missing_in_place(server: dict[str, Any], page: Any) -> None:
@@ -166,7 +123,7 @@ def test_reorder_options_and_mark_one_missing_in_place(server: dict[str, Any], p
     assert page.evaluate("window.__notReloaded === true")
     shown = page.locator(f"tr[data-key='{key}'] div.muted").first.inner_text()
     assert [part.split(":", 1)[0] for part in shown.split(" · ")] == letters[-2::-1]
-    assert _axe(page) == []
+    assert axe_violations(page) == []
 
 
 def test_a_long_name_is_refused_not_cut_and_a_unicode_name_reads_well(
@@ -205,9 +162,9 @@ def test_upload_preview_then_import_without_choosing_files_again(
     page.wait_for_selector("#preview")
     text = page.inner_text("#preview")
     assert "80 respondents" in text and "not found" not in page.inner_text("body")
-    assert _axe(page) == []
+    assert axe_violations(page) == []
     page.locator("#preview").scroll_into_view_if_needed()
-    _shot(page, "20-import-preview")
+    shot(page, SHOTS, "20-import-preview")
     page.click("#import-previewed button[type=submit]")
     page.wait_for_url(base + "/admin/studies/uploaded-opinionqa")
     assert "Uploaded OpinionQA" in page.inner_text("body")
@@ -220,8 +177,8 @@ def test_fit_job_shows_progress_and_a_readable_result(server: dict[str, Any], pa
     page.wait_for_selector("[id^=fit-summary]", timeout=600_000)
     summary = page.inner_text("[id^=fit-summary]")
     assert summary.startswith("Fitted: latent classes, ") and "classes" in summary
-    assert _axe(page) == []
-    _shot(page, "22-fit-job-result", full_page=False)
+    assert axe_violations(page) == []
+    shot(page, SHOTS, "22-fit-job-result", full_page=False)
     page.goto(base + "/admin/studies/designer-e2e")
     assert "Active: latent classes" in page.inner_text("#belief-model")
 
@@ -247,7 +204,7 @@ def test_fit_job_shows_progress_and_a_readable_result(server: dict[str, Any], pa
         running = page.locator(f"#job-{job_id}[data-status=running]")
         running.locator(f"text=40% {message}").wait_for()
         assert running.locator("progress").get_attribute("value") == "40"
-        _shot(page, "21-fit-job-progress", full_page=False)
+        shot(page, SHOTS, "21-fit-job-progress", full_page=False)
     finally:
         with Session(engine) as db:
             row = db.get(Job, job_id)

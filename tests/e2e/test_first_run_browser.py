@@ -16,18 +16,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.browser import DESKTOP, RESULTS, admin_database, axe_violations, log_in, shot
 from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
 from tests.support.live_study import free_port, wait_healthy
 
-CHROMIUM = "/usr/bin/chromium"
-AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
-SHOTS = REPO_ROOT / "results" / "e2e" / "first-run"
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+SHOTS = RESULTS / "first-run"
 EMAIL, PASSWORD = "admin@example.org", "first run admin password"
 
 
@@ -35,20 +32,13 @@ EMAIL, PASSWORD = "admin@example.org", "first run admin password"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``priorly serve --no-worker`` on a database with one admin account and no study
     (it imports the demo: the first 120 CES respondents); a ``start_worker()`` handle."""
-    if not (os.access(CHROMIUM, os.X_OK) and AXE_JS.is_file()):
-        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
-    from sqlmodel import Session
-
-    from app.auth import create_account
-    from app.db import make_engine, upgrade
+    from app.db import make_engine
 
     folder = tmp_path_factory.mktemp("first-run")
     demo = write_small_dataset(DATASETS_DIR / "ces", folder / "ces", 120)
     url = f"sqlite:///{folder / 'first.db'}"
-    upgrade(url)
+    admin_database(url, EMAIL, PASSWORD)
     engine = make_engine(url)
-    with Session(engine) as db:
-        create_account(EMAIL, PASSWORD, session=db, is_admin=True)
     env = {
         **os.environ,
         "PRIORLY_DATABASE_URL": url,
@@ -91,34 +81,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         engine.dispose()
 
 
-@pytest.fixture(scope="module")
-def browser(server: dict[str, Any]) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        yield b
-        b.close()
-
-
-def axe_violations(page: Any) -> list[dict[str, Any]]:
-    """Serious or critical axe-core violations of the page as it is now."""
-    page.evaluate(AXE_JS.read_text(encoding="utf-8"))  # CDP evaluation: the pages' CSP refuses inline scripts
-    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    return [
-        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
-        for v in result["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
-
-
-def _shot(page: Any, name: str) -> Path:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path
-
-
 def test_visitor_sees_open_surveys_and_the_preparing_page_turns_into_the_survey(
     server: dict[str, Any], browser: Any
 ) -> None:
@@ -131,7 +93,7 @@ def test_visitor_sees_open_surveys_and_the_preparing_page_turns_into_the_survey(
     assert links.count() == 1 and links.first.get_attribute("href") == f"{base}/s/ces"
     assert "Respondents" not in page.inner_text("body")  # no counts, slugs or drafts
     assert axe_violations(page) == []
-    _shot(page, "home-visitor-phone")
+    shot(page, SHOTS, "home-visitor-phone")
 
     links.first.click()
     page.wait_for_url(f"{base}/s/ces")
@@ -139,10 +101,10 @@ def test_visitor_sees_open_surveys_and_the_preparing_page_turns_into_the_survey(
     assert page.get_by_role("status").count() >= 1
     assert page.locator("text=I agree").count() == 0
     assert axe_violations(page) == []
-    _shot(page, "demo-preparing-phone")
+    shot(page, SHOTS, "demo-preparing-phone")
     desktop = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
     desktop.goto(f"{base}/s/ces")
-    _shot(desktop, "demo-preparing-desktop")
+    shot(desktop, SHOTS, "demo-preparing-desktop")
 
     # the fit job runs in a worker; the open page polls and reloads itself into consent
     server["start_worker"]()
@@ -165,14 +127,10 @@ def test_studies_list_link_copy_qr_and_uncounted_preview(
     from app.tables import ElicitationSession, Study
 
     base = server["base"]
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport=DESKTOP)
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
     page = context.new_page()
-    page.goto(f"{base}/admin")
-    page.fill("input[name=email]", EMAIL)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/admin")
+    log_in(page, base, EMAIL, PASSWORD)
 
     row = page.locator('tr[data-slug="ces"]')
     survey = f"{base}/s/ces"
@@ -185,7 +143,7 @@ def test_studies_list_link_copy_qr_and_uncounted_preview(
     qr.wait_for()
     assert page.evaluate("(img) => img.complete && img.naturalWidth > 0", qr.element_handle())
     assert axe_violations(page) == []
-    _shot(page, "admin-studies-share")
+    shot(page, SHOTS, "admin-studies-share")
 
     with Session(server["engine"]) as db:
         before = len(db.exec(select(ElicitationSession)).all())
@@ -194,7 +152,7 @@ def test_studies_list_link_copy_qr_and_uncounted_preview(
     preview = popup.value
     preview.wait_for_url(f"{base}/s/ces/q")
     preview.wait_for_selector("form")
-    _shot(preview, "admin-preview-as-respondent")
+    shot(preview, SHOTS, "admin-preview-as-respondent")
     with Session(server["engine"]) as db:
         sessions = db.exec(select(ElicitationSession).order_by(ElicitationSession.id)).all()  # type: ignore[arg-type]
     assert len(sessions) == before + 1 and sessions[-1].is_preview

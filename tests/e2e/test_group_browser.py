@@ -15,29 +15,23 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.test_respondent_browser import AXE_JS, axe_violations
-from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.browser import RESULTS, admin_page, axe_violations, shot
+from tests.support.data import DATASETS_DIR, write_small_dataset
 from tests.support.live_study import priorly_serve
 
-CHROMIUM = "/usr/bin/chromium"
-SHOTS = REPO_ROOT / "results" / "e2e" / "groups"
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+SHOTS = RESULTS / "groups"
 EMAIL, PASSWORD = "admin@example.org", "e2e admin password"
 SLUG = "ces-groups"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not (os.access(CHROMIUM, os.X_OK) and AXE_JS.is_file()):
-        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
     from sqlmodel import Session
 
     from app import session as svc
@@ -97,11 +91,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base
 
 
-def _shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
 def _plan(page: Any, base: str, selection: str) -> str:
     page.goto(f"{base}/admin/studies/{SLUG}/groups")
     page.select_option("#selection", selection)
@@ -134,59 +123,49 @@ def _open_answer_close(page: Any, base: str, number: int, answer: bool) -> None:
     body = page.inner_text("body")
     assert "nats" not in body and not re.search(r"\d{4}-\d\d-\d\dT\d", body)
     assert axe_violations(page) == []
-    _shot(page, f"round-{number}-open")
+    shot(page, SHOTS, f"round-{number}-open")
     page.once("dialog", lambda d: d.accept())
     page.click("#close-round button[type=submit]")
     page.wait_for_selector("#track[data-status=closed]")
 
 
-def test_rounds_with_the_gnn_and_relational_selection(server: str) -> None:
-    from playwright.sync_api import sync_playwright
-
+def test_rounds_with_the_gnn_and_relational_selection(server: str, browser: Any) -> None:
     base = server
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-        page.goto(f"{base}/admin/login")
-        page.fill("input[name=email]", EMAIL)
-        page.fill("input[name=password]", PASSWORD)
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{base}/admin")
+    page = admin_page(browser, base, EMAIL, PASSWORD)
 
-        plan = _plan(page, base, "relational")
-        assert "relational" in plan and "Uses the study's trained GNN" in plan
-        assert page.locator("#plan-members td:has-text('stands for')").count() == 3
-        assert page.inner_text("#n-eligible") == "6"
-        assert "ask 3 respondents" in page.inner_text("#open-round")
-        assert axe_violations(page) == []
-        _shot(page, "plan-relational")
-        _open_answer_close(page, base, 1, answer=True)
+    plan = _plan(page, base, "relational")
+    assert "relational" in plan and "Uses the study's trained GNN" in plan
+    assert page.locator("#plan-members td:has-text('stands for')").count() == 3
+    assert page.inner_text("#n-eligible") == "6"
+    assert "ask 3 respondents" in page.inner_text("#open-round")
+    assert axe_violations(page) == []
+    shot(page, SHOTS, "plan-relational")
+    _open_answer_close(page, base, 1, answer=True)
 
-        plan = _plan(page, base, "elook")
-        assert "expected gain in correct target answers" in plan
-        assert "Uses the study's trained GNN" in plan
-        _shot(page, "plan-default")
-        _open_answer_close(page, base, 2, answer=False)
+    plan = _plan(page, base, "elook")
+    assert "expected gain in correct target answers" in plan
+    assert "Uses the study's trained GNN" in plan
+    shot(page, SHOTS, "plan-default")
+    _open_answer_close(page, base, 2, answer=False)
 
-        page.goto(f"{base}/admin/studies/{SLUG}/groups")
-        page.wait_for_function(
-            "() => { const i = document.querySelector('#group-distribution');"
-            " return i && i.complete && i.naturalWidth > 0 }",
-            timeout=120_000,
-        )
-        assert axe_violations(page) == []
-        # the rounds list: readable times in UTC, one closed round per row
-        for row in page.locator("#rounds tbody tr").all():
-            cells = row.locator("td").all_inner_texts()
-            for cell in cells[3:5]:
-                assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", cell), cells
-        assert page.locator("#rounds tbody tr").count() == 2
-        first_question = page.locator("#rounds tbody tr").first.locator("td").nth(1).inner_text()
-        _shot(page, "groups-distribution")
-        # the wide CSV: each member once, their survey and round answers in one row
-        got = page.request.get(f"{base}/admin/studies/{SLUG}/export/answers_wide.csv")
-        assert got.status == 200
-        rows = list(csv.DictReader(io.StringIO(got.body().decode("utf-8-sig"))))
-        assert sorted(r["respondent_id"] for r in rows) == [f"member-{r}" for r in range(6)]
-        assert any(r[first_question] not in ("", "<skip>") for r in rows), first_question
-        browser.close()
+    page.goto(f"{base}/admin/studies/{SLUG}/groups")
+    page.wait_for_function(
+        "() => { const i = document.querySelector('#group-distribution');"
+        " return i && i.complete && i.naturalWidth > 0 }",
+        timeout=120_000,
+    )
+    assert axe_violations(page) == []
+    # the rounds list: readable times in UTC, one closed round per row
+    for row in page.locator("#rounds tbody tr").all():
+        cells = row.locator("td").all_inner_texts()
+        for cell in cells[3:5]:
+            assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", cell), cells
+    assert page.locator("#rounds tbody tr").count() == 2
+    first_question = page.locator("#rounds tbody tr").first.locator("td").nth(1).inner_text()
+    shot(page, SHOTS, "groups-distribution")
+    # the wide CSV: each member once, their survey and round answers in one row
+    got = page.request.get(f"{base}/admin/studies/{SLUG}/export/answers_wide.csv")
+    assert got.status == 200
+    rows = list(csv.DictReader(io.StringIO(got.body().decode("utf-8-sig"))))
+    assert sorted(r["respondent_id"] for r in rows) == [f"member-{r}" for r in range(6)]
+    assert any(r[first_question] not in ("", "<skip>") for r in rows), first_question

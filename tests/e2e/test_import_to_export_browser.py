@@ -19,8 +19,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +26,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.browser import DESKTOP, SCREENSHOTS, admin_database, axe_violations
+from tests.support.data import DATASETS_DIR, write_small_dataset
 from tests.support.live_study import priorly_serve
 
-CHROMIUM = "/usr/bin/chromium"
-AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
-SHOTS = REPO_ROOT / "docs" / "screenshots" / "admin"
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+SHOTS = SCREENSHOTS / "admin"
 EMAIL, PASSWORD = "researcher@example.org", "e2e researcher password"
 N_RESPONDENTS = 40
 SPSS_VALUE_LABEL_MAX = 120  # the .sav format's limit: a longer label is cut
@@ -83,34 +79,12 @@ class Clicks:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``priorly serve --no-demo`` on a fresh SQLite file with one admin account and no
     study; an OpinionQA upload of :data:`N_RESPONDENTS` respondents in a folder."""
-    if not (os.access(CHROMIUM, os.X_OK) and AXE_JS.is_file()):
-        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
-    from sqlmodel import Session
-
-    from app.auth import create_account
-    from app.db import make_engine, upgrade
-
     folder = tmp_path_factory.mktemp("import-export-e2e")
     upload = write_small_dataset(DATASETS_DIR / "opinionqa", folder / "upload", N_RESPONDENTS)
     url = f"sqlite:///{folder / 'flow.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    with Session(engine) as db:
-        create_account(EMAIL, PASSWORD, session=db, is_admin=True)
-    engine.dispose()
+    admin_database(url, EMAIL, PASSWORD)
     with priorly_serve(url, folder) as base:
         yield {"base": base, "upload": upload}
-
-
-def _axe(page: Any) -> list[dict[str, Any]]:
-    """Serious or critical axe-core violations of the page as it is now."""
-    page.evaluate(AXE_JS.read_text(encoding="utf-8"))  # CDP: the CSP refuses inline scripts
-    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    return [
-        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
-        for v in result["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
 
 
 def _csv(raw: bytes) -> list[dict[str, str]]:
@@ -126,89 +100,86 @@ def _uploaded(upload: Path) -> dict[str, dict[str, str]]:
     return {r["caseid"].removesuffix(".0"): {k: v for k, v in r.items() if v} for r in rows}
 
 
-def test_import_to_first_export_in_seven_clicks(server: dict[str, Any], tmp_path: Path) -> None:
+def test_import_to_first_export_in_seven_clicks(
+    server: dict[str, Any], browser: Any, tmp_path: Path
+) -> None:
     import pyreadstat
-    from playwright.sync_api import sync_playwright
 
     base, upload = server["base"], server["upload"]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        clicks = Clicks(page)
-        try:
-            page.goto(base + "/admin/login")
-            page.fill("input[name=email]", EMAIL)
-            page.fill("input[name=password]", PASSWORD)
-            clicks.click("button[type=submit]", STEPS[0])
-            page.wait_for_url(base + "/admin")
-            clicks.click("nav.admin-nav >> text=Import", STEPS[1])
-            page.wait_for_url(base + "/admin/import")
-            files = sorted(upload.iterdir())
-            assert [f.name for f in files] == [
-                "codebook.jsonl",
-                "dataset.json",
-                "responses.csv",
-                "runs.csv",
-                "user_split.json",
-            ]
-            clicks.choose_files("#import-upload input[name=files]", files, STEPS[2])
-            assert _axe(page) == []
-            SHOTS.mkdir(parents=True, exist_ok=True)
-            page.locator("#import-upload").screenshot(
-                path=str(SHOTS / "28-import-files-together.png")
-            )
-            clicks.click("#import-upload button[value=preview]", STEPS[3])
-            page.wait_for_selector("#preview, [role=alert]")
-            assert not page.locator(".error[role=alert]").count(), page.inner_text(".error")
-            assert f"{N_RESPONDENTS} respondents" in page.inner_text("#preview")
-            assert _axe(page) == []
-            clicks.click("#import-previewed button[type=submit]", STEPS[4])
-            page.wait_for_url(base + "/admin/studies/opinionqa")
-            clicks.click("nav.tabs >> text=Export", STEPS[5])
-            page.wait_for_url(base + "/admin/studies/opinionqa/export")
-            assert _axe(page) == []
-            wide = _csv(clicks.download("text=with imported respondents", STEPS[6]))
-            assert clicks.steps == list(STEPS)
-            assert len(clicks.steps) == CLICKS_TO_FIRST_EXPORT
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    clicks = Clicks(page)
+    try:
+        page.goto(base + "/admin/login")
+        page.fill("input[name=email]", EMAIL)
+        page.fill("input[name=password]", PASSWORD)
+        clicks.click("button[type=submit]", STEPS[0])
+        page.wait_for_url(base + "/admin")
+        clicks.click("nav.admin-nav >> text=Import", STEPS[1])
+        page.wait_for_url(base + "/admin/import")
+        files = sorted(upload.iterdir())
+        assert [f.name for f in files] == [
+            "codebook.jsonl",
+            "dataset.json",
+            "responses.csv",
+            "runs.csv",
+            "user_split.json",
+        ]
+        clicks.choose_files("#import-upload input[name=files]", files, STEPS[2])
+        assert axe_violations(page) == []
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.locator("#import-upload").screenshot(path=str(SHOTS / "28-import-files-together.png"))
+        clicks.click("#import-upload button[value=preview]", STEPS[3])
+        page.wait_for_selector("#preview, [role=alert]")
+        assert not page.locator(".error[role=alert]").count(), page.inner_text(".error")
+        assert f"{N_RESPONDENTS} respondents" in page.inner_text("#preview")
+        assert axe_violations(page) == []
+        clicks.click("#import-previewed button[type=submit]", STEPS[4])
+        page.wait_for_url(base + "/admin/studies/opinionqa")
+        clicks.click("nav.tabs >> text=Export", STEPS[5])
+        page.wait_for_url(base + "/admin/studies/opinionqa/export")
+        assert axe_violations(page) == []
+        wide = _csv(clicks.download("text=with imported respondents", STEPS[6]))
+        assert clicks.steps == list(STEPS)
+        assert len(clicks.steps) == CLICKS_TO_FIRST_EXPORT
 
-            # the wide CSV: every uploaded respondent once, with their answers
-            uploaded = _uploaded(upload)
-            assert sorted(r["respondent_id"] for r in wide) == sorted(uploaded)
-            for row in wide:
-                assert row["source"] == "import"
-                given = uploaded[row["respondent_id"]]
-                for key, letter in given.items():
-                    if key != "caseid":
-                        assert row[key] == letter, (row["respondent_id"], key)
-            # the SPSS file (not a click: read with the page's cookies): the same answers
-            # with their labels, "letter: label" as in the uploaded codebook
-            got = page.request.get(base + "/admin/studies/opinionqa/export/answers.sav?imported=1")
-            assert got.status == 200
-            sav = tmp_path / "answers.sav"
-            sav.write_bytes(got.body())
-            frame, meta = pyreadstat.read_sav(str(sav))
-            lines = (upload / "codebook.jsonl").read_text(encoding="utf-8").splitlines()
-            codebook = {i["id"]: i["options"] for i in map(json.loads, lines)}
-            assert sorted(frame["respondent_id"]) == sorted(uploaded)
-            checked = 0
-            for _, row in frame.iterrows():
-                for key, letter in uploaded[row["respondent_id"]].items():
-                    if key == "caseid":
-                        continue
-                    label = meta.variable_value_labels[key][int(row[key])]
-                    want = f"{letter}: {codebook[key][letter]}"[:SPSS_VALUE_LABEL_MAX]
-                    assert label == want, (key, letter, label)
-                    checked += 1
-            assert checked == sum(len(c) - 1 for c in uploaded.values())
-            # a visitor (no cookies) sees no trace of the draft on the public home page
-            visitor = browser.new_context().new_page()
-            visitor.goto(base + "/")
-            body = visitor.inner_text("body")
-            assert "There is no open survey here" in body and "opinionqa" not in body.lower()
-            assert str(N_RESPONDENTS) not in body
-            assert errors == []
-        finally:
-            browser.close()
+        # the wide CSV: every uploaded respondent once, with their answers
+        uploaded = _uploaded(upload)
+        assert sorted(r["respondent_id"] for r in wide) == sorted(uploaded)
+        for row in wide:
+            assert row["source"] == "import"
+            given = uploaded[row["respondent_id"]]
+            for key, letter in given.items():
+                if key != "caseid":
+                    assert row[key] == letter, (row["respondent_id"], key)
+        # the SPSS file (not a click: read with the page's cookies): the same answers
+        # with their labels, "letter: label" as in the uploaded codebook
+        got = page.request.get(base + "/admin/studies/opinionqa/export/answers.sav?imported=1")
+        assert got.status == 200
+        sav = tmp_path / "answers.sav"
+        sav.write_bytes(got.body())
+        frame, meta = pyreadstat.read_sav(str(sav))
+        lines = (upload / "codebook.jsonl").read_text(encoding="utf-8").splitlines()
+        codebook = {i["id"]: i["options"] for i in map(json.loads, lines)}
+        assert sorted(frame["respondent_id"]) == sorted(uploaded)
+        checked = 0
+        for _, row in frame.iterrows():
+            for key, letter in uploaded[row["respondent_id"]].items():
+                if key == "caseid":
+                    continue
+                label = meta.variable_value_labels[key][int(row[key])]
+                want = f"{letter}: {codebook[key][letter]}"[:SPSS_VALUE_LABEL_MAX]
+                assert label == want, (key, letter, label)
+                checked += 1
+        assert checked == sum(len(c) - 1 for c in uploaded.values())
+        # a visitor (no cookies) sees no trace of the draft on the public home page
+        visitor = browser.new_context().new_page()
+        visitor.goto(base + "/")
+        body = visitor.inner_text("body")
+        assert "There is no open survey here" in body and "opinionqa" not in body.lower()
+        assert str(N_RESPONDENTS) not in body
+        assert errors == []
+    finally:
+        context.close()

@@ -8,38 +8,33 @@ screenshot goes to ``docs/screenshots/admin/``.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.test_designer_browser import AXE_JS, CHROMIUM, LAUNCH_ARGS, SHOTS, _axe
-from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.browser import (
+    SCREENSHOTS,
+    admin_database,
+    admin_page,
+    axe_violations,
+    wait_or_explain,
+)
+from tests.support.data import DATASETS_DIR, write_small_dataset
 from tests.support.live_study import priorly_serve
 
+SHOTS = SCREENSHOTS / "admin"
 EMAIL, PASSWORD = "learning@example.org", "e2e learning password"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    if not (os.access(CHROMIUM, os.X_OK) and AXE_JS.is_file()):
-        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
-    from sqlmodel import Session
-
-    from app.auth import create_account
-    from app.db import make_engine, upgrade
-
+    """``priorly serve --no-demo`` on a fresh SQLite file, with one admin account."""
     folder = tmp_path_factory.mktemp("learning-e2e")
     datasets = folder / "datasets"
     write_small_dataset(DATASETS_DIR / "ces", datasets / "ces_small", 150)
     url = f"sqlite:///{folder / 'learning.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    with Session(engine) as db:
-        create_account(EMAIL, PASSWORD, session=db, is_admin=True)
-    engine.dispose()
+    admin_database(url, EMAIL, PASSWORD)
     with priorly_serve(url, folder, PRIORLY_DEMO_DATASET=str(datasets / "ces_small")) as base:
         yield {"base": base, "log": folder / "server.log"}
 
@@ -49,53 +44,43 @@ def _refit_and_wait(page: Any, server: dict[str, Any], slug: str) -> None:
     page.click("#refit-now button[type=submit]")
     page.wait_for_url(f"**/admin/studies/{slug}/jobs?job=*")
     job_id = page.url.rsplit("job=", 1)[1]
-    try:
-        page.wait_for_selector(f"#job-{job_id}[data-status=succeeded]", timeout=300_000)
-    except Exception:
-        raise AssertionError(
-            "the fit job did not succeed; page: "
-            + page.inner_text("body")[:1500]
-            + "\nserver log: "
-            + server["log"].read_text()[-3000:]
-        ) from None
+    wait_or_explain(
+        page,
+        f"#job-{job_id}[data-status=succeeded]",
+        timeout=300_000,
+        log=server["log"],
+        what="the fit job did not succeed",
+    )
 
 
-def test_refit_now_lists_promoted_and_rejected_versions(server: dict[str, Any]) -> None:
-    from playwright.sync_api import sync_playwright
-
+def test_refit_now_lists_promoted_and_rejected_versions(
+    server: dict[str, Any], browser: Any
+) -> None:
     base = server["base"]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-        page.goto(base + "/admin/login")
-        page.fill("input[name=email]", EMAIL)
-        page.fill("input[name=password]", PASSWORD)
-        page.click("button[type=submit]")
-        page.wait_for_url(base + "/admin")
-        page.goto(base + "/admin/import")
-        page.select_option("#import-shipped select[name=dataset]", "ces_small")
-        page.fill("#import-shipped input[name=name]", "Learning e2e")
-        page.click("#import-shipped button[type=submit]")
-        page.wait_for_url(base + "/admin/studies/learning-e2e")
-        assert page.locator("#model-versions").count() == 0
+    page = admin_page(browser, base, EMAIL, PASSWORD)
+    page.goto(base + "/admin/import")
+    page.select_option("#import-shipped select[name=dataset]", "ces_small")
+    page.fill("#import-shipped input[name=name]", "Learning e2e")
+    page.click("#import-shipped button[type=submit]")
+    page.wait_for_url(base + "/admin/studies/learning-e2e")
+    assert page.locator("#model-versions").count() == 0
 
-        _refit_and_wait(page, server, "learning-e2e")
-        page.goto(base + "/admin/studies/learning-e2e")
-        rows = page.locator("#model-versions tbody tr")
-        assert rows.count() == 1
-        first = rows.nth(0).inner_text()
-        assert "(active)" in first and "promoted: first model of the study" in first
+    _refit_and_wait(page, server, "learning-e2e")
+    page.goto(base + "/admin/studies/learning-e2e")
+    rows = page.locator("#model-versions tbody tr")
+    assert rows.count() == 1
+    first = rows.nth(0).inner_text()
+    assert "(active)" in first and "promoted: first model of the study" in first
 
-        _refit_and_wait(page, server, "learning-e2e")
-        page.goto(base + "/admin/studies/learning-e2e")
-        rows = page.locator("#model-versions tbody tr")
-        assert rows.count() == 2
-        newest, oldest = rows.nth(0).inner_text(), rows.nth(1).inner_text()
-        assert "rejected: does not beat the active model" in newest and "(active)" not in newest
-        assert "(active)" in oldest
-        cells = rows.nth(0).locator("td")
-        assert cells.nth(6).inner_text() == cells.nth(7).inner_text() != ""  # same fit, same score
-        assert _axe(page) == []
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.locator("#belief-model").screenshot(path=str(SHOTS / "25-model-versions.png"))
-        browser.close()
+    _refit_and_wait(page, server, "learning-e2e")
+    page.goto(base + "/admin/studies/learning-e2e")
+    rows = page.locator("#model-versions tbody tr")
+    assert rows.count() == 2
+    newest, oldest = rows.nth(0).inner_text(), rows.nth(1).inner_text()
+    assert "rejected: does not beat the active model" in newest and "(active)" not in newest
+    assert "(active)" in oldest
+    cells = rows.nth(0).locator("td")
+    assert cells.nth(6).inner_text() == cells.nth(7).inner_text() != ""  # same fit, same score
+    assert axe_violations(page) == []
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#belief-model").screenshot(path=str(SHOTS / "25-model-versions.png"))

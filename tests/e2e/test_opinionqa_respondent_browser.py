@@ -18,6 +18,7 @@ import html
 import json
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -28,20 +29,11 @@ from app.services.belief import fit_study_model
 from app.services.demo import prepare_study_for_fielding
 from app.services.learned import MAX_PREFERENCES, learned_about
 from app.tables import ElicitationSession, Item, Study
-from tests.app.routes.test_respondent import about, consent, finish
-from tests.e2e.test_respondent_browser import (
-    AXE_JS,
-    CHROMIUM,
-    LAUNCH_ARGS,
-    PHONE,
-    RESULTS,
-    axe_violations,
-    browser_ready,
-)
+from tests.support.browser import AXE_JS, PHONE, RESULTS, axe_violations, shot
 from tests.support.data import DATASETS_DIR, write_small_dataset
 from tests.support.live_study import LiveStudy, make_live_study, priorly_serve, study_settings
+from tests.support.respondent import about, consent, finish
 
-__all__ = ["browser_ready"]  # a fixture of this module too
 N_ROWS = 150
 MAX_QUESTIONS = 3
 LEARNED = "What we learned about you"
@@ -94,18 +86,16 @@ def bare_labels() -> dict[str, str]:
     return {key: book[key] for key in [*meta["demographics"], meta["region_column"]]}
 
 
-def test_about_you_pages_word_the_bare_labels(
-    served: tuple[LiveStudy, str], browser_ready: None
-) -> None:
-    from playwright.sync_api import expect, sync_playwright
+def test_about_you_pages_word_the_bare_labels(served: tuple[LiveStudy, str], browser: Any) -> None:
+    from playwright.sync_api import expect
 
     live, base = served
     labels = bare_labels()
     assert labels["F_AGECAT"] == "age" and labels["F_SEX"] == "sex"  # bare in the codebook
     legends: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        page = browser.new_context(viewport=PHONE).new_page()
+    context = browser.new_context(viewport=PHONE)
+    try:
+        page = context.new_page()
         page.goto(f"{base}/s/{live.slug}")
         page.click("button[value=accept]")
         number = 1
@@ -113,7 +103,7 @@ def test_about_you_pages_word_the_bare_labels(
             expect(page.locator("input[name=page]")).to_have_value(str(number))
             assert axe_violations(page) == [], f"about-you page {number}"
             if number == 1:
-                page.screenshot(path=str(RESULTS / "opinionqa-about-390.png"), full_page=True)
+                shot(page, RESULTS, "opinionqa-about-390")
             legends += page.locator("legend.r-legend").all_inner_texts()
             for fieldset in page.locator("fieldset.r-question").all():
                 fieldset.locator("input[type=radio]").first.check()
@@ -122,7 +112,8 @@ def test_about_you_pages_word_the_bare_labels(
             expect(
                 page.locator(f"input[name=page][value='{number}'], input[name=item]")
             ).to_have_count(1)
-        browser.close()
+    finally:
+        context.close()
     assert AXE_JS.is_file()
     assert sorted(legends) == sorted(f"What is your {label}?" for label in labels.values())
     assert not set(legends) & set(labels.values())

@@ -12,20 +12,15 @@ screenshots into ``docs/screenshots/admin/``.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support.data import REPO_ROOT
+from tests.support.browser import SCREENSHOTS, admin_page, axe_violations, shot
 from tests.support.live_study import priorly_serve
 
-CHROMIUM = "/usr/bin/chromium"
-AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
-SHOTS = REPO_ROOT / "docs" / "screenshots" / "admin"
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+SHOTS = SCREENSHOTS / "admin"
 EMAIL, PASSWORD = "personas@example.org", "e2e personas password"
 SLUG = "cold-start"
 
@@ -34,8 +29,6 @@ SLUG = "cold-start"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``priorly serve --no-demo`` on a fresh SQLite file with a draft study (attributes
     age and region, two questions, a consent text) and the fake inference server."""
-    if not (os.access(CHROMIUM, os.X_OK) and AXE_JS.is_file()):
-        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
     from sqlmodel import Session
 
     from app.auth import create_account
@@ -75,35 +68,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
-def page(server: dict[str, Any]) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        pg = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-        pg.goto(server["base"] + "/admin/login")
-        pg.fill("input[name=email]", EMAIL)
-        pg.fill("input[name=password]", PASSWORD)
-        pg.click("button[type=submit]")
-        pg.wait_for_url(server["base"] + "/admin")
-        yield pg
-        browser.close()
-
-
-def _axe(page: Any) -> list[dict[str, Any]]:
-    """Serious or critical axe-core violations of the page as it is now."""
-    page.evaluate(AXE_JS.read_text(encoding="utf-8"))  # CDP evaluation, not an inline script
-    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    return [
-        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
-        for v in result["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
-
-
-def _shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+def page(server: dict[str, Any], browser: Any) -> Any:
+    """A page logged in as the study's owner."""
+    return admin_page(browser, server["base"], EMAIL, PASSWORD)
 
 
 def _fill_shares(page: Any, shares: dict[str, dict[str, str]]) -> None:
@@ -123,7 +90,7 @@ def test_cold_start_from_attribute_shares(server: dict[str, Any], page: Any) -> 
     page.wait_for_selector("#prior-warning")
     warning = page.locator("#prior-warning").inner_text()
     assert "prior is uniform" in warning and "Personas" in warning and "Import" in warning
-    assert _axe(page) == []
+    assert axe_violations(page) == []
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.locator("section:has(#prior-warning)").screenshot(
         path=str(SHOTS / "27-uniform-prior-warning.png")
@@ -135,7 +102,7 @@ def test_cold_start_from_attribute_shares(server: dict[str, Any], page: Any) -> 
     server_radio = page.locator("input[name=backend][value=openai]")
     assert server_radio.is_enabled()
     assert server["fake"].url in page.locator("#persona-generate-form").inner_text()
-    assert _axe(page) == []
+    assert axe_violations(page) == []
 
     # shares that do not sum to one: refused, the attribute named, nothing stored
     _fill_shares(page, {"age": {"A": "0.4", "B": "0.5"}, "region": {"A": "0.5", "B": "0.5"}})
@@ -160,8 +127,8 @@ def test_cold_start_from_attribute_shares(server: dict[str, Any], page: Any) -> 
     page.goto(f"{base}/admin/studies/{SLUG}/personas")
     assert "4 with an attribute profile, 4 with" in page.locator("#persona-counts").inner_text()
     assert page.locator("#prior-warning").count() == 0  # distributions stored
-    assert _axe(page) == []
-    _shot(page, "26-personas")
+    assert axe_violations(page) == []
+    shot(page, SHOTS, "26-personas")
     with Session(engine) as db:
         assert len(db.exec(select(PersonaDistribution)).all()) == 8
 

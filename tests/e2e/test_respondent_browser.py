@@ -17,41 +17,18 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
-from tests.support.live_study import free_port, make_live_study, wait_healthy
+from tests.support.browser import DESKTOP, PHONE, RESULTS, SCREENSHOTS, axe_violations, log_in, shot
+from tests.support.data import DATASETS_DIR, write_small_dataset
+from tests.support.live_study import make_live_study, uvicorn_server
 
-CHROMIUM = "/usr/bin/chromium"
-AXE_JS = REPO_ROOT / "var" / "cache" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
-RESULTS = REPO_ROOT / "results" / "e2e"
-SHOTS = REPO_ROOT / "docs" / "screenshots" / "respondent"
-PHONE = {"width": 390, "height": 844}
-LAUNCH_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+SHOTS = SCREENSHOTS / "respondent"
 MAX_QUESTIONS = 4
-
-
-@pytest.fixture(scope="module")
-def browser_ready() -> None:
-    if not (os.access(CHROMIUM, os.X_OK) and AXE_JS.is_file()):
-        subprocess.run([str(REPO_ROOT / "scripts" / "setup-browser")], check=True)
-    assert os.access(CHROMIUM, os.X_OK), "scripts/setup-browser did not install chromium"
-    assert AXE_JS.is_file(), "scripts/setup-browser did not install axe-core"
 
 
 @pytest.fixture(scope="module")
@@ -66,55 +43,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
         settings={"budgets": {"max_questions": MAX_QUESTIONS}, "show_learned": True},
     )
     live.engine.dispose()
-    port = free_port()
-    env = {**os.environ, "PRIORLY_DATABASE_URL": url, "PRIORLY_ENV": "dev"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "app.main:create_app",
-            "--factory",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc, "uvicorn", timeout=60)
+    with uvicorn_server(url, folder / "uvicorn.log", timeout=60) as base:
         yield base, live.slug, url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-
-
-@pytest.fixture(scope="module")
-def browser(browser_ready: None) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        yield b
-        b.close()
-
-
-def axe_violations(page: Any) -> list[dict[str, Any]]:
-    """Serious or critical axe-core violations of the page as it is now."""
-    # Evaluated through the browser's devtools channel: the page's Content-Security-Policy
-    # (script-src 'self') refuses an injected inline <script>, as it should.
-    page.evaluate(AXE_JS.read_text(encoding="utf-8"))
-    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    return [
-        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
-        for v in result["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
 
 
 def tab_to(page: Any, predicate: str, limit: int = 25) -> None:
@@ -164,7 +94,6 @@ def test_survey_by_keyboard_with_screenshots_and_axe(
 ) -> None:
     base, slug, _ = server
     total = N_ATTRIBUTES + MAX_QUESTIONS
-    RESULTS.mkdir(parents=True, exist_ok=True)
     context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     errors: list[str] = []
@@ -173,7 +102,7 @@ def test_survey_by_keyboard_with_screenshots_and_axe(
         page.goto(f"{base}/s/{slug}?PROLIFIC_PID=e2e-{label}")
         assert page.locator("h1").inner_text() == "Before you start"
         assert axe_violations(page) == []
-        page.screenshot(path=str(RESULTS / f"consent-{label}.png"), full_page=True)
+        shot(page, RESULTS, f"consent-{label}")
         # consent by keyboard: Tab to the accept button, Enter
         tab_to(page, "el && el.value === 'accept'")
         page.keyboard.press("Enter")
@@ -184,17 +113,16 @@ def test_survey_by_keyboard_with_screenshots_and_axe(
             assert page.locator("fieldset.r-question").count() == last - first + 1
             if first == 1:
                 assert axe_violations(page) == []
-                page.screenshot(path=str(RESULTS / f"about-{label}.png"), full_page=True)
+                shot(page, RESULTS, f"about-{label}")
                 if width == PHONE["width"]:
-                    SHOTS.mkdir(parents=True, exist_ok=True)
-                    page.screenshot(path=str(SHOTS / "about-page-1-390.png"), full_page=True)
+                    shot(page, SHOTS, "about-page-1-390")
             tab_to(page, "el && el.type === 'radio'")
             page.keyboard.press("Space")
             assert page.evaluate("() => document.activeElement.checked") is True
             page.keyboard.press("Enter")
         page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 1} of at most {total}")
         assert axe_violations(page) == []
-        page.screenshot(path=str(RESULTS / f"question-{label}.png"), full_page=True)
+        shot(page, RESULTS, f"question-{label}")
         for n in range(1, MAX_QUESTIONS + 1):
             page.wait_for_selector(f"text=Question {N_ATTRIBUTES + n} of at most {total}")
             tab_to(page, "el && el.type === 'radio'")
@@ -208,7 +136,7 @@ def test_survey_by_keyboard_with_screenshots_and_axe(
         assert page.locator("#learned-title").inner_text() == "What we learned about you"
         assert page.locator(".r-learned li").count() >= 1
         assert axe_violations(page) == []
-        page.screenshot(path=str(RESULTS / f"done-{label}.png"), full_page=True)
+        shot(page, RESULTS, f"done-{label}")
         # no horizontal scrolling at this width
         assert page.evaluate("() => document.documentElement.scrollWidth") <= width
         assert errors == []
@@ -223,7 +151,6 @@ def test_back_button_skip_prompt_decline_and_delete(
     about you asks once before skipping them all; "I do not want to take part" after
     answers says what is stored; the deletion page erases by completion code."""
     base, slug, db_url = server
-    SHOTS.mkdir(parents=True, exist_ok=True)
     context = browser.new_context(viewport=PHONE)
     page = context.new_page()
     errors: list[str] = []
@@ -245,7 +172,7 @@ def test_back_button_skip_prompt_decline_and_delete(
         page.click("button.r-primary")
         page.wait_for_selector("text=Skip all the remaining questions about you?")
         assert axe_violations(page) == []
-        page.screenshot(path=str(SHOTS / "about-skip-prompt-390.png"), full_page=True)
+        shot(page, SHOTS, "about-skip-prompt-390")
         page.click("button[name=skip_all]")
         page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 1} of at most")
         page.check("input[name=option] >> nth=0")
@@ -257,7 +184,7 @@ def test_back_button_skip_prompt_decline_and_delete(
         assert "Nothing was recorded" not in page.inner_text("body")
         assert "1 answer to the survey questions" in page.inner_text("body")
         assert axe_violations(page) == []
-        page.screenshot(path=str(SHOTS / "declined-after-answers-390.png"), full_page=True)
+        shot(page, SHOTS, "declined-after-answers-390")
         page.click("text=Continue the survey")
         for k in range(2, MAX_QUESTIONS + 1):
             page.wait_for_selector(f"text=Question {N_ATTRIBUTES + k} of at most")
@@ -265,7 +192,7 @@ def test_back_button_skip_prompt_decline_and_delete(
             page.click("button.r-primary")
         page.wait_for_selector("text=Thank you!")
         code = page.locator(".r-code").inner_text().strip()
-        page.screenshot(path=str(SHOTS / "done-learned-390.png"), full_page=True)
+        shot(page, SHOTS, "done-learned-390")
         assert live_respondents(db_url) == n
     finally:
         context.close()
@@ -277,7 +204,7 @@ def test_back_button_skip_prompt_decline_and_delete(
         page.goto(f"{base}/s/{slug}/delete")
         assert page.locator("h1").inner_text() == "Delete my answers"
         assert axe_violations(page) == []
-        page.screenshot(path=str(SHOTS / "delete-390.png"), full_page=True)
+        shot(page, SHOTS, "delete-390")
         page.fill("#code", "WRONGCODE1")
         page.check("input[name=confirm]")
         page.click("button.r-primary")
@@ -288,7 +215,7 @@ def test_back_button_skip_prompt_decline_and_delete(
         page.click("button.r-primary")
         page.wait_for_selector("text=Your answers were deleted")
         assert axe_violations(page) == []
-        page.screenshot(path=str(SHOTS / "deleted-390.png"), full_page=True)
+        shot(page, SHOTS, "deleted-390")
         assert live_respondents(db_url) == n - 1
         assert erasure_records(db_url) == erased + 1  # the existing erasure path's record
         assert errors == []
@@ -329,14 +256,10 @@ def test_researcher_sees_repeated_starts_and_erases_a_respondent(
     finally:
         context.close()
     n = live_respondents(db_url)
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport=DESKTOP)
     page = context.new_page()
     try:
-        page.goto(f"{base}/admin/login")
-        page.fill("input[name=email]", "owner@example.org")
-        page.fill("input[name=password]", "e2e owner password 1")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{base}/admin")
+        log_in(page, base, "owner@example.org", "e2e owner password 1")
         # the exports over HTTP: one row per respondent; a declined question about the
         # respondent is <skip>; the long CSV has their demographics
         long = _csv(page.request.get(f"{base}/admin/studies/{slug}/export/answers_long.csv"))
@@ -356,8 +279,7 @@ def test_researcher_sees_repeated_starts_and_erases_a_respondent(
         newest = page.locator("#respondents tbody tr").first
         assert "yes, 1 earlier from this browser" in newest.inner_text()
         assert axe_violations(page) == []
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / "admin-respondents-1280.png"), full_page=True)
+        shot(page, SHOTS, "admin-respondents-1280")
         rid = newest.get_attribute("data-respondent")
         erased = erasure_records(db_url)
         page.on("dialog", lambda dialog: dialog.accept())

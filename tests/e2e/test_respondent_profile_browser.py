@@ -13,25 +13,17 @@ from typing import Any
 import pytest
 from sqlmodel import Session, select
 
-from tests.e2e.test_respondent_browser import (
-    AXE_JS,
-    CHROMIUM,
-    LAUNCH_ARGS,
-    browser_ready,
-)
-from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
+from tests.support.browser import SCREENSHOTS, admin_page, axe_violations, shot
+from tests.support.data import DATASETS_DIR, write_small_dataset
 from tests.support.live_study import make_live_study, priorly_serve
 
-__all__ = ["browser_ready"]  # a fixture of this module too
-SHOTS = REPO_ROOT / "docs" / "screenshots" / "admin"
+SHOTS = SCREENSHOTS / "admin"
 EMAIL, PASSWORD = "owner-e2e@example.org", "e2e profile password"
 N_ANSWERS = 4
 
 
 @pytest.fixture(scope="module")
-def server(
-    tmp_path_factory: pytest.TempPathFactory, browser_ready: None
-) -> Iterator[dict[str, Any]]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A prepared CES study (60 imported respondents, a fitted model) with two live
     respondents (the second a repeated start that answered :data:`N_ANSWERS` questions),
     served by ``priorly serve``."""
@@ -73,36 +65,15 @@ def server(
 
 
 @pytest.fixture(scope="module")
-def page(server: dict[str, Any]) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        pg = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-        pg.goto(server["base"] + "/admin/login")
-        pg.fill("input[name=email]", EMAIL)
-        pg.fill("input[name=password]", PASSWORD)
-        pg.click("button[type=submit]")
-        pg.wait_for_url(server["base"] + "/admin")
-        yield pg
-        browser.close()
-
-
-def _axe(page: Any) -> list[dict[str, Any]]:
-    """Serious or critical axe-core violations of the page as it is now."""
-    page.evaluate(AXE_JS.read_text(encoding="utf-8"))  # CDP evaluation: CSP refuses inline
-    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    return [
-        {"id": v["id"], "impact": v["impact"], "nodes": [n["target"] for n in v["nodes"]][:5]}
-        for v in result["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
+def page(server: dict[str, Any], browser: Any) -> Any:
+    """A page logged in as the study's admin."""
+    return admin_page(browser, server["base"], EMAIL, PASSWORD)
 
 
 def test_profile_opens_from_the_respondents_tab(server: dict[str, Any], page: Any) -> None:
     base, slug, rid = server["base"], server["slug"], server["respondent"]
     page.goto(f"{base}/admin/studies/{slug}/respondents")
-    assert _axe(page) == []
+    assert axe_violations(page) == []
     page.click(f"tr[data-respondent='{rid}'] a[aria-label='Open respondent {rid}']")
     page.wait_for_url(f"{base}/admin/studies/{slug}/respondents/{rid}")
     assert page.locator("#respondent-status").inner_text() == "active"
@@ -118,9 +89,8 @@ def test_profile_opens_from_the_respondents_tab(server: dict[str, Any], page: An
     shown = {predicted.nth(i).get_attribute("data-item") for i in range(n_items)}
     assert given.isdisjoint(shown)
     assert page.locator(f"button[aria-label='Erase respondent {rid}']").is_visible()
-    assert _axe(page) == []
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "24-respondent-profile.png"), full_page=True)
+    assert axe_violations(page) == []
+    shot(page, SHOTS, "24-respondent-profile")
 
     # an unknown id: a readable 404 page
     r = page.goto(f"{base}/admin/studies/{slug}/respondents/999999")

@@ -22,6 +22,7 @@ from tests.support.live_study import (
     make_live_study,
     study_fields,
 )
+from tests.support.respondent import about, attribute_pages, consent, field, finish, first_option
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -47,54 +48,6 @@ def live(
 def client(live: LiveStudy) -> Iterator[Any]:
     with app_client(live.url) as c:
         yield c
-
-
-def field(html: str, name: str) -> str:
-    m = re.search(rf'name="{name}" value="([^"]*)"', html)
-    assert m, f"no field {name!r} in the page"
-    return m.group(1)
-
-
-def first_option(html: str) -> str:
-    m = re.search(r'name="option" value="([^"]+)"', html)
-    assert m
-    return m.group(1)
-
-
-def consent(client: Any, live: LiveStudy, **params: str) -> Any:
-    page = client.get(f"/s/{live.slug}", params=params)
-    assert page.status_code == 200 and "Before you start" in page.text
-    data = {"choice": "accept", **{f"p_{k}": v for k, v in params.items()}}
-    for k, v in params.items():
-        assert field(page.text, f"p_{k}") == v
-    return client.post(f"/s/{live.slug}/consent", data=data, follow_redirects=False)
-
-
-def attribute_pages(live: LiveStudy) -> list[list[str]]:
-    """The keys of the attribute items on each page of the browser flow."""
-    with live.session() as db:
-        study = db.get(Study, live.study_id)
-        assert study is not None
-        rt = svc.load_runtime(study, session=db, fit_if_missing=False)
-    return [[it.key for it in page] for page in svc.attribute_pages(rt)]
-
-
-def about(client: Any, live: LiveStudy, answers: dict[str, str], htmx: bool = False) -> Any:
-    """Submit every page of questions about the respondent (keys left out: "prefer not to
-    answer"); with no answers at all, skip them all from the first page's prompt."""
-    headers = {"HX-Request": "true"} if htmx else {}
-    url = f"/s/{live.slug}/about"
-    if not answers:
-        data = {"page": "1", "skip_all": "1"}
-        return client.post(url, data=data, headers=headers, follow_redirects=False)
-    r = None
-    for number, keys in enumerate(attribute_pages(live), start=1):
-        data = {f"a_{k}": answers.get(k, "__skip__") for k in keys}
-        r = client.post(
-            url, data={**data, "page": str(number)}, headers=headers, follow_redirects=False
-        )
-        assert r.status_code in (200, 303)
-    return r
 
 
 def session_of(live: LiveStudy, client: Any) -> ElicitationSession:
@@ -287,25 +240,6 @@ def test_pages_escape_study_text(client: Any, live: LiveStudy) -> None:
         page = client.get(f"/s/{live.slug}").text
         assert "<script>alert(1)</script>" not in page
         assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
-
-
-def finish(client: Any, live: LiveStudy) -> str:
-    """Answer every question of this browser's session; returns the completion code."""
-    page = client.get(f"/s/{live.slug}/q", follow_redirects=False)
-    while page.status_code == 200 and 'name="item"' in page.text:
-        data = {
-            "item": field(page.text, "item"),
-            "option": first_option(page.text),
-            "idempotency_key": field(page.text, "idempotency_key"),
-        }
-        r = client.post(f"/s/{live.slug}/answer", data=data, follow_redirects=False)
-        assert r.status_code == 303
-        page = client.get(r.headers["location"], follow_redirects=False)
-    done = client.get(f"/s/{live.slug}/done")
-    assert done.status_code == 200
-    m = re.search(r'class="r-code"><strong>([^<]+)</strong>', done.text)
-    assert m
-    return m.group(1)
 
 
 def n_respondents(live: LiveStudy) -> int:
