@@ -42,10 +42,7 @@ the same active model asking its non-adaptive fixed order (the anchor of ``eig_a
 uniform persona, never refitted (``eig``; its predictions are uniform whatever it asks).
 ``full_history``: ``bench individual``'s ``default`` (latent classes fitted on all the
 training users, classes chosen on the validation users); it does not depend on the
-arrivals, so its one curve is repeated at every arrival count. ``adaptive``: the same
-active model with the study's own criterion object (``eig_anchored``) even while the study
-is calibrating (``StudyRuntime.adaptive_selector``; equal to ``default`` once calibrated):
-what ``default`` would score without the fixed order during calibration.
+arrivals, so its one curve is repeated at every arrival count.
 """
 
 from __future__ import annotations
@@ -77,7 +74,7 @@ from elicitation.datasets import BenchmarkRun, Dataset, load_dataset
 from models.base import MISSING
 from models.persona import PersonaMixture
 
-METHODS: tuple[str, ...] = ("default", "uniform", "fixed", "full_history", "adaptive")
+METHODS: tuple[str, ...] = ("default", "uniform", "fixed", "full_history")
 """The methods of the lifecycle benchmark, in the JSON's order."""
 CURVES: tuple[str, ...] = ("accuracy", "log_loss")
 """The metrics each method reports after ``0..budget`` questions."""
@@ -234,7 +231,7 @@ def _lifecycle_run(
     clear_runtime_cache()
     belief.clear_model_cache()
     curves: dict[str, dict[str, list[list[float]]]] = {
-        m: {c: [] for c in CURVES} for m in ("default", "uniform", "fixed", "adaptive")
+        m: {c: [] for c in CURVES} for m in ("default", "uniform", "fixed")
     }
     checkpoints: list[dict[str, Any]] = []
     order = list(users)
@@ -278,11 +275,6 @@ def _lifecycle_run(
                 "fixed": _score(model, fixed, test, demo, cand, tgt, budget),
                 "uniform": _score(uniform, get_criterion("eig"), test, demo, cand, tgt, budget),
             }
-            scored["adaptive"] = (
-                scored["default"]
-                if rt.adaptive_selector is None
-                else _score(model, rt.adaptive_selector, test, demo, cand, tgt, budget)
-            )
             for m, res in scored.items():
                 for c in CURVES:
                     curves[m][c].append(res[c])
@@ -396,7 +388,7 @@ def run_lifecycle(
     full = run_individual(ds, budget, ["default"], n_runs=n_runs, progress=False)
     full_seconds = round(time.perf_counter() - t0, 3)
     methods: dict[str, Any] = {}
-    for name in ("default", "uniform", "fixed", "adaptive"):
+    for name in ("default", "uniform", "fixed"):
         entry: dict[str, Any] = {}
         for c in CURVES:
             entry[c], entry[f"{c}_se"] = _mean_se([r["curves"][name][c] for r in per_run])

@@ -99,9 +99,6 @@ class StudyRuntime:
         missing_order_key: the key of that missing order (:func:`belief.fixed_order_key`).
         item_answers: item id -> observed answers in the data the model was fitted on
             (``None`` for a model stored without them: counted as learned).
-        adaptive_selector: the ``eig_anchored`` object that ``selector`` (its anchor, the
-            fixed order) stands in for while the study is calibrating, else ``None``
-            (what the study asks once calibrated; ``priorly bench lifecycle`` scores it).
         first_decisions: the prior state and first decision per set of known attributes
             (:func:`app.session.decide.first_state_and_decision`; lives as long as this runtime).
         step_memo: the answer steps already computed for this study design
@@ -126,7 +123,6 @@ class StudyRuntime:
     requested_criterion: str | None = None
     missing_order_key: str | None = None
     item_answers: Mapping[int, int] | None = None
-    adaptive_selector: Any = None
     first_decisions: dict[tuple[tuple[str, str], ...], tuple[Any, DecisionRow]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -402,11 +398,10 @@ def build_runtime(
     calibrating = settings.calibration_items > 0 and bool(
         under_observed_items(settings, item_answers, candidates + targets)
     )
-    adaptive = None
     if calibrating and isinstance(selector, AnchoredInformationGain):
         # a model still calibrating was fitted on few answers: its anchor beats its
         # adaptive pick (docs/models.md, "Calibration questions")
-        adaptive, selector, used = selector, selector.fixed, "fixed"
+        selector, used = selector.fixed, "fixed"
     design = (
         ref.id,
         ref.training_hash,
@@ -437,7 +432,6 @@ def build_runtime(
         by_id={it.id: it for it in items if it.id is not None},
         by_key={it.key: it for it in items},
         selector=selector,
-        adaptive_selector=adaptive,
         requested_criterion=None if used == criterion else criterion,
         missing_order_key=missing,
         item_answers=item_answers,
