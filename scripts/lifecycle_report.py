@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="+", type=Path, help="priorly bench lifecycle JSON files")
     p.add_argument("--questions", type=int, help="questions asked (default: the budget)")
     args = p.parse_args(argv)
+    for f in args.files:
+        if not f.is_file():
+            p.error(f"no such result file: {f}")
     print("\n".join(report(f, args.questions) for f in args.files))
     return 0
 

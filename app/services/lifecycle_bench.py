@@ -36,9 +36,8 @@ candidates the user answered, accuracy and log loss over all (test user, target)
 with a known answer (:func:`elicitation.bench.metrics.score_predictions`).
 
 **Methods.** ``default``: the active model with the study runtime's criterion
-(``eig_anchored`` with the stored fixed order; its anchor, the fixed order itself, while
-the study is still calibrating: :func:`app.session.runtime.build_runtime`). ``fixed``:
-the same active model asking its non-adaptive fixed order (the anchor of ``eig_anchored``). ``uniform``: a single
+(``eig_anchored`` with the stored fixed order). ``fixed``: the same active model asking
+its non-adaptive fixed order (the anchor of ``eig_anchored``). ``uniform``: a single
 uniform persona, never refitted (``eig``; its predictions are uniform whatever it asks).
 ``full_history``: ``bench individual``'s ``default`` (latent classes fitted on all the
 training users, classes chosen on the validation users); it does not depend on the
@@ -264,11 +263,7 @@ def _lifecycle_run(
                 dtype=torch.long,
             )
             selector = rt.selector if rt.selector is not None else get_criterion(rt.criterion)
-            fixed = (
-                selector
-                if rt.criterion == "fixed"  # a calibrating study asks the anchor itself
-                else getattr(selector, "fixed", None) or get_criterion("fixed")
-            )
+            fixed = getattr(selector, "fixed", None) or get_criterion("fixed")
             uniform = _uniform_model(model.item_bank)
             scored = {
                 "default": _score(model, selector, test, demo, cand, tgt, budget),

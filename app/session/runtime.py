@@ -49,7 +49,6 @@ from app.session.memo import StepMemo, set_step_memo_size, step_memo_for
 from app.session.sql import DecisionRow, StudyHead
 from app.tables import FittedModel, Item, ItemRole, Study
 from elicitation.criteria import get_criterion
-from elicitation.criteria.anchored import AnchoredInformationGain
 from elicitation.errors import ElicitationError
 
 FALLBACK_CRITERION = "posterior_entropy"
@@ -395,13 +394,6 @@ def build_runtime(
         if answers_by_key is None
         else {it.id: answers_by_key.get(it.key, 0) for it in in_model}
     )
-    calibrating = settings.calibration_items > 0 and bool(
-        under_observed_items(settings, item_answers, candidates + targets)
-    )
-    if calibrating and isinstance(selector, AnchoredInformationGain):
-        # a model still calibrating was fitted on few answers: its anchor beats its
-        # adaptive pick (docs/models.md, "Calibration questions")
-        selector, used = selector.fixed, "fixed"
     design = (
         ref.id,
         ref.training_hash,

@@ -70,3 +70,12 @@ def test_criteria_from_hand_worked_differences(tmp_path: Path) -> None:
     text = lifecycle_report.report(path)
     assert "| `default` | 0.6900 ± 0.0000 | 0.5100 ± 0.0100 | 0.4100 ± 0.0100 |" in text
     assert "| within 0.01 of `full_history` at 200 | +0.0050 (0.0100) | yes |" in text
+
+
+def test_a_missing_file_is_a_one_line_error(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        lifecycle_report.main([str(tmp_path / "nope.json")])
+    assert exc.value.code == 2
+    assert "no such result file:" in capsys.readouterr().err
