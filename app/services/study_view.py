@@ -100,7 +100,11 @@ def active_model_row(study: Study, *, session: Session) -> dict[str, Any] | None
 def serving_summary(study: Study, *, session: Session) -> dict[str, Any] | None:
     """What live sessions are chosen with now: ``criterion`` (the one in use),
     ``requested`` (the one the settings ask for while it waits for a fixed order, else
-    ``None``) and ``order_length`` (the stored fixed order's length, else ``None``).
+    ``None``), ``order_length`` (the stored fixed order's length, else ``None``) and
+    ``calibration``: ``{"places": calibration places per session now, "threshold":
+    calibration_min_answers, "under_observed": [(key, answers)] fewest first, at most 5,
+    "n_under_observed": how many items are under the threshold}`` (``places`` 0 once every
+    item is observed often enough, see :attr:`app.session.StudyRuntime.calibration_items`).
     ``None`` without a fitted model or with settings no runtime can be built from."""
     try:
         rt = load_runtime(study, session=session, fit_if_missing=False)
@@ -108,8 +112,16 @@ def serving_summary(study: Study, *, session: Session) -> dict[str, Any] | None:
         return None
     fixed = getattr(rt.selector, "fixed", rt.selector)
     order = getattr(fixed, "order", None) if rt.requested_criterion is None else None
+    counts = rt.item_answers or {}
+    under = sorted((counts.get(it.id, 0), it.key) for it in rt.under_observed)
     return {
         "criterion": rt.criterion,
         "requested": rt.requested_criterion,
         "order_length": len(order) if order else None,
+        "calibration": {
+            "places": rt.calibration_items,
+            "threshold": rt.settings.calibration_min_answers,
+            "under_observed": [(key, n) for n, key in under[:5]],
+            "n_under_observed": len(under),
+        },
     }

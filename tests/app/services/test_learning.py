@@ -430,3 +430,37 @@ def test_a_model_fitted_on_few_respondents_is_refitted_early(
             jobs = s.exec(select(Job).where(Job.kind == "fit_model")).all()
         assert len(jobs) == (1 if n == 25 else 0)
     assert jobs[0].payload == {"reason": "25 new completed respondents"}
+
+
+def test_the_study_page_says_whether_the_study_is_calibrating(
+    client: TestClient, db: Session, ces_study: Study
+) -> None:
+    """The designer page names the calibration places and the fewest-answered items while
+    calibrating, and says when calibration is done."""
+    import re
+
+    from tests.support.admin import login
+
+    row = _fit(db, ces_study)
+    counts = row.metrics["item_answers"]
+    login(client, "alice@example.org")
+
+    def status() -> str:
+        page = client.get(f"/admin/studies/{ces_study.slug}").text
+        found = re.search(r'id="calibration-status">(.*?)</p>', page, re.S)
+        assert found is not None, "no calibration status on the study page"
+        return " ".join(re.sub(r"<[^>]+>", "", found.group(1)).split())
+
+    threshold = max(counts.values()) + 1
+    _publish(db, ces_study, calibration_items=3, calibration_min_answers=threshold)
+    rt = svc.load_runtime(ces_study, session=db)
+    askable = rt.candidates + rt.targets
+    fewest = min((counts[it.key], it.key) for it in askable)
+    text = status()
+    assert text.startswith("Calibrating: the last 3 of each respondent's questions")
+    assert (
+        f"while {len(askable)} of the question and target items have fewer than {threshold}" in text
+    )
+    assert f"(fewest: {fewest[1]} {fewest[0]}," in text
+    _publish(db, ces_study, calibration_min_answers=min(counts[it.key] for it in askable))
+    assert status().startswith("Calibration done: every question and target item has at least")
