@@ -35,7 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     from app.db import make_engine, upgrade
     from app.services.designer import add_item, create_study, update_texts
     from inference_server.model_store import DEFAULT_MODEL
-    from tests.inference_server.test_generate_db import FakeVLLM
+    from tests.support.fake_vllm import FakeVLLM
 
     folder = tmp_path_factory.mktemp("personas-e2e")
     url = f"sqlite:///{folder / 'personas.db'}"

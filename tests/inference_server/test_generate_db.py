@@ -9,14 +9,9 @@ and store nothing wrong; a rerun resumes without recomputing any stored pair.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlmodel import Session, select
@@ -26,69 +21,10 @@ from app.cli import main
 from app.services.personas import study_items
 from app.settings import get_settings
 from inference_server.model_store import DEFAULT_MODEL
+from tests.support.fake_vllm import FakeVLLM, p_first
 
 NASTY = '<script>alert("hi")</script> {{ persona }} {% if x %}{persona}{% endif %} & "q"'
 PERSONAS = [NASTY, "A retired teacher from Ohio.", "A young nurse in Nevada."]
-
-
-def p_first(prompt: str) -> float:
-    """The server's probability of letter A for a prompt (a known function of its text)."""
-    return 0.05 + 0.9 * (int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF)
-
-
-class FakeVLLM:
-    """A real HTTP server speaking the completions subset of the OpenAI API."""
-
-    def __init__(self) -> None:
-        self.garbage_after: int | None = None
-        self.prompts: list[str] = []
-        self.requests = 0
-        self.authorization: set[str | None] = set()
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802  (GET /v1/models: the served model)
-                outer.authorization.add(self.headers.get("Authorization"))
-                payload = json.dumps({"data": [{"id": DEFAULT_MODEL}]}).encode()
-                self.send_response(200 if self.path == "/v1/models" else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.authorization.add(self.headers.get("Authorization"))
-                outer.requests += 1
-                if outer.garbage_after is not None and outer.requests > outer.garbage_after:
-                    payload = b'{"choices": [{"index": 0, "logprobs": {"top_logprobs": [{"A"'
-                else:
-                    choices = []
-                    for i, prompt in enumerate(body["prompt"]):
-                        outer.prompts.append(prompt)
-                        a = p_first(prompt)
-                        top = {"A": math.log(a * 0.9), " B": math.log((1 - a) * 0.9)}
-                        top["Sure"] = math.log(0.1)
-                        choices.append(
-                            {"index": i, "text": "A", "logprobs": {"top_logprobs": [top]}}
-                        )
-                    payload = json.dumps({"choices": choices}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

@@ -14,11 +14,8 @@ import torch
 
 from models.base import DTYPE, MISSING, ItemBank, ModelError, ShapeError, load_model
 from models.cape_common import AlreadyObservedError
-from models.cape_factor import CapeFactor, sobol_normal
 from models.cape_mixture import StackedMixture, fit_stacking, stacked_log_loss
-from models.persona import PersonaMixture
-
-N_OPTIONS = (2, 3, 2, 4, 3)
+from tests.support.cape_cases import N_OPTIONS, bank, mixture
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -27,34 +24,6 @@ def one_thread():  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def bank() -> ItemBank:
-    return ItemBank(tuple(f"q{i}" for i in range(len(N_OPTIONS))), N_OPTIONS)
-
-
-def factor_model(seed: int, d: int = 2, s: int = 64) -> CapeFactor:
-    g = torch.Generator().manual_seed(seed)
-    b = bank()
-    o = b.max_options
-    w = 1.2 * torch.randn(b.n_items, o, d, generator=g, dtype=DTYPE)
-    bias = 0.5 * torch.randn(b.n_items, o, generator=g, dtype=DTYPE)
-    return CapeFactor(b, w, bias, sobol_normal(s, d, seed))
-
-
-def persona_model(seed: int, p: int = 4) -> PersonaMixture:
-    g = torch.Generator().manual_seed(seed)
-    b = bank()
-    mu = torch.rand(p, b.n_items, b.max_options, generator=g, dtype=DTYPE) + 0.05
-    mu = mu * b.option_mask()
-    mu = mu / mu.sum(-1, keepdim=True)
-    return PersonaMixture(b, mu, torch.log_softmax(torch.randn(p, generator=g, dtype=DTYPE), 0))
-
-
-def mixture(gamma: float | torch.Tensor = 0.7) -> StackedMixture:
-    theta = torch.tensor([[0.0, 0.5, -0.3], [0.2, -0.4, 0.1], [1.0, 0.0, -1.0]], dtype=DTYPE)
-    comps = [factor_model(1), persona_model(2), factor_model(3, d=1)]
-    return StackedMixture(bank(), comps, ["f1", "persona", "f3"], theta, gamma)
 
 
 def by_hand(

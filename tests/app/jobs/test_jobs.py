@@ -272,7 +272,7 @@ def test_persona_generation_job_stores_distributions_and_resumes(
     """Through the job runner, against a real HTTP server speaking the OpenAI API whose
     answers are a known function of the prompt (inference_server's test double)."""
     from app.tables import PersonaDistribution
-    from tests.inference_server.test_generate_db import FakeVLLM
+    from tests.support.fake_vllm import FakeVLLM
 
     fake = FakeVLLM()
     try:

@@ -16,7 +16,7 @@ from app.services import jobs
 from app.services import personas as ps
 from app.services.designer import add_item, create_study
 from app.tables import FittedModel, Job, JobStatus, PersonaDistribution, Researcher, Study
-from tests.inference_server.test_generate_db import FakeVLLM
+from tests.support.fake_vllm import FakeVLLM
 
 
 def _job(engine: Engine, job_id: int) -> Job:

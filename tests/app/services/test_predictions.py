@@ -223,7 +223,7 @@ def test_an_order_dependent_model_gets_the_live_loops_replay(
     from app.session import hash_token
     from app.tables import Answer, ElicitationSession, FittedModel, Respondent
     from elicitation.session import replay_state
-    from tests.models.test_cape_mixture import N_OPTIONS, mixture
+    from tests.support.cape_cases import N_OPTIONS, mixture
 
     model = mixture()
     model.training_hash = "mixture"

@@ -19,56 +19,13 @@ from elicitation.errors import CriterionNotApplicableError, ElicitationError, Un
 from models.base import DTYPE, ItemBank
 from models.irt import GradedResponseModel
 from models.persona import PersonaMixture
+from tests.support.criteria_cases import (
+    brute_force_eig,
+    entropy_of,
+    enumerated_joint,
+    mean_target_entropy,
+)
 from tests.support.elicitation_cases import informative_mixture, random_mixture
-
-
-def _h(p: list[float]) -> float:
-    return -sum(v * math.log(v) for v in p if v > 0)
-
-
-def brute_force_eig(
-    model: PersonaMixture, answers: list[tuple[int, int]], x: int, targets: list[int]
-) -> float:
-    """EIG by enumerating the joint of (persona, Y_x, Y_t1, ..., Y_tn) given the answers.
-
-    Works from the raw tables ``mu`` and the prior only (no model method): the joint
-    probability of every outcome tuple is summed directly, then marginals, conditionals
-    and entropies are computed from those sums.
-    """
-    mu = model.mu
-    prior = model.log_prior.exp()
-    n_opt = model.item_bank.n_options
-    k = mu.shape[0]
-    joint: dict[tuple[int, ...], float] = {}
-    for theta in range(k):
-        w = float(prior[theta])
-        for item, opt in answers:
-            w *= float(mu[theta, item, opt])
-        for ys in itertools.product(*(range(n_opt[i]) for i in [x, *targets])):
-            p = w
-            for item, y in zip([x, *targets], ys, strict=True):
-                p *= float(mu[theta, item, y])
-            joint[ys] = joint.get(ys, 0.0) + p
-    z = sum(joint.values())
-    joint = {ys: p / z for ys, p in joint.items()}
-
-    def target_marginals(cond: dict[tuple[int, ...], float]) -> list[list[float]]:
-        tot = sum(cond.values())
-        out = []
-        for ti, t in enumerate(targets):
-            out.append(
-                [sum(p for ys, p in cond.items() if ys[1 + ti] == j) / tot for j in range(n_opt[t])]
-            )
-        return out
-
-    h_now = sum(_h(m) for m in target_marginals(joint)) / len(targets)
-    expected = 0.0
-    for kx in range(n_opt[x]):
-        cond = {ys: p for ys, p in joint.items() if ys[0] == kx}
-        p_k = sum(cond.values())
-        if p_k > 0:
-            expected += p_k * sum(_h(m) for m in target_marginals(cond)) / len(targets)
-    return h_now - expected
 
 
 class _WithoutCompactLookahead:
@@ -157,7 +114,7 @@ def test_noise_items_have_zero_gain() -> None:
     torch.testing.assert_close(scores[[0, 1, 3]], torch.zeros(3, dtype=DTYPE), atol=1e-12, rtol=0)
     # the informative item's gain is the whole target entropy minus what is left
     eps = 0.01
-    h_left = _h([1 - 2 * eps + 2 * eps**2, 2 * eps - 2 * eps**2])
+    h_left = entropy_of([1 - 2 * eps + 2 * eps**2, 2 * eps - 2 * eps**2])
     assert float(scores[2]) == pytest.approx(math.log(2) - h_left, rel=1e-9)
 
 
@@ -168,11 +125,11 @@ def test_posterior_entropy_equals_enumeration() -> None:
     cands = [0, 2, 3]
     got = get_criterion("posterior_entropy").score(model, state, cands, [])
     for ci, x in enumerate(cands):
-        want = _h(post.tolist())
+        want = entropy_of(post.tolist())
         for k in range(model.item_bank.n_options[x]):
             joint = post * model.mu[:, x, k]
             pk = float(joint.sum())
-            want -= pk * _h((joint / pk).tolist())
+            want -= pk * entropy_of((joint / pk).tolist())
         assert float(got[ci]) == pytest.approx(want, rel=1e-9)
 
 
@@ -319,37 +276,6 @@ def test_irt_score_equals_enumeration() -> None:
 
 
 # ---- two-step lookahead (eig2) ------------------------------------------------------------
-def _enumerated(
-    model: PersonaMixture, answers: list[tuple[int, int]], items: list[int]
-) -> dict[tuple[int, ...], float]:
-    """``p(Y_items = ys | answers)`` for every answer tuple, from the raw tables only."""
-    mu, prior = model.mu, model.log_prior.exp()
-    n_opt = model.item_bank.n_options
-    out: dict[tuple[int, ...], float] = {}
-    for theta in range(mu.shape[0]):
-        w = float(prior[theta])
-        for item, opt in answers:
-            w *= float(mu[theta, item, opt])
-        for ys in itertools.product(*(range(n_opt[i]) for i in items)):
-            p = w
-            for item, y in zip(items, ys, strict=True):
-                p *= float(mu[theta, item, y])
-            out[ys] = out.get(ys, 0.0) + p
-    z = sum(out.values())
-    return {ys: p / z for ys, p in out.items()}
-
-
-def _mean_target_entropy(
-    model: PersonaMixture, answers: list[tuple[int, int]], targets: list[int]
-) -> float:
-    joint = _enumerated(model, answers, targets)
-    n_opt = model.item_bank.n_options
-    return sum(
-        _h([sum(p for ys, p in joint.items() if ys[ti] == j) for j in range(n_opt[t])])
-        for ti, t in enumerate(targets)
-    ) / len(targets)
-
-
 def brute_force_two_step(
     model: PersonaMixture,
     answers: list[tuple[int, int]],
@@ -359,7 +285,7 @@ def brute_force_two_step(
 ) -> float:
     """``H_now - sum_k p(Y_x = k) min_{x' in pool, x' != x} E[H | answers, Y_x = k, Y_x']`` by enumeration."""
     n_opt = model.item_bank.n_options
-    p_x = _enumerated(model, answers, [x])
+    p_x = enumerated_joint(model, answers, [x])
     expected = 0.0
     for k in range(n_opt[x]):
         after = [*answers, (x, k)]
@@ -367,14 +293,14 @@ def brute_force_two_step(
         for y in pool:
             if y == x:
                 continue
-            p_y = _enumerated(model, after, [y])
+            p_y = enumerated_joint(model, after, [y])
             e = sum(
-                p_y[(j,)] * _mean_target_entropy(model, [*after, (y, j)], targets)
+                p_y[(j,)] * mean_target_entropy(model, [*after, (y, j)], targets)
                 for j in range(n_opt[y])
             )
             best = min(best, e)
         expected += p_x[(k,)] * best
-    return _mean_target_entropy(model, answers, targets) - expected
+    return mean_target_entropy(model, answers, targets) - expected
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -15,11 +15,7 @@ from elicitation.criteria import DEFAULT_DELTA, best_index, get_criterion
 from elicitation.errors import ElicitationError
 from models.base import DTYPE
 from models.persona import PersonaMixture
-from tests.elicitation.criteria.test_criteria import (
-    _enumerated,
-    _mean_target_entropy,
-    brute_force_eig,
-)
+from tests.support.criteria_cases import brute_force_eig, enumerated_joint, mean_target_entropy
 from tests.support.elicitation_cases import informative_mixture, random_mixture
 
 
@@ -86,14 +82,14 @@ def brute_force_pair(
     for y in pool:
         if y == x:
             continue
-        p_xy = _enumerated(model, answers, [x, y])
+        p_xy = enumerated_joint(model, answers, [x, y])
         e = sum(
-            p_xy[(k, j)] * _mean_target_entropy(model, [*answers, (x, k), (y, j)], targets)
+            p_xy[(k, j)] * mean_target_entropy(model, [*answers, (x, k), (y, j)], targets)
             for k in range(n_opt[x])
             for j in range(n_opt[y])
         )
         best = min(best, e)
-    return _mean_target_entropy(model, answers, targets) - best
+    return mean_target_entropy(model, answers, targets) - best
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -29,59 +29,9 @@ from elicitation.group import (
     stack_gain_rows,
     stacked_pool,
 )
-from gnn.graph import GraphSchema
-from gnn.train import GNNConfig, train_gnn
 from models.base import ItemBank
 from models.persona import PersonaMixture
-
-# ---- a small real setting: 2 attributes + 4 questions, two latent camps ------------------
-BANK = ItemBank(("a0", "a1", "q0", "q1", "q2", "q3"), (2, 3, 2, 2, 2, 3))
-
-
-def _toy_data(n: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    camp = torch.randint(0, 2, (n,), generator=g)
-    y = torch.empty(n, 6, dtype=torch.long)
-    y[:, 0] = torch.where(torch.rand(n, generator=g) < 0.8, camp, 1 - camp)
-    y[:, 1] = torch.randint(0, 3, (n,), generator=g)
-    for j in range(2, 5):
-        y[:, j] = torch.where(torch.rand(n, generator=g) < 0.85, camp, 1 - camp)
-    y[:, 5] = camp + (torch.rand(n, generator=g) < 0.5).long()
-    return y
-
-
-def _toy_model() -> PersonaMixture:
-    """Two personas matching the camps of :func:`_toy_data` (exact generating model)."""
-    mu = torch.zeros(2, 6, 3, dtype=torch.float64)
-    for c in range(2):
-        mu[c, 0, c], mu[c, 0, 1 - c] = 0.8, 0.2
-        mu[c, 1, :3] = 1 / 3
-        for j in range(2, 5):
-            mu[c, j, c], mu[c, j, 1 - c] = 0.85, 0.15
-        mu[c, 5, c], mu[c, 5, c + 1] = 0.5, 0.5
-    return PersonaMixture(BANK, mu)
-
-
-@pytest.fixture(scope="module")
-def gnn_view() -> GNNView:
-    y = _toy_data(90, seed=1)
-    schema = GraphSchema((2, 3), (2, 2, 2, 3))
-    model = train_gnn(
-        schema,
-        y[:, :2],
-        y[:, 2:],
-        range(60),
-        range(60, 90),
-        GNNConfig(dim=16, lr=1e-2, max_epochs=80, patience=80, seed=0, num_threads=1),
-    )
-    return GNNView(model, [0, 1], [2, 3, 4, 5])
-
-
-def _group(n: int = 40, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
-    truth = _toy_data(n, seed)
-    observed = torch.full_like(truth, -1)
-    observed[:, :2] = truth[:, :2]
-    return truth, observed
+from tests.support.group_cases import BANK, toy_group, toy_model
 
 
 # ---- budgets and selectors ---------------------------------------------------------------
@@ -90,10 +40,10 @@ def _group(n: int = 40, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
 def test_selector_respects_budget_exactly_without_repeats(
     gnn_view: GNNView, respondents: str, budget: int | float, expected: int
 ) -> None:
-    _, observed = _group()
+    _, observed = toy_group()
     method = GroupMethod("eig", respondents, "none")
     ge = GroupElicitation(
-        _toy_model(), observed, [2, 3, 4], [5], method, GroupBudget(budget, 3), gnn=gnn_view
+        toy_model(), observed, [2, 3, 4], [5], method, GroupBudget(budget, 3), gnn=gnn_view
     )
     q, who, _ = ge.plan()
     assert q in (2, 3, 4)
@@ -104,10 +54,10 @@ def test_selector_respects_budget_exactly_without_repeats(
 
 @pytest.mark.parametrize("respondents", ["random", "relational", "eig", "elook"])
 def test_per_member_and_total_caps(gnn_view: GNNView, respondents: str) -> None:
-    truth, observed = _group()
+    truth, observed = toy_group()
     budget = GroupBudget(15, 4, total_answers=35, max_questions_per_respondent=1)
     ge = GroupElicitation(
-        _toy_model(),
+        toy_model(),
         observed,
         [2, 3, 4],
         [5],
@@ -142,14 +92,14 @@ def test_budget_validation() -> None:
 def test_unknown_selector_and_missing_gnn_are_refused() -> None:
     with pytest.raises(GroupError, match="unknown respondent selector"):
         GroupMethod("eig", "nearest")
-    _, observed = _group()
+    _, observed = toy_group()
     with pytest.raises(GroupError, match="needs a trained GNN"):
         GroupElicitation(
-            _toy_model(), observed, [2], [5], GroupMethod("eig", "relational"), GroupBudget(3, 1)
+            toy_model(), observed, [2], [5], GroupMethod("eig", "relational"), GroupBudget(3, 1)
         )
     with pytest.raises(GroupError, match="both candidates and targets"):
         GroupElicitation(
-            _toy_model(), observed, [2, 5], [5], GroupMethod("eig", "random"), GroupBudget(3, 1)
+            toy_model(), observed, [2, 5], [5], GroupMethod("eig", "random"), GroupBudget(3, 1)
         )
 
 
@@ -202,9 +152,9 @@ def test_relational_selection_of_a_large_group_respects_the_budget(
         "two_level_kmeans_pick",
         lambda *a, **kw: called.append(1) or real(*a, **kw),
     )
-    truth, observed = _group()
+    truth, observed = toy_group()
     ge = GroupElicitation(
-        _toy_model(),
+        toy_model(),
         observed,
         [2, 3, 4],
         [5],
@@ -261,7 +211,7 @@ def _brute_force_eig(
 
 
 def test_member_eig_equals_brute_force() -> None:
-    model = _toy_model()
+    model = toy_model()
     history = torch.full((4, 6), -1)
     history[1, 0] = 1
     history[2, 2] = 0
@@ -282,7 +232,7 @@ def test_member_accuracy_and_brier_gain_equal_brute_force(uncertainty: str) -> N
     """``uncertainty="error"``: E[max_k p(Y_t = k | h, Y_x)] - max_k p(Y_t = k | h);
     ``"quadratic"``: E[sum_k p_k^2 after] - sum_k p_k^2 now; summed over targets,
     enumerated; never negative; zero for an answered candidate."""
-    model = _toy_model()
+    model = toy_model()
     history = torch.full((4, 6), -1)
     history[1, 0] = 1
     history[2, 2] = 0
@@ -646,10 +596,10 @@ def test_budget_eig_question_on_a_member_subsample_estimates_the_exact_score() -
     """Large groups: the question is scored on ``max_members`` random members, scaled."""
     from elicitation.group import BudgetEIGQuestion, RoundContext
 
-    truth, observed = _group(n=600, seed=3)
+    truth, observed = toy_group(n=600, seed=3)
     observed[:300, 2] = truth[:300, 2]  # half the group already answered q0
     ctx = RoundContext(
-        _toy_model(),
+        toy_model(),
         observed,
         observed,
         [5],
@@ -684,9 +634,9 @@ def test_budget_eig_question_on_a_member_subsample_estimates_the_exact_score() -
 def test_round_without_answers_leaves_predictions_unchanged(
     gnn_view: GNNView, imputation: str, online: bool
 ) -> None:
-    truth, observed = _group()
+    truth, observed = toy_group()
     ge = GroupElicitation(
-        _toy_model(),
+        toy_model(),
         observed,
         [2, 3, 4],
         [5],
@@ -718,10 +668,10 @@ def test_round_without_answers_leaves_predictions_unchanged(
 
 
 def test_imputation_fills_members_not_asked(gnn_view: GNNView) -> None:
-    truth, observed = _group()
+    truth, observed = toy_group()
     for mode in ("self", "gnn"):
         ge = GroupElicitation(
-            _toy_model(),
+            toy_model(),
             observed,
             [2, 3, 4],
             [5],
@@ -739,9 +689,9 @@ def test_imputation_fills_members_not_asked(gnn_view: GNNView) -> None:
 
 
 def test_answers_are_validated() -> None:
-    truth, observed = _group()
+    truth, observed = toy_group()
     ge = GroupElicitation(
-        _toy_model(), observed, [2, 3], [5], GroupMethod("random", "random"), GroupBudget(5, 2)
+        toy_model(), observed, [2, 3], [5], GroupMethod("random", "random"), GroupBudget(5, 2)
     )
     q, who, _ = ge.plan()
     with pytest.raises(GroupError, match="asked twice"):
@@ -852,7 +802,7 @@ def test_stack_gain_rows_by_hand() -> None:
 def test_online_stack_shrinkage_is_the_rule_on_validation_and_group_units(
     gnn_view: GNNView,
 ) -> None:
-    truth, observed = _group()
+    truth, observed = toy_group()
     g = torch.Generator().manual_seed(2)
     direction = [[0.6, 0.5, 0.1], [0.5, 0.4, 0.4]]
     evidence = [
@@ -863,7 +813,7 @@ def test_online_stack_shrinkage_is_the_rule_on_validation_and_group_units(
         for _ in direction
     ]
     ge = GroupElicitation(
-        _toy_model(),
+        toy_model(),
         observed,
         [2, 3, 4],
         [5],
@@ -952,11 +902,11 @@ def test_choose_pool_weight_keeps_a_helpful_gnn_and_drops_a_useless_one() -> Non
 def test_online_pool_scores_each_answer_before_it_arrives(gnn_view: GNNView) -> None:
     """The group's answers are scored by the predictions made before them, one row each,
     and the weight is re-chosen from validation evidence + those rows."""
-    truth, observed = _group()
+    truth, observed = toy_group()
     # validation evidence: 30 members with 5 answers each for whom no weight gains anything
     evidence = (torch.zeros(30, 21, dtype=torch.float64), torch.full((30,), 5.0))
     ge = GroupElicitation(
-        _toy_model(),
+        toy_model(),
         observed,
         [2, 3, 4],
         [5],
@@ -996,7 +946,7 @@ def test_online_pool_needs_the_pool_imputation() -> None:
 def test_adapted_prior_is_the_map_fixed_point_and_moves_toward_the_group() -> None:
     from elicitation.group import adapt_mixture_prior
 
-    model = _toy_model()  # uniform training weights
+    model = toy_model()  # uniform training weights
     history = torch.full((30, 6), -1)
     history[:, 2] = 1  # everyone answers q0 like camp 1 (p = 0.85 vs 0.15)
     history[:5, 2] = 0
@@ -1014,9 +964,9 @@ def test_adapted_prior_is_the_map_fixed_point_and_moves_toward_the_group() -> No
 
 
 def test_adapted_group_round_without_answers_changes_nothing() -> None:
-    truth, observed = _group()
+    truth, observed = toy_group()
     method = GroupMethod("eig_budget", "eig", "none", adapt_prior=True)
-    ge = GroupElicitation(_toy_model(), observed, [2, 3, 4], [5], method, GroupBudget(10, 2))
+    ge = GroupElicitation(toy_model(), observed, [2, 3, 4], [5], method, GroupBudget(10, 2))
     before = ge.predict_targets()
     q, who, _ = ge.plan()
     ge.apply(q, who, torch.full_like(who, -1))

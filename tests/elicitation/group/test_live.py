@@ -18,16 +18,15 @@ from elicitation.group import (
     replay,
     validation_pool,
 )
-from tests.elicitation.group.test_group import _group, _toy_data, _toy_model
-from tests.elicitation.group.test_group import gnn_view as gnn_view  # noqa: F401 (fixture)
+from tests.support.group_cases import toy_data, toy_group, toy_model
 
 
 @pytest.mark.parametrize("selection", ["elook", "relational"])
 def test_members_who_cannot_be_asked_are_never_chosen(gnn_view: GNNView, selection: str) -> None:
-    truth, observed = _group(40)
+    truth, observed = toy_group(40)
     askable = torch.zeros(40, dtype=torch.bool)
     askable[::4] = True  # 10 members can be reached
-    models = PlannerModels(_toy_model(), gnn_view, 0.3)
+    models = PlannerModels(toy_model(), gnn_view, 0.3)
     state = GroupState(observed, [2, 3, 4], [5], askable=askable)
     closed: list[ClosedRound] = []
     for _ in range(2):
@@ -58,8 +57,8 @@ def test_members_who_cannot_be_asked_are_never_chosen(gnn_view: GNNView, selecti
 def test_replayed_plans_equal_one_running_elicitation(gnn_view: GNNView) -> None:
     """Planning from a replay of the closed rounds (the app, ``live``) makes the same
     choices and predictions as one elicitation run through its rounds (``default``)."""
-    truth, observed = _group(40)
-    models = PlannerModels(_toy_model(), gnn_view, 0.3)
+    truth, observed = toy_group(40)
+    models = PlannerModels(toy_model(), gnn_view, 0.3)
     budget = GroupBudget(0.2, 3)
     ge = GroupElicitation(
         models.model,
@@ -85,8 +84,8 @@ def test_replayed_plans_equal_one_running_elicitation(gnn_view: GNNView) -> None
 
 
 def test_relational_needs_a_gnn_and_no_gnn_means_the_belief_model() -> None:
-    _, observed = _group(20)
-    models = PlannerModels(_toy_model(), gnn_note="no GNN trained")
+    _, observed = toy_group(20)
+    models = PlannerModels(toy_model(), gnn_note="no GNN trained")
     state = GroupState(observed, [2, 3, 4], [5])
     with pytest.raises(GroupError, match="needs the study's trained GNN .no GNN trained."):
         plan_round(models, state, GroupBudget(3, 2), selection="relational")
@@ -97,8 +96,8 @@ def test_relational_needs_a_gnn_and_no_gnn_means_the_belief_model() -> None:
 
 
 def test_validation_pool_gives_a_weight_and_evidence(gnn_view: GNNView) -> None:
-    val = _toy_data(30, seed=11)
-    w, info = validation_pool(_toy_model(), gnn_view, val)
+    val = toy_data(30, seed=11)
+    w, info = validation_pool(toy_model(), gnn_view, val)
     assert 0.0 <= w <= 1.0
     rows = info["gain_sums"].shape[0]  # members with at least one scored answer
     assert 0 < rows <= 30 and info["gain_counts"].shape[0] == rows == info["members"]
