@@ -607,6 +607,14 @@ def check_sessions(engine: Engine, study_id: int, session_ids: list[int]) -> Ses
                     continue
                 if stored.item_id is None:
                     continue
+                if stored.criterion == session_decide.CALIBRATION:
+                    # a calibration pick is drawn, not scored: the replay draws the same
+                    if again.item_id != stored.item_id:
+                        p.append(
+                            f"session {sid}: calibration decision {k} stored "
+                            f"{stored.item_id}, replay gives {again.item_id}"
+                        )
+                    continue
                 scores = (again.scores or {}).get("scores", {})
                 key = rt.by_id[stored.item_id].key
                 best = max(scores.values())
