@@ -84,3 +84,7 @@ def test_refit_now_lists_promoted_and_rejected_versions(
     assert axe_violations(page) == []
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.locator("#belief-model").screenshot(path=str(SHOTS / "25-model-versions.png"))
+    # 150 imported respondents: every item has fewer than 300 answers, so it calibrates
+    status = page.locator("#calibration-status")
+    assert status.inner_text().startswith("Calibrating: the last 5 of each respondent's questions")
+    status.screenshot(path=str(SHOTS / "29-calibration-status.png"))
