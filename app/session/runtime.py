@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -127,15 +128,23 @@ class StudyRuntime:
     )
     step_memo: StepMemo | None = field(default=None, repr=False, compare=False)
 
-    @property
+    @cached_property
     def under_observed(self) -> list[ItemInfo]:
         """The question and target items with fewer than ``calibration_min_answers``
-        observed answers in the model's data (:func:`under_observed_items`)."""
-        return under_observed_items(
-            self.settings, self.item_answers, self.candidates + self.targets
-        )
+        observed answers in the model's data, in study order: all of them with a
+        threshold of 0, none without counts (a model stored without them counts as
+        learned). Computed once per runtime (the answer loop reads it at every step).
 
-    @property
+        Example: threshold 300 and counts ``{1: 500, 2: 40}`` give the item with id 2."""
+        pool = self.candidates + self.targets
+        floor = self.settings.calibration_min_answers
+        if not floor:
+            return pool
+        if self.item_answers is None:
+            return []
+        return [it for it in pool if self.item_answers.get(it.id, 0) < floor]
+
+    @cached_property
     def calibration_items(self) -> int:
         """The calibration places of a session started now: the study's
         ``calibration_items`` while some item is :attr:`under_observed` (else 0), at most
@@ -161,22 +170,6 @@ class StudyRuntime:
     def allow_skip(self) -> bool:
         """Whether a respondent may answer "prefer not to answer"."""
         return self.settings.budgets.allow_skip
-
-
-def under_observed_items(
-    settings: StudySettings, item_answers: Mapping[int, int] | None, pool: list[ItemInfo]
-) -> list[ItemInfo]:
-    """The items of ``pool`` with fewer than ``settings.calibration_min_answers`` observed
-    answers in ``item_answers`` (item id -> count): all of them with a threshold of 0,
-    none without counts (a model stored without them counts as learned); in pool order.
-
-    Example: threshold 300 and counts ``{1: 500, 2: 40}`` give the item with id 2."""
-    floor = settings.calibration_min_answers
-    if not floor:
-        return list(pool)
-    if item_answers is None:
-        return []
-    return [it for it in pool if item_answers.get(it.id, 0) < floor]
 
 
 def study_settings(study: Study | StudyHead) -> StudySettings:
