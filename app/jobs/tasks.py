@@ -47,8 +47,6 @@ from app.services.designer import describe_fit
 from app.services.group_rounds import plan_next_round
 from app.services.simulation import SimulationOptions, run_study_simulation
 from app.tables import FittedModel, Item, ItemRole, Study
-from gnn.graph import schema_from_data
-from gnn.train import GNNConfig, train_gnn
 
 JobFn = Callable[[JobContext], dict[str, Any]]
 
@@ -130,6 +128,10 @@ def simulation(ctx: JobContext) -> dict[str, Any]:
 
 def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
     """Train the relational GNN on the study's history; store it (inactive, family gnn)."""
+    # gnn loads torch_geometric (seconds): only in the job that trains it
+    from gnn.graph import schema_from_data
+    from gnn.train import GNNConfig, train_gnn
+
     seed = int(ctx.payload.get("seed", 0))
     max_epochs = int(ctx.payload.get("max_epochs", 200))
     with Session(ctx.engine) as db:

@@ -89,8 +89,6 @@ from elicitation.group import (
     replay,
     validation_pool,
 )
-from gnn.graph import GNNError
-from gnn.train import TrainedGNN
 from models.base import MISSING
 
 ROUND_CRITERION = "group_round"
@@ -304,6 +302,10 @@ def study_planner_models(
             "planned with the belief model alone"
         )
     info["gnn_model_id"] = row.id
+    # gnn loads torch_geometric (seconds): only when the study has a trained GNN
+    from gnn.graph import GNNError
+    from gnn.train import TrainedGNN
+
     try:
         trained = TrainedGNN.from_bytes(row.blob)
     except GNNError as exc:

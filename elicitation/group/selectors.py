@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -31,8 +32,10 @@ from elicitation.group.gains import (
     member_eig,
     member_lookahead_accuracy_gain,
 )
-from gnn.train import TrainedGNN
 from models.base import DTYPE, BeliefModel
+
+if TYPE_CHECKING:
+    from gnn.train import TrainedGNN
 
 # ----------------------------------------------------------------------------------------
 # the round context

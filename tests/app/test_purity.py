@@ -19,6 +19,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,3 +323,13 @@ def test_app_never_calls_create_all() -> None:
             if isinstance(node, ast.Attribute) and node.attr == "create_all":
                 calls.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
     assert calls == []
+
+
+def test_the_web_app_loads_without_torch_geometric() -> None:
+    """torch_geometric takes seconds to import (it loads transformers and torch._dynamo):
+    the server and the job worker load it only for GNN work."""
+    code = "import sys, app.main, app.jobs.tasks; print('torch_geometric' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
