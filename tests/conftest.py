@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.support.data import DATASETS_DIR, write_small_dataset
+from tests.support.db_templates import backend_of, built_database
 from tests.support.live_study import fresh_database_url
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def migrated_db_url(db_url: str) -> str:
     """``db_url`` migrated to the newest schema."""
     from app.db import upgrade
 
-    upgrade(db_url)
+    built_database(("migrated", backend_of(db_url)), db_url, upgrade)
     return db_url
 
 
@@ -98,5 +99,5 @@ def migrated_sqlite_url(sqlite_url: str) -> str:
     """A fresh SQLite file migrated to the newest schema (for tests that need one backend)."""
     from app.db import upgrade
 
-    upgrade(sqlite_url)
+    built_database(("migrated", "sqlite"), sqlite_url, upgrade)
     return sqlite_url

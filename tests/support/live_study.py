@@ -8,6 +8,8 @@ uvicorn in the browser test).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import secrets
 import socket
@@ -32,6 +34,7 @@ from app.services.importer import import_dataset
 from app.session import decide as session_decide
 from app.session import locked as session_locked
 from app.tables import Answer, ElicitationSession, Item, Respondent, Study
+from tests.support.db_templates import backend_of, built_database
 
 
 @dataclass
@@ -64,34 +67,62 @@ def make_live_study(
     n_classes: tuple[int, ...] = (4,),
     settings: dict[str, Any] | None = None,
 ) -> LiveStudy:
-    """Migrate ``db_url``, import ``dataset_dir``, fit a small model, publish; make keys."""
+    """Migrate ``db_url``, import ``dataset_dir``, fit a small model, publish; make keys.
+
+    Built once per test process for the same backend, dataset files, ``n_classes`` and
+    ``settings``, and copied for every later call (:mod:`tests.support.db_templates`).
+    """
+    key = (
+        "live",
+        backend_of(db_url),
+        _digest(dataset_dir),
+        tuple(n_classes),
+        json.dumps(settings or {}, sort_keys=True, default=str),
+    )
+    made = built_database(
+        key, db_url, lambda url: _build_live_study(url, dataset_dir, n_classes, settings)
+    )
+    return LiveStudy(url=db_url, engine=make_engine(db_url), **made)
+
+
+def _digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _build_live_study(
+    db_url: str,
+    dataset_dir: Path,
+    n_classes: tuple[int, ...],
+    settings: dict[str, Any] | None,
+) -> dict[str, Any]:
     upgrade(db_url)
     engine = make_engine(db_url)
-    with Session(engine) as db:
-        result = import_dataset(dataset_dir, session=db)
-        owner = create_researcher("owner@example.org", session=db)
-        create_researcher("other@example.org", session=db)
-        create_researcher("admin@example.org", session=db, is_admin=True)
-        study = db.exec(select(Study).where(Study.id == result.study_id)).one()
-        study.owner_id = owner.id
-        if settings:
-            study.settings = {**study.settings, **settings}
-        db.add(study)
-        db.commit()
-        fit_study_model(study, session=db, n_classes=n_classes, n_restarts=1)
-        prepare_study_for_fielding(study, session=db)
-        owner_key = create_api_key("owner@example.org", session=db).key
-        other_key = create_api_key("other@example.org", session=db).key
-        admin_key = create_api_key("admin@example.org", session=db).key
-    return LiveStudy(
-        url=db_url,
-        engine=engine,
-        slug=result.slug,
-        study_id=result.study_id,
-        owner_key=owner_key,
-        other_key=other_key,
-        admin_key=admin_key,
-    )
+    try:
+        with Session(engine) as db:
+            result = import_dataset(dataset_dir, session=db)
+            owner = create_researcher("owner@example.org", session=db)
+            create_researcher("other@example.org", session=db)
+            create_researcher("admin@example.org", session=db, is_admin=True)
+            study = db.exec(select(Study).where(Study.id == result.study_id)).one()
+            study.owner_id = owner.id
+            if settings:
+                study.settings = {**study.settings, **settings}
+            db.add(study)
+            db.commit()
+            fit_study_model(study, session=db, n_classes=n_classes, n_restarts=1)
+            prepare_study_for_fielding(study, session=db)
+            return {
+                "slug": result.slug,
+                "study_id": result.study_id,
+                "owner_key": create_api_key("owner@example.org", session=db).key,
+                "other_key": create_api_key("other@example.org", session=db).key,
+                "admin_key": create_api_key("admin@example.org", session=db).key,
+            }
+    finally:
+        engine.dispose()
 
 
 POSTGRES_ENV = "PRIORLY_TEST_POSTGRES_URL"
