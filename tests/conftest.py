@@ -22,15 +22,6 @@ from tests.support.live_study import fresh_database_url
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with a test marked ``slow`` start first, every file's order otherwise kept:
-    on parallel workers (``scripts/test``) the long files then do not end the run alone.
-    (``tests/inference_server/conftest.py`` then moves the vLLM test to the very end.)"""
-    slow_files = {it.nodeid.split("::")[0] for it in items if it.get_closest_marker("slow")}
-    items.sort(key=lambda it: it.nodeid.split("::")[0] not in slow_files)
-
-
 @pytest.fixture(scope="session")
 def datasets_dir() -> Path:
     """The folder of the datasets shipped with the project."""

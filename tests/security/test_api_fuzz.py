@@ -167,7 +167,6 @@ def _runner(strategy: Any, n: int, api: Api, mode: GenerationMode) -> Any:
     return run
 
 
-@pytest.mark.slow
 def test_api_fuzz(api: Api) -> None:
     """Every operation of the served schema, ``MAX_EXAMPLES`` generated cases each."""
     loaded = schemathesis.openapi.from_url(f"{api.server.base}/openapi.json")

@@ -248,7 +248,6 @@ def _counter_rows(url: str) -> set[str]:
         engine.dispose()
 
 
-@pytest.mark.slow
 def test_made_up_credentials_share_the_address_limit(world: HostileWorld, tmp_path: Path) -> None:
     """100 calls, each with a new made-up bearer value (API-key-like, token-like, on the
     answer call too): after the address's limit they get 429, and no counter is made for

@@ -34,8 +34,6 @@ from app.main import create_app
 from app.settings import Settings
 from tests.support.secutil import HostileWorld, admin_client, hostile_world
 
-pytestmark = pytest.mark.slow  # hundreds of requests to a live server per backend
-
 NUL = "a\x00b"
 SURROGATE_URL = "%ED%A0%80"  # the UTF-8 bytes of U+D800 (not valid UTF-8)
 BIG = ("2147483648", "9223372036854775808")

@@ -90,7 +90,6 @@ def _comparable(result: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in result.items() if k != "seconds"}
 
 
-@pytest.mark.slow
 def test_killed_worker_job_is_retried_with_same_result(
     settings: Settings,
     engine: Engine,
