@@ -8,7 +8,7 @@ several seconds) then run once per recipe instead of once per test.
 
 Example::
 
-    info = built_database(("migrated", "sqlite"), url, lambda u: upgrade(u))
+    info = built_database(("migrated", "sqlite"), url, upgrade)
 """
 
 from __future__ import annotations
@@ -68,17 +68,24 @@ def _snapshot_url(like: str) -> str:
             _folder = Path(tempfile.mkdtemp(prefix="priorly-db-templates-"))
             atexit.register(shutil.rmtree, _folder, True)
         return f"sqlite:///{_folder / (name + '.db')}"
-    atexit.register(_drop, parsed, name)
+    atexit.register(admin_execute, parsed, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return parsed.set(database=name).render_as_string(hide_password=False)
 
 
-def _admin(url: URL) -> Any:
-    """An engine on the server's base database (``$PRIORLY_TEST_POSTGRES_URL``'s)."""
+def admin_execute(url: URL, *statements: str) -> None:
+    """Run ``statements`` (CREATE / DROP DATABASE) in autocommit on the server of ``url``,
+    connected to its base database (``$PRIORLY_TEST_POSTGRES_URL``'s, else ``postgres``)."""
     base = os.environ.get("PRIORLY_TEST_POSTGRES_URL")
     database = make_url(base).database if base else "postgres"
-    return create_engine(
+    admin = create_engine(
         url.set(database=database), isolation_level="AUTOCOMMIT", poolclass=NullPool
     )
+    try:
+        with admin.connect() as conn:
+            for statement in statements:
+                conn.execute(text(statement))
+    finally:
+        admin.dispose()
 
 
 def _copy(source: str, target: str) -> None:
@@ -89,19 +96,8 @@ def _copy(source: str, target: str) -> None:
             if os.path.exists(src.database + suffix):
                 shutil.copyfile(src.database + suffix, dst.database + suffix)
         return
-    admin = _admin(dst)
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{dst.database}" WITH (FORCE)'))
-            conn.execute(text(f'CREATE DATABASE "{dst.database}" TEMPLATE "{src.database}"'))
-    finally:
-        admin.dispose()
-
-
-def _drop(url: URL, name: str) -> None:
-    admin = _admin(url)
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
+    admin_execute(
+        dst,
+        f'DROP DATABASE IF EXISTS "{dst.database}" WITH (FORCE)',
+        f'CREATE DATABASE "{dst.database}" TEMPLATE "{src.database}"',
+    )

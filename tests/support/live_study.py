@@ -34,7 +34,7 @@ from app.services.importer import import_dataset
 from app.session import decide as session_decide
 from app.session import locked as session_locked
 from app.tables import Answer, ElicitationSession, Item, Respondent, Study
-from tests.support.db_templates import backend_of, built_database
+from tests.support.db_templates import admin_execute, backend_of, built_database
 
 
 @dataclass
@@ -135,9 +135,7 @@ def fresh_database_url(backend: str, folder: Path) -> Iterator[str]:
         yield f"sqlite:///{folder / 'priorly-live.db'}"
         return
     import pytest
-    from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
-    from sqlalchemy.pool import NullPool
 
     from app.settings import normalise_database_url
 
@@ -146,15 +144,11 @@ def fresh_database_url(backend: str, folder: Path) -> Iterator[str]:
         pytest.skip(f"{POSTGRES_ENV} is not set")
     base_url = make_url(normalise_database_url(base))
     name = f"priorly_l_{secrets.token_hex(6)}"
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    admin_execute(base_url, f'CREATE DATABASE "{name}"')
     try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
         yield base_url.set(database=name).render_as_string(hide_password=False)
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        admin_execute(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def app_client(db_url: str) -> Any:
