@@ -178,6 +178,16 @@ class Visit:
             return _see(str(request.url_for("respondent_start", slug=self.study.slug)))
         return self.study, self.sess
 
+    def page(
+        self, request: Request, templates: Any, session: Session, settings: Settings
+    ) -> Response | RespondentPage:
+        """The :class:`RespondentPage` of this request, or the response of
+        :meth:`require_session` when there is no page to show."""
+        got = self.require_session(request, templates)
+        if isinstance(got, Response):
+            return got
+        return RespondentPage(request, templates, got[0], got[1], session, settings)
+
 
 def get_visit(
     request: Request, study: OpenStudyDep, session: SessionDep, settings: SettingsDep
@@ -189,6 +199,143 @@ def get_visit(
 
 
 VisitDep = Annotated[Visit, Depends(get_visit)]
+
+
+@dataclass(frozen=True)
+class RespondentPage:
+    """One request's respondent page: the study, this browser's session of it, and what
+    renders it.
+
+    :meth:`render` draws the page of the session's current state (attribute questions, a
+    question, or a redirect to completion), in full or, with ``partial``, as the ``survey``
+    block for htmx; :meth:`again` draws it with an error (422 for a plain POST, 200 for
+    htmx); :meth:`after_submit` answers a stored submission.
+    """
+
+    request: Request
+    templates: Any
+    study: Study
+    sess: ElicitationSession
+    session: Session
+    settings: Settings
+
+    @property
+    def htmx(self) -> bool:
+        """Whether the request came from htmx (answer with a partial, not a redirect)."""
+        return _is_htmx(self.request)
+
+    def view(self) -> svc.SessionView:
+        """The session's current state."""
+        return svc.session_view(self.study, self.sess, session=self.session)
+
+    def again(
+        self,
+        error: str | None = None,
+        *,
+        status_code: int = 422,
+        view: svc.SessionView | None = None,
+        attribute_page: int | None = None,
+        confirm_skip: bool = False,
+    ) -> Response:
+        """The current page again with ``error`` (``status_code`` for a plain POST)."""
+        return self.render(
+            view,
+            error=error,
+            status_code=200 if self.htmx else status_code,
+            partial=self.htmx,
+            attribute_page=attribute_page,
+            confirm_skip=confirm_skip,
+        )
+
+    def after_submit(self, view: svc.SessionView) -> Response:
+        """After a stored submission: redirect a plain POST (post-redirect-get), swap for
+        htmx."""
+        if not self.htmx:
+            return _see(str(self.request.url_for("respondent_question", slug=self.study.slug)))
+        return self.render(view, partial=True)
+
+    def render(
+        self,
+        view: svc.SessionView | None = None,
+        *,
+        error: str | None = None,
+        notice: str | None = None,
+        status_code: int = 200,
+        partial: bool = False,
+        attribute_page: int | None = None,
+        confirm_skip: bool = False,
+    ) -> Response:
+        """The page of ``view`` (the session's current state when ``None``)."""
+        if view is None:
+            view = self.view()
+        if view.phase == "done":
+            url = str(self.request.url_for("respondent_done", slug=self.study.slug))
+            if partial:
+                return Response(status_code=200, headers={"HX-Redirect": url})
+            return _see(url)
+        token = _token_from_cookie(self.request, self.study, self.settings)
+        resume_url = (
+            str(self.request.url_for("respondent_resume", slug=self.study.slug, token=token))
+            if token
+            else None
+        )
+        rt = svc.load_runtime(self.study, session=self.session, fit_if_missing=False)
+        if view.phase == "attributes":
+            pages = svc.attribute_pages(rt)
+            number = min(max(attribute_page or 1, 1), max(len(pages), 1))
+            items = pages[number - 1] if pages else []
+            first = (number - 1) * svc.ATTRIBUTES_PER_PAGE
+            context = {
+                "study": self.study,
+                "attributes": [(item, svc.attribute_question(item)) for item in items],
+                "stored": svc.respondent_attributes(self.sess, session=self.session),
+                "page": number,
+                "n_pages": len(pages),
+                "last": first + len(items),
+                "progress": _progress(first, len(rt.attributes) + rt.max_questions, first + 1),
+                "allow_skip": rt.allow_skip,
+                "confirm_skip": confirm_skip,
+                "error": error,
+                "resume_url": resume_url,
+                "preview": self.sess.is_preview,
+            }
+            response = self.templates.TemplateResponse(
+                self.request,
+                "pages/respondent_about.html",
+                context,
+                status_code=status_code,
+                block_name="survey" if partial else None,
+            )
+            if partial:  # the address bar names the page shown (refresh and Back keep it)
+                path = self.request.url_for("respondent_question", slug=self.study.slug).path
+                response.headers["HX-Push-Url"] = f"{path}?page={number}"
+            return response  # type: ignore[no-any-return]
+        context = _question_context(
+            self.study,
+            view,
+            n_attributes=_asked_attributes(rt),
+            error=error,
+            notice=notice,
+            resume_url=resume_url,
+        )
+        context["preview"] = self.sess.is_preview
+        return self.templates.TemplateResponse(  # type: ignore[no-any-return]
+            self.request,
+            "pages/respondent_question.html",
+            context,
+            status_code=status_code,
+            block_name="survey" if partial else None,
+        )
+
+
+def _token_from_cookie(request: Request, study: Study, settings: Settings) -> str | None:
+    raw = request.cookies.get(_cookie_name(study))
+    if not raw:
+        return None
+    try:
+        return str(_serializer(settings).loads(raw)["t"])
+    except (BadSignature, KeyError, TypeError, ValueError):
+        return None
 
 
 def _is_htmx(request: Request) -> bool:
@@ -433,154 +580,11 @@ def question_page(
     settings: SettingsDep,
 ) -> Response:
     """The page of the session's current state: attribute questions, a question, or done."""
-    got = visit.require_session(request, templates)
-    if isinstance(got, Response):
-        return got
-    study, sess = got
-    view = svc.session_view(study, sess, session=session)
-    page = request.query_params.get("page", "")
-    return _render_view(
-        request,
-        templates,
-        study,
-        sess,
-        view,
-        session=session,
-        settings=settings,
-        page=int(page) if page.isdigit() and len(page) < 4 else None,
-    )
-
-
-def _render_error(
-    request: Request,
-    templates: Any,
-    study: Study,
-    sess: ElicitationSession,
-    *,
-    session: Session,
-    settings: Settings,
-    error: str,
-    htmx: bool,
-) -> Response:
-    """The current page again with ``error`` shown (422 for a plain POST, 200 for htmx)."""
-    view = svc.session_view(study, sess, session=session)
-    return _render_view(
-        request,
-        templates,
-        study,
-        sess,
-        view,
-        session=session,
-        settings=settings,
-        error=error,
-        status_code=200 if htmx else 422,
-        partial=htmx,
-    )
-
-
-def _after_submit(
-    request: Request,
-    templates: Any,
-    study: Study,
-    sess: ElicitationSession,
-    view: svc.SessionView,
-    *,
-    session: Session,
-    settings: Settings,
-    htmx: bool,
-) -> Response:
-    """After a stored submission: redirect a plain POST (post-redirect-get), swap for htmx."""
-    if not htmx:
-        return _see(str(request.url_for("respondent_question", slug=study.slug)))
-    return _render_view(
-        request, templates, study, sess, view, session=session, settings=settings, partial=True
-    )
-
-
-def _render_view(
-    request: Request,
-    templates: Any,
-    study: Study,
-    sess: ElicitationSession,
-    view: svc.SessionView,
-    *,
-    session: Session,
-    settings: Settings,
-    token: str | None = None,
-    error: str | None = None,
-    notice: str | None = None,
-    status_code: int = 200,
-    partial: bool = False,
-    page: int | None = None,
-    confirm_skip: bool = False,
-) -> Response:
-    if view.phase == "done":
-        url = str(request.url_for("respondent_done", slug=study.slug))
-        if partial:
-            return Response(status_code=200, headers={"HX-Redirect": url})
-        return _see(url)
-    if token is None:
-        token = _token_from_cookie(request, study, settings)
-    resume_url = (
-        str(request.url_for("respondent_resume", slug=study.slug, token=token)) if token else None
-    )
-    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
-    if view.phase == "attributes":
-        pages = svc.attribute_pages(rt)
-        number = min(max(page or 1, 1), max(len(pages), 1))
-        items = pages[number - 1] if pages else []
-        first = (number - 1) * svc.ATTRIBUTES_PER_PAGE
-        context = {
-            "study": study,
-            "attributes": [(item, svc.attribute_question(item)) for item in items],
-            "stored": svc.respondent_attributes(sess, session=session),
-            "page": number,
-            "n_pages": len(pages),
-            "last": first + len(items),
-            "progress": _progress(first, len(rt.attributes) + rt.max_questions, first + 1),
-            "allow_skip": rt.allow_skip,
-            "confirm_skip": confirm_skip,
-            "error": error,
-            "resume_url": resume_url,
-            "preview": sess.is_preview,
-        }
-        response = templates.TemplateResponse(
-            request,
-            "pages/respondent_about.html",
-            context,
-            status_code=status_code,
-            block_name="survey" if partial else None,
-        )
-        if partial:  # the address bar names the page shown (refresh and Back keep it)
-            path = request.url_for("respondent_question", slug=study.slug).path
-            response.headers["HX-Push-Url"] = f"{path}?page={number}"
-        return response  # type: ignore[no-any-return]
-    context = _question_context(
-        study,
-        view,
-        n_attributes=_asked_attributes(rt),
-        error=error,
-        notice=notice,
-        resume_url=resume_url,
-    )
-    context["preview"] = sess.is_preview
-    return templates.TemplateResponse(  # type: ignore[no-any-return]
-        request,
-        "pages/respondent_question.html",
-        context,
-        status_code=status_code,
-        block_name="survey" if partial else None,
-    )
-
-
-def _token_from_cookie(request: Request, study: Study, settings: Settings) -> str | None:
-    raw = request.cookies.get(_cookie_name(study))
-    if not raw:
-        return None
-    try:
-        return str(_serializer(settings).loads(raw)["t"])
-    except (BadSignature, KeyError, TypeError, ValueError):
-        return None
+    page = visit.page(request, templates, session, settings)
+    if isinstance(page, Response):
+        return page
+    number = request.query_params.get("page", "")
+    return page.render(attribute_page=int(number) if number.isdigit() and len(number) < 4 else None)
 
 
 @router.post("/{slug}/about", name="respondent_about")
@@ -599,14 +603,13 @@ async def about(
     asks once whether to skip all the remaining questions about the respondent (the
     ``skip_all`` button of that prompt does).
     """
-    got = visit.require_session(request, templates)
-    if isinstance(got, Response):
-        return got
-    study, sess = got
-    if svc.session_view(study, sess, session=session).phase != "attributes":
+    page = visit.page(request, templates, session, settings)
+    if isinstance(page, Response):
+        return page
+    study, sess = page.study, page.sess
+    if page.view().phase != "attributes":
         return _see(str(request.url_for("respondent_question", slug=study.slug)))
     form = await request.form()
-    htmx = _is_htmx(request)
     rt = svc.load_runtime(study, session=session, fit_if_missing=False)
     pages = svc.attribute_pages(rt)
     raw_page = str(form.get("page", "1") or "1")
@@ -618,55 +621,24 @@ async def about(
         item.key: str(form.get(ATTRIBUTE_FIELD_PREFIX + item.key, "") or "") for item in items
     }
     skip_all = form.get("skip_all") is not None and rt.allow_skip
-
-    def again(error: str | None = None, confirm: bool = False, status: int = 422) -> Response:
-        view = svc.session_view(study, sess, session=session)
-        return _render_view(
-            request,
-            templates,
-            study,
-            sess,
-            view,
-            session=session,
-            settings=settings,
-            error=error,
-            status_code=200 if htmx else status,
-            partial=htmx,
-            page=number,
-            confirm_skip=confirm,
-        )
-
     if not skip_all and any(not v for v in values.values()):
         if not rt.allow_skip:
-            return again("Please answer every question.")
+            return page.again("Please answer every question.", attribute_page=number)
         if all(not v for v in values.values()):
-            return again(confirm=True, status=200)
+            return page.again(status_code=200, attribute_page=number, confirm_skip=True)
     answers = {k: (v if v and v != "__skip__" else None) for k, v in values.items()}
     session.close()  # one pooled connection per request at a time
     try:
         stored = svc.store_attribute_page(study, sess.id or 0, answers, engine=engine)
         if number < len(pages) and not skip_all:
-            if not htmx:
+            if not page.htmx:
                 url = request.url_for("respondent_question", slug=study.slug)
                 return _see(f"{url}?page={number + 1}")
-            view = svc.session_view(study, sess, session=session)
-            return _render_view(
-                request,
-                templates,
-                study,
-                sess,
-                view,
-                session=session,
-                settings=settings,
-                partial=True,
-                page=number + 1,
-            )
+            return page.render(partial=True, attribute_page=number + 1)
         view = svc.submit_attributes(study, sess.id or 0, stored, engine=engine)
     except InvalidInputError as exc:
-        return again(exc.message)
-    return _after_submit(
-        request, templates, study, sess, view, session=session, settings=settings, htmx=htmx
-    )
+        return page.again(exc.message, attribute_page=number)
+    return page.after_submit(view)
 
 
 @router.post("/{slug}/answer", name="respondent_answer")
@@ -680,71 +652,42 @@ async def answer(
     settings: SettingsDep,
 ) -> Response:
     """Store the answer to the current question; show the next one (or completion)."""
-    got = visit.require_session(request, templates)
-    if isinstance(got, Response):
-        return got
-    study, sess = got
+    page = visit.page(request, templates, session, settings)
+    if isinstance(page, Response):
+        return page
     form = await request.form()
-    htmx = _is_htmx(request)
     item_key = str(form.get("item", ""))
     skip = form.get("skip") is not None
     option = None if skip else str(form.get("option", "") or "")
     idem = str(form.get("idempotency_key", "") or "") or None
     if not skip and not option:
-        view = svc.session_view(study, sess, session=session)
-        return _render_view(
-            request,
-            templates,
-            study,
-            sess,
-            view,
-            session=session,
-            settings=settings,
-            error="Please choose an answer"
+        view = page.view()
+        return page.again(
+            "Please choose an answer"
             + (" or press “Prefer not to answer”." if view.allow_skip else "."),
-            status_code=200 if htmx else 422,
-            partial=htmx,
+            view=view,
         )
     session.close()  # one pooled connection per request at a time
     try:
         view = svc.submit_answer(
-            study,
-            sess.id or 0,
+            page.study,
+            page.sess.id or 0,
             item_key=item_key,
             option=option,
             idempotency_key=idem,
             engine=engine,
         )
     except (svc.AnswerConflictError, svc.NotCurrentQuestionError, svc.SessionClosedError):
-        view = svc.session_view(study, sess, session=session)
-        notice = "That question was already answered (perhaps in another tab). Here is where you are now."
-        if not htmx:
+        if not page.htmx:
             return _see(str(request.url_for("respondent_question", slug=slug)))
-        return _render_view(
-            request,
-            templates,
-            study,
-            sess,
-            view,
-            session=session,
-            settings=settings,
-            notice=notice,
+        return page.render(
+            notice="That question was already answered (perhaps in another tab). "
+            "Here is where you are now.",
             partial=True,
         )
     except InvalidInputError as exc:
-        return _render_error(
-            request,
-            templates,
-            study,
-            sess,
-            session=session,
-            settings=settings,
-            error=exc.message,
-            htmx=htmx,
-        )
-    return _after_submit(
-        request, templates, study, sess, view, session=session, settings=settings, htmx=htmx
-    )
+        return page.again(exc.message)
+    return page.after_submit(view)
 
 
 @router.get("/{slug}/done", response_class=HTMLResponse, name="respondent_done")
