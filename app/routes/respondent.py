@@ -142,13 +142,18 @@ def _session_from_cookie(
     return sess
 
 
-def get_open_study(slug: str, session: SessionDep) -> Study | None:
-    """The study of ``/s/{slug}`` if it exists and is published, else ``None``."""
+def _study_in(slug: str, statuses: frozenset[str], session: Session) -> Study | None:
+    """The study of ``/s/{slug}`` if it exists and its status is one of ``statuses``."""
     try:
         study = get_study_by_slug(slug, session=session)
     except NotFoundError:
         return None
-    return study if study.status == StudyStatus.published.value else None
+    return study if study.status in statuses else None
+
+
+def get_open_study(slug: str, session: SessionDep) -> Study | None:
+    """The study of ``/s/{slug}`` if it exists and is published, else ``None``."""
+    return _study_in(slug, frozenset({StudyStatus.published.value}), session)
 
 
 OpenStudyDep = Annotated[Study | None, Depends(get_open_study)]
@@ -729,11 +734,8 @@ def done(
 def get_fielded_study(slug: str, session: SessionDep) -> Study | None:
     """The study of ``/s/{slug}`` if it was ever open to respondents (published or closed:
     deletion stays possible after fieldwork), else ``None``."""
-    try:
-        study = get_study_by_slug(slug, session=session)
-    except NotFoundError:
-        return None
-    return None if study.status == StudyStatus.draft.value else study
+    fielded = frozenset({StudyStatus.published.value, StudyStatus.closed.value})
+    return _study_in(slug, fielded, session)
 
 
 FieldedStudyDep = Annotated[Study | None, Depends(get_fielded_study)]
