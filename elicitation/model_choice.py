@@ -123,50 +123,41 @@ def _memo(ctx: FitContext, name: str, build: Callable[[], BeliefModel], *extra: 
     return ctx.cached(name if not extra else f"{name}:{extra}", build_once)
 
 
-def fit_cape_cooccurrence(ctx: FitContext) -> BeliefModel:
-    """CAPE co-occurrence statistics on train users; (beta, eta, lam) chosen on validation."""
-    return _memo(
-        ctx,
-        "cape_cooccurrence",
-        lambda: CapeCooccurrence.fit(
-            ctx.train,
-            ctx.item_bank,
-            validation=_val_or_none(ctx),
-            seed=ctx.base_seed,
-            **ctx.options.get("cape_cooccurrence", {}),
-        ),
-    )
+def _fit_cape(name: str, model: Any, **fixed: Any) -> Callable[[FitContext], BeliefModel]:
+    """The fit of the CAPE family ``name``: ``model.fit`` on the training users with its
+    hyper-parameters chosen on the validation users, memoised (``ctx.options[name]`` adds
+    keyword arguments to ``fixed``).
+
+    Example::
+
+        fit = CAPE_FITS["cape_linear"]
+        belief = fit(ctx)  # CapeLinear on ctx.train, d and calibration chosen on ctx.val
+    """
+
+    def fit(ctx: FitContext) -> BeliefModel:
+        return _memo(
+            ctx,
+            name,
+            lambda: model.fit(
+                ctx.train,
+                ctx.item_bank,
+                validation=_val_or_none(ctx),
+                seed=ctx.base_seed,
+                **{**fixed, **ctx.options.get(name, {})},
+            ),
+        )
+
+    fit.__name__ = f"fit_{name}"
+    return fit
 
 
-def fit_cape_linear(ctx: FitContext) -> BeliefModel:
-    """Factor analysis on train users; d and the calibration chosen on validation."""
-    return _memo(
-        ctx,
-        "cape_linear",
-        lambda: CapeLinear.fit(
-            ctx.train,
-            ctx.item_bank,
-            validation=_val_or_none(ctx),
-            seed=ctx.base_seed,
-            **ctx.options.get("cape_linear", {}),
-        ),
-    )
-
-
-def fit_cape_factor(ctx: FitContext) -> BeliefModel:
-    """Pyro latent factor model on train users; d chosen on validation."""
-    return _memo(
-        ctx,
-        "cape_factor",
-        lambda: CapeFactor.fit(
-            ctx.train,
-            ctx.item_bank,
-            validation=_val_or_none(ctx),
-            seed=ctx.base_seed,
-            progress=False,
-            **ctx.options.get("cape_factor", {}),
-        ),
-    )
+CAPE_FITS: dict[str, Callable[[FitContext], BeliefModel]] = {
+    "cape_cooccurrence": _fit_cape("cape_cooccurrence", CapeCooccurrence),
+    "cape_linear": _fit_cape("cape_linear", CapeLinear),
+    "cape_factor": _fit_cape("cape_factor", CapeFactor, progress=False),
+}
+"""The three CAPE families' fits (docs/cape.md): co-occurrence statistics, factor
+analysis, and the Pyro latent factor model."""
 
 
 def fit_latent_classes_train_only(ctx: FitContext) -> BeliefModel:
@@ -244,9 +235,7 @@ def register_family(family: Family) -> Family:
 
 for _family in (
     Family("latent_classes", fit_latent_classes_train_only, fit_latent_classes_production),
-    Family("cape_cooccurrence", fit_cape_cooccurrence, fit_cape_cooccurrence),
-    Family("cape_linear", fit_cape_linear, fit_cape_linear),
-    Family("cape_factor", fit_cape_factor, fit_cape_factor),
+    *(Family(name, fit, fit) for name, fit in CAPE_FITS.items()),
     Family("persona_mixture", fit_persona_candidate, fit_persona_candidate, "a persona dictionary"),
     Family(
         "mixed",
@@ -654,9 +643,7 @@ def fit_auto(ctx: FitContext) -> BeliefModel:
     return _memo(ctx, "auto", lambda: _fit_auto(ctx), *key)
 
 
-def _fit_auto(
-    ctx: FitContext, progress: Callable[[float, str], None] | None = None
-) -> BeliefModel:
+def _fit_auto(ctx: FitContext, progress: Callable[[float, str], None] | None = None) -> BeliefModel:
     names = ctx.options.get("auto", {}).get("families") or tuple(FAMILIES)
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
@@ -849,17 +836,17 @@ def _eig(ctx: FitContext) -> Any:
 for _name, _fit, _desc in (
     (
         "cape_cooccurrence",
-        fit_cape_cooccurrence,
+        CAPE_FITS["cape_cooccurrence"],
         "CAPE co-occurrence world model (naive Bayes / item CF hybrid) + EIG on the targets",
     ),
     (
         "cape_linear",
-        fit_cape_linear,
+        CAPE_FITS["cape_linear"],
         "CAPE linear-Gaussian factor model (exact conditioning, calibrated) + EIG",
     ),
     (
         "cape_factor",
-        fit_cape_factor,
+        CAPE_FITS["cape_factor"],
         "CAPE Pyro latent factor model (importance-sampled posterior) + EIG",
     ),
     (
