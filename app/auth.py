@@ -406,7 +406,8 @@ async def verify_csrf(request: Request) -> None:
             form = await request.form()
             value = form.get(CSRF_FIELD)
             sent = value if isinstance(value, str) else ""
-    if not expected or not sent or not hmac.compare_digest(expected, sent):
+    # compare_digest takes str only when ASCII; a token is URL-safe base64
+    if not expected or not sent.isascii() or not sent or not hmac.compare_digest(expected, sent):
         raise CsrfError("the form is missing its security token or it expired: reload the page")
 
 

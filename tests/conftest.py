@@ -22,6 +22,7 @@ from tests.support.live_study import fresh_database_url
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+
 @pytest.fixture(scope="session")
 def datasets_dir() -> Path:
     """The folder of the datasets shipped with the project."""

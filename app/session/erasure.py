@@ -103,7 +103,7 @@ def session_by_completion_code(
     Example: ``session_by_completion_code(study, "3F9A0C21B7", key, session=db)``.
     """
     wanted = code.strip().upper()
-    if study.completion_code or not wanted or len(wanted) > 64:
+    if study.completion_code or not wanted or len(wanted) > 64 or not wanted.isascii():
         return None
     rows = session.exec(
         select(ElicitationSession).where(

@@ -225,7 +225,8 @@ ROUTES: dict[tuple[str, str], Case] = {
         study_member(303, "POST"), form={"question": "Reworded?"}
     ),
     ("POST", "/admin/studies/{slug}/items/roles"): Case(
-        study_member(422, "POST"), form={"role": "target"}  # no item selected: 422
+        study_member(422, "POST"),
+        form={"role": "target"},  # no item selected: 422
     ),
     ("POST", "/admin/studies/{slug}/status"): Case(
         study_member(303, "POST"), form={"status": "closed"}
@@ -248,10 +249,12 @@ ROUTES: dict[tuple[str, str], Case] = {
         study_member(303, "POST"), form={"texts": "A retired nurse from Leeds"}
     ),
     ("POST", "/admin/studies/{slug}/personas/shares"): Case(
-        study_member(422, "POST"), form={"sample": "3"}  # no share typed: 422
+        study_member(422, "POST"),
+        form={"sample": "3"},  # no share typed: 422
     ),
     ("POST", "/admin/studies/{slug}/personas/respondents"): Case(
-        study_member(422, "POST"), form={"profiles": "0"}  # out of range (or no attributes)
+        study_member(422, "POST"),
+        form={"profiles": "0"},  # out of range (or no attributes)
     ),
     ("POST", "/admin/studies/{slug}/personas/clear"): Case(study_member(303, "POST")),
     ("POST", "/admin/studies/{slug}/personas/generate"): Case(
@@ -551,6 +554,21 @@ def test_state_changing_admin_request_needs_the_csrf_token(
             f"/admin/studies/{world.slug}/status",
             data={"status": "closed"},
             headers={"X-CSRF-Token": "not-the-cookie-value", "Cookie": cookie},
+            follow_redirects=False,
+        )
+        assert r.status_code == 403
+        for token in ("é", "\u202e" + CSRF):  # non-ASCII: refused, not a 500
+            r = client.post(
+                f"/admin/studies/{world.slug}/status",
+                data={"status": "closed", "csrf_token": token},
+                headers={"Cookie": cookie},
+                follow_redirects=False,
+            )
+            assert r.status_code == 403
+        r = client.post(
+            f"/admin/studies/{world.slug}/status",
+            data={"status": "closed"},
+            headers={"X-CSRF-Token": "\xe9".encode("latin-1"), "Cookie": cookie},
             follow_redirects=False,
         )
         assert r.status_code == 403

@@ -312,6 +312,9 @@ def test_delete_with_completion_code(client: Any, live: LiveStudy) -> None:
         assert (
             wrong.status_code == 422 and "No finished survey has this completion code" in wrong.text
         )
+        for hostile in ("é", "\u202e" + code):  # non-ASCII: no such code, not a 500
+            r = other.post(f"/s/{live.slug}/delete", data={"code": hostile, "confirm": "yes"})
+            assert r.status_code == 422 and "No finished survey has this" in r.text
         unconfirmed = other.post(f"/s/{live.slug}/delete", data={"code": code})
         assert unconfirmed.status_code == 422 and "tick the box" in unconfirmed.text
         with live.session() as db:

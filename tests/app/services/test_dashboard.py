@@ -334,6 +334,8 @@ def test_dashboard_page_and_open_respondent_route(
             assert r.headers["location"] == f"/admin/studies/{slug}/respondents/{rid}"
         r = client.get(url, params={"respondent": "ZZZZ"})
         assert r.status_code == 404 and "completion code" in r.text and "ZZZZ" in r.text
+        r = client.get(url, params={"respondent": "\u202e"})  # non-ASCII: not a 500
+        assert r.status_code == 404 and "completion code" in r.text
         r = client.get(url, params={"respondent": ""})
         assert r.status_code == 422 and "enter a respondent id" in r.text
 

@@ -150,7 +150,11 @@ def test_prepared_study_serves_the_stored_order_without_recomputing_it(
         bank = rt.model.item_bank
         assert rt.selector.fixed.order == [bank.index(k) for k in stored]
         # built once per runtime: every decision gets the same object
-        assert session_decide.criterion_for(rt, 1, 0) is session_decide.criterion_for(rt, 2, 5) is rt.selector
+        assert (
+            session_decide.criterion_for(rt, 1, 0)
+            is session_decide.criterion_for(rt, 2, 5)
+            is rt.selector
+        )
     sid = _run_session(live.engine, study, 4)
     assert count_greedy == []  # the whole session ran without a fixed-order search
     with live.session() as db:
@@ -342,9 +346,7 @@ def test_fit_stores_the_order_and_target_free_study_uses_the_fallback(
     live = fresh_live
     with live.session() as db:
         study = _study(db, live.study_id)
-        row = belief.fit_study_model(
-            study, session=db, n_classes=(4,), n_restarts=1, force=True
-        )
+        row = belief.fit_study_model(study, session=db, n_classes=(4,), n_restarts=1, force=True)
         assert len(count_greedy) == 1  # the fit searched the order once ...
         (key,) = belief.stored_fixed_orders(row.metrics)
     svc.clear_runtime_cache()
