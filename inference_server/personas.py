@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,11 @@ def read_persona_file(path: str | Path) -> list[Persona]:
     return parse_personas(raw, name=p.name, kind=p.suffix.lower())
 
 
+MAX_PERSONA_WEIGHT = 1e12
+"""The largest weight of a researcher persona (weights are relative: a larger one would
+only overflow the normalisation)."""
+
+
 def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
     """Researcher personas from the text of a persona file.
 
@@ -150,6 +156,18 @@ def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
         PersonaError: naming ``name`` and the line (or list position) of the first problem.
     """
     suffix = kind
+
+    def load(text: str, where: str) -> object:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            at = f"{name} line {exc.lineno}" if suffix == ".json" else where
+            raise PersonaError(f"{at}: invalid JSON: {exc.msg}") from None
+        except RecursionError:
+            raise PersonaError(f"{where}: JSON nested too deeply to read") from None
+        except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+            raise PersonaError(f"{where}: invalid JSON: {exc}") from None
+
     entries: list[tuple[str, object]] = []  # (where, entry)
     if suffix == ".txt":
         for n, line in enumerate(raw.splitlines(), start=1):
@@ -159,15 +177,9 @@ def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
         for n, line in enumerate(raw.splitlines(), start=1):
             if not line.strip():
                 continue
-            try:
-                entries.append((f"{name} line {n}", json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise PersonaError(f"{name} line {n}: invalid JSON: {exc.msg}") from None
+            entries.append((f"{name} line {n}", load(line, f"{name} line {n}")))
     elif suffix == ".json":
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise PersonaError(f"{name} line {exc.lineno}: invalid JSON: {exc.msg}") from None
+        data = load(raw, name)
         if not isinstance(data, list):
             raise PersonaError(f"{name}: expected a JSON list of personas")
         entries = [(f"{name} entry {i + 1}", e) for i, e in enumerate(data)]
@@ -176,7 +188,8 @@ def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
     if not entries:
         raise PersonaError(f"{name}: no personas in the file")
     out: list[Persona] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, str] = {}  # text hash -> where
+    keys: dict[str, str] = {}  # key -> where
     for i, (where, entry) in enumerate(entries):
         key, weight = f"persona-{i + 1}", 1.0
         if isinstance(entry, dict):
@@ -188,9 +201,16 @@ def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
             text = entry["text"]
             key = str(entry.get("key", key))
             w = entry.get("weight", 1.0)
-            if isinstance(w, bool) or not isinstance(w, int | float) or not w > 0:
-                raise PersonaError(f"{where}: weight must be a positive number, got {w!r}")
-            weight = float(w)
+            try:
+                weight = float(w) if isinstance(w, int | float) and not isinstance(w, bool) else 0
+            except OverflowError:  # an integer beyond the float range
+                weight = math.inf
+            if not (0 < weight <= MAX_PERSONA_WEIGHT):
+                shown = w if not isinstance(w, int) or abs(w) < 10**30 else "a huge integer"
+                raise PersonaError(
+                    f"{where}: weight must be a positive number at most "
+                    f"{MAX_PERSONA_WEIGHT:g}, got {shown!r}"
+                )
         else:
             text = entry
         check_persona_text(text, where)
@@ -199,6 +219,9 @@ def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
         if h in seen:
             raise PersonaError(f"{where}: the same text as {seen[h]}")
         seen[h] = where
+        if key in keys:
+            raise PersonaError(f"{where}: the same key {key!r} as {keys[key]}")
+        keys[key] = where
         out.append(Persona(key=key, text=text, weight=weight))
     return out
 
