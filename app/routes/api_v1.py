@@ -73,6 +73,8 @@ ERROR_CODES: dict[str, str] = {
     "external_id_taken": "409: a respondent with this external id exists in the study",
     "no_model": "409: the study has no fitted belief model (and no data to fit one)",
     "model_preparing": "409: the study's first model is being fitted by a job: retry later",
+    "model_fit_failed": "409: the study has no model and its last fit failed: a researcher "
+    "must fix the study and refit (retrying does not help)",
     "study_misconfigured": "409: the study's settings cannot run a session",
     "database_unavailable": "503: the database is unreachable or not migrated",
     "payload_too_large": "413: the request body is larger than the limit (app/limits.py)",

@@ -452,6 +452,17 @@ def start_page(
         else "ready"
     )
     polled = request.headers.get("HX-Trigger") == "preparing"
+    if readiness == "fit_failed":  # the researcher sees why on the study's Jobs page
+        if polled:
+            return Response(headers={"HX-Refresh": "true"})
+        return message_page(
+            request,
+            templates,
+            "Survey not available yet",
+            "This survey cannot start yet. Please try again later.",
+            503,
+            study,
+        )
     if readiness == "preparing":
         if polled:
             return Response(status_code=204)

@@ -32,7 +32,7 @@ from sqlmodel import Session, select
 from app.services.belief import active_model_ref, ensure_fitted_model, try_ensure_fixed_order
 from app.services.importer import slugify
 from app.services.jobs import start_job
-from app.services.learning import FIT_JOB, active_fit_job
+from app.services.learning import FIT_JOB, active_fit_job, failed_fit_job
 from app.settings import Settings
 from app.tables import FittedModel, Item, ItemRole, Study, StudyStatus
 
@@ -146,7 +146,7 @@ def queue_demo_preparation(
     return DemoPreparation(study.slug, "queued", job.id)
 
 
-Readiness = Literal["ready", "preparing", "no_model"]
+Readiness = Literal["ready", "preparing", "fit_failed", "no_model"]
 
 
 def survey_readiness(
@@ -154,10 +154,12 @@ def survey_readiness(
 ) -> Readiness:
     """Whether ``study``'s survey can start a session: ``ready`` (it has an active model),
     ``preparing`` (no model yet, a fit job is queued or running: the survey shows the
-    "preparing" page) or ``no_model`` (no model and no fit job). With ``queue_fit`` (the
-    process settings) a study without either gets its first ``fit_model`` job queued
-    (imported history, or the persona / uniform prior without any) and is ``preparing``,
-    as an API start does. A survey never fits a model while a respondent waits."""
+    "preparing" page), ``fit_failed`` (no model, and the last fit job failed: it waits
+    for a researcher's refit, see :func:`~app.services.learning.failed_fit_job`) or
+    ``no_model`` (no model and no fit job). With ``queue_fit`` (the process settings) a
+    study without either gets its first ``fit_model`` job queued (imported history, or the
+    persona / uniform prior without any) and is ``preparing``, as an API start does. A
+    survey never fits a model while a respondent waits."""
     assert study.id is not None
     has_model = session.exec(
         select(FittedModel.id).where(FittedModel.study_id == study.id, FittedModel.is_active)  # type: ignore[arg-type]
@@ -166,6 +168,8 @@ def survey_readiness(
         return "ready"
     if active_fit_job(study.id, session=session) is not None:
         return "preparing"
+    if failed_fit_job(study.id, session=session) is not None:
+        return "fit_failed"
     if queue_fit is None:
         return "no_model"
     start_job(FIT_JOB, study, payload={"reason": "first model"}, researcher=None,

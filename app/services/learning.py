@@ -53,6 +53,7 @@ from app.tables import (
     FittedModel,
     Item,
     Job,
+    JobStatus,
     ModelStatus,
     Researcher,
     Respondent,
@@ -382,6 +383,18 @@ def active_fit_job(study_id: int, *, session: Session) -> Job | None:
     ).first()
 
 
+def failed_fit_job(study_id: int, *, session: Session) -> Job | None:
+    """The study's latest ``fit_model`` job if it failed. A study without a model whose
+    last fit failed waits for a researcher ("Refit now" after fixing what the job's error
+    names): no survey visit or API start queues another fit that would fail the same way."""
+    job = session.exec(
+        select(Job)
+        .where(Job.study_id == study_id, Job.kind == FIT_JOB)
+        .order_by(col(Job.id).desc())
+    ).first()
+    return job if job is not None and job.status == JobStatus.failed.value else None
+
+
 def queue_refit(
     study: Study,
     *,
@@ -426,12 +439,28 @@ class ModelPreparingError(ConflictError):
     code = "model_preparing"
 
 
-def model_preparing(study_id: int, slug: str, *, engine: Engine) -> ModelPreparingError:
-    """Queue the first fit of a study without a model (unless one is queued or running)
-    and return the error telling the caller to retry: a request never fits a model."""
+class ModelFitFailedError(ConflictError):
+    """The study has no model and its last ``fit_model`` job failed (409
+    ``model_fit_failed``: a researcher fixes the study and refits; retrying does not help)."""
+
+    code = "model_fit_failed"
+
+
+def model_preparing(study_id: int, slug: str, *, engine: Engine) -> ConflictError:
+    """Queue the first fit of a study without a model (unless one is queued or running,
+    or the last one failed) and return the error telling the caller to retry, or that the
+    fit failed: a request never fits a model."""
     with Session(engine) as db:
         study = db.get(Study, study_id)
         job = active_fit_job(study_id, session=db)
+        failed = failed_fit_job(study_id, session=db) if job is None else None
+        if failed is not None:
+            reason = (failed.error or "no reason recorded").strip().splitlines()[0][:300]
+            return ModelFitFailedError(
+                f"study {slug!r} has no fitted belief model: its last fit (job {failed.id}) "
+                f"failed: {reason}. A researcher must fix the study and refit it (admin "
+                "study page, Refit now); retrying the start does not help"
+            )
         if job is None and study is not None:
             job, _ = queue_refit(
                 study, researcher=None, settings=_settings_for(engine), session=db,

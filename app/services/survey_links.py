@@ -82,6 +82,9 @@ def start_preview(study: Study, *, engine: Engine) -> StartedSession:
         raise ConflictError(
             "the study's model is still being fitted: preview it when the job is done"
             if readiness == "preparing"
+            else "the study's last model fit failed (see Jobs): fix the study and refit it "
+            "before previewing"
+            if readiness == "fit_failed"
             else "the study has no fitted model yet: fit it (Jobs) before previewing"
         )
     ask = StudySettings.model_validate(study.settings or {}).ask_attributes

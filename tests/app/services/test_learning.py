@@ -13,18 +13,22 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from app import session as svc
+from app.services.apikeys import create_api_key
 from app.services.belief import fit_study_model
 from app.services.learning import (
     HOLDOUT_PERCENT,
+    ModelFitFailedError,
     ModelPreparingError,
     judge,
     model_versions,
+    queue_refit,
     refit_threshold,
     respondent_part,
     split_bucket,
     study_training_data,
 )
 from app.session.erasure import erase_respondent
+from app.settings import Settings
 from app.tables import ElicitationSession, FittedModel, Item, Job, SelectionDecision, Study
 from models.base import ItemBank
 from models.persona import PersonaMixture
@@ -243,6 +247,43 @@ def test_a_browser_visit_without_a_model_queues_the_fit_and_shows_preparing(
     (job,) = db.exec(select(Job).where(Job.kind == "fit_model")).all()
     assert job.payload == {"reason": "first model"} and job.status == "queued"
     assert db.exec(select(FittedModel)).all() == []
+
+
+def test_a_failed_first_fit_is_reported_and_not_queued_again(
+    engine: Engine, client: TestClient, db: Session, ces_study: Study, settings: Settings
+) -> None:
+    """A study without a model whose last fit failed answers an API start with 409
+    ``model_fit_failed`` naming the job and its error, and its survey page with "not
+    available yet" (the preparing page's poll reloads to it); neither queues another fit.
+    A researcher's refit makes it "preparing" again."""
+    _publish(db, ces_study)
+    with pytest.raises(ModelPreparingError):
+        svc.start_session(ces_study, engine=engine)
+    (job,) = db.exec(select(Job).where(Job.kind == "fit_model")).all()
+    job.status, job.error = "failed", "PersonaError: weight must be finite\nTraceback ..."
+    db.add(job)
+    db.commit()
+    for _ in range(2):
+        with pytest.raises(ModelFitFailedError, match=rf"last fit \(job {job.id}\) failed: "
+                           r"PersonaError: weight must be finite\. A researcher"):  # fmt: skip
+            svc.start_session(ces_study, engine=engine)
+        page = client.get(f"/s/{ces_study.slug}")
+        assert page.status_code == 503 and "cannot start yet" in page.text
+        assert "PersonaError" not in page.text
+        poll = client.get(f"/s/{ces_study.slug}",
+                          headers={"HX-Request": "true", "HX-Trigger": "preparing"})  # fmt: skip
+        assert poll.headers.get("HX-Refresh") == "true"
+    assert len(db.exec(select(Job).where(Job.kind == "fit_model")).all()) == 1
+    key = create_api_key("alice@example.org", session=db)
+    r = client.post(f"/api/v1/studies/{ces_study.slug}/sessions", json={},
+                    headers={"Authorization": f"Bearer {key.key}"})  # fmt: skip
+    assert r.status_code == 409 and r.json()["code"] == "model_fit_failed"
+    assert f"job {job.id}" in r.json()["message"]
+    assert len(db.exec(select(Job).where(Job.kind == "fit_model")).all()) == 1
+    refit, queued = queue_refit(ces_study, researcher=None, settings=settings, session=db)
+    assert queued and refit.id != job.id
+    with pytest.raises(ModelPreparingError, match=f"being fitted by job {refit.id}"):
+        svc.start_session(ces_study, engine=engine)
 
 
 def test_a_cape_fit_is_identified_by_its_training_data(db: Session, ces_study: Study) -> None:
