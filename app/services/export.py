@@ -638,9 +638,11 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
         records.append(rec)
     columns = [*META_COLUMNS, *(names[it.key] for it in items)]
     frame = pd.DataFrame.from_records(records, columns=columns)
-    for c in META_COLUMNS:
-        if c not in ("session_id", "earlier_starts"):
+    for c in columns:  # typed even without rows (an empty frame's columns are objects)
+        if c in META_COLUMNS and c not in ("session_id", "earlier_starts"):
             frame[c] = frame[c].astype(object).fillna("").astype(str)
+        else:
+            frame[c] = frame[c].astype("float64")
     var_labels = {
         "respondent_id": "respondent id",
         "session_id": "session id",

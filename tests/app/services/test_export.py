@@ -242,6 +242,22 @@ def test_spss_and_stata_equal_stored_answers_with_labels(
     assert vl["q_1q"][2] == "B: etwas"
 
 
+@pytest.mark.parametrize("fmt", ["sav", "dta"])
+def test_spss_and_stata_of_a_study_without_respondents(
+    client: TestClient, db: Session, alice: Researcher, tmp_path: Path, fmt: str
+) -> None:
+    """A study with items but no respondent exports an empty, typed, labelled file."""
+    study = create_study("Empty export", owner=alice, session=db)
+    add_item(study, session=db, key="age", question="Age", options_text="A\nB", role="attribute")
+    add_item(study, session=db, key="vote", question="Vote?", options_text="Y\nN", role="target")
+    login(client, "alice@example.org")
+    path = tmp_path / f"e.{fmt}"
+    path.write_bytes(_get(client, study, f"answers.{fmt}"))
+    frame, meta = (pyreadstat.read_sav if fmt == "sav" else pyreadstat.read_dta)(str(path))
+    assert len(frame) == 0 and {"respondent_id", "age", "vote"} <= set(frame.columns)
+    assert meta.variable_value_labels["vote"][1] == "A: Y"  # codes A, B; labels Y, N
+
+
 def test_codebook_jsonl_roundtrip(client: TestClient, live_study) -> None:  # type: ignore[no-untyped-def]
     study, _ = live_study
     login(client, "alice@example.org")
