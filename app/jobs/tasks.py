@@ -141,6 +141,8 @@ def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
                 select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
             ).all()
         )
+        if not any(it.role != ItemRole.attribute.value for it in items):
+            raise InvalidInputError("the study has no question or target items to train on")
         train, val = historical_matrix(study.id or 0, items, session=db)
         attr = [j for j, it in enumerate(items) if it.role == ItemRole.attribute.value]
         ques = [j for j, it in enumerate(items) if it.role != ItemRole.attribute.value]

@@ -181,10 +181,16 @@ def fit_study_model(
     progress (see :func:`elicitation.model_choice.fit_belief_model`).
 
     Raises:
-        InvalidInputError: ``auto`` on a study without target or question items.
+        InvalidInputError: a study without question or target items; ``auto`` on a study
+            without target or question items.
     """
     assert study.id is not None
     items = _study_items(study.id, session=session)
+    if not any(it.role != ItemRole.attribute.value for it in items):
+        raise InvalidInputError(
+            f"study {study.slug!r} has no question or target items to model: add them in "
+            "the designer (Items), then refit"
+        )
     data = learning.study_training_data(study.id, items, session=session)
     kind = belief_model or str((study.settings or {}).get("belief_model") or "default")
     model = _fit_by_kind(

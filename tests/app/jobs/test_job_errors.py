@@ -21,7 +21,7 @@ from app.errors import (
 from app.jobs.runner import execute_job
 from app.services.designer import set_roles
 from app.services.importer import import_dataset
-from app.tables import Job, JobStatus, Study
+from app.tables import Job, JobStatus, Researcher, Study
 from elicitation.criteria import get_criterion
 from elicitation.datasets import DatasetError
 from elicitation.errors import ElicitationError, UnknownCriterionError
@@ -56,6 +56,14 @@ def test_bugs_are_not_user_errors(exc: BaseException) -> None:
 
 
 @pytest.fixture
+def alice_id(engine: Engine) -> int:
+    from app.auth import create_account
+
+    with Session(engine) as db:
+        return create_account("alice@example.org", "alice password 123", session=db).id or 0
+
+
+@pytest.fixture
 def study(engine: Engine, small_dataset_factory: Callable[..., Path]) -> Study:
     """A 60-respondent CES study whose targets are its first run's evaluation items."""
     with Session(engine) as db:
@@ -68,9 +76,9 @@ def study(engine: Engine, small_dataset_factory: Callable[..., Path]) -> Study:
         return study
 
 
-def _run(engine: Engine, study: Study, payload: dict[str, object]) -> Job:
+def _run(engine: Engine, study: Study, payload: dict[str, object], kind: str = "simulation") -> Job:
     with Session(engine) as db:
-        job = Job(kind="simulation", study_id=study.id, payload=payload)
+        job = Job(kind=kind, study_id=study.id, payload=payload)
         db.add(job)
         db.commit()
         job_id = job.id or 0
@@ -98,6 +106,26 @@ def test_a_job_failing_with_an_elicitation_error_shows_its_message(
     assert job.status == JobStatus.failed.value
     assert job.error == str(raised.value)
     assert "nonsense" in job.error and not job.error.startswith("internal error")
+
+
+@pytest.mark.parametrize("kind", ["fit_model", "train_gnn"])
+def test_fitting_a_study_without_items_says_so(engine: Engine, alice_id: int, kind: str) -> None:
+    """A study with only an attribute item (or none): the fit and the GNN training fail
+    with a user error naming what is missing, not an internal error."""
+    from app.services.designer import add_item, create_study
+
+    with Session(engine) as db:
+        owner = db.get(Researcher, alice_id)
+        empty = create_study("Empty", owner=owner, session=db)
+        db.expunge(empty)
+    job = _run(engine, empty, {}, kind)
+    assert job.status == JobStatus.failed.value
+    assert job.error is not None and "no question or target items" in job.error
+    with Session(engine) as db:
+        add_item(db.get(Study, empty.id), session=db, key="age", question="Age",
+                 options_text="A\nB", role="attribute")  # fmt: skip
+    job = _run(engine, empty, {}, kind)
+    assert job.error is not None and "no question or target items" in job.error
 
 
 @pytest.mark.parametrize(
