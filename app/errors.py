@@ -40,6 +40,8 @@ Example::
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 
 class PriorlyError(Exception):
@@ -126,3 +128,18 @@ def error_line(exc: BaseException) -> str:
     """The message of ``exc`` on one line (its class name when it has no message)."""
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
+
+
+class _HasErrors(Protocol):
+    def errors(self) -> Sequence[Mapping[str, Any]]: ...
+
+
+def validation_message(exc: _HasErrors) -> str:
+    """One line for a request validation error (FastAPI's ``RequestValidationError``):
+    where and what, for its first five problems, e.g. ``path.job_id: Input should be a
+    valid integer``."""
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg")))
+    return "; ".join(parts) or "invalid request"

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request, Security
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import iter_route_contexts
 from fastapi.staticfiles import StaticFiles
@@ -20,7 +22,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import session as sessions_service
 from app.db import head_revision, make_engine
-from app.errors import PriorlyError
+from app.errors import PriorlyError, validation_message
 from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware
 from app.middleware import (
@@ -48,6 +50,9 @@ from app.session import async_path as answer_async
 from app.settings import Settings, get_settings
 from app.templating import STATIC_DIR, make_templates
 from app.textguard import clip, install_text_guard
+
+RESPONDENT_PATHS = ("/s/", "/g/")
+"""The respondents' pages (surveys, group round links): errors are pages, not JSON."""
 
 
 def _path_regex(path_format: str) -> re.Pattern[str]:
@@ -126,23 +131,42 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api_docs.router)  # /api/docs with Swagger UI served from here
     app.include_router(admin_respondents.router)  # /admin/studies/{slug}/respondents
 
+    def respondent_message(
+        request: Request, title: str, text: str, status: int, headers: dict[str, str] | None = None
+    ) -> Response:
+        return app.state.templates.TemplateResponse(  # type: ignore[no-any-return]
+            request,
+            "pages/respondent_message.html",
+            {"title": title, "text": text, "study": None},
+            status_code=status,
+            headers=headers,
+        )
+
     @app.exception_handler(RateLimited)
     async def _rate_limited(request: Request, exc: RateLimited) -> Response:
         headers = {"Retry-After": str(exc.retry_after)}
-        if request.url.path.startswith("/s/"):
-            return app.state.templates.TemplateResponse(  # type: ignore[no-any-return]
-                request,
-                "pages/respondent_message.html",
-                {"title": "Please wait a moment", "text": str(exc), "study": None},
-                status_code=429,
-                headers=headers,
-            )
+        if request.url.path.startswith(RESPONDENT_PATHS):
+            return respondent_message(request, "Please wait a moment", str(exc), 429, headers)
         return JSONResponse({"detail": str(exc)}, status_code=429, headers=headers)
 
     @app.exception_handler(PriorlyError)
-    async def _priorly_error(request: Request, exc: PriorlyError) -> JSONResponse:
+    async def _priorly_error(request: Request, exc: PriorlyError) -> Response:
         # clipped: a message never echoes a huge input (a 50,000-character slug) in full
+        if request.url.path.startswith(RESPONDENT_PATHS):
+            return respondent_message(
+                request, "This page cannot be shown", clip(str(exc)), exc.http_status
+            )
         return JSONResponse({"detail": clip(str(exc))}, status_code=exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        """A path, query or form value of the wrong type: a page for the survey pages, a
+        404 for a malformed id in a path; the API router answers its own."""
+        if request.url.path.startswith(RESPONDENT_PATHS):
+            return respondent_message(
+                request, "This page cannot be shown", validation_message(exc), 404
+            )
+        return await request_validation_exception_handler(request, exc)
 
     admin.install(app)  # the admin UI (after the handlers: its error pages wrap them)
     install_log_redaction()  # tokens in resume/invitation/member-link paths stay out of logs

@@ -41,6 +41,7 @@ from app.errors import (
     InvalidInputError,
     NotFoundError,
     PriorlyError,
+    validation_message,
 )
 from app.services.apikeys import (
     KEY_PREFIX,
@@ -121,14 +122,6 @@ def error_response(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg")))
-    return "; ".join(parts) or "invalid request"
-
-
 class ApiRoute(APIRoute):
     """A route whose errors are JSON ``{"code", "message"}`` (this router's contract)."""
 
@@ -141,7 +134,7 @@ class ApiRoute(APIRoute):
             except PriorlyError as exc:
                 return error_response(exc.http_status, _code_of(exc), exc.message)
             except RequestValidationError as exc:
-                return error_response(422, "invalid_input", _validation_message(exc))
+                return error_response(422, "invalid_input", validation_message(exc))
             except StarletteHTTPException as exc:
                 if exc.status_code == 400:  # FastAPI could not parse the body (not JSON/UTF-8)
                     return error_response(422, "invalid_input", f"request body: {exc.detail}")

@@ -103,6 +103,28 @@ def test_nul_and_surrogates_with_credentials(world: HostileWorld) -> None:
         )
 
 
+def test_malformed_ids_and_unknown_items_get_pages_not_json(world: HostileWorld) -> None:
+    """A malformed id in an admin path is the admin's error page naming the parameter; an
+    unknown item posted to the survey is the survey's message page (neither is JSON)."""
+    base, live = world.server.base, world.live
+    with admin_client(world.server) as admin:
+        for path, name in (
+            (f"/admin/studies/{live.slug}/jobs/abc", "job_id"),
+            (f"/admin/studies/{live.slug}/respondents/x", "respondent_id"),
+        ):
+            r = admin.get(path)
+            assert r.status_code == 422, (path, r.status_code)
+            assert r.headers["content-type"].startswith("text/html"), path
+            assert name in r.text, path
+    with httpx.Client(base_url=base, follow_redirects=True) as browser:
+        browser.get(f"/s/{live.slug}")
+        r = browser.post(f"/s/{live.slug}/consent", data={"choice": "accept"})
+        assert r.status_code == 200
+        r = browser.post(f"/s/{live.slug}/answer", data={"item": "no-such-item", "option": "A"})
+        assert 400 <= r.status_code < 500 and r.headers["content-type"].startswith("text/html")
+        assert "no-such-item" in r.text
+
+
 def _upload(
     admin: httpx.Client, files: dict[str, bytes], action: str = "preview"
 ) -> httpx.Response:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import inspect
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from app import auth
-from app.errors import PriorlyError
+from app.errors import PriorlyError, validation_message
 from app.routes import group_links
 from app.routes.admin import (
     accounts,
@@ -36,6 +37,7 @@ from app.routes.admin import (
     sharing,
     studies,
 )
+from app.textguard import clip
 
 # HTML pages and forms, not an API: kept out of the OpenAPI schema (/api/docs documents
 # the JSON API; the fuzz test checks every operation the schema lists).
@@ -78,5 +80,28 @@ def install(app: FastAPI) -> None:
             status_code=exc.http_status,
         )
 
+    previous_invalid = app.exception_handlers.get(RequestValidationError)
+
+    async def admin_invalid(request: Request, exc: Exception) -> Response:
+        """A malformed value in an admin path or query (``/jobs/abc``): the admin error
+        page (422) naming the parameter."""
+        assert isinstance(exc, RequestValidationError)
+        if not request.url.path.startswith("/admin"):
+            assert previous_invalid is not None  # app.main installs one before this
+            result = previous_invalid(request, exc)
+            return await result if inspect.isawaitable(result) else result
+        return templates.TemplateResponse(  # type: ignore[no-any-return]
+            request,
+            "admin/error.html",
+            {
+                "message": clip(validation_message(exc)),
+                "status": 422,
+                "researcher": None,
+                "csrf_token": "",
+            },  # fmt: skip
+            status_code=422,
+        )
+
     app.add_exception_handler(auth.LoginRequired, login_required)
     app.add_exception_handler(PriorlyError, admin_error)
+    app.add_exception_handler(RequestValidationError, admin_invalid)

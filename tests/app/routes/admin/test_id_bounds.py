@@ -91,9 +91,8 @@ def test_out_of_range_ids_are_422_with_the_bounds(browser: httpx.Client) -> None
 
 def test_the_bound_names_the_field_and_the_range(browser: httpx.Client) -> None:
     r = _call(browser, "GET", f"/admin/studies/bounds/jobs/{2**31}", {})
-    assert r.status_code == 422
-    detail = r.json()["detail"][0]
-    assert detail["loc"] == ["path", "job_id"] and str(MAX_ID) in detail["msg"]
+    assert r.status_code == 422 and r.headers["content-type"].startswith("text/html")
+    assert "path.job_id" in r.text and str(MAX_ID) in r.text  # the admin's error page
     r = _call(browser, "POST", "/admin/studies/bounds/groups/open", {"job_id": str(2**63)})
     assert r.status_code == 422
     assert "job_id" in r.text and f"1 to {MAX_ID}" in r.text
