@@ -134,8 +134,9 @@ def decide_next(
     calibration = calibration_decision(rt, sess_id, answers)
     if calibration is not None:
         return calibration
-    asked = [rt.model_index[a.item_id] for a in answers if a.option is not None]
-    skipped = [rt.model_index[a.item_id] for a in answers if a.option is None]
+    known = [a for a in answers if a.item_id in rt.model_index]  # see state.answer_pairs
+    asked = [rt.model_index[a.item_id] for a in known if a.option is not None]
+    skipped = [rt.model_index[a.item_id] for a in known if a.option is None]
     try:
         decision = decide(
             rt.model,
@@ -220,7 +221,9 @@ def model_step(
     memo = rt.step_memo
     key = None
     if memo is not None:
-        key = StepMemo.key(state_before, [(rt.model_index[a.item_id], a.option) for a in answers])
+        known = [(rt.model_index[a.item_id], a.option) for a in answers
+                 if a.item_id in rt.model_index]  # fmt: skip
+        key = StepMemo.key(state_before, known)
         hit = memo.get(key)
         if hit is not None:
             return hit

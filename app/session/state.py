@@ -109,11 +109,17 @@ def respondent_and_answers(
 
 
 def answer_pairs(rt: StudyRuntime, answers: Sequence[Any]) -> list[tuple[int, int | None]]:
-    """``[(model item index, option index or None for a skip), ...]`` of ``answers``."""
+    """``[(model item index, option index or None for a skip), ...]`` of ``answers``.
+
+    An answer to an item the model does not know (its options changed since the model was
+    fitted: see :attr:`StudyRuntime.model_index`) tells the model nothing and is left out.
+    """
     pairs: list[tuple[int, int | None]] = []
     for a in answers:
-        item = rt.by_id[a.item_id]
-        idx = rt.model_index[a.item_id]
+        item = rt.by_id.get(a.item_id)
+        idx = rt.model_index.get(a.item_id)
+        if item is None or idx is None:
+            continue
         if a.option is None:
             pairs.append((idx, None))
         else:

@@ -280,6 +280,37 @@ def test_an_unchanged_study_is_replayed_once_and_a_change_replays_it(
         assert _population(refit) == _population(uncached(db))
 
 
+def test_an_option_added_to_an_answered_item_keeps_the_dashboard_working(
+    live: tuple[LiveStudy, list[int]],
+) -> None:
+    """The active model does not know an item whose options changed (until a refit):
+    its answers are left out of the replay and the dashboard is built."""
+    from app.services.designer import update_item
+
+    study_live, ids = live
+    with study_live.session() as db:
+        study = _study(db, study_live)
+        before = build_dashboard(study, session=db, now=NOW)
+        first = db.exec(
+            select(Item)
+            .where(Item.study_id == study_live.study_id, Item.role == "question")
+            .order_by(col(Item.position), col(Item.id))
+        ).all()[0]  # answered by the sessions of SESSIONS (question index 0)
+        text = "\n".join(f"{o[0]}: {o[1]}" for o in first.options) + "\nZZ: a new option"
+        update_item(study, first, session=db, question=first.question, options_text=text,
+                    role=first.role, topic=first.topic or "",
+                    is_preference_criterion=first.is_preference_criterion)  # fmt: skip
+        svc.clear_runtime_cache()
+        clear_population_cache()
+        after = build_dashboard(study, session=db, now=NOW)
+        assert after.counts == before.counts and after.targets[0].n == before.targets[0].n
+        rt = svc.load_runtime(study, session=db)
+        assert first.id not in rt.model_index
+        answers = db.exec(select(Answer).where(Answer.session_id == ids[0])).all()
+        assert first.id in {a.item_id for a in answers}
+        assert len(svc.answer_pairs(rt, answers)) == len(answers) - 1
+
+
 def test_resolve_respondent_by_id_or_completion_code(live: tuple[LiveStudy, list[int]]) -> None:
     study_live, ids = live
     with study_live.session() as db:
