@@ -160,11 +160,15 @@ class StudyRuntime:
     def max_questions(self) -> int:
         """The most questions one respondent can be asked (budget, capped by the pool:
         the candidates, then up to :attr:`calibration_items` calibration questions, which
-        may also be targets)."""
+        may also be targets; no item is asked twice).
+
+        Example: 4 candidates, 2 targets, ``max_questions = 10`` and 5 calibration items:
+        6 (at most 4 adaptive questions, and the calibration draws the rest of the 6)."""
         m, n_cal = self.settings.budgets.max_questions, self.calibration_items
         if not n_cal:
             return min(m, len(self.candidates))
-        return min(m, min(m - n_cal, len(self.candidates)) + n_cal)
+        pool = len(self.candidates) + len(self.targets)
+        return min(m, min(m - n_cal, len(self.candidates)) + n_cal, pool)
 
     @property
     def allow_skip(self) -> bool:

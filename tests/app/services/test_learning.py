@@ -367,6 +367,13 @@ def test_calibration_questions_take_the_last_places_of_the_budget(
     assert calibration_start(few) == 1 and few.max_questions == 3
     assert calibration_decision(few, 0, []) is None
     assert calibration_decision(few, 0, [Ans(rt.candidates[0].id)]) is not None
+    big = rt.settings.budgets.model_copy(update={"max_questions": 50})
+    small_pool = dataclasses.replace(  # 1 candidate + the targets; 50 questions, 10 calibration
+        rt,
+        candidates=rt.candidates[:1],
+        settings=rt.settings.model_copy(update={"budgets": big, "calibration_items": 10}),
+    )
+    assert small_pool.max_questions == 1 + len(rt.targets)  # no item is asked twice
 
 
 def test_a_fit_records_the_observed_answers_of_each_item(db: Session, ces_study: Study) -> None:
