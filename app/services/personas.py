@@ -27,6 +27,7 @@ probabilities for one persona × question pair, stored in ``persona_distribution
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -169,21 +170,26 @@ def save_study_personas(
     attrs: Sequence[CodebookItem] = (),
 ) -> int:
     """Add the personas the study does not have yet (by text hash), in one transaction;
-    returns how many. A persona's ``attributes`` (``{item id: option index}``) are stored
+    returns how many. A key the study already has gets a suffix (``persona-1`` of a
+    second upload is stored as ``persona-1~2``: :func:`unique_key`). A persona's ``attributes`` (``{item id: option index}``) are stored
     as ``{item key: option letter}`` of ``attrs`` (the study's attribute items)."""
     letters = {a.id: [letter for letter, _ in a.options] for a in attrs}
-    have = set(
-        session.exec(select(StudyPersona.text_hash).where(StudyPersona.study_id == study_id)).all()
-    )
+    stored = session.exec(
+        select(StudyPersona.text_hash, StudyPersona.key).where(StudyPersona.study_id == study_id)
+    ).all()
+    have = {h for h, _ in stored}
+    keys = {k for _, k in stored}
     added = 0
     try:
         for p in personas:
             if p.hash in have:
                 continue
+            key = unique_key(p.key[:190], keys)
+            keys.add(key)
             session.add(
                 StudyPersona(
                     study_id=study_id,
-                    key=p.key[:200],
+                    key=key,
                     text=p.text,
                     text_hash=p.hash,
                     weight=p.weight,
@@ -202,6 +208,18 @@ def save_study_personas(
         session.rollback()
         raise
     return added
+
+
+def unique_key(key: str, taken: set[str]) -> str:
+    """``key``, or ``key~2``, ``key~3``, ... the first not in ``taken``.
+
+    Example: ``unique_key("persona-1", {"persona-1"}) == "persona-1~2"``."""
+    if key not in taken:
+        return key
+    n = 2
+    while f"{key}~{n}" in taken:
+        n += 1
+    return f"{key}~{n}"
 
 
 def stored_persona_texts(study_id: int, *, session: Session) -> list[str]:
@@ -244,10 +262,24 @@ def text_personas(raw: str, *, filename: str | None = None) -> list[Persona]:
         kind = ".json"
     else:
         kind = ".txt"
+    if kind == ".txt":
+        for n, line in enumerate(raw.splitlines(), start=1):
+            if line.strip().startswith("{") and _is_json_object(line):
+                raise InvalidInputError(
+                    f"{name} line {n}: a JSON object, but the first line is plain text: write "
+                    "every persona as plain text (one per line) or every line as JSON"
+                )
     try:
         return parse_personas(raw, name=name, kind=kind)
     except InferenceError as exc:
         raise InvalidInputError(str(exc)) from None
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def check_shares(
@@ -255,12 +287,17 @@ def check_shares(
 ) -> dict[str, dict[str, float]]:
     """Validate population shares ``{attribute key: {option letter: share}}``.
 
-    Each share is a number in ``[0, 1]``; the shares of one attribute sum to 1 within
-    ``1e-6`` (they are not renormalised); each key is one of the study's attribute items
-    and each letter one of its options. Attributes left out are not part of the profiles.
+    Each share is a number: a fraction in ``[0, 1]``, or a percentage (``"30%"``, or all
+    of one attribute's shares in ``[0, 100]`` summing to 100 as a census table prints
+    them); a decimal comma is read as a point. The shares of one attribute sum to 1 (or
+    100 %) within :data:`SHARE_TOLERANCE`, the rounding of a printed table, and are then
+    rescaled to sum to exactly 1. Each key is one of the study's attribute items and each
+    letter one of its options. Attributes left out are not part of the profiles.
+
+    Example: ``{"age": {"A": "33.3", "B": "33.3", "C": "33.3"}}`` gives ``1/3`` each.
 
     Returns:
-        The shares as floats, in the order of ``attrs``.
+        The shares as floats summing to 1 per attribute, in the order of ``attrs``.
 
     Raises:
         InvalidInputError: naming the attribute and option (``"shares of age, option Z:
@@ -288,20 +325,46 @@ def check_shares(
             where = f"shares of {a.id}, option {letter}"
             if letter not in letters:
                 raise InvalidInputError(f"{where}: not an option of {a.id} ({', '.join(letters)})")
-            try:
-                v = float(raw)  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                raise InvalidInputError(f"{where}: {raw!r} is not a number") from None
-            if isinstance(raw, bool) or not math.isfinite(v) or not 0 <= v <= 1:
-                raise InvalidInputError(f"{where}: {raw!r} is not a share between 0 and 1")
-            values[letter] = v
+            values[letter] = _share_value(raw, where)
         total = sum(values.values())
-        if abs(total - 1) > 1e-6:
+        if all(v <= 100 for v in values.values()) and abs(total - 100) <= 100 * SHARE_TOLERANCE:
+            values = {k: v / 100 for k, v in values.items()}  # a table in percent
+            total /= 100
+        big = next((k for k, v in values.items() if v > 1), None)
+        if big is not None:
             raise InvalidInputError(
-                f"shares of {a.id} sum to {total:.6g}, not 1 (within 1e-6); they are not rescaled"
+                f"shares of {a.id}, option {big}: {given[big]!r} is not a share between 0 and "
+                "1 (or a percentage, with the attribute's shares summing to 100)"
             )
-        out[a.id] = {letter: values[letter] for letter in letters if letter in values}
+        if abs(total - 1) > SHARE_TOLERANCE:
+            raise InvalidInputError(
+                f"shares of {a.id} sum to {total:.6g}, not 1 (within {SHARE_TOLERANCE:g})"
+            )
+        out[a.id] = {letter: values[letter] / total for letter in letters if letter in values}
     return out
+
+
+SHARE_TOLERANCE = 0.01
+"""How far one attribute's shares may sum from 1 (the rounding of a printed table: three
+shares of 33.3 % sum to 99.9 %); :func:`check_shares` rescales them to sum to 1."""
+
+
+def _share_value(raw: object, where: str) -> float:
+    """One share as a float: a number, ``"0,3"`` (decimal comma) or ``"30%"`` (0.3)."""
+    if isinstance(raw, bool):
+        raise InvalidInputError(f"{where}: {raw!r} is not a number")
+    text = str(raw).strip()
+    percent = text.endswith("%")
+    text = text.removesuffix("%").strip()
+    if "," in text and "." not in text:
+        text = text.replace(",", ".")
+    try:
+        v = float(text)
+    except ValueError:
+        raise InvalidInputError(f"{where}: {raw!r} is not a number") from None
+    if not math.isfinite(v) or v < 0 or (percent and v > 100):
+        raise InvalidInputError(f"{where}: {raw!r} is not a share between 0 and 1")
+    return v / 100 if percent else v
 
 
 def share_personas(

@@ -80,7 +80,10 @@ def test_share_personas_are_the_weighted_product(db: Session, tiny: Study) -> No
         ({"age": {"A": "0.4", "Z": "0.6"}}, r"shares of age, option Z: not an option of age \(A, B\)"),
         ({"height": {"A": "1"}}, "'height' is not an attribute item of this study"),
         ({"age": {"A": "four", "B": "0.6"}}, "shares of age, option A: 'four' is not a number"),
-        ({"age": {"A": "1.5", "B": "-0.5"}}, "option A: '1.5' is not a share between 0 and 1"),
+        ({"age": {"A": "1.5", "B": "0.5"}}, "option A: '1.5' is not a share between 0 and 1"),
+        ({"age": {"A": "0.5", "B": "-0.5"}}, "option B: '-0.5' is not a share between 0 and 1"),
+        ({"age": {"A": "60%", "B": "50%"}}, "shares of age sum to 1.1, not 1"),
+        ({"age": {"A": "30", "B": "50"}}, "option A: '30' is not a share between 0 and 1"),
         ({"age": {}}, "shares of age: no option has a share"),
         ({}, "give the shares of at least one attribute"),
         ({"q": {"A": "1"}}, "'q' is not an attribute item"),
@@ -92,6 +95,38 @@ def test_bad_shares_name_the_place_and_store_nothing(
     with pytest.raises(InvalidInputError, match=message):
         ps.add_share_personas(tiny, shares, session=db)
     assert db.exec(select(StudyPersona)).all() == []
+
+
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        ({"A": "33.3", "B": "66.6"}, {"A": 33.3 / 99.9, "B": 66.6 / 99.9}),  # percent, rounded
+        ({"A": "40%", "B": "0,6"}, {"A": 0.4, "B": 0.6}),
+        ({"A": "0.333", "B": "0.666"}, {"A": 0.333 / 0.999, "B": 0.666 / 0.999}),
+    ],
+)
+def test_shares_as_a_census_table_prints_them(
+    db: Session, tiny: Study, given: dict, want: dict
+) -> None:
+    """Percentages, a decimal comma and rounding within 0.01 are read and rescaled to 1."""
+    attrs, _ = ps.study_items(tiny.id or 0, session=db)
+    got = ps.check_shares(attrs, {"age": given})["age"]
+    assert got.keys() == want.keys()
+    assert all(math.isclose(got[k], want[k], rel_tol=1e-12) for k in want)
+    assert math.isclose(sum(got.values()), 1.0, rel_tol=1e-12)
+
+
+def test_persona_keys_stay_unique_across_uploads_and_formats_do_not_mix(
+    db: Session, tiny: Study
+) -> None:
+    ps.add_text_personas(tiny, "A nurse\nA farmer", session=db)
+    ps.add_text_personas(tiny, "A teacher\nA nurse\nA pilot", session=db)
+    keys = [r.key for r in db.exec(select(StudyPersona).order_by(StudyPersona.id)).all()]  # type: ignore[arg-type]
+    assert keys == ["persona-1", "persona-2", "persona-1~2", "persona-3"]
+    mixed = 'A retired farmer\n{"text": "A young developer", "weight": 2}\n'
+    with pytest.raises(InvalidInputError, match="persona texts line 2: a JSON object, but"):
+        ps.add_text_personas(tiny, mixed, session=db)
+    assert ps.add_text_personas(tiny, "A {braced} word\n{not json", session=db) == 2
 
 
 def test_persona_texts_lines_and_jsonl_errors(db: Session, tiny: Study) -> None:
