@@ -229,9 +229,11 @@ def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
 # ----- attribute personas -------------------------------------------------------------
 
 
-def _item_label(item: CodebookItem) -> str:
-    """The name of an attribute in a persona sentence: its topic, else its question."""
-    label = (item.topic or "").strip() or item.question.strip()
+def _item_label(item: CodebookItem, shared_topics: frozenset[str] = frozenset()) -> str:
+    """The name of an attribute in a persona sentence: its topic, else (no topic, or a
+    topic in ``shared_topics``: one that several attributes have) its question."""
+    topic = (item.topic or "").strip()
+    label = topic if topic and topic not in shared_topics else item.question.strip()
     return label.rstrip(" ?:.")
 
 
@@ -239,12 +241,16 @@ def attribute_sentence(items: Sequence[CodebookItem], options: Sequence[int]) ->
     """The persona sentence of one attribute profile.
 
     ``"{label of item 1}: {option label}; {label of item 2}: {option label}."`` where an
-    item's label is its codebook topic (or its question when it has none) and missing
-    attributes (``-1``) are left out. Nothing here knows any particular dataset.
+    item's label is its codebook topic (its question when it has none, or when another of
+    ``items`` has the same topic: "Demographics: 18-34; Demographics: North" would not
+    say which is which) and missing attributes (``-1``) are left out. Nothing here knows
+    any particular dataset.
 
     Raises:
         PersonaError: if every attribute is missing or an option is out of range.
     """
+    topics = [(it.topic or "").strip() for it in items]
+    shared = frozenset(t for t in topics if t and topics.count(t) > 1)
     parts: list[str] = []
     for item, k in zip(items, options, strict=True):
         k = int(k)
@@ -252,7 +258,7 @@ def attribute_sentence(items: Sequence[CodebookItem], options: Sequence[int]) ->
             continue
         if not 0 <= k < item.n_options:
             raise PersonaError(f"option {k} out of range for attribute {item.id!r}")
-        parts.append(f"{_item_label(item)}: {item.options[k][1].strip()}")
+        parts.append(f"{_item_label(item, shared)}: {item.options[k][1].strip()}")
     if not parts:
         raise PersonaError("an attribute profile with every attribute missing")
     return "; ".join(parts) + "."

@@ -120,6 +120,18 @@ def test_bad_persona_files(tmp_path: Path, name: str, content: str, msg: str) ->
         read_persona_file(tmp_path / name)
 
 
+def test_attributes_sharing_a_topic_are_named_by_their_questions() -> None:
+    from elicitation.datasets import CodebookItem
+
+    def item(key: str, question: str, topic: str) -> CodebookItem:
+        return CodebookItem(id=key, question=question, options=[("A", "x"), ("B", "y")],
+                            topic=topic)  # fmt: skip
+
+    items = [item("age", "Your age group?", "Demographics"),
+             item("region", "Your region?", "Demographics"), item("inc", "Income?", "Money")]  # fmt: skip
+    assert attribute_sentence(items, [0, 1, 0]) == "Your age group: x; Your region: y; Money: x."
+
+
 def test_attribute_sentence_uses_codebook_labels(ces) -> None:
     items = [ces.item(k) for k in ces.demographics]
     opts = [0] * len(items)
