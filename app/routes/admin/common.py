@@ -12,6 +12,7 @@ a user error in a form becomes an inline message.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -88,15 +89,29 @@ class Page:
 PageDep = Annotated[Page, Depends(Page)]
 
 
-def opt_number(value: str, kind: type[int] | type[float], what: str) -> Any:
-    """``None`` for an empty field, else the field as ``kind`` (InvalidInputError if not)."""
+_NUMBER = {
+    int: (re.compile(r"[+-]?[0-9]+"), "a whole number"),
+    float: (re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?"), "a number"),
+}
+"""What a form's number field accepts: ASCII digits only (``int`` and ``float`` also
+take ``1_000``, Arabic-Indic digits, ``inf`` and ``nan``), and how the error calls it."""
+
+
+def opt_number(value: str, kind: type[int] | type[float], name: str) -> Any:
+    """``None`` for an empty field, else the field as ``kind``.
+
+    Raises:
+        InvalidInputError: naming the field, e.g. ``max_questions: not a whole number:
+            '3.5'`` (the value clipped).
+    """
     value = value.strip()
     if not value:
         return None
-    try:
-        return kind(value)
-    except ValueError:
-        raise InvalidInputError(f"not {what}: {value!r}") from None
+    pattern, what = _NUMBER[kind]
+    if len(value) > 40 or not pattern.fullmatch(value):  # int() refuses 4,300+ digits
+        shown = value if len(value) <= 40 else value[:40] + "…"
+        raise InvalidInputError(f"{name}: not {what}: {shown!r}")
+    return kind(value)
 
 
 class FormFields:
@@ -115,11 +130,11 @@ class FormFields:
 
     def opt_int(self, name: str) -> int | None:
         """The field as a whole number, ``None`` when empty (InvalidInputError otherwise)."""
-        return opt_number(self.text(name), int, "a whole number")  # type: ignore[no-any-return]
+        return opt_number(self.text(name), int, name)  # type: ignore[no-any-return]
 
     def opt_float(self, name: str) -> float | None:
         """The field as a number, ``None`` when empty (InvalidInputError otherwise)."""
-        return opt_number(self.text(name), float, "a number")  # type: ignore[no-any-return]
+        return opt_number(self.text(name), float, name)  # type: ignore[no-any-return]
 
     def opt_id(self, name: str) -> int | None:
         """The field as a row's id, ``None`` when empty; InvalidInputError for anything but

@@ -90,6 +90,11 @@ async def study_settings(
         drop_after = form.opt_int("drop_after_minutes")
         refit, calibration = form.opt_int("refit_every"), form.opt_int("calibration_items")
         calibration_min = form.opt_int("calibration_min_answers")
+
+        def kept(name: str, old: int) -> int:
+            new = form.opt_int(name)
+            return old if new is None else new
+
         values = {
             "criterion": form.text("criterion"),
             "ask_attributes": form.checked("ask_attributes"),
@@ -102,18 +107,20 @@ async def study_settings(
             if calibration_min is None
             else calibration_min,
             "budgets": {
-                "max_questions": form.opt_int("max_questions") or 0,
-                "min_questions": form.opt_int("min_questions") or 0,
+                "max_questions": kept("max_questions", stored.budgets.max_questions),
+                "min_questions": kept("min_questions", stored.budgets.min_questions),
                 "stop_eig_threshold": form.opt_float("stop_eig_threshold"),
                 "stop_entropy_threshold": form.opt_float("stop_entropy_threshold"),
                 "allow_skip": form.checked("allow_skip"),
             },
             "group": {
-                "rounds": form.opt_int("rounds") or 0,
+                "rounds": kept("rounds", stored.group.rounds),
                 "respondents_per_round": form.opt_int("respondents_per_round"),
                 "respondents_share": form.opt_float("respondents_share") or 0.0,
                 "total_answers": form.opt_int("total_answers"),
-                "max_questions_per_respondent": form.opt_int("max_questions_per_respondent") or 0,
+                "max_questions_per_respondent": kept(
+                    "max_questions_per_respondent", stored.group.max_questions_per_respondent
+                ),
             },
         }
         designer.update_settings(study, values, session=session)

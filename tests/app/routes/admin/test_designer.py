@@ -173,6 +173,21 @@ def test_create_study_items_roles_budgets_texts_publish(
         40,
     )
     assert 'name="calibration_min_answers" min="0" value="40"' in dclient.get(base).text
+    # empty budget and group fields keep their stored values; a number that only Python
+    # reads (underscores, Arabic-Indic digits, 3.5 for a whole number) names its field
+    r = dclient.post(base + "/settings", data={**form, "min_questions": "", "max_questions": "",
+                                               "rounds": "", "max_questions_per_respondent": ""})  # fmt: skip
+    assert r.status_code == 200
+    db.refresh(study)
+    assert (
+        study.settings["budgets"]["max_questions"] == 3 and study.settings["group"]["rounds"] == 2
+    )
+    for bad in ("1_0", "\u0663", "3.5", "9" * 5000):
+        r = dclient.post(
+            base + "/settings", data={**form, "min_questions": "1", "max_questions": bad}
+        )
+        assert r.status_code == 422 and "max_questions: not a whole number" in r.text, bad
+        assert "9" * 100 not in r.text
     # publish needs a consent text
     r = dclient.post(base + "/status", data={"status": "published", "csrf_token": csrf(dclient)})
     assert r.status_code == 422 and "consent" in r.text
