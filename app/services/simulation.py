@@ -98,6 +98,8 @@ class SimulationOptions:
             raise InvalidInputError("the 'full' baseline (the ceiling) is always needed")
         if self.max_test_users < 1:
             raise InvalidInputError("max_test_users must be >= 1")
+        if self.budget is not None and self.budget < 0:
+            raise InvalidInputError(f"budget must be >= 0, got {self.budget}")
         if not self.n_classes or min(self.n_classes) < 1:
             raise InvalidInputError("n_classes must be positive integers")
 
@@ -262,8 +264,10 @@ def _test_users(
     """
     if train.shape[0] < 10 or test.shape[0] < 1:
         raise InvalidInputError(
-            f"the study has too few historical respondents to simulate "
-            f"({train.shape[0]} training, {test.shape[0]} test; need >= 10 and >= 1)"
+            f"the study has too few imported respondents to simulate "
+            f"({train.shape[0]} training, {test.shape[0]} test; need >= 10 and >= 1): a "
+            "simulation replays imported respondents' complete answers (live respondents "
+            "answered only what they were asked); import a dataset (Import) to simulate"
         )
     test = test[(test[:, tgt] >= 0).any(1)][:max_test_users]
     if test.shape[0] == 0:

@@ -12,6 +12,7 @@ from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, SessionDep, SettingsDep
 from app.routes.admin.common import FormDep, PageDep
 from app.services import job_views, jobs, learning
+from app.services.simulation import SimulationOptions
 
 router = APIRouter()
 
@@ -43,6 +44,7 @@ async def start_job(
             value = form.opt_int(name)
             if value is not None:
                 payload[name] = value
+        SimulationOptions.from_payload(payload)  # refused now, not when the job runs
     job = jobs.start_job(
         kind, study, payload=payload, researcher=researcher, settings=settings, session=session
     )

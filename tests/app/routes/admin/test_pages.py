@@ -78,3 +78,20 @@ def test_dashboard_without_model_and_group_page(client: TestClient, ces_study: S
     assert part.status_code == 200 and "<html" not in part.text and 'id="dashboard"' in part.text
     groups = client.get(f"/admin/studies/{ces_study.slug}/groups")
     assert groups.status_code == 200 and "Plan next round" in groups.text
+
+
+def test_bad_simulation_options_are_refused_before_a_job_is_queued(
+    client: TestClient, ces_study: Study, db: Session
+) -> None:
+    from sqlmodel import select
+
+    login(client, "alice@example.org")
+    url = f"/admin/studies/{ces_study.slug}/jobs"
+    for field, value, message in (
+        ("budget", "-5", "budget must be &gt;= 0"),
+        ("max_test_users", "0", "max_test_users must be &gt;= 1"),
+        ("budget", "abc", "budget: not a whole number"),
+    ):
+        r = client.post(url, data={"kind": "simulation", field: value, "csrf_token": csrf(client)})
+        assert r.status_code == 422 and message in r.text, (field, value, r.text[:300])
+    assert db.exec(select(Job).where(Job.study_id == ces_study.id)).all() == []
