@@ -1,8 +1,8 @@
 """Request-body size limits, enforced before a body is read into memory (pure ASGI).
 
 :class:`BodyLimitMiddleware` wraps the whole application. For every HTTP request it picks
-a limit (``max_upload_bytes`` for the admin dataset upload, ``max_body_bytes`` for any
-other request; both are settings) and then:
+a limit (``max_upload_bytes`` for the admin's file uploads, :data:`UPLOAD_PATHS`,
+``max_body_bytes`` for any other request; both are settings) and then:
 
 * a ``Content-Length`` above the limit is answered ``413`` at once: the app is not called
   and not one byte of the body is read;
@@ -21,6 +21,7 @@ the body is never read.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -30,8 +31,16 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-UPLOAD_PATHS: tuple[str, ...] = ("/admin/import/upload",)
-"""Paths whose bodies are dataset uploads (the larger limit)."""
+UPLOAD_PATHS: tuple[str, ...] = ("/admin/import/upload", "/admin/studies/{slug}/personas/texts")
+"""Paths whose bodies are file uploads (the larger limit): a dataset, a persona file.
+``{name}`` stands for one path segment."""
+
+
+def _path_pattern(template: str) -> re.Pattern[str]:
+    """``/admin/studies/{slug}/x`` -> a regex matching one segment for each ``{...}``."""
+    parts = re.split(r"\{[^/{}]+\}", template)
+    return re.compile("^" + "[^/]+".join(re.escape(p) for p in parts) + "$")
+
 
 ERROR_CODE = "payload_too_large"
 
@@ -47,7 +56,7 @@ class BodyLimitMiddleware:
         app: the ASGI application to wrap.
         max_body_bytes: the limit for every request except the dataset upload.
         max_upload_bytes: the limit for :data:`UPLOAD_PATHS`.
-        upload_paths: paths (exact match) that get ``max_upload_bytes``.
+        upload_paths: paths that get ``max_upload_bytes`` (``{name}``: any one segment).
     """
 
     def __init__(
@@ -61,13 +70,13 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_upload_bytes = max_upload_bytes
-        self.upload_paths = frozenset(upload_paths)
+        self.upload_paths = tuple(_path_pattern(p) for p in upload_paths)
 
     def limit_for(self, path: str) -> int:
         """The body limit in bytes for a request to ``path``."""
-        return (
-            self.max_upload_bytes if path.rstrip("/") in self.upload_paths else self.max_body_bytes
-        )
+        bare = path.rstrip("/")
+        upload = any(p.match(bare) for p in self.upload_paths)
+        return self.max_upload_bytes if upload else self.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

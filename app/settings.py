@@ -62,7 +62,8 @@ class Settings(BaseSettings):
             retried by another worker.
         max_body_bytes: the largest request body accepted (JSON API, forms); larger ones
             are refused with 413 before they are read (app/limits.py).
-        max_upload_bytes: the same for the admin dataset upload (several CSV/JSONL files).
+        max_upload_bytes: the same for the admin file uploads (a dataset of several CSV/JSONL
+            files, a persona file).
         login_max_failures_per_account, login_max_failures_per_ip, login_lockout_s: after
             this many failed logins for one email / from one address within
             ``login_lockout_s`` seconds, logins are refused (429) until the window ends

@@ -165,6 +165,22 @@ def test_upload_path_has_its_own_limit(server: LiveServer) -> None:
     assert sent < 8 * 1024 * 1024
 
 
+def test_a_persona_file_upload_gets_the_upload_limit(server: LiveServer) -> None:
+    """Persona texts are uploaded to a path with the study in it: the upload limit applies
+    there (and to no other path of the study)."""
+    from app.limits import BodyLimitMiddleware
+
+    limits = BodyLimitMiddleware(None, max_body_bytes=1, max_upload_bytes=2)  # type: ignore[arg-type]
+    assert limits.limit_for("/admin/studies/my-study/personas/texts") == 2
+    assert limits.limit_for("/admin/studies/my-study/personas/texts/") == 2
+    assert limits.limit_for("/admin/studies/my-study/personas/shares") == 1
+    assert limits.limit_for("/admin/studies/a/b/personas/texts") == 1
+    status, _h, _b, _sent = _stream_chunked(
+        server, "/admin/studies/x/personas/texts", 4 * CHUNK, MULTIPART, FILE_PART
+    )
+    assert status in (400, 401, 403)
+
+
 def test_small_body_reaches_the_app(server: LiveServer) -> None:
     import httpx
 
