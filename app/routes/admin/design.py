@@ -53,10 +53,14 @@ def _study_form(
     page: PageDep, study: Study, session: Session, change: Callable[[], str]
 ) -> Response:
     """Run a designer change: on success redirect to the study page with the notice
-    ``change`` returns; on a user error re-render the study page with the error (422)."""
+    ``change`` returns; on a user error re-render the study page with the error (422),
+    showing what is stored (a change half-applied to the loaded rows is rolled back and
+    the rows reloaded)."""
     try:
         notice = change()
     except Exception as exc:
+        session.rollback()
+        session.expire_all()
         return _study_page(page, study, session, error=user_error_message(exc), status=422)
     return page.redirect("admin_study", slug=study.slug, query={"notice": notice})
 

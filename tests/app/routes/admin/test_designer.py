@@ -355,6 +355,13 @@ def test_item_edit_in_place_answers_with_the_row_only(
         data={"missing": "A", "role": "target", "csrf_token": csrf(dclient)},
     )
     assert r.status_code == 422 and "at least two options must remain" in r.text
+    # a plain (not htmx) post refused: the page shows the stored item, not the edit
+    r = dclient.post(
+        f"{base}/items/{q1.id}",
+        data={"question": "CHANGED WORDING", "role": "bogus", "csrf_token": csrf(dclient)},
+    )
+    assert r.status_code == 422 and "CHANGED WORDING" not in r.text
+    assert "How satisfied are you?" in r.text
     # delete in place: an empty answer removes the row
     q3 = db.exec(select(Item).where(Item.key == "q3")).one()
     r = dclient.post(
