@@ -26,10 +26,12 @@ from sqlalchemy import (
     JSON,
     CheckConstraint,
     DateTime,
+    Index,
     LargeBinary,
     Text,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlmodel import Field, SQLModel
 
@@ -343,11 +345,25 @@ class FittedModel(SQLModel, table=True):
     n_validation: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
+ACTIVE_FIT_WHERE = "kind = 'fit_model' AND status IN ('queued', 'running')"
+"""The rows of :class:`Job` that the index ``uq_job_one_active_fit`` keeps unique per study."""
+
+
 class Job(SQLModel, table=True):
     """A long-running task (fit, persona generation, GNN training, simulation, ...)."""
 
     __tablename__ = "job"
-    __table_args__ = (_in("status", JobStatus),)
+    __table_args__ = (
+        _in("status", JobStatus),
+        # one queued or running fit per study (migration 0012)
+        Index(
+            "uq_job_one_active_fit",
+            "study_id",
+            unique=True,
+            sqlite_where=text(ACTIVE_FIT_WHERE),
+            postgresql_where=text(ACTIVE_FIT_WHERE),
+        ),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     kind: str = Field(max_length=64)

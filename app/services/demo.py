@@ -31,8 +31,7 @@ from sqlmodel import Session, select
 
 from app.services.belief import active_model_ref, ensure_fitted_model, try_ensure_fixed_order
 from app.services.importer import slugify
-from app.services.jobs import start_job
-from app.services.learning import FIT_JOB, active_fit_job, failed_fit_job
+from app.services.learning import active_fit_job, failed_fit_job, queue_refit
 from app.settings import Settings
 from app.tables import FittedModel, Item, ItemRole, Study, StudyStatus
 
@@ -138,7 +137,8 @@ def queue_demo_preparation(
         log(f"demo survey: {survey} (its model is being fitted by job {running.id})")
         return DemoPreparation(study.slug, "fitting", running.id)
     targets, _ = open_for_fielding(study, session=session)
-    job = start_job(FIT_JOB, study, researcher=None, settings=settings, session=session)
+    job, _ = queue_refit(study, researcher=None, settings=settings, session=session,
+                         reason="first model")  # fmt: skip
     log(
         f"demo survey: {survey} (targets: {', '.join(targets) or 'none'}); its model is "
         f"fitted by job {job.id} in the background, the survey says 'preparing' until then"
@@ -172,6 +172,6 @@ def survey_readiness(
         return "fit_failed"
     if queue_fit is None:
         return "no_model"
-    start_job(FIT_JOB, study, payload={"reason": "first model"}, researcher=None,
-              settings=queue_fit, session=session)  # fmt: skip
+    queue_refit(study, researcher=None, settings=queue_fit, session=session,
+                reason="first model")  # fmt: skip
     return "preparing"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.errors import ConflictError, NotFoundError
@@ -32,7 +33,13 @@ def start_job(
     settings: Settings,
     session: Session,
 ) -> Job:
-    """Create a queued job of ``kind`` for ``study`` and put it on the queue."""
+    """Create a queued job of ``kind`` for ``study`` and put it on the queue.
+
+    Raises:
+        JobAlreadyActiveError: a ``fit_model`` job while the study has one queued or
+            running (the database refuses a second: index ``uq_job_one_active_fit``);
+            ``.job`` is that job.
+    """
     check_kind(kind)  # unknown kind: InvalidInputError before anything is written
     job = Job(
         kind=kind,
@@ -42,10 +49,29 @@ def start_job(
         message="queued",
     )
     session.add(job)
-    session.commit()
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        active = session.exec(
+            select(Job)
+            .where(Job.study_id == study.id, Job.kind == kind, col(Job.status).in_(ACTIVE))
+            .order_by(col(Job.id).desc())
+        ).first()
+        if active is None:
+            raise
+        raise JobAlreadyActiveError(active) from None
     session.refresh(job)
     get_queue(settings).enqueue(job.id or 0)
     return job
+
+
+class JobAlreadyActiveError(ConflictError):
+    """The study already has a queued or running job of this kind (``job``)."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"job {job.id} ({job.kind}) is already {job.status} for this study")
+        self.job = job
 
 
 def study_jobs(study: Study, *, session: Session, limit: int = 50) -> list[Job]:

@@ -45,7 +45,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import ConflictError
 from app.schemas import StudySettings
-from app.services.jobs import ACTIVE, start_job
+from app.services.jobs import ACTIVE, JobAlreadyActiveError, start_job
 from app.settings import Settings, get_settings
 from app.tables import (
     Answer,
@@ -409,10 +409,13 @@ def queue_refit(
     running = active_fit_job(study.id, session=session)
     if running is not None:
         return running, False
-    job = start_job(
-        FIT_JOB, study, payload={"reason": reason}, researcher=researcher, settings=settings,
-        session=session,
-    )  # fmt: skip
+    try:
+        job = start_job(
+            FIT_JOB, study, payload={"reason": reason}, researcher=researcher,
+            settings=settings, session=session,
+        )  # fmt: skip
+    except JobAlreadyActiveError as exc:  # queued by another request since the check
+        return exc.job, False
     return job, True
 
 

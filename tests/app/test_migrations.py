@@ -74,3 +74,42 @@ def test_every_foreign_key_is_indexed(migrated_db_url: str) -> None:
                 assert col in leading, f"{table}.{col[0]} has no index"
     finally:
         eng.dispose()
+
+
+def test_0012_keeps_the_newest_active_fit_of_a_study(db_url: str) -> None:
+    """Before the one-active-fit index, a study could hold two queued fits: the migration
+    cancels all but the newest (and leaves other kinds and finished jobs alone)."""
+    from sqlalchemy import text
+
+    upgrade(db_url, "0011")
+    eng = create_engine(db_url, poolclass=NullPool)
+    rows = [  # (kind, status): study_id NULL (a deleted study's jobs) keeps the FK out
+        ("fit_model", "queued"),
+        ("fit_model", "running"),
+        ("fit_model", "failed"),
+        ("simulation", "queued"),
+        ("simulation", "queued"),
+    ]
+    try:
+        with eng.begin() as conn:
+            for kind, status in rows:
+                conn.execute(
+                    text(
+                        "INSERT INTO job (kind, status, progress, message, payload, attempts, "
+                        "created_at, cancel_requested) VALUES (:k, :s, 0, '', '{}', 0, "
+                        "CURRENT_TIMESTAMP, false)"
+                    ),
+                    {"k": kind, "s": status},
+                )
+        upgrade(db_url)
+        with eng.connect() as conn:
+            got = conn.execute(text("SELECT kind, status FROM job ORDER BY id")).all()
+    finally:
+        eng.dispose()
+    assert [tuple(r) for r in got] == [
+        ("fit_model", "cancelled"),
+        ("fit_model", "running"),
+        ("fit_model", "failed"),
+        ("simulation", "queued"),
+        ("simulation", "queued"),
+    ]

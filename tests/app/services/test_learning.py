@@ -286,6 +286,44 @@ def test_a_failed_first_fit_is_reported_and_not_queued_again(
         svc.start_session(ces_study, engine=engine)
 
 
+def test_one_fit_job_per_study_at_a_time_even_when_clicks_race(
+    engine: Engine, db: Session, ces_study: Study, settings: Settings
+) -> None:
+    """The database keeps one queued or running fit per study: a second insert is refused
+    (index ``uq_job_one_active_fit``) and :func:`start_job` names the first; four
+    simultaneous "Refit now" queue one job, and each click gets it."""
+    import threading
+
+    from app.services.jobs import JobAlreadyActiveError, start_job
+
+    first = start_job("fit_model", ces_study, researcher=None, settings=settings, session=db)
+    with pytest.raises(JobAlreadyActiveError) as raised:  # the check of queue_refit bypassed
+        start_job("fit_model", ces_study, researcher=None, settings=settings, session=db)
+    assert raised.value.job.id == first.id
+    first.status = "failed"
+    db.add(first)
+    db.commit()
+    barrier = threading.Barrier(4)
+    got: list[tuple[int | None, bool]] = []
+
+    def click() -> None:
+        with Session(engine) as s:
+            study = s.get(Study, ces_study.id)
+            assert study is not None
+            barrier.wait()
+            job, queued = queue_refit(study, researcher=None, settings=settings, session=s)
+            got.append((job.id, queued))
+
+    threads = [threading.Thread(target=click) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    active = db.exec(select(Job).where(Job.kind == "fit_model", Job.status == "queued")).all()
+    assert len(active) == 1 and {job_id for job_id, _ in got} == {active[0].id}
+    assert sorted(queued for _, queued in got) == [False, False, False, True]
+
+
 def test_a_cape_fit_is_identified_by_its_training_data(db: Session, ces_study: Study) -> None:
     """A CAPE fit (whose fitter sets no training hash) is stored with the hash of its family
     and training data, so the per-process model cache and the fixed-order keys never take
