@@ -362,26 +362,42 @@ def criteria_for(belief_model: str) -> list[str]:
 def parse_options(text: str) -> list[list[str]]:
     """Options from text, one per line: ``A: Strongly agree`` (or just the label).
 
-    Lines without a letter get ``A``, ``B``, ... in order. At least two options; letters
-    unique, 1-32 letters or digits.
+    Lines are read as ``LETTER: label`` only when every line is (a letter code of 1-32
+    letters or digits, a colon, a label that does not start with a digit right after the
+    colon); otherwise every line is a label and the options get ``A``, ``B``, ... in order,
+    so ``Other: please specify`` among plain labels, or ``10:30 am``, stays a label. At
+    least two options; letters unique.
+
+    Example: ``parse_options("Yes\nNo\nOther: please specify")`` gives
+    ``[["A", "Yes"], ["B", "No"], ["C", "Other: please specify"]]``.
     """
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if len(lines) < 2:
         raise InvalidInputError("an item needs at least two options, one per line")
+    coded = [_coded_option(line) for line in lines]
     options: list[list[str]] = []
-    for k, line in enumerate(lines):
-        letter, sep, label = line.partition(":")
-        if sep and _LETTER.match(letter.strip()) and label.strip():
-            options.append([letter.strip(), label.strip()])
-        else:
-            if k >= 26:
-                raise InvalidInputError("more than 26 options: write 'LETTER: label' lines")
-            options.append([chr(ord("A") + k), line])
+    if all(c is not None for c in coded):
+        options = [list(c) for c in coded if c is not None]
+    else:
+        if len(lines) > 26:
+            raise InvalidInputError("more than 26 options: write 'LETTER: label' lines")
+        options = [[chr(ord("A") + k), line] for k, line in enumerate(lines)]
     letters = [o[0] for o in options]
     dup = sorted({x for x in letters if letters.count(x) > 1})
     if dup:
         raise InvalidInputError(f"option letters used twice: {', '.join(dup)}")
     return options
+
+
+def _coded_option(line: str) -> tuple[str, str] | None:
+    """``(letter, label)`` of a ``LETTER: label`` line, else ``None``."""
+    letter, sep, label = line.partition(":")
+    letter, rest = letter.strip(), label.strip()
+    if not sep or not _LETTER.match(letter) or not rest:
+        return None
+    if label[:1].isdigit():  # "10:30 am" is a time, not option 10
+        return None
+    return letter, rest
 
 
 def _check_role(role: str) -> str:

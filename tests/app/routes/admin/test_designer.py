@@ -568,3 +568,22 @@ def test_kept_uploads_belong_to_their_researcher_and_expire(
         designer.preview_upload(bad, {"name": "Broken"}, owner=alice, root=root)
     assert str(root) not in str(err.value)
     assert list(root.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("A: Strongly agree\nB: Agree", [["A", "Strongly agree"], ["B", "Agree"]]),
+        ("Y:Yes\nN:No", [["Y", "Yes"], ["N", "No"]]),
+        ("A: Other: please specify\nB: No", [["A", "Other: please specify"], ["B", "No"]]),
+        (  # a colon in one label among plain labels is part of the label
+            "Yes\nNo\nOther: please specify",
+            [["A", "Yes"], ["B", "No"], ["C", "Other: please specify"]],
+        ),
+        ("10:30 am\n11:30 am", [["A", "10:30 am"], ["B", "11:30 am"]]),
+    ],
+)
+def test_option_lines_are_coded_only_when_every_line_is(text: str, want: list) -> None:
+    from app.services.designer import parse_options
+
+    assert parse_options(text) == want
