@@ -20,6 +20,7 @@ import inspect
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import auth
 from app.errors import PriorlyError, validation_message
@@ -102,6 +103,20 @@ def install(app: FastAPI) -> None:
             status_code=422,
         )
 
+    previous_http = app.exception_handlers.get(StarletteHTTPException)
+
+    async def admin_http(request: Request, exc: Exception) -> Response:
+        """``GET`` of an address only a form posts to (a reload after a refused form, e.g.
+        ``/admin/studies/x/settings``): 303 to the page it belongs to."""
+        assert isinstance(exc, StarletteHTTPException)
+        path = request.url.path.rstrip("/")
+        if exc.status_code == 405 and request.method == "GET" and path.startswith("/admin/"):
+            return RedirectResponse(path.rsplit("/", 1)[0] or "/admin", status_code=303)
+        assert previous_http is not None  # FastAPI installs one
+        result = previous_http(request, exc)
+        return await result if inspect.isawaitable(result) else result
+
+    app.add_exception_handler(StarletteHTTPException, admin_http)
     app.add_exception_handler(auth.LoginRequired, login_required)
     app.add_exception_handler(PriorlyError, admin_error)
     app.add_exception_handler(RequestValidationError, admin_invalid)

@@ -34,10 +34,18 @@ def render(
     status: int = 200,
 ) -> Response:
     """Template ``name`` (or only its ``block``) with ``context``, the logged-in researcher
-    and the CSRF token."""
+    and the CSRF token. A refused form (``status >= 400`` on a request whose form was read
+    by :data:`FormDep`) also passes what was typed, ``posted`` (its text fields) and
+    ``posted_to`` (the last segment of the path it was posted to), so that the page shows
+    the typed values again (the template global ``kept``, :mod:`app.templating`)."""
+    form = getattr(request.state, "form", None) if status >= 400 else None
     ctx = {
         "researcher": getattr(request.state, "researcher", None),
         "csrf_token": auth.csrf_token(request),
+        "posted": {k: v for k, v in form.multi_items() if isinstance(v, str) and k != "csrf_token"}
+        if form is not None
+        else None,
+        "posted_to": request.url.path.rstrip("/").rsplit("/", 1)[-1],
         **context,
     }
     if block is not None:
@@ -193,8 +201,11 @@ class FormFields:
 
 
 async def read_form(request: Request) -> FormFields:
-    """Dependency: the request's form (parsed once; the CSRF check reads the same)."""
-    return FormFields(await request.form())
+    """Dependency: the request's form (parsed once; the CSRF check reads the same; kept on
+    ``request.state.form`` for :func:`render` to show a refused form's values again)."""
+    form = await request.form()
+    request.state.form = form
+    return FormFields(form)
 
 
 FormDep = Annotated[FormFields, Depends(read_form)]

@@ -87,6 +87,23 @@ def test_bad_input_is_422_naming_the_place_and_stores_nothing(
     assert _personas(db) == [] and db.exec(select(Job)).all() == []
 
 
+def test_a_refused_form_shows_what_was_typed(ac: TestClient) -> None:
+    """The shares and the persona texts typed into a refused form are in the page again
+    (only in the form that was posted); a reload of the form's address goes to the page."""
+    r = ac.post(BASE + "/personas/shares",
+                data={"share:age:A": "0.3", "share:age:B": "0.31", "csrf_token": csrf(ac)})  # fmt: skip
+    assert r.status_code == 422
+    assert 'name="share:age:A" value="0.3"' in r.text and 'value="0.31"' in r.text
+    assert '<textarea id="persona-texts" name="texts" rows="5" cols="80"></textarea>' in r.text
+    typed = 'A nurse\n{"text": "A <b>pilot</b>"}'
+    r = ac.post(BASE + "/personas/texts", data={"texts": typed, "csrf_token": csrf(ac)})
+    assert r.status_code == 422
+    assert "A nurse\n{&#34;text&#34;: &#34;A &lt;b&gt;pilot&lt;/b&gt;&#34;}</textarea>" in r.text
+    assert 'name="share:age:A" value=""' in r.text
+    r = ac.get(BASE + "/personas/texts", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == BASE + "/personas"
+
+
 def test_sources_add_personas_and_a_cancelled_job_offers_resume(
     ac: TestClient, db: Session, study: Study
 ) -> None:
