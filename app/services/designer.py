@@ -322,9 +322,13 @@ STOPPING_HELP: dict[str, str] = {
 
 
 def describe_fit(family: str, metrics: dict[str, Any] | None) -> str:
-    """A fitted model in words, e.g. ``"latent classes, 516 classes, validation
-    log-likelihood -12.31 per respondent"`` (what the jobs and designer pages show)."""
+    """A fitted model in words, e.g. ``"latent classes, 516 classes, log-likelihood -12.31
+    per selection respondent"`` (what the jobs and designer pages show; the selection
+    respondents chose the number of classes; the held-out log loss that promotion compares
+    is in the model versions table)."""
     m = metrics or {}
+    if m.get("prior") == "uniform":
+        return "uniform prior (no respondents, no persona distributions)"
     if m.get("model") == "latent_class":
         parts = ["latent classes"]
     else:
@@ -332,7 +336,7 @@ def describe_fit(family: str, metrics: dict[str, Any] | None) -> str:
     if isinstance(m.get("n_classes"), int):
         parts.append(f"{m['n_classes']:,} classes")
     if isinstance(m.get("val_log_lik"), (int, float)):
-        parts.append(f"validation log-likelihood {m['val_log_lik']:.2f} per respondent")
+        parts.append(f"log-likelihood {m['val_log_lik']:.2f} per selection respondent")
     chosen = [r for r in m.get("model_choice") or [] if isinstance(r, dict) and r.get("chosen")]
     if chosen and isinstance(chosen[0].get("mean_log_loss"), (int, float)):
         parts.append(

@@ -45,6 +45,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import ConflictError
 from app.schemas import StudySettings
+from app.services.designer import FAMILY_LABELS
 from app.services.jobs import ACTIVE, JobAlreadyActiveError, start_job
 from app.settings import Settings, get_settings
 from app.tables import (
@@ -322,7 +323,11 @@ class ModelVersion:
 
 def _family_label(family: str, metrics: dict[str, Any] | None) -> str:
     m = metrics or {}
-    parts = ["latent classes" if m.get("model") == "latent_class" else family]
+    if m.get("prior") == "uniform":
+        return "uniform prior"
+    parts = [
+        "latent classes" if m.get("model") == "latent_class" else FAMILY_LABELS.get(family, family)
+    ]
     if isinstance(m.get("n_classes"), int):
         parts.append(f"{m['n_classes']:,} classes")
     chosen = [r for r in m.get("model_choice") or [] if isinstance(r, dict) and r.get("chosen")]

@@ -408,4 +408,5 @@ def test_fit_job_shows_progress_and_a_readable_result(
     final = _job(engine, job_id)
     summary = job_row(final)["summary"]
     assert summary is not None and summary.startswith("latent classes, ")
-    assert " classes, validation log-likelihood " in summary and "hash" not in summary
+    assert " classes, log-likelihood " in summary and "per selection respondent" in summary
+    assert "hash" not in summary
