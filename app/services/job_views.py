@@ -63,13 +63,14 @@ def result_summary(job: Job) -> str | None:
 
 def jobs_overview(study: Study, *, session: Session) -> dict[str, Any]:
     """The jobs page: ``study``, its newest ``jobs`` as rows, the ``kinds`` that can be
-    started (``(name, label)``), and the study's persona dictionary (``personas``, the
+    started here (``(name, label)``; persona generation is started from the Personas page,
+    where the backend is chosen), and the study's persona dictionary (``personas``, the
     first :data:`PERSONAS_SHOWN`; ``n_personas``, all)."""
     personas, n_personas = study_personas(study, session=session, limit=PERSONAS_SHOWN)
     return {
         "study": study,
         "jobs": [job_row(j) for j in jobs.study_jobs(study, session=session)],
-        "kinds": [(k, LABELS[k]) for k in kind_names()],
+        "kinds": [(k, LABELS[k]) for k in kind_names() if k != "persona_generation"],
         "personas": personas,
         "n_personas": n_personas,
     }
