@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.deps import SessionDep, TemplatesDep
 from app.services.survey_links import open_surveys
@@ -16,3 +16,9 @@ def home(request: Request, session: SessionDep, templates: TemplatesDep) -> Resp
     """The public home page: the open surveys' titles with their links, nothing else."""
     surveys = open_surveys(session=session)
     return templates.TemplateResponse(request, "pages/home.html", {"surveys": surveys})
+
+
+@router.get("/favicon.ico", include_in_schema=False)
+def favicon() -> Response:
+    """Browsers ask for ``/favicon.ico`` before reading a page's icon link."""
+    return RedirectResponse("/static/img/favicon.svg", status_code=301)

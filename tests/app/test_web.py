@@ -85,3 +85,11 @@ def test_home_empty(migrated_sqlite_url: str, small_dataset_factory) -> None:  #
         r = client.get("/")
     assert r.status_code == 200 and "There is no open survey here" in r.text
     assert "CES draft" not in r.text
+
+
+def test_the_icon_is_served(migrated_sqlite_url: str) -> None:
+    with TestClient(create_app(Settings(database_url=migrated_sqlite_url))) as client:
+        home = client.get("/")
+        ico = client.get("/favicon.ico")
+    assert 'rel="icon" href="http://testserver/static/img/favicon.svg"' in home.text
+    assert ico.status_code == 200 and ico.headers["content-type"].startswith("image/svg+xml")
