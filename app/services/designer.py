@@ -390,7 +390,43 @@ def parse_options(text: str) -> list[list[str]]:
     dup = sorted({x for x in letters if letters.count(x) > 1})
     if dup:
         raise InvalidInputError(f"option letters used twice: {', '.join(dup)}")
+    labels = [o[1].casefold() for o in options]
+    twice = [o[1] for k, o in enumerate(options) if labels.index(labels[k]) < k]
+    if twice:
+        raise InvalidInputError(f"option label used twice: {twice[0]!r}")
+    if len(options) > MAX_OPTIONS:
+        raise InvalidInputError(f"{len(options)} options: at most {MAX_OPTIONS}")
+    long = next((o[1] for o in options if len(o[1]) > MAX_LABEL_LEN), None)
+    if long is not None:
+        raise InvalidInputError(
+            f"option label of {len(long):,} characters: at most {MAX_LABEL_LEN} ({long[:40]!r}…)"
+        )
     return options
+
+
+MAX_OPTIONS = 100
+"""The most options of one item in the designer."""
+MAX_LABEL_LEN = 500
+"""The longest option label (characters) in the designer."""
+MAX_QUESTION_LEN = 5000
+"""The longest question text (characters) in the designer."""
+MAX_TOPIC_LEN = 200
+"""The longest topic (characters)."""
+
+
+def _checked_texts(question: str, topic: str) -> tuple[str, str | None]:
+    """``(question, topic or None)`` stripped, within :data:`MAX_QUESTION_LEN` and
+    :data:`MAX_TOPIC_LEN` (InvalidInputError naming which)."""
+    question, topic = question.strip(), topic.strip()
+    if not question:
+        raise InvalidInputError("the question text is empty")
+    if len(question) > MAX_QUESTION_LEN:
+        raise InvalidInputError(
+            f"question: {len(question):,} characters, at most {MAX_QUESTION_LEN:,}"
+        )
+    if len(topic) > MAX_TOPIC_LEN:
+        raise InvalidInputError(f"topic: {len(topic):,} characters, at most {MAX_TOPIC_LEN}")
+    return question, topic or None
 
 
 def _coded_option(line: str) -> tuple[str, str] | None:
@@ -425,18 +461,17 @@ def add_item(
     key = key.strip()
     if not re.match(r"^[A-Za-z0-9_.\-]{1,200}$", key):
         raise InvalidInputError("the item key must be 1-200 letters, digits, '_', '.' or '-'")
-    if not question.strip():
-        raise InvalidInputError("the question text is empty")
+    question, topic_or_none = _checked_texts(question, topic)
     items = study_items(study, session=session)
     if any(it.key == key for it in items):
         raise ConflictError(f"the study already has an item {key!r}")
     item = Item(
         study_id=study.id or 0,
         key=key,
-        question=question.strip(),
+        question=question,
         options=parse_options(options_text),
         role=_check_role(role),
-        topic=topic.strip()[:200] or None,
+        topic=topic_or_none,
         position=max((it.position for it in items), default=-1) + 1,
         is_preference_criterion=is_preference_criterion,
     )
@@ -473,8 +508,8 @@ def update_item(
     as missing (the fit treats letters that are no option as missing). Option letters may
     be removed only while no live answer refers to them.
     """
-    if not question.strip():
-        raise InvalidInputError("the question text is empty")
+    question, topic_or_none = _checked_texts(question, topic)
+    role = _check_role(role)  # every check before the item is changed
     options = parse_options(options_text)
     drop = {m.strip() for m in missing if m.strip()}
     unknown = sorted(drop - {o[0] for o in options})
@@ -491,10 +526,10 @@ def update_item(
             raise ConflictError(
                 "respondents have answered this study: option letters cannot be removed"
             )
-    item.question = question.strip()
+    item.question = question
     item.options = options
-    item.role = _check_role(role)
-    item.topic = topic.strip()[:200] or None
+    item.role = role
+    item.topic = topic_or_none
     item.is_preference_criterion = is_preference_criterion
     session.add(item)
     session.commit()

@@ -256,10 +256,10 @@ def text_personas(raw: str, *, filename: str | None = None) -> list[Persona]:
     first = next((line.strip() for line in raw.splitlines() if line.strip()), "")
     if not first:
         raise InvalidInputError(f"{name}: no persona texts (the input is empty)")
-    if lower.endswith(".jsonl") or (first.startswith("{") and not lower.endswith(".txt")):
-        kind = ".jsonl"
-    elif lower.endswith(".json"):
+    if lower.endswith(".json"):
         kind = ".json"
+    elif lower.endswith(".jsonl") or (first.startswith("{") and not lower.endswith(".txt")):
+        kind = ".jsonl"
     else:
         kind = ".txt"
     if kind == ".txt":

@@ -127,6 +127,8 @@ def test_persona_keys_stay_unique_across_uploads_and_formats_do_not_mix(
     with pytest.raises(InvalidInputError, match="persona texts line 2: a JSON object, but"):
         ps.add_text_personas(tiny, mixed, session=db)
     assert ps.add_text_personas(tiny, "A {braced} word\n{not json", session=db) == 2
+    with pytest.raises(InvalidInputError, match="p.json: expected a JSON list of personas"):
+        ps.add_text_personas(tiny, '{"text": "A diver"}', filename="p.json", session=db)
 
 
 def test_persona_texts_lines_and_jsonl_errors(db: Session, tiny: Study) -> None:

@@ -594,3 +594,39 @@ def test_option_lines_are_coded_only_when_every_line_is(text: str, want: list) -
     from app.services.designer import parse_options
 
     assert parse_options(text) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("Yes\nyes", "option label used twice: 'yes'"),
+        ("\n".join(f"o{k}" for k in range(101)), "more than 26 options"),
+        ("\n".join(f"X{k}: o{k}" for k in range(101)), "101 options: at most 100"),
+        ("A: " + "x" * 501 + "\nB: no", "option label of 501 characters: at most 500"),
+    ],
+)
+def test_bad_option_lists_are_refused(text: str, message: str) -> None:
+    from app.errors import InvalidInputError
+    from app.services.designer import parse_options
+
+    with pytest.raises(InvalidInputError, match=message):
+        parse_options(text)
+
+
+def test_item_texts_have_limits_and_nothing_is_cut(db: Session, alice: Researcher) -> None:
+    from app.errors import InvalidInputError
+    from app.services.designer import add_item, create_study
+
+    study = create_study("Limits", owner=alice, session=db)
+    for kwargs, message in (
+        ({"topic": "t" * 201}, "topic: 201 characters, at most 200"),
+        ({"question": "q" * 5001}, "question: 5,001 characters, at most 5,000"),
+        ({"question": "   "}, "the question text is empty"),
+    ):
+        args = {"key": "k", "question": "Q?", "options_text": "A\nB", "role": "question",
+                **kwargs}  # fmt: skip
+        with pytest.raises(InvalidInputError, match=message):
+            add_item(study, session=db, **args)
+    item = add_item(study, session=db, key="k", question=" Q? ", options_text="A\nB",
+                    role="question", topic="t" * 200)  # fmt: skip
+    assert (item.question, item.topic) == ("Q?", "t" * 200)
