@@ -10,6 +10,7 @@ error messages are shown before anything is written.
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import secrets
@@ -670,7 +671,10 @@ def _manifest_from_fields(responses: bytes, fields: dict[str, str]) -> dict[str,
         header = responses.decode("utf-8-sig").splitlines()[0]
     except (UnicodeDecodeError, IndexError):
         raise DatasetError(RESPONSES_FILE, "not UTF-8 text with a header line") from None
-    columns = [c.strip() for c in header.split(",")]
+    columns = [c.strip() for c in next(csv.reader([header]), [])]
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:
+        raise DatasetError(RESPONSES_FILE, f"the header repeats the column {twice[0]!r}")
     id_column = fields.get("id_column", "").strip() or columns[0]
     demographics = [c.strip() for c in fields.get("attributes", "").split(",") if c.strip()]
     name = fields.get("name", "").strip() or "uploaded"

@@ -283,6 +283,19 @@ def test_upload_preview_errors_inline_and_import(
     r = dclient.post("/admin/import/upload", data={**fields, "action": "import"}, files=files)
     assert r.status_code == 422 and "codebook.jsonl" in r.text and 'class="error"' in r.text
     assert db.exec(select(Study)).all() == []
+    # a header that repeats a column is blamed on responses.csv (no dataset.json uploaded)
+    lines = (folder / "responses.csv").read_text(encoding="utf-8").splitlines()
+    header = lines[0].split(",")
+    dup = (
+        ",".join([*header, header[2]])
+        + "\n"
+        + "\n".join(f"{row},{row.split(',')[2]}" for row in lines[1:])
+    )
+    files = _files(folder, "codebook.jsonl")
+    files["responses.csv"] = ("responses.csv", dup.encode(), "text/csv")
+    r = dclient.post("/admin/import/upload", data={**fields, "action": "preview"}, files=files)
+    assert r.status_code == 422
+    assert f"responses.csv: the header repeats the column &#39;{header[2]}&#39;" in r.text
     # import for real
     r = dclient.post(
         "/admin/import/upload",
