@@ -9,6 +9,7 @@ job's result in words (:func:`result_summary`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlmodel import Session
@@ -39,6 +40,47 @@ def job_row(job: Job) -> dict[str, Any]:
     }
 
 
+def _persona_words(r: dict[str, Any]) -> str:
+    flagged = int(r.get("flagged") or 0)
+    return (
+        f"{int(r['computed']):,} persona × question pairs scored "
+        f"({int(r['personas']):,} personas × {int(r['questions']):,} questions; "
+        f"{int(r['already_stored']):,} were already stored) at "
+        f"{float(r['pairs_per_second']):.1f} pairs per second with {r['model']}"
+        + (
+            f"; {flagged:,} flagged: the model put little probability on the answer "
+            "letters, so its distribution says little"
+            if flagged
+            else ""
+        )
+    )
+
+
+FIXED_ORDER_WORDS = {
+    "computed": "the fixed question order was computed",
+    "stored": "the fixed question order was already stored",
+    "not_needed": "not needed: the study's criterion does not use a fixed order",
+    "not_applicable": "nothing to compute: the study has no fitted model, or no question "
+    "or target items",
+    "failed": "the fixed order could not be computed",
+}
+"""What a ``fixed_order`` job's ``status`` means (:class:`app.services.belief.FixedOrderResult`)."""
+
+
+def _fixed_order_words(r: dict[str, Any]) -> str:
+    words = FIXED_ORDER_WORDS[str(r["status"])]
+    if r.get("cpu_seconds") is not None:
+        words += f" in {float(r['cpu_seconds']):.1f} s of CPU"
+    return words + (f": {r['message']}" if r.get("message") else "")
+
+
+RESULT_WORDS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "persona_generation": _persona_words,
+    "fixed_order": _fixed_order_words,
+}
+"""A succeeded job's result in words, per kind (others: their fields)."""
+
+
 def result_summary(job: Job) -> str | None:
     """A succeeded job's result in words: a fitted model by its family, size and validation
     score (:func:`app.services.designer.describe_fit`); other kinds: their result fields
@@ -51,6 +93,11 @@ def result_summary(job: Job) -> str | None:
             result.get("summary")
             or describe_fit(str(result.get("family", "")), result.get("metrics"))
         )
+    if job.kind in RESULT_WORDS:
+        try:
+            return RESULT_WORDS[job.kind](result)
+        except (KeyError, TypeError, ValueError):  # a result of an older shape
+            pass
     shown = {
         k: v
         for k, v in result.items()

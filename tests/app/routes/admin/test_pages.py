@@ -95,3 +95,24 @@ def test_bad_simulation_options_are_refused_before_a_job_is_queued(
         r = client.post(url, data={"kind": "simulation", field: value, "csrf_token": csrf(client)})
         assert r.status_code == 422 and message in r.text, (field, value, r.text[:300])
     assert db.exec(select(Job).where(Job.study_id == ces_study.id)).all() == []
+
+
+def test_job_results_in_words() -> None:
+    from app.services.job_views import result_summary
+
+    persona = Job(kind="persona_generation", status="succeeded", result={
+        "personas": 4, "questions": 2, "total_pairs": 8, "already_stored": 0, "computed": 8,
+        "flagged": 1, "pairs_per_second": 155.421, "model": "SmolLM2-135M-Instruct",
+        "template_version": "v1-e8ba8e4a111b"})  # fmt: skip
+    assert result_summary(persona) == (
+        "8 persona × question pairs scored (4 personas × 2 questions; 0 were already stored) "
+        "at 155.4 pairs per second with SmolLM2-135M-Instruct; 1 flagged: the model put "
+        "little probability on the answer letters, so its distribution says little"
+    )
+    order = Job(kind="fixed_order", status="succeeded",
+                result={"status": "not_applicable", "key": None, "cpu_seconds": None})  # fmt: skip
+    assert result_summary(order) == (
+        "nothing to compute: the study has no fitted model, or no question or target items"
+    )
+    order.result = {"status": "computed", "key": "k", "cpu_seconds": 12.34}
+    assert result_summary(order) == "the fixed question order was computed in 12.3 s of CPU"
