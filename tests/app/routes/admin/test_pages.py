@@ -64,6 +64,12 @@ def test_simulation_result_page_and_plot(
     page = client.get(f"/admin/studies/{ces_study.slug}/simulation")
     assert page.status_code == 200 and 'id="simulation-plot"' in page.text
     assert "How many questions do you need?" in page.text
+    import re
+
+    rows = re.findall(r"<tr><td>(\w+) <span class=\"muted\">accuracy</span></td>(.*?)</tr>",
+                      page.text)  # fmt: skip
+    assert {name for name, _ in rows} >= {"random", "full"}
+    assert all(cells.count("<td") == 3 for _, cells in rows)  # 0..2 questions, every row
     svg = client.get(f"/admin/studies/{ces_study.slug}/jobs/{job.id}/plot.svg")
     assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml")
     assert svg.text.lstrip().startswith("<?xml") and "</svg>" in svg.text
