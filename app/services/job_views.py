@@ -141,16 +141,19 @@ def persona_overview(
 
 def kind_overview(study: Study, kind: str, *, session: Session) -> dict[str, Any]:
     """A page about one job kind: ``study``, its queued or running jobs of ``kind`` among
-    the newest 20 (``pending``, as rows), the newest succeeded one (``latest``) and the
-    study's validated ``settings``."""
+    the newest 20 (``pending``, as rows), the newest succeeded one (``latest``), the
+    newest failed one when it came after that (``failed``, as a row: why the last run
+    gave nothing) and the study's validated ``settings``."""
+    newest = [j for j in jobs.study_jobs(study, session=session, limit=20) if j.kind == kind]
+    latest = jobs.latest_result(study, kind, session=session)
+    failed = next((j for j in newest if j.status == JobStatus.failed.value), None)
+    if failed is not None and latest is not None and (latest.id or 0) > (failed.id or 0):
+        failed = None
     return {
         "study": study,
-        "pending": [
-            job_row(j)
-            for j in jobs.study_jobs(study, session=session, limit=20)
-            if j.kind == kind and j.status in jobs.ACTIVE
-        ],
-        "latest": jobs.latest_result(study, kind, session=session),
+        "pending": [job_row(j) for j in newest if j.status in jobs.ACTIVE],
+        "latest": latest,
+        "failed": job_row(failed) if failed is not None else None,
         "settings": StudySettings.model_validate(study.settings or {}),
     }
 

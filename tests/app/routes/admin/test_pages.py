@@ -122,3 +122,16 @@ def test_job_results_in_words() -> None:
     )
     order.result = {"status": "computed", "key": "k", "cpu_seconds": 12.34}
     assert result_summary(order) == "the fixed question order was computed in 12.3 s of CPU"
+
+
+def test_the_simulation_page_says_why_the_last_run_failed(
+    client: TestClient, ces_study: Study, db: Session
+) -> None:
+    job = Job(kind="simulation", study_id=ces_study.id, payload={}, status="failed",
+              error="the study has too few imported respondents to simulate")  # fmt: skip
+    db.add(job)
+    db.commit()
+    login(client, "alice@example.org")
+    page = client.get(f"/admin/studies/{ces_study.slug}/simulation")
+    assert page.status_code == 200 and "Last run failed" in page.text
+    assert "too few imported respondents" in page.text and "No simulation yet" not in page.text
