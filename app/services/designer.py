@@ -28,7 +28,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import ConflictError, InvalidInputError, NotFoundError
 from app.schemas import StudySettings
-from app.services.importer import ImportResult, import_dataset, slugify
+from app.services.importer import ImportResult, check_storable, import_dataset, slugify
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -710,10 +710,12 @@ def _describe(folder: Path, manifest_fields: dict[str, str], notes: list[str]) -
 
 
 def _load(folder: Path) -> Dataset:
-    """``load_dataset(folder)``; an error names the uploaded file, never the server's
-    folder."""
+    """``load_dataset(folder)`` with the import's own checks (:func:`check_storable`); an
+    error names the uploaded file, never the server's folder."""
     try:
-        return load_dataset(folder)
+        ds = load_dataset(folder)
+        check_storable(ds)  # what the import would refuse, the preview refuses
+        return ds
     except DatasetError as exc:
         raise InvalidInputError(str(exc).replace(str(folder), "the upload")) from None
 

@@ -174,6 +174,18 @@ def _check_text(ds: Dataset) -> None:
             )
 
 
+def check_storable(ds: Dataset) -> None:
+    """What the import checks beyond the dataset format, before any write: lengths the
+    columns hold, and text a database can store (so a preview refuses what the import
+    would).
+
+    Raises:
+        DatasetError: naming the file and the line or row.
+    """
+    _check_lengths(ds)
+    _check_text(ds)
+
+
 def hide_folder(exc: DatasetError, folder: Path) -> DatasetError:
     """``exc`` with the server folder it names (an upload's temporary folder) replaced by
     "the uploaded files": an error shown in the browser does not reveal server paths."""
@@ -215,8 +227,7 @@ def import_dataset(
     """
     start = time.perf_counter()
     ds = load_dataset(path)
-    _check_lengths(ds)
-    _check_text(ds)
+    check_storable(ds)
     name = (study_name if study_name is not None else ds.name).strip()
     slug = slugify(name)
     if not slug:

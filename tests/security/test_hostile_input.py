@@ -170,6 +170,12 @@ def test_uploaded_files_with_nul_or_deep_nesting(world: HostileWorld, tmp_path: 
                 "\n".join([json.dumps({**first, "question": "Q\x00?"}), *lines[1:]]).encode(),
                 "codebook.jsonl, line 1: item",
             ),
+            (  # the preview refuses what the import would
+                "preview",
+                "codebook.jsonl",
+                "\n".join([json.dumps({**first, "question": "Q\x00?"}), *lines[1:]]).encode(),
+                "codebook.jsonl, line 1: item",
+            ),
         ):
             r = _upload(admin, {**files, name: content}, action)
             assert r.status_code < 500, r.text
