@@ -123,7 +123,8 @@ def test_cold_start_from_attribute_shares(server: dict[str, Any], page: Any) -> 
     page.click("#persona-generate-form button[type=submit]")
     page.wait_for_selector(".job[data-status=succeeded]", timeout=60_000)
     summary = page.locator(".job[data-status=succeeded]").first.inner_text()
-    assert "computed 8" in summary and "SmolLM2-135M-Instruct" in summary
+    assert "8 persona × question pairs scored" in summary
+    assert "SmolLM2-135M-Instruct" in summary
     page.goto(f"{base}/admin/studies/{SLUG}/personas")
     assert "4 with an attribute profile, 4 with" in page.locator("#persona-counts").inner_text()
     assert page.locator("#prior-warning").count() == 0  # distributions stored

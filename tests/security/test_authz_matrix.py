@@ -155,6 +155,7 @@ ROUTES: dict[tuple[str, str], Case] = {
         everyone(204), path="/api/v1/sessions/{session_id}", writes=False
     ),
     ("GET", "/"): Case(everyone(200)),
+    ("GET", "/favicon.ico"): Case(everyone(301)),  # to the static icon
     # ---- respondent pages: the cookie names the caller's own session, never another ----
     ("GET", "/s/{slug}"): Case({**everyone(200), "resp_this": 303, "resp_other": 303}),
     ("POST", "/s/{slug}/consent"): Case(everyone(303), form={"choice": "accept"}),
