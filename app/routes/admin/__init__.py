@@ -4,7 +4,8 @@ Routes are thin: parse the form, call one service, render. Authentication and st
 access are dependencies (:data:`app.auth.CurrentResearcher`, :data:`app.auth.VisibleStudy`:
 404 for a study the researcher may not see); every state-changing request passes
 :func:`app.auth.verify_csrf` (a router-level dependency). A user error in a form is shown
-inline in the re-rendered form (status 422), never as a bare error page.
+inline in the re-rendered form (status 422, with what was typed), never as a bare error
+page.
 
 One module per area (``login``, ``studies``, ``design``, ``jobs``, ``personas``, ``dashboard``,
 ``groups``, ``exports``, ``keys``, ``accounts``), each with its own ``router``;
