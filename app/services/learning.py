@@ -282,6 +282,15 @@ def judge(
             score,
             active_score,
         )
+    if score == active_score:  # e.g. a refit without new respondents: the same model
+        return Verdict(
+            ModelStatus.rejected.value,
+            f"ties with the active model on {int(holdout.shape[0])} held-out respondents "
+            f"({-score:.3f} nats of log loss per respondent; nothing new was learned), so "
+            "the active model stays",
+            score,
+            active_score,
+        )
     return Verdict(
         ModelStatus.rejected.value,
         f"does not beat the active model on {int(holdout.shape[0])} held-out respondents "

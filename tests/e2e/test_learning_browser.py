@@ -77,7 +77,8 @@ def test_refit_now_lists_promoted_and_rejected_versions(
     rows = page.locator("#model-versions tbody tr")
     assert rows.count() == 2
     newest, oldest = rows.nth(0).inner_text(), rows.nth(1).inner_text()
-    assert "rejected: does not beat the active model" in newest and "(active)" not in newest
+    # the same data again: the same model, a tie that keeps the active one
+    assert "rejected: ties with the active model" in newest and "(active)" not in newest
     assert "(active)" in oldest
     cells = rows.nth(0).locator("td")
     assert cells.nth(6).inner_text() == cells.nth(7).inner_text() != ""  # same fit, same score

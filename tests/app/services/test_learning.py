@@ -93,6 +93,8 @@ def test_judge_scores_the_observed_answers_exactly() -> None:
     assert (better.score, better.active_score) == pytest.approx((math.log(0.75), math.log(0.5)))
     worse = judge(flat, good, holdout)
     assert worse.status == "rejected" and "does not beat" in worse.reason
+    same = judge(good, good, holdout)
+    assert same.status == "rejected" and same.reason.startswith("ties with the active model")
     assert judge(flat, good, holdout, force=True).status == "promoted"
     assert judge(flat, good, torch.zeros(0, 1, dtype=torch.long)).status == "promoted"
 
