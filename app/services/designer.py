@@ -275,12 +275,16 @@ BELIEF_MODEL_HELP: dict[str, str] = {
     "default": (
         "Groups past respondents into latent classes of people who answer alike and "
         "predicts a new respondent from the classes their answers match. Robust; the usual "
-        "choice when you have imported past responses."
+        "choice when you have imported past responses. A study that starts from personas "
+        "keeps its persona prior until a refit's latent classes predict its held-out "
+        "respondents better; from then on the personas are no longer used."
     ),
     "auto": (
-        "Fits latent classes and the CAPE models, compares them on held-out respondents and "
-        "combines the best. Slower to fit; pick it when you have enough data (hundreds of "
-        "respondents) and want the most accurate predictions."
+        "Fits latent classes and the CAPE models (and, with persona distributions, the "
+        "persona prior and personas + latent classes), compares them on held-out "
+        "respondents and combines the best. Slower to fit; pick it when you have enough "
+        "data (hundreds of respondents), or to keep the personas among the candidates at "
+        "every refit."
     ),
     "cape_cooccurrence": (
         "Predicts from how often answers occur together in past data. Fast and simple; "
