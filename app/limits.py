@@ -36,10 +36,9 @@ UPLOAD_PATHS: tuple[str, ...] = ("/admin/import/upload", "/admin/studies/{slug}/
 ``{name}`` stands for one path segment."""
 
 
-def _path_pattern(template: str) -> re.Pattern[str]:
-    """``/admin/studies/{slug}/x`` -> a regex matching one segment for each ``{...}``."""
-    parts = re.split(r"\{[^/{}]+\}", template)
-    return re.compile("^" + "[^/]+".join(re.escape(p) for p in parts) + "$")
+def path_regex(path_format: str) -> re.Pattern[str]:
+    """``/api/v1/sessions/{session_id}`` -> a regex matching one path segment per parameter."""
+    return re.compile("^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(path_format)) + "$")
 
 
 ERROR_CODE = "payload_too_large"
@@ -70,7 +69,7 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_upload_bytes = max_upload_bytes
-        self.upload_paths = tuple(_path_pattern(p) for p in upload_paths)
+        self.upload_paths = tuple(path_regex(p) for p in upload_paths)
 
     def limit_for(self, path: str) -> int:
         """The body limit in bytes for a request to ``path``."""

@@ -8,7 +8,6 @@ that is not at the migration head.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -24,7 +23,7 @@ from app import session as sessions_service
 from app.db import head_revision, make_engine
 from app.errors import PriorlyError, validation_message
 from app.gcfreeze import freeze_long_lived
-from app.limits import BodyLimitMiddleware
+from app.limits import BodyLimitMiddleware, path_regex
 from app.middleware import (
     HostileInputMiddleware,
     SecurityHeadersMiddleware,
@@ -55,11 +54,6 @@ RESPONDENT_PATHS = ("/s/", "/g/")
 """The respondents' pages (surveys, group round links): errors are pages, not JSON."""
 
 
-def _path_regex(path_format: str) -> re.Pattern[str]:
-    """``/api/v1/sessions/{session_id}`` -> a regex matching one path segment per parameter."""
-    return re.compile("^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(path_format)) + "$")
-
-
 def _trusted(value: str) -> list[str] | str:
     """``PRIORLY_TRUSTED_PROXIES`` as uvicorn's proxy middleware takes it."""
     hosts = [h.strip() for h in value.split(",") if h.strip()]
@@ -72,7 +66,7 @@ async def _api_options(path: str, request: Request) -> Response:
     methods: set[str] = set()
     for route in iter_route_contexts(request.app.routes):
         path_format = str(getattr(route, "path_format", "") or "")
-        if path_format.startswith("/api/v1/") and _path_regex(path_format).match(request.url.path):
+        if path_format.startswith("/api/v1/") and path_regex(path_format).match(request.url.path):
             methods |= set(getattr(route, "methods", None) or ())
     methods.discard("OPTIONS")
     if not methods:
@@ -134,13 +128,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def respondent_message(
         request: Request, title: str, text: str, status: int, headers: dict[str, str] | None = None
     ) -> Response:
-        return app.state.templates.TemplateResponse(  # type: ignore[no-any-return]
-            request,
-            "pages/respondent_message.html",
-            {"title": title, "text": text, "study": None},
-            status_code=status,
-            headers=headers,
-        )
+        page = respondent.message_page(request, app.state.templates, title, text, status)
+        page.headers.update(headers or {})
+        return page
 
     @app.exception_handler(RateLimited)
     async def _rate_limited(request: Request, exc: RateLimited) -> Response:

@@ -22,7 +22,7 @@ from app.session.errors import StudyMisconfiguredError
 from app.session.memo import MemoStep, StepMemo
 from app.session.runtime import ItemInfo, StudyRuntime
 from app.session.sql import AnswerRow, DecisionRow
-from app.session.state import attribute_indices, dump_state, load_state
+from app.session.state import attribute_indices, dump_state, known_answers, load_state
 from app.tables import Answer
 from elicitation.budget import Budget
 from elicitation.criteria import get_criterion
@@ -134,9 +134,9 @@ def decide_next(
     calibration = calibration_decision(rt, sess_id, answers)
     if calibration is not None:
         return calibration
-    known = [a for a in answers if a.item_id in rt.model_index]  # see state.answer_pairs
-    asked = [rt.model_index[a.item_id] for a in known if a.option is not None]
-    skipped = [rt.model_index[a.item_id] for a in known if a.option is None]
+    known = known_answers(rt, answers)
+    asked = [idx for idx, a in known if a.option is not None]
+    skipped = [idx for idx, a in known if a.option is None]
     try:
         decision = decide(
             rt.model,
@@ -221,9 +221,8 @@ def model_step(
     memo = rt.step_memo
     key = None
     if memo is not None:
-        known = [(rt.model_index[a.item_id], a.option) for a in answers
-                 if a.item_id in rt.model_index]  # fmt: skip
-        key = StepMemo.key(state_before, known)
+        pairs = [(idx, a.option) for idx, a in known_answers(rt, answers)]
+        key = StepMemo.key(state_before, pairs)
         hit = memo.get(key)
         if hit is not None:
             return hit

@@ -108,18 +108,21 @@ def respondent_and_answers(
     return respondent, answers
 
 
-def answer_pairs(rt: StudyRuntime, answers: Sequence[Any]) -> list[tuple[int, int | None]]:
-    """``[(model item index, option index or None for a skip), ...]`` of ``answers``.
+def known_answers(rt: StudyRuntime, answers: Sequence[Any]) -> list[tuple[int, Any]]:
+    """``[(model item index, answer), ...]`` of the ``answers`` whose item the model knows.
 
     An answer to an item the model does not know (its options changed since the model was
     fitted: see :attr:`StudyRuntime.model_index`) tells the model nothing and is left out.
     """
+    return [(rt.model_index[a.item_id], a) for a in answers if a.item_id in rt.model_index]
+
+
+def answer_pairs(rt: StudyRuntime, answers: Sequence[Any]) -> list[tuple[int, int | None]]:
+    """``[(model item index, option index or None for a skip), ...]`` of
+    :func:`known_answers`."""
     pairs: list[tuple[int, int | None]] = []
-    for a in answers:
-        item = rt.by_id.get(a.item_id)
-        idx = rt.model_index.get(a.item_id)
-        if item is None or idx is None:
-            continue
+    for idx, a in known_answers(rt, answers):
+        item = rt.by_id[a.item_id]
         if a.option is None:
             pairs.append((idx, None))
         else:

@@ -17,10 +17,12 @@ the login page.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import auth
@@ -66,58 +68,55 @@ def install(app: FastAPI) -> None:
             return RedirectResponse(login_url, status_code=303)
         return HTMLResponse("please log in", status_code=401)
 
-    previous = app.exception_handlers.get(PriorlyError)
-
-    async def admin_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, PriorlyError)
-        if not request.url.path.startswith("/admin"):
-            if previous is not None:
-                result = previous(request, exc)
-                return await result if inspect.isawaitable(result) else result
-            return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
+    def error_page(request: Request, message: str, status: int) -> Response:
         return templates.TemplateResponse(  # type: ignore[no-any-return]
             request,
             "admin/error.html",
-            {"message": str(exc), "status": exc.http_status, "researcher": None, "csrf_token": ""},
-            status_code=exc.http_status,
+            {"message": message, "status": status, "researcher": None, "csrf_token": ""},
+            status_code=status,
         )
 
-    previous_invalid = app.exception_handlers.get(RequestValidationError)
+    def admin_error(request: Request, exc: Exception) -> Response | None:
+        assert isinstance(exc, PriorlyError)
+        return error_page(request, str(exc), exc.http_status)
 
-    async def admin_invalid(request: Request, exc: Exception) -> Response:
+    def admin_invalid(request: Request, exc: Exception) -> Response | None:
         """A malformed value in an admin path or query (``/jobs/abc``): the admin error
         page (422) naming the parameter."""
-        assert isinstance(exc, RequestValidationError)
-        if not request.url.path.startswith("/admin"):
-            assert previous_invalid is not None  # app.main installs one before this
-            result = previous_invalid(request, exc)
-            return await result if inspect.isawaitable(result) else result
-        return templates.TemplateResponse(  # type: ignore[no-any-return]
-            request,
-            "admin/error.html",
-            {
-                "message": clip(validation_message(exc)),
-                "status": 422,
-                "researcher": None,
-                "csrf_token": "",
-            },  # fmt: skip
-            status_code=422,
-        )
+        return error_page(request, clip(validation_message(exc)), 422)  # type: ignore[arg-type]
 
-    previous_http = app.exception_handlers.get(StarletteHTTPException)
-
-    async def admin_http(request: Request, exc: Exception) -> Response:
+    def admin_http(request: Request, exc: Exception) -> Response | None:
         """``GET`` of an address only a form posts to (a reload after a refused form, e.g.
         ``/admin/studies/x/settings``): 303 to the page it belongs to."""
         assert isinstance(exc, StarletteHTTPException)
         path = request.url.path.rstrip("/")
-        if exc.status_code == 405 and request.method == "GET" and path.startswith("/admin/"):
+        if exc.status_code == 405 and request.method == "GET":
             return RedirectResponse(path.rsplit("/", 1)[0] or "/admin", status_code=303)
-        assert previous_http is not None  # FastAPI installs one
-        result = previous_http(request, exc)
-        return await result if inspect.isawaitable(result) else result
+        return None
 
-    app.add_exception_handler(StarletteHTTPException, admin_http)
     app.add_exception_handler(auth.LoginRequired, login_required)
-    app.add_exception_handler(PriorlyError, admin_error)
-    app.add_exception_handler(RequestValidationError, admin_invalid)
+    for exc_type, answer in (
+        (PriorlyError, admin_error),
+        (RequestValidationError, admin_invalid),
+        (StarletteHTTPException, admin_http),
+    ):
+        app.add_exception_handler(
+            exc_type, _on_admin_paths(answer, app.exception_handlers[exc_type])
+        )
+
+
+def _on_admin_paths(
+    answer: Callable[[Request, Exception], Response | None], previous: Callable[..., Any]
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """An exception handler: ``answer`` under ``/admin/`` (unless it gives ``None``),
+    else the handler installed before (``app.main``'s, or FastAPI's own)."""
+
+    async def handler(request: Request, exc: Exception) -> Response:
+        if request.url.path.startswith("/admin"):
+            got = answer(request, exc)
+            if got is not None:
+                return got
+        result = previous(request, exc)
+        return await result if inspect.isawaitable(result) else result  # type: ignore[no-any-return]
+
+    return handler

@@ -82,6 +82,17 @@ def _study(db: Session, live: LiveStudy) -> Study:
     return study
 
 
+def _questions(db: Session, study_id: int) -> list[Item]:
+    """The study's question items in study order (SESSIONS' question indices)."""
+    return list(
+        db.exec(
+            select(Item)
+            .where(Item.study_id == study_id, Item.role == "question")
+            .order_by(col(Item.position), col(Item.id))
+        ).all()
+    )
+
+
 def test_counts_drop_off_and_median_by_hand(live: tuple[LiveStudy, list[int]]) -> None:
     study_live, _ = live
     with study_live.session() as db:
@@ -134,11 +145,7 @@ def test_answer_distributions_live_and_imported_apart(live: tuple[LiveStudy, lis
     with study_live.session() as db:
         study = _study(db, study_live)
         dash = build_dashboard(study, session=db, now=NOW)
-        questions = db.exec(
-            select(Item)
-            .where(Item.study_id == study.id, Item.role == "question")
-            .order_by(col(Item.position), col(Item.id))
-        ).all()
+        questions = _questions(db, study.id or 0)
         imported = db.exec(
             select(Respondent).where(
                 Respondent.study_id == study.id, Respondent.source == RespondentSource.import_.value
@@ -235,11 +242,7 @@ def test_an_unchanged_study_is_replayed_once_and_a_change_replays_it(
         assert second.personas == first.personas
 
         # a new answer in the session in progress (index 4): replayed, and different
-        question = db.exec(
-            select(Item)
-            .where(Item.study_id == study_live.study_id, Item.role == "question")
-            .order_by(col(Item.position), col(Item.id))
-        ).all()[5]
+        question = _questions(db, study_live.study_id)[5]
         db.add(Answer(session_id=ids[4], item_id=question.id or 0, option="A", created_at=NOW))
         db.commit()
         answered = refresh(db)
@@ -291,11 +294,7 @@ def test_an_option_added_to_an_answered_item_keeps_the_dashboard_working(
     with study_live.session() as db:
         study = _study(db, study_live)
         before = build_dashboard(study, session=db, now=NOW)
-        first = db.exec(
-            select(Item)
-            .where(Item.study_id == study_live.study_id, Item.role == "question")
-            .order_by(col(Item.position), col(Item.id))
-        ).all()[0]  # answered by the sessions of SESSIONS (question index 0)
+        first = _questions(db, study_live.study_id)[0]  # answered by SESSIONS (index 0)
         text = "\n".join(f"{o[0]}: {o[1]}" for o in first.options) + "\nZZ: a new option"
         update_item(study, first, session=db, question=first.question, options_text=text,
                     role=first.role, topic=first.topic or "",
