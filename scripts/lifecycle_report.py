@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,17 @@ def criteria(result: dict[str, Any], n: int) -> dict[str, Any]:
     }
 
 
+def is_lifecycle_result(result: object) -> bool:
+    """Whether ``result`` (a parsed JSON file) has the keys of a lifecycle result:
+    ``budget``, ``arrivals`` and ``methods.default``."""
+    return (
+        isinstance(result, dict)
+        and {"budget", "arrivals", "methods"} <= result.keys()
+        and isinstance(result["methods"], dict)
+        and "default" in result["methods"]
+    )
+
+
 def report(path: Path, n: int | None = None) -> str:
     """The Markdown tables of one result file."""
     result = json.loads(path.read_text())
@@ -132,10 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="+", type=Path, help="priorly bench lifecycle JSON files")
     p.add_argument("--questions", type=int, help="questions asked (default: the budget)")
     args = p.parse_args(argv)
+    results = []
     for f in args.files:
         if not f.is_file():
             p.error(f"no such result file: {f}")
-    print("\n".join(report(f, args.questions) for f in args.files))
+        if not is_lifecycle_result(json.loads(f.read_text())):
+            # a glob such as docs/bench/lifecycle_*.json also matches the ceiling files
+            print(f"skipped {f}: not a priorly bench lifecycle result", file=sys.stderr)
+            continue
+        results.append(report(f, args.questions))
+    print("\n".join(results))
     return 0
 
 

@@ -3,12 +3,13 @@
 Imports ``datasets/ces`` (5,369 respondents) into a fresh SQLite file and runs
 :func:`app.services.belief.fit_study_model` (the ``fit_model`` job's work: training data,
 the default latent-class grid, the held-out verdict); prints respondents, CPU and wall
-seconds. Usage: ``OMP_NUM_THREADS=1 python scripts/refit_time.py [DB_FILE]``.
+seconds. Usage: ``OMP_NUM_THREADS=1 python scripts/refit_time.py [DB_FILE]`` (the file is
+deleted first; default ``/tmp/priorly-refit-time.db``).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 from pathlib import Path
 
@@ -21,8 +22,16 @@ from app.settings import REPO_ROOT
 from app.tables import Respondent, Study
 
 
-def main() -> None:
-    db_file = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/priorly-refit-time.db")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "db_file",
+        nargs="?",
+        type=Path,
+        default=Path("/tmp/priorly-refit-time.db"),
+        help="SQLite file to create (deleted first if it exists)",
+    )
+    db_file: Path = parser.parse_args(argv).db_file
     db_file.unlink(missing_ok=True)
     url = f"sqlite:///{db_file}"
     upgrade(url)

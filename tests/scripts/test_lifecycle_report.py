@@ -79,3 +79,16 @@ def test_a_missing_file_is_a_one_line_error(tmp_path: Path, capsys) -> None:  # 
         lifecycle_report.main([str(tmp_path / "nope.json")])
     assert exc.value.code == 2
     assert "no such result file:" in capsys.readouterr().err
+
+
+def test_other_result_files_in_the_glob_are_skipped(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # docs/benchmarks.md's command globs docs/bench/lifecycle_*.json, which also matches
+    # the ceiling files (no "budget", no "methods")
+    good = _result([[0.69, 0.50, 0.40]] * 2, [[0.69, 0.5, 0.4]] * 2, 0.4)
+    (tmp_path / "lifecycle_a.json").write_text(json.dumps(good))
+    (tmp_path / "lifecycle_ceiling_b.json").write_text(json.dumps({"dataset": "toy", "rows": []}))
+    files = sorted(str(p) for p in tmp_path.glob("lifecycle_*.json"))
+    assert lifecycle_report.main(files) == 0
+    out = capsys.readouterr()
+    assert "### toy: lifecycle_a.json" in out.out and "lifecycle_ceiling_b" not in out.out
+    assert f"skipped {tmp_path / 'lifecycle_ceiling_b.json'}: not a priorly bench" in out.err
