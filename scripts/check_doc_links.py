@@ -10,7 +10,7 @@ name a heading of the Markdown file it points at (GitHub's anchors: lower case,
 punctuation dropped, spaces as hyphens). Fenced code blocks are skipped.
 
 Citations count too: a code span that names a repository path (`` `models/persona.py` ``,
-`` `docs/group/s8-ces_10.json` ``, `` `tests/gnn/test_train.py::test_x` ``; first part one of
+`` `docs/group/ces_10.json` ``, `` `tests/gnn/test_train.py::test_x` ``; first part one of
 :data:`TOP`) must exist, resolved against the repository root.
 """
 
