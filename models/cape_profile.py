@@ -20,7 +20,7 @@ Pure: no web framework, database or settings imports.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +100,7 @@ def preference_profile(
     state: Any,
     texts: Sequence[ItemText],
     *,
-    observed: Sequence[int] = (),
+    observed: Mapping[int, int] | None = None,
     include_observed: bool = True,
     summary_items: int = 5,
 ) -> PreferenceProfile:
@@ -109,8 +109,10 @@ def preference_profile(
     Args:
         model: any belief model; state: a one-respondent state of it.
         texts: one :class:`ItemText` per item of ``model.item_bank`` (model order).
-        observed: indices of the items the respondent answered (marked, and ranked with
-            the others; their distribution is whatever the model predicts for them).
+        observed: ``{item index: option index}`` of the items the respondent answered:
+            marked observed, with all the probability on the given answer (a belief
+            model's predictive need not put it there: a latent-class posterior predictive
+            of an answered item is a mixture over the classes), and ranked with the others.
         include_observed: keep answered items in the profile.
         summary_items: how many criteria and items the plain-text summary names.
 
@@ -126,8 +128,14 @@ def preference_profile(
                 f"profile: item text {i} ({t.key!r}, {len(t.options)} options) does not match "
                 f"the model's item {bank.keys[i]!r} ({bank.n_options[i]} options)"
             )
-    seen = {int(i) for i in observed}
-    pred = model.predict(state)  # [I, O]
+    seen = {int(i): int(k) for i, k in (observed or {}).items()}
+    for i, k in seen.items():
+        if not (0 <= i < bank.n_items and 0 <= k < bank.n_options[i]):
+            raise ModelError(f"profile: observed answer {k} of item {i} is not in the item bank")
+    pred = model.predict(state).clone()  # [I, O]
+    for i, k in seen.items():
+        pred[i] = 0.0
+        pred[i, k] = 1.0
     criteria: list[ProfileEntry] = []
     items: list[ProfileEntry] = []
     for i, t in enumerate(texts):

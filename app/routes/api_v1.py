@@ -268,6 +268,12 @@ class PredictionOut(BaseModel):
     item: str
     role: str = Field(examples=["target"])
     question: str
+    status: str = Field(
+        examples=["not asked"],
+        description="`answered`, `skipped` or `not asked`; an answered item's "
+        "`distribution` is still the model's posterior predictive (the answer itself is "
+        "in the session's answers)",
+    )
     distribution: dict[str, float] = Field(examples=[{"A": 0.72, "B": 0.28}])
 
 
@@ -672,6 +678,7 @@ def get_predictions(auth: AuthorizedSession, session: SessionDep) -> dict[str, A
         "item": x.key,
         "role": x.role,
         "question": x.question,
+        "status": x.status,
         "distribution": x.distribution,
     }
     return {

@@ -81,9 +81,11 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
         texts.append(
             ItemText(it.key, it.question, tuple(str(o[1]) for o in it.options), crit, crit)
         )
-    observed = set(attribute_indices(rt, respondent.attributes))
-    observed |= {idx for idx, option in answer_pairs(rt, answers) if option is not None}
-    profile = preference_profile(rt.model, state, texts, observed=sorted(observed))
+    observed = attribute_indices(rt, respondent.attributes)
+    observed.update(
+        (idx, option) for idx, option in answer_pairs(rt, answers) if option is not None
+    )
+    profile = preference_profile(rt.model, state, texts, observed=observed)
     out = {
         "session_id": sess.id,
         "answers": len(answers),

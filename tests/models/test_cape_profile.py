@@ -8,6 +8,7 @@ import torch
 from models.base import DTYPE, ItemBank, ModelError
 from models.cape_factor import CapeFactor, sobol_normal
 from models.cape_profile import ItemText, preference_profile
+from models.persona import PersonaMixture
 
 
 def _model() -> tuple[CapeFactor, list[ItemText]]:
@@ -27,7 +28,7 @@ def _model() -> tuple[CapeFactor, list[ItemText]]:
 def test_profile_ranks_criteria_by_expected_level_and_items_by_probability() -> None:
     model, texts = _model()
     state = model.replay([(2, 1)])
-    prof = preference_profile(model, state, texts, observed=[2])
+    prof = preference_profile(model, state, texts, observed={2: 1})
     pred = model.predict(state)
     assert [e.key for e in prof.criteria] == sorted(
         ["care_examples", "care_short"],
@@ -54,10 +55,38 @@ def test_profile_ranks_criteria_by_expected_level_and_items_by_probability() -> 
 def test_profile_without_observed_items_and_bad_texts() -> None:
     model, texts = _model()
     state = model.replay([(2, 0)])
-    prof = preference_profile(model, state, texts, observed=[2], include_observed=False)
+    prof = preference_profile(model, state, texts, observed={2: 0}, include_observed=False)
     assert [e.key for e in prof.items] == ["news"]
     with pytest.raises(ModelError, match="3 item texts for 4 items"):
         preference_profile(model, state, texts[:3])
     wrong = [*texts[:3], ItemText("news", "News", ("TV", "Web"))]
     with pytest.raises(ModelError, match="'news', 2 options"):
         preference_profile(model, state, wrong)
+
+
+def test_an_answered_item_shows_the_answer_whatever_the_model_predicts() -> None:
+    # two latent classes; after answering "vote" = No (1) the posterior predictive of
+    # "vote" is a mixture over the classes (Yes stays the more likely option), but the
+    # profile reports the answer itself with probability 1
+    bank = ItemBank(("vote", "news"), (2, 3))
+    mu = torch.tensor(
+        [[[0.9, 0.1, 0.0], [0.6, 0.3, 0.1]], [[0.6, 0.4, 0.0], [0.2, 0.3, 0.5]]], dtype=DTYPE
+    )
+    model = PersonaMixture(bank, mu, torch.log(torch.tensor([0.5, 0.5], dtype=DTYPE)))
+    state = model.replay([(0, 1)])
+    assert float(model.predict(state)[0, 0]) > 0.5  # the model's own predictive says Yes
+    texts = [
+        ItemText("vote", "Did you vote?", ("Yes", "No")),
+        ItemText("news", "News", ("TV", "Web", "Paper")),
+    ]
+    prof = preference_profile(model, state, texts, observed={0: 1})
+    vote = next(e for e in prof.items if e.key == "vote")
+    assert (vote.option, vote.option_index, vote.probability, vote.observed) == ("No", 1, 1.0, True)
+    assert vote.distribution == (0.0, 1.0)
+    assert "Did you vote? No (answered)" in prof.summary
+    news = next(e for e in prof.items if e.key == "news")
+    assert not news.observed and news.distribution == pytest.approx(
+        tuple(float(v) for v in model.predict(state)[1])
+    )
+    with pytest.raises(ModelError, match="observed answer 2 of item 0"):
+        preference_profile(model, state, texts, observed={0: 2})

@@ -73,9 +73,18 @@ def test_profile_ranks_items_and_matches_the_predictions(client: Any, live: Live
         assert sum(e["distribution"]) == pytest.approx(1.0)
         assert e["probability"] == pytest.approx(max(e["distribution"]))
     assert {k for k, e in by_key.items() if e["observed"]} == {*asked, "gender4"}
-    # the same distributions as the session's predictions endpoint
+    # an answered item shows the answer itself ("A" to each question, "B" to gender4),
+    # not the model's posterior predictive of it
+    for key in asked:
+        assert by_key[key]["option_index"] == 0 and by_key[key]["probability"] == 1.0
+        assert by_key[key]["distribution"][0] == 1.0
+        e = by_key[key]
+        assert f"- {e['question']} {e['option']} (answered)" in prof["summary"]
+    assert by_key["gender4"]["option_index"] == 1 and by_key["gender4"]["distribution"][1] == 1.0
+    # the others: the same distributions as the session's predictions endpoint
     pred = client.get(f"/api/v1/sessions/{sid}/predictions", headers=bearer(token)).json()
     for p in pred["items"] + pred["targets"]:
+        assert p["status"] == "not asked"
         got = by_key[p["item"]]["distribution"]
         assert got == pytest.approx(list(p["distribution"].values()), abs=1e-12)
     top = entries[0]
