@@ -56,7 +56,8 @@ class RoundView:
     asked: int
     answered: int
     skipped: int
-    waiting: int
+    unanswered: int
+    """Members without an answer: waiting while the round is open, no answer once closed."""
 
 
 def round_view(
@@ -93,7 +94,10 @@ def round_view(
                 link=link_base + link_token(secret, rnd.id or 0, m.respondent_id),
             )
         )
-    count = {s: sum(1 for r in rows if r.status == s) for s in ("answered", "skipped", "waiting")}
+    count = {
+        s: sum(1 for r in rows if r.status == s)
+        for s in ("answered", "skipped", "waiting", "no_answer")
+    }
     return RoundView(
         round=rnd,
         question_key=item.key if item else "?",
@@ -102,7 +106,7 @@ def round_view(
         asked=len(rows),
         answered=count["answered"],
         skipped=count["skipped"],
-        waiting=count["waiting"],
+        unanswered=count["waiting"] + count["no_answer"],
     )
 
 

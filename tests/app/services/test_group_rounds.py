@@ -232,6 +232,7 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     part = client.get(f"/admin/studies/{study.slug}/groups/1", headers={"HX-Request": "true"})
     assert "hx-trigger" not in part.text  # the closed table stops polling
     assert re.findall(r'<tr data-status="(\w+)">', part.text)[-1] == "no_answer"
+    assert re.search(r'id="n-waiting">1</span> did not answer', part.text)
     # answers on the links are refused with a clear message; the answer path refuses too
     refused = respondent.post(links[3], data={"option": letters[0], "idempotency_key": "k5"})
     assert refused.status_code == 409 and "answers are no longer accepted" in refused.text
