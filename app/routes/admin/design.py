@@ -120,7 +120,9 @@ async def study_settings(
             "group": {
                 "rounds": kept("rounds", stored.group.rounds),
                 "respondents_per_round": form.opt_int("respondents_per_round"),
-                "respondents_share": form.opt_float("respondents_share") or 0.0,
+                "respondents_share": stored.group.respondents_share
+                if (share := form.opt_float("respondents_share")) is None
+                else share,
                 "total_answers": form.opt_int("total_answers"),
                 "max_questions_per_respondent": kept(
                     "max_questions_per_respondent", stored.group.max_questions_per_respondent

@@ -129,6 +129,15 @@ def test_create_study_items_roles_budgets_texts_publish(
         "max_questions_per_respondent": 1,
     }
     assert study.settings["drop_after_minutes"] == 60  # not in the form: the default kept
+    # an empty share keeps the stored one (the count is what is used when set)
+    r = dclient.post(
+        base + "/settings",
+        data={**form, "min_questions": "1", "respondents_per_round": "3", "respondents_share": ""},
+    )
+    assert r.status_code == 200, r.text
+    db.refresh(study)
+    assert study.settings["group"]["respondents_per_round"] == 3
+    assert study.settings["group"]["respondents_share"] == 0.5
     # the dashboard's "dropped" threshold: a positive whole number of minutes, kept when
     # the field is left empty; a setting the form does not show (show_learned) is kept
     study.settings = {**study.settings, "show_learned": True}
