@@ -60,19 +60,38 @@ def _trusted(value: str) -> list[str] | str:
     return "*" if hosts == ["*"] else hosts
 
 
-async def _api_options(path: str, request: Request) -> Response:
-    """``OPTIONS /api/v1/...``: 204 with ``Allow`` listing every method the API's routes
-    accept on this path (404 when none matches)."""
+API_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+"""The methods :func:`_api_fallback` answers (every one a client may send)."""
+
+
+async def _api_fallback(path: str, request: Request) -> Response:
+    """What no API route answers under ``/api/v1/``, in the API's error format.
+
+    Registered after every API route, for every method, so it is reached only when no route
+    takes the request: ``OPTIONS`` gets 204 with ``Allow`` listing the methods the API's
+    routes accept on this path; another method on a path that has routes gets 405
+    ``method_not_allowed`` with ``Allow``; a path without routes gets 404 ``not_found``.
+    Example: ``GET /api/v1/sessions`` (only ``POST`` on ``/studies/{slug}/sessions``) is 404.
+    """
     methods: set[str] = set()
     for route in iter_route_contexts(request.app.routes):
+        if getattr(route, "endpoint", None) is _api_fallback:
+            continue
         path_format = str(getattr(route, "path_format", "") or "")
         if path_format.startswith("/api/v1/") and path_regex(path_format).match(request.url.path):
             methods |= set(getattr(route, "methods", None) or ())
     methods.discard("OPTIONS")
+    where = f"{request.method} {clip(request.url.path)}"
     if not methods:
-        return JSONResponse({"code": "not_found", "message": "no such API path"}, 404)
+        return JSONResponse({"code": "not_found", "message": f"no such API path: {where}"}, 404)
     allow = ", ".join(sorted(methods | {"OPTIONS"}))
-    return Response(status_code=204, headers={"Allow": allow})
+    if request.method == "OPTIONS":
+        return Response(status_code=204, headers={"Allow": allow})
+    return JSONResponse(
+        {"code": "method_not_allowed", "message": f"{where}: this path allows {allow}"},
+        405,
+        headers={"Allow": allow},
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -115,14 +134,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(pages.router)
     # The survey pages: new respondents and posts limited per client address (429).
     app.include_router(respondent.router, dependencies=[Depends(respondent_page_limit)])
-    # OPTIONS on an API path lists the methods its routes allow (204, Allow).
-    app.add_api_route(
-        "/api/v1/{path:path}", _api_options, methods=["OPTIONS"], include_in_schema=False
-    )
     # the bearer scheme is declared in the OpenAPI document (Swagger UI's "Authorize")
     app.include_router(api_v1.router, dependencies=[Security(api_docs.BEARER)])
     app.include_router(api_results.router)
     app.include_router(api_docs.router)  # /api/docs with Swagger UI served from here
+    # After every API route: OPTIONS (204, Allow), 405 and 404 in the API's error format.
+    app.add_api_route(
+        "/api/v1/{path:path}", _api_fallback, methods=API_METHODS, include_in_schema=False
+    )
     app.include_router(admin_respondents.router)  # /admin/studies/{slug}/respondents
 
     def respondent_message(

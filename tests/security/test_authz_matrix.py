@@ -150,9 +150,21 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/api/docs/assets/{name}"): Case(everyone(200), path="/api/docs/assets/swagger-ui.css"),
     ("GET", "/api/docs/first-session"): Case(everyone(200)),
     ("GET", "/healthz"): Case(everyone(200)),
-    # OPTIONS lists the methods of an API path (no data: 204 for anyone)
+    # what no API route takes (no data): OPTIONS lists the methods of an API path (204),
+    # another method of a path with routes is 405, a path without routes 404
     ("OPTIONS", "/api/v1/{path:path}"): Case(
         everyone(204), path="/api/v1/sessions/{session_id}", writes=False
+    ),
+    ("GET", "/api/v1/{path:path}"): Case(everyone(404), path="/api/v1/studies/{slug}/items"),
+    ("DELETE", "/api/v1/{path:path}"): Case(everyone(404), path="/api/v1/nothing"),
+    ("POST", "/api/v1/{path:path}"): Case(
+        everyone(405), path="/api/v1/sessions/{session_id}", json={}, writes=False
+    ),
+    ("PUT", "/api/v1/{path:path}"): Case(
+        everyone(405), path="/api/v1/sessions/{session_id}", json={}, writes=False
+    ),
+    ("PATCH", "/api/v1/{path:path}"): Case(
+        everyone(405), path="/api/v1/sessions/{session_id}", json={}, writes=False
     ),
     ("GET", "/"): Case(everyone(200)),
     ("GET", "/favicon.ico"): Case(everyone(301)),  # to the static icon
@@ -219,7 +231,7 @@ ROUTES: dict[tuple[str, str], Case] = {
         study_member(303, "POST"), form={"name": "Renamed", "consent_text": "ok"}
     ),
     ("POST", "/admin/studies/{slug}/settings"): Case(
-        study_member(422, "POST"), form={"criterion": "eig", "max_questions": "5"}
+        study_member(303, "POST"), form={"criterion": "eig", "max_questions": "5"}
     ),
     ("POST", "/admin/studies/{slug}/items"): Case(study_member(303, "POST"), form=ITEM_FORM),
     ("POST", "/admin/studies/{slug}/items/{item_id}"): Case(

@@ -546,6 +546,22 @@ def test_long_slug_is_not_echoed_and_options_lists_methods(world: HostileWorld) 
     assert {m.strip() for m in r.headers["allow"].split(",")} == {"GET", "DELETE", "OPTIONS"}
     r = httpx.options(f"{base}/api/v1/sessions/1/answers")
     assert {m.strip() for m in r.headers["allow"].split(",")} == {"POST", "OPTIONS"}
+    # what no route takes is answered in the API's error format: 405 with Allow for a
+    # method the path does not have, 404 for a path without routes (also with a long path)
+    r = httpx.put(f"{base}/api/v1/sessions/1", json={})
+    assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
+    assert {m.strip() for m in r.headers["allow"].split(",")} == {"GET", "DELETE", "OPTIONS"}
+    assert "PUT /api/v1/sessions/1: this path allows" in r.json()["message"]
+    for method, path in (
+        ("GET", "/api/v1/sessions"),
+        ("GET", "/api/v1/studies/ces"),
+        ("HEAD", "/api/v1/nothing"),
+        ("DELETE", "/api/v1/" + slug),
+    ):
+        r = httpx.request(method, base + path)
+        assert r.status_code == 404, (method, path, r.status_code)
+        if method != "HEAD":
+            assert r.json()["code"] == "not_found" and len(r.text) < 1000
 
 
 def test_trusted_proxies_setting(tmp_path: Path) -> None:
