@@ -138,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api_v1.router, dependencies=[Security(api_docs.BEARER)])
     app.include_router(api_results.router)
     app.include_router(api_docs.router)  # /api/docs with Swagger UI served from here
+    api_docs.keep_null_examples(app, [api_v1.AnswerIn])  # the skip example keeps its null
     # After every API route: OPTIONS (204, Allow), 405 and 404 in the API's error format.
     app.add_api_route(
         "/api/v1/{path:path}", _api_fallback, methods=API_METHODS, include_in_schema=False

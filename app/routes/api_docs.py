@@ -13,13 +13,15 @@ on every call. The routes themselves check the credential (:mod:`app.routes.api_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.security import HTTPBearer
+from pydantic import BaseModel
 
 from app.deps import TemplatesDep
 from app.errors import NotFoundError
@@ -125,3 +127,27 @@ def api_first_session(request: Request, templates: TemplatesDep) -> Response:
         "api/first_session.html",
         {"script": first_session_script(_base_url(request))},
     )
+
+
+def keep_null_examples(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
+    """Serve the ``examples`` of ``models`` in the OpenAPI document as the models declare
+    them.
+
+    FastAPI drops every ``null`` from the document it builds, so an example such as
+    ``{"item": "330a", "option": null, ...}`` (a skip) would be served without its
+    ``option`` and fail when pasted. This wraps ``app.openapi`` to put each model's own
+    examples back into its component schema (``components.schemas.<Model>.examples``).
+    """
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            components = schema.get("components", {}).get("schemas", {})
+            for model in models:
+                extra = model.model_config.get("json_schema_extra")
+                if model.__name__ in components and isinstance(extra, dict):
+                    components[model.__name__]["examples"] = extra["examples"]
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -17,6 +17,7 @@ from sqlalchemy import func
 from sqlmodel import select
 
 from app import session as svc
+from app.routes.api_v1 import AnswerIn
 from app.services.apikeys import create_api_key, revoke_api_key
 from app.services.belief import stored_fixed_orders
 from app.tables import (
@@ -391,5 +392,12 @@ def test_openapi_documents_the_api_with_examples(client: Any) -> None:
     assert not any(p.startswith("/s/") for p in paths)
     answer_in = spec["components"]["schemas"]["AnswerIn"]
     assert answer_in["examples"][0]["idempotency_key"]
+    # every served example is a valid body as pasted, the skip's null option included
+    # (FastAPI drops nulls from the document it builds)
+    for example in answer_in["examples"]:
+        AnswerIn.model_validate(example)
+    assert {"item": "330a", "option": None, "idempotency_key": "6f1c2a9e-skip-1"} in answer_in[
+        "examples"
+    ]
     responses = paths["/api/v1/sessions/{session_id}/answers"]["post"]["responses"]
     assert {"200", "401", "404", "409", "422"} <= set(responses)
