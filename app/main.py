@@ -25,6 +25,7 @@ from app.errors import PriorlyError, validation_message
 from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware, path_regex
 from app.middleware import (
+    ApiKeyUseMiddleware,
     HostileInputMiddleware,
     SecurityHeadersMiddleware,
     install_log_redaction,
@@ -183,6 +184,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_text_guard()  # no NUL / lone surrogate reaches a statement (app/textguard.py)
     # 422 for a NUL character or a lone surrogate in the path, query, form or JSON body.
     app.add_middleware(HostileInputMiddleware)
+    # When each API key was last used (a conditional write at most once a minute per key).
+    app.add_middleware(ApiKeyUseMiddleware)
     # Per-credential limit on /api/v1 calls (429), counters in Redis or the database.
     app.add_middleware(
         ApiRateLimitMiddleware,

@@ -7,6 +7,8 @@ input, security headers.
   the query, a form field or a JSON string, naming where, before any route runs.
 * :class:`SecurityHeadersMiddleware`: CSP, framing, nosniff, referrer and (in prod) HSTS
   headers on every answer.
+* :class:`ApiKeyUseMiddleware`: records when each API key was last used (the admin's key
+  list shows it).
 
 Keeping secrets out of log lines.
 
@@ -25,10 +27,19 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import unquote_plus
 
+from anyio import to_thread
+
+from app.services.apikeys import (
+    KEY_PREFIX,
+    LAST_USED_RESOLUTION_S,
+    hash_key,
+    record_key_use,
+)
 from app.textguard import bad_character, clip
 
 SECRET_PATHS = re.compile(r"(/resume/|/admin/invite/|/g/)([^/?#\s\"']+)")
@@ -301,3 +312,56 @@ class SecurityHeadersMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class ApiKeyUseMiddleware:
+    """Record ``api_key.last_used_at`` for an ``/api/`` call with an API key that the API
+    answered with a 2xx status (:func:`app.services.apikeys.record_key_use`, in a thread).
+
+    A process writes a key's time at most once per
+    :data:`~app.services.apikeys.LAST_USED_RESOLUTION_S` (its own memory of what it wrote,
+    bounded), so a busy key costs one small write a minute, not one per call. A failed
+    write is logged and never fails the call.
+    """
+
+    def __init__(self, app: Any, *, max_remembered: int = 10_000) -> None:
+        self.app = app
+        self.max_remembered = max_remembered
+        self._written: dict[str, float] = {}  # key hash -> time.monotonic() of our write
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not str(scope.get("path", "")).startswith("/api/"):
+            await self.app(scope, receive, send)
+            return
+        auth = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, credential = auth.decode("latin-1").partition(" ")
+        credential = credential.strip()
+        if scheme.lower() != "bearer" or not credential.startswith(KEY_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def send_status(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, send_status)
+        if not 200 <= status < 300:
+            return
+        now, digest = time.monotonic(), hash_key(credential)
+        if now - self._written.get(digest, -1e18) < LAST_USED_RESOLUTION_S:
+            return
+        if len(self._written) >= self.max_remembered:
+            self._written.clear()
+        self._written[digest] = now
+        engine = getattr(scope["app"].state, "engine", None)
+        if engine is None:
+            return
+        try:
+            await to_thread.run_sync(record_key_use, engine, credential)
+        except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a call
+            logging.getLogger("priorly").warning(
+                "api key last use not recorded: %s", type(exc).__name__
+            )

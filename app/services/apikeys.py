@@ -18,9 +18,11 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from sqlalchemy import Engine, or_, update
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.errors import ConflictError, InvalidInputError, NotFoundError, PriorlyError
 from app.tables import ApiKey, Researcher, Study, utcnow
@@ -147,6 +149,36 @@ def authenticate_api_key(key: str, *, session: Session) -> Researcher:
     if not researcher.is_active:
         raise AuthenticationError("the researcher of this API key is deactivated")
     return researcher
+
+
+LAST_USED_RESOLUTION_S = 60.0
+"""``api_key.last_used_at`` is recorded to this many seconds (at most one write per key
+and process per period: :func:`record_key_use`)."""
+
+
+def record_key_use(engine: Engine, key: str, now: datetime | None = None) -> bool:
+    """Set ``last_used_at`` of the non-revoked API key ``key`` to ``now`` unless it was
+    set less than :data:`LAST_USED_RESOLUTION_S` before; whether a row was written.
+
+    One conditional ``UPDATE`` (no read first): a call with an unknown key writes nothing.
+    Example: a key used at 12:00:00 and 12:00:30 keeps ``12:00:00``; at 12:01:05 it is
+    updated.
+    """
+    now = now or utcnow()
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(ApiKey)
+            .where(
+                col(ApiKey.key_hash) == hash_key(key),
+                col(ApiKey.revoked_at).is_(None),
+                or_(
+                    col(ApiKey.last_used_at).is_(None),
+                    col(ApiKey.last_used_at) < now - timedelta(seconds=LAST_USED_RESOLUTION_S),
+                ),
+            )
+            .values(last_used_at=now)
+        )
+    return bool(result.rowcount)
 
 
 def can_access_study(researcher: Researcher, study: Study) -> bool:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from app.auth import hash_password, verify_password
-from app.tables import Researcher, Study
+from app.services.apikeys import create_api_key, record_key_use, revoke_api_key
+from app.tables import ApiKey, Researcher, Study, utcnow
 from tests.support.admin import PASSWORD, csrf, login
 
 
@@ -257,3 +259,36 @@ def test_cli_sets_password_for_first_admin(
         get_settings.cache_clear()
     person = db.exec(select(Researcher).where(Researcher.email == "first@example.org")).one()
     assert person.is_admin and verify_password(person.password_hash, "first admin password")
+
+
+def test_api_key_last_use_is_recorded_to_the_minute(
+    client: TestClient, ces_study: Study, alice: Researcher, bob: Researcher, db: Session
+) -> None:
+    key = create_api_key("alice@example.org", session=db, name="assistant")
+    bobs = create_api_key("bob@example.org", session=db)
+
+    def last_used(row_id: int | None) -> object:
+        db.expire_all()
+        return db.get(ApiKey, row_id).last_used_at  # type: ignore[union-attr]
+
+    # a refused call (bob's key on alice's study: 404) records nothing
+    url = f"/api/v1/studies/{ces_study.slug}/responses"
+    assert client.get(url, headers={"Authorization": f"Bearer {bobs.key}"}).status_code == 404
+    assert last_used(bobs.id) is None
+    # an answered call records the time; the admin's key list shows it
+    before = utcnow().replace(tzinfo=None)
+    assert client.get(url, headers={"Authorization": f"Bearer {key.key}"}).status_code == 200
+    stamp = last_used(key.id)
+    assert stamp is not None and stamp.replace(tzinfo=None) >= before - timedelta(seconds=1)
+    login(client, "alice@example.org")
+    row = client.get("/admin/keys").text.split("assistant")[1].split("</tr>")[0]
+    assert stamp.strftime("%Y-%m-%d") in row and "—" not in row
+    # the write itself: at most once a minute per key, never for a revoked or unknown key
+    engine = db.get_bind()
+    t0 = utcnow()
+    assert record_key_use(engine, key.key, t0 + timedelta(minutes=5))
+    assert not record_key_use(engine, key.key, t0 + timedelta(minutes=5, seconds=30))
+    assert record_key_use(engine, key.key, t0 + timedelta(minutes=6, seconds=1))
+    assert not record_key_use(engine, "pk_unknown_key", t0)
+    revoke_api_key(bobs.prefix, session=db)
+    assert not record_key_use(engine, bobs.key, t0 + timedelta(minutes=9))
