@@ -54,6 +54,10 @@ class NoStoreRoute(APIRoute):
         return no_store
 
 
+PARTIAL_BLOCKS = ["partial_title", "survey"]
+"""What an htmx partial of a survey page renders: its ``<title>`` (htmx updates the
+window's title from it), then the ``survey`` block that replaces ``#survey``."""
+
 router = APIRouter(prefix="/s", include_in_schema=False, route_class=NoStoreRoute)
 
 COOKIE_SALT = "priorly.respondent-session"
@@ -309,7 +313,7 @@ class RespondentPage:
                 "pages/respondent_about.html",
                 context,
                 status_code=status_code,
-                block_name="survey" if partial else None,
+                block_names=PARTIAL_BLOCKS if partial else [],
             )
             if partial:  # the address bar names the page shown (refresh and Back keep it)
                 path = self.request.url_for("respondent_question", slug=self.study.slug).path
@@ -329,7 +333,7 @@ class RespondentPage:
             "pages/respondent_question.html",
             context,
             status_code=status_code,
-            block_name="survey" if partial else None,
+            block_names=PARTIAL_BLOCKS if partial else [],
         )
 
 

@@ -336,3 +336,45 @@ def test_consent_page_left_open_after_finishing_never_starts_a_second_respondent
             assert got.status == 200 and got.headers["cache-control"] == "no-store", path
     finally:
         context.close()
+
+
+def test_back_after_the_questions_about_you_reloads_the_current_question(
+    server: tuple[str, str, str], browser: Any
+) -> None:
+    """htmx keeps no copy of earlier pages: Back after the questions about you asks the
+    server, which shows the current question (not the old, empty page about you, whose
+    answers would be dropped); every page's window title follows the page shown."""
+    base, slug, _db_url = server
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    try:
+        page.goto(f"{base}/s/{slug}")
+        page.click("button[value=accept]")
+        for number in range(1, 4):
+            page.wait_for_selector(f"#survey input[name=page][value='{number}']", state="attached")
+            assert re.search(rf": about you \({number} of 3\)$", page.title()), page.title()
+            page.evaluate(
+                """() => {
+                    const names = new Set(
+                        [...document.querySelectorAll('#survey input[type=radio]')].map(e => e.name));
+                    for (const n of names) document.querySelector(`input[name="${n}"]`).click();
+                }"""
+            )
+            page.click("button.r-primary")
+        first = N_ATTRIBUTES + 1
+        page.wait_for_selector(f"text=Question {first} of at most")
+        assert page.title().endswith(f": question {first}"), page.title()
+        page.check("input[name=option] >> nth=0")
+        page.click("button.r-primary")
+        page.wait_for_selector(f"text=Question {first + 1} of at most")
+        assert page.title().endswith(f": question {first + 1}"), page.title()
+        with page.expect_event("load"):  # a reload from the server, not a cached snapshot
+            page.go_back()
+        page.wait_for_selector(f"text=Question {first + 1} of at most")
+        assert page.locator("text=A few questions about you").count() == 0
+        stored = page.evaluate(
+            "() => Object.keys(sessionStorage).concat(Object.keys(localStorage))"
+        )
+        assert "htmx-history-cache" not in stored, stored  # no copy of the pages kept
+    finally:
+        context.close()
