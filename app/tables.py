@@ -235,7 +235,10 @@ class ElicitationSession(SQLModel, table=True):
 
     ``state`` caches the serialised belief state after ``state_version`` answers; it must
     always equal the replay of the stored answers. ``is_preview`` marks a researcher's
-    "preview as respondent" run: dashboards and exports leave it out.
+    "preview as respondent" run: dashboards and exports leave it out. ``asked_attributes``
+    says whether the session asked the study's attribute questions (the browser flow): an
+    attribute its respondent has no answer to was declined only then (``None``: a session
+    stored before this was recorded; the study's ``ask_attributes`` setting decides).
     """
 
     __tablename__ = "elicitation_session"
@@ -252,6 +255,7 @@ class ElicitationSession(SQLModel, table=True):
     updated_at: datetime = _ts()
     completed_at: datetime | None = _ts(nullable=True)
     is_preview: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
+    asked_attributes: bool | None = None
     model_id: int | None = None
     """The fitted model whose states this session stores (set with its first decision;
     ``None`` before it). A session keeps it when another model is promoted. No foreign

@@ -147,10 +147,11 @@ def _people(
     from the first id above ``after``, read ``BATCH`` respondents at a time (keyset
     pagination); with ``only``, just the respondent with that id (if it has a session).
 
-    A respondent was asked the attribute items when the study asks them
-    (``settings["ask_attributes"]``, default on) and one of their sessions got past the
-    attribute step (it has a first decision): an attribute missing from their
-    ``attributes`` was then declined.
+    A respondent was asked the attribute items when one of their sessions asked them
+    (``asked_attributes``; for a session stored before that was recorded, when the study
+    asks them, ``settings["ask_attributes"]``, default on) and got past the attribute step
+    (it has a first decision): an attribute missing from their ``attributes`` was then
+    declined. An API session given some attributes asked none: the others are unknown.
     """
     asks = bool((study.settings or {}).get("ask_attributes", True))
     has_session = (
@@ -207,7 +208,10 @@ def _people(
                 respondent=p,
                 sessions=mine,
                 answers=answers[p.id or 0],
-                asked_attributes=asks and any(s.id in started for s in mine),
+                asked_attributes=any(
+                    s.id in started and (asks if s.asked_attributes is None else s.asked_attributes)
+                    for s in mine
+                ),
             )
         last = people[-1].id or 0
 

@@ -233,9 +233,9 @@ INSERT_RESPONDENT = """
 """
 INSERT_SESSION = """
     INSERT INTO elicitation_session (study_id, respondent_id, token_hash, status, state,
-        state_version, created_at, updated_at, completed_at, model_id)
+        state_version, created_at, updated_at, completed_at, model_id, asked_attributes)
     VALUES (:study_id, :respondent_id, :token_hash, :status, :state, 0, :now, :now,
-        :completed_at, :model_id)
+        :completed_at, :model_id, :asked_attributes)
 """
 INSERT_FIRST_DECISION = """
     INSERT INTO selection_decision
@@ -253,9 +253,9 @@ PG_START = """
         RETURNING id
     ), s AS (
         INSERT INTO elicitation_session (study_id, respondent_id, token_hash, status, state,
-            state_version, created_at, updated_at, completed_at, model_id)
+            state_version, created_at, updated_at, completed_at, model_id, asked_attributes)
         SELECT :study_id, r.id, :token_hash, :status, :state, 0, :now, :now, :completed_at,
-            CAST(:model_id AS integer)
+            CAST(:model_id AS integer), :asked_attributes
         FROM r
         RETURNING id, respondent_id
     ), d AS (

@@ -235,6 +235,7 @@ def plan_start(
         "scores": json.dumps(decision.scores if decision is not None else {}),
         "stop_reason": decision.stop_reason if decision is not None else None,
         "model_id": rt.model_id if decision is not None else None,
+        "asked_attributes": bool(ask_attributes and rt.attributes),
     }
     return StartPlan(rt, token, decision, values)
 

@@ -83,6 +83,10 @@ def test_profile_ranks_items_and_matches_the_predictions(client: Any, live: Live
     assert by_key["gender4"]["option_index"] == 1 and by_key["gender4"]["distribution"][1] == 1.0
     # the others: the same distributions as the session's predictions endpoint
     pred = client.get(f"/api/v1/sessions/{sid}/predictions", headers=bearer(token)).json()
+    # the attributes the API did not send were never asked: unknown, not declined
+    attrs = [p for p in pred["predicted"] if p["role"] == "attribute"]
+    assert attrs and {p["status"] for p in attrs} == {"not asked"}
+    assert "gender4" not in {p["item"] for p in attrs}
     for p in pred["items"] + pred["targets"]:
         assert p["status"] == "not asked"
         got = by_key[p["item"]]["distribution"]
