@@ -192,6 +192,12 @@ class Item(SQLModel, table=True):
     is_preference_criterion: bool = False
 
 
+NEVER_REUSE_IDS: dict[str, Any] = {"sqlite_autoincrement": True}
+"""Table options of the tables whose ids reach API clients (respondents, sessions): SQLite
+never gives an erased row's id to a new one (PostgreSQL's sequences never do; migration
+0014)."""
+
+
 class Respondent(SQLModel, table=True):
     """A respondent: imported (historical data) or live (created by a session).
 
@@ -216,6 +222,7 @@ class Respondent(SQLModel, table=True):
         UniqueConstraint("study_id", "external_id"),
         _in("source", RespondentSource),
         _in("split", Split, nullable=True),
+        NEVER_REUSE_IDS,
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -242,7 +249,7 @@ class ElicitationSession(SQLModel, table=True):
     """
 
     __tablename__ = "elicitation_session"
-    __table_args__ = (_in("status", SessionStatus),)
+    __table_args__ = (_in("status", SessionStatus), NEVER_REUSE_IDS)
 
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(foreign_key="study.id", ondelete="CASCADE", index=True)

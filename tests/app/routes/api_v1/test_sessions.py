@@ -252,9 +252,12 @@ def test_idempotent_retry_and_conflicting_reanswer(client: Any, live: LiveStudy)
     )
     assert again.status_code == 200 and again.json()["questions_answered"] == 2
     assert again.json()["question"] == now["question"] == skipped.json()["question"]
-    assert client.post(
-        url, json={"item": item, "option": "A", "idempotency_key": "k1"}, headers=bearer(token)
-    ).json() == first.json()
+    assert (
+        client.post(
+            url, json={"item": item, "option": "A", "idempotency_key": "k1"}, headers=bearer(token)
+        ).json()
+        == first.json()
+    )
 
 
 def test_concurrent_duplicate_answers_store_one_row(live: LiveStudy) -> None:
@@ -388,6 +391,12 @@ def test_erasure_removes_every_row_of_the_respondent(client: Any, live: LiveStud
         assert db.exec(select(Answer).where(Answer.session_id == keep["session_id"])).all()
     after = client.get(f"/api/v1/sessions/{gone['session_id']}", headers=bearer(gone["token"]))
     assert after.status_code == 401
+    # the erased respondent was the newest: the next one gets new ids, never the erased ones
+    # (SQLite would reuse the largest id without AUTOINCREMENT)
+    nxt = create(client, live, external_id="after-erase")
+    with live.session() as db:
+        new_rid = db.get(ElicitationSession, nxt["session_id"]).respondent_id  # type: ignore[union-attr]
+    assert nxt["session_id"] > gone["session_id"] and new_rid > rid
 
 
 def test_openapi_documents_the_api_with_examples(client: Any) -> None:
