@@ -44,7 +44,7 @@ from app.jobs.registry import KINDS, check_kind
 from app.services import personas as persona_service
 from app.services.belief import ensure_fixed_order, fit_study_model, historical_matrix
 from app.services.designer import describe_fit
-from app.services.group_rounds import plan_next_round
+from app.services.group_rounds import MIN_VALIDATION_MEMBERS, gnn_holdout, plan_next_round
 from app.services.simulation import SimulationOptions, run_study_simulation
 from app.tables import FittedModel, Item, ItemRole, Study
 
@@ -143,16 +143,21 @@ def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
         )
         if not any(it.role != ItemRole.attribute.value for it in items):
             raise InvalidInputError("the study has no question or target items to train on")
-        train, val = historical_matrix(study.id or 0, items, session=db)
+        fit, check = gnn_holdout(*historical_matrix(study.id or 0, items, session=db))
         attr = [j for j, it in enumerate(items) if it.role == ItemRole.attribute.value]
         ques = [j for j, it in enumerate(items) if it.role != ItemRole.attribute.value]
-        data = torch.cat([train, val])
         if attr:  # the graph needs every member's attributes: drop members missing any
-            data = data[(data[:, attr] >= 0).all(1)]
-        if data.shape[0] < 6 or not ques:
-            raise InvalidInputError("the study has too little history to train the GNN")
-        n_val = val.shape[0] if val.shape[0] >= 3 else max(3, data.shape[0] // 10)
-        n = data.shape[0]
+            fit = fit[(fit[:, attr] >= 0).all(1)]
+            check = check[(check[:, attr] >= 0).all(1)]
+        if fit.shape[0] < 3 or check.shape[0] < 3 or not ques:
+            raise InvalidInputError(
+                f"the study has too little history to train the group GNN: {fit.shape[0]} "
+                f"imported respondents to train on and {check.shape[0]} to check it on "
+                "(with every attribute answered; at least 3 of each, and the planner uses "
+                f"it only when it can check it on {MIN_VALIDATION_MEMBERS})"
+            )
+        data = torch.cat([fit, check])
+        n, n_val = data.shape[0], check.shape[0]
         tr, va = list(range(n - n_val)), list(range(n - n_val, n))
         attributes = data[:, attr] if attr else torch.zeros(n, 0, dtype=torch.long)
         schema = schema_from_data(

@@ -114,7 +114,8 @@ def _study_items(study_id: int, *, session: Session) -> list[Item]:
 def historical_matrix(
     study_id: int, items: Sequence[Item], *, session: Session
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The imported respondents as response matrices ``(train [N, I], val [N_val, I])``.
+    """The imported respondents as response matrices ``(train [N, I], val [N_val, I])``,
+    each in respondent id order.
 
     Cells are option indices in ``item.options`` order, ``-1`` where missing. Letters that
     are not an option of the item (possible only if the codebook was edited after the
@@ -123,10 +124,12 @@ def historical_matrix(
     col = {it.key: j for j, it in enumerate(items)}
     letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
     rows = session.exec(
-        select(Respondent.attributes, Respondent.answers, Respondent.split).where(
+        select(Respondent.attributes, Respondent.answers, Respondent.split)
+        .where(
             Respondent.study_id == study_id,
             Respondent.source == RespondentSource.import_.value,
         )
+        .order_by(Respondent.id)  # type: ignore[arg-type]
     ).all()
     train: list[list[int]] = []
     val: list[list[int]] = []

@@ -100,6 +100,28 @@ MIN_VALIDATION_MEMBERS = 10
 """The fewest validation members on which the study's GNN is checked before it is used."""
 
 
+def gnn_holdout(train: torch.Tensor, val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(fit [N_fit, I], check [N_check, I])``: the imported respondents the group GNN is
+    trained on, and those it is checked on (its early stopping in the ``train_gnn`` job,
+    its pool weight in the planner: the same members in both).
+
+    ``train`` and ``val`` are :func:`app.services.belief.historical_matrix`'s (respondent
+    id order). With at least :data:`MIN_VALIDATION_MEMBERS` validation members (the
+    dataset's own split) they are the check; otherwise (an upload without a split) the
+    last ``max(MIN_VALIDATION_MEMBERS, N // 10)`` of all ``N`` respondents are, when at
+    least as many are left to fit on. Example: 50 respondents, none marked validation:
+    fit on the first 40, check on the last 10.
+    """
+    if val.shape[0] >= MIN_VALIDATION_MEMBERS:
+        return train, val
+    data = torch.cat([train, val])
+    n = data.shape[0]
+    n_check = max(MIN_VALIDATION_MEMBERS, n // 10)
+    if n - n_check < n_check:
+        return train, val
+    return data[: n - n_check], data[n - n_check :]
+
+
 class RoundClosedError(ConflictError):
     """The round of a link is closed: answers are no longer accepted."""
 
@@ -326,7 +348,7 @@ def study_planner_models(
     bank_items = sorted(
         (it for it in rt.items if it.id in rt.model_index), key=lambda it: rt.model_index[it.id]
     )
-    _, val = historical_matrix(study.id or 0, bank_items, session=session)
+    _, val = gnn_holdout(*historical_matrix(study.id or 0, bank_items, session=session))
     if val.shape[0] < MIN_VALIDATION_MEMBERS:
         return without(
             f"only {val.shape[0]} validation members to check the GNN on (at least "

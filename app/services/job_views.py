@@ -74,9 +74,24 @@ def _fixed_order_words(r: dict[str, Any]) -> str:
     return words + (f": {r['message']}" if r.get("message") else "")
 
 
+def _gnn_words(r: dict[str, Any]) -> str:
+    epoch = int(r["best_epoch"])
+    return (
+        f"group GNN trained on {int(r['members']):,} imported respondents in "
+        f"{float(r['seconds']):.1f} s; cross-entropy on the held-out respondents "
+        f"{float(r['best_val_ce']):.3f} nats per answer "
+        + (
+            "after the first epoch (more training did not lower it)"
+            if epoch == 0
+            else f"at its best epoch, {epoch}"
+        )
+    )
+
+
 RESULT_WORDS: dict[str, Callable[[dict[str, Any]], str]] = {
     "persona_generation": _persona_words,
     "fixed_order": _fixed_order_words,
+    "train_gnn": _gnn_words,
 }
 """A succeeded job's result in words, per kind (others: their fields)."""
 

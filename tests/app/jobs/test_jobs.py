@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.jobs.runner import MAX_ATTEMPTS, claim, execute_job, reap_dead_jobs
+from app.services.job_views import result_summary
 from app.services.jobs import cancel_job, start_job
 from app.settings import Settings
 from app.tables import Job, JobStatus, Researcher, Study
@@ -339,6 +340,9 @@ def test_train_gnn_job_stores_an_inactive_model(
     row = db.get(FittedModel, r["fitted_model_id"])
     assert row is not None and row.family == "gnn" and not row.is_active
     assert isinstance(TrainedGNN.from_bytes(row.blob), TrainedGNN)
+    words = result_summary(_job(engine, job.id or 0))
+    assert words is not None and words.startswith(f"group GNN trained on {r['members']:,} ")
+    assert f"{r['best_val_ce']:.3f} nats per answer" in words and "best val ce" not in words
 
 
 def test_fit_progress_reports_each_em_restart_over_the_k_grid(

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -29,6 +30,7 @@ from app.tables import (
     Job,
     JobStatus,
     Researcher,
+    Respondent,
     SelectionDecision,
     Study,
 )
@@ -572,3 +574,39 @@ def test_one_respondent_is_singular_on_the_pages(
     assert "ask 1 respondent</button>" in page
     assert '<span class="n">1 respondent</span> per round' in page
     assert "1 respondents" not in page
+
+
+def test_gnn_holdout_uses_the_split_or_the_last_tenth() -> None:
+    rows = torch.arange(60).reshape(30, 2)
+    # a dataset split with enough validation members: as it is
+    fit, check = group_rounds.gnn_holdout(rows[:18], rows[18:])
+    assert fit.equal(rows[:18]) and check.equal(rows[18:])
+    # no split (an upload without user_split.json): the last max(10, N // 10) members
+    fit, check = group_rounds.gnn_holdout(rows, rows[:0])
+    assert fit.equal(rows[:20]) and check.equal(rows[20:])
+    many = torch.arange(400).reshape(200, 2)
+    fit, check = group_rounds.gnn_holdout(many[:195], many[195:])
+    assert fit.equal(many[:180]) and check.equal(many[180:])
+    # too few to hold 10 out and fit on as many: left as it is
+    fit, check = group_rounds.gnn_holdout(rows[:15], rows[:0])
+    assert fit.equal(rows[:15]) and check.shape[0] == 0
+
+
+def test_a_study_uploaded_without_a_split_plans_with_its_gnn(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    """The GNN job and the planner check the GNN on the same held-out members, so a study
+    whose imported respondents have no validation split can use the GNN it trained."""
+    for r in db.exec(select(Respondent).where(Respondent.study_id == ces_study.id)).all():
+        r.split = "train"
+        db.add(r)
+    db.commit()
+    study = _group_study(db, ces_study, rounds=2, respondents_per_round=3)
+    login(client, "alice@example.org")
+    train = Job(kind="train_gnn", study_id=study.id, payload={"max_epochs": 3})
+    db.add(train)
+    db.commit()
+    assert execute_job(engine, train.id or 0) == JobStatus.succeeded.value
+    plan = _plan(client, engine, study).result
+    assert plan is not None and plan["uses_gnn"] is True, plan.get("gnn_note")
+    assert plan["pool_val_gain"] is not None  # checked on the held-out members
