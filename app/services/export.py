@@ -24,7 +24,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain
@@ -56,6 +56,9 @@ META_COLUMNS = (
     "completed_at",
     "earlier_starts",
 )
+PANEL_PREFIX = "panel."
+"""The wide CSV's column of a link parameter ``K`` (``PROLIFIC_PID`` from
+``/s/{slug}?PROLIFIC_PID=...``) is ``panel.K``, after the meta columns."""
 PRED_SUFFIX, PROB_SUFFIX = "__pred", "__p"
 """With predictions, the wide CSV adds ``<key>__pred`` (the most likely option's letter)
 and ``<key>__p`` (its probability) per item, filled where the item has no answer."""
@@ -84,6 +87,8 @@ class ExportRow:
     """The keys of ``cells`` that hold answers (not attributes, not skips) in the order
     given: an imported respondent's stored answers first (study order), then the live
     answers (a key answered again takes its later place); :func:`_order`."""
+    panel: dict[str, str] = field(default_factory=dict)
+    """The link parameters the respondent arrived with (``respondent.panel_params``)."""
 
 
 def export_items(study: Study, *, session: Session) -> list[Item]:
@@ -92,6 +97,27 @@ def export_items(study: Study, *, session: Session) -> list[Item]:
             select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
         ).all()
     )
+
+
+def panel_keys(study: Study, *, session: Session) -> list[str]:
+    """The link parameter names any live respondent of ``study`` arrived with, sorted.
+
+    Example: respondents from ``?PROLIFIC_PID=...&STUDY_ID=...`` and from ``?src=mail``
+    give ``["PROLIFIC_PID", "STUDY_ID", "src"]``.
+    """
+    keys: set[str] = set()
+    for params in session.exec(
+        select(Respondent.panel_params).where(
+            Respondent.study_id == study.id, col(Respondent.panel_params).is_not(None)
+        )
+    ):
+        keys.update(str(k) for k in (params or {}))
+    return sorted(keys)
+
+
+def panel_text(params: Mapping[str, Any] | None) -> str:
+    """Link parameters as one cell: ``"PROLIFIC_PID=5f3a; src=mail"`` (``""`` for none)."""
+    return "; ".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
 
 
 def _iso(ts: datetime | None) -> str:
@@ -320,6 +346,7 @@ def iter_rows(
             earlier_starts=resp.earlier_starts,
             n_answers=len(person.answers),
             answer_order=_order(resp, person.answers, items, include_imported=include_imported),
+            panel={str(k): str(v) for k, v in (resp.panel_params or {}).items()},
         )
     if not include_imported:
         return
@@ -451,7 +478,9 @@ def _prob(p: float) -> str:
 def csv_wide(
     study: Study, *, session: Session, include_imported: bool = False, predictions: bool = False
 ) -> Iterator[str]:
-    """CSV, one row per respondent: meta columns then one column per item key (letters).
+    """CSV, one row per respondent: meta columns, a ``panel.K`` column per link parameter
+    ``K`` any respondent arrived with (:func:`panel_keys`), then one column per item key
+    (letters).
 
     With ``predictions``: then, per item, ``<key>__pred`` and ``<key>__p``: the most likely
     option and its probability for an item without an answer (never asked, skipped or
@@ -459,11 +488,16 @@ def csv_wide(
     not know.
     """
     keys = [it.key for it in export_items(study, session=session)]
+    panel = panel_keys(study, session=session)
     extra = [f"{k}{s}" for k in keys for s in (PRED_SUFFIX, PROB_SUFFIX)] if predictions else []
-    yield "\ufeff" + _csv_line([*META_COLUMNS, *keys, *extra])
+    yield "\ufeff" + _csv_line([*META_COLUMNS, *(PANEL_PREFIX + k for k in panel), *keys, *extra])
+
+    def start(r: ExportRow) -> list[Any]:
+        return [*_meta(r), *[r.panel.get(k, "") for k in panel]]
+
     if not predictions:
         for r in iter_rows(study, session=session, include_imported=include_imported):
-            yield _csv_line([*_meta(r), *[r.cells.get(k, "") for k in keys]])
+            yield _csv_line([*start(r), *[r.cells.get(k, "") for k in keys]])
         return
     from app.services.predictions import ANSWERED  # loaded with the predictions (torch)
 
@@ -473,7 +507,7 @@ def csv_wide(
         for k in keys:
             p = by_key.get(k)
             cells += [p.letter, _prob(p.probability)] if p is not None else ["", ""]
-        yield _csv_line([*_meta(r), *[r.cells.get(k, "") for k in keys], *cells])
+        yield _csv_line([*start(r), *[r.cells.get(k, "") for k in keys], *cells])
 
 
 LONG_COLUMNS = (
@@ -619,7 +653,8 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
     import pandas as pd  # heavy: loaded only for the SPSS / Stata exports
 
     items = export_items(study, session=session)
-    names = variable_names([it.key for it in items])
+    panel = panel_keys(study, session=session)
+    names = variable_names([*(PANEL_PREFIX + k for k in panel), *(it.key for it in items)])
     records: list[dict[str, Any]] = []
     codes = [{o[0]: k + 1 for k, o in enumerate(it.options)} for it in items]
     for r in iter_rows(study, session=session, include_imported=include_imported):
@@ -632,6 +667,8 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
             "completed_at": _iso(r.completed_at),
             "earlier_starts": float(r.earlier_starts),
         }
+        for k in panel:
+            rec[names[PANEL_PREFIX + k]] = r.panel.get(k, "")
         for it, code in zip(items, codes, strict=True):
             v = r.cells.get(it.key)
             rec[names[it.key]] = (
@@ -640,10 +677,12 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
                 else float(SKIP_CODE if v == SKIP_MARK else code.get(v, "nan"))
             )
         records.append(rec)
-    columns = [*META_COLUMNS, *(names[it.key] for it in items)]
+    texts = {names[PANEL_PREFIX + k] for k in panel}
+    columns = [*META_COLUMNS, *(names[PANEL_PREFIX + k] for k in panel)]
+    columns += [names[it.key] for it in items]
     frame = pd.DataFrame.from_records(records, columns=columns)
     for c in columns:  # typed even without rows (an empty frame's columns are objects)
-        if c in META_COLUMNS and c not in ("session_id", "earlier_starts"):
+        if c in texts or (c in META_COLUMNS and c not in ("session_id", "earlier_starts")):
             frame[c] = frame[c].astype(object).fillna("").astype(str)
         else:
             frame[c] = frame[c].astype("float64")
@@ -656,6 +695,8 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
         "completed_at": "session completed (UTC)",
         "earlier_starts": "earlier starts from the same browser",
     }
+    for k in panel:
+        var_labels[names[PANEL_PREFIX + k]] = f"link parameter {k}"
     value_labels: dict[str, dict[int, str]] = {}
     for it in items:
         var_labels[names[it.key]] = f"{it.key}: {it.question}"

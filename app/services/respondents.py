@@ -59,6 +59,11 @@ class LiveRespondentRow:
     panel_params: dict[str, object] | None
     preview: bool = False
 
+    @property
+    def panel(self) -> str:
+        """The link parameters as one line (:func:`app.services.export.panel_text`)."""
+        return export.panel_text(self.panel_params)
+
 
 def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRow]:
     """The study's live respondents, newest first (at most :data:`LIST_LIMIT`)."""

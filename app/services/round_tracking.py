@@ -14,7 +14,7 @@ from sqlmodel import Session, col, select
 
 from app import session as svc
 from app.errors import ConflictError, NotFoundError
-from app.services.export import safe_cell
+from app.services.export import panel_text, safe_cell
 from app.services.group_rounds import (
     answers_by_session,
     link_token,
@@ -45,6 +45,7 @@ class MemberRow:
     answer: str | None  # the option's label
     answered_at: str | None
     link: str
+    panel: str = ""  # the link parameters the member arrived with (export.panel_text)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ def round_view(
                 answer=labels.get(a.option or "", a.option) if a and a.option else None,
                 answered_at=a.created_at.strftime("%Y-%m-%d %H:%M:%S UTC") if a else None,
                 link=link_base + link_token(secret, rnd.id or 0, m.respondent_id),
+                panel=panel_text(r.panel_params) if r is not None else "",
             )
         )
     count = {
@@ -111,12 +113,14 @@ def round_view(
 
 
 def links_csv(view: RoundView) -> str:
-    """CSV of a round's members: ``respondent, respondent_id, expected_gain, status, link``."""
+    """CSV of a round's members: ``respondent, respondent_id, expected_gain, status, link,
+    panel_params`` (the link parameters the member arrived with, e.g.
+    ``PROLIFIC_PID=5f3a``, for a mail merge keyed by the panel's ids)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["respondent", "respondent_id", "expected_gain", "status", "link"])
+    w.writerow(["respondent", "respondent_id", "expected_gain", "status", "link", "panel_params"])
     for m in view.members:
-        row = [m.label, m.respondent_id, f"{m.expected_gain:.6f}", m.status, m.link]
+        row = [m.label, m.respondent_id, f"{m.expected_gain:.6f}", m.status, m.link, m.panel]
         w.writerow([safe_cell(v) for v in row])  # no spreadsheet formula (OWASP)
     return buf.getvalue()
 

@@ -9,6 +9,8 @@ respondent) is respected exactly.
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from typing import Any
 
@@ -20,7 +22,7 @@ from sqlmodel import Session, col, select
 
 from app import session as svc
 from app.jobs.runner import execute_job
-from app.services import group_rounds, round_links, round_tracking
+from app.services import export, group_rounds, round_links, round_tracking
 from app.settings import Settings
 from app.tables import (
     Answer,
@@ -458,6 +460,21 @@ def test_plan_asks_only_members_who_answered_and_can_be_reached(
     page = client.get(f"/admin/studies/{study.slug}/groups")
     assert re.search(r'id="n-eligible">2<', page.text), page.text
     assert "ask 2 respondents" in page.text
+    # the panel's own ids travel with the member: round page, links.csv, exports
+    assert _open(client, study, plan.id or 0).status_code == 303
+    round_page = client.get(f"/admin/studies/{study.slug}/groups/1")
+    assert "Link parameters" in round_page.text and "PROLIFIC_PID=p-77" in round_page.text
+    links = client.get(f"/admin/studies/{study.slug}/groups/1/links.csv").text
+    rows = {r["respondent_id"]: r for r in csv.DictReader(io.StringIO(links.lstrip("\ufeff")))}
+    assert rows[str(panel_member)]["panel_params"] == "PROLIFIC_PID=p-77"
+    assert rows[str(api_client)]["panel_params"] == ""
+    wide = client.get(f"/admin/studies/{study.slug}/export/answers_wide.csv").text
+    table = list(csv.DictReader(io.StringIO(wide.lstrip("\ufeff"))))
+    assert list(table[0])[:8] == [*export.META_COLUMNS, "panel.PROLIFIC_PID"]
+    assert {r["panel.PROLIFIC_PID"] for r in table} == {"p-77", ""}
+    frame, labels, _ = export.labelled_frame(study, session=db)
+    assert set(frame["panel_PROLIFIC_PID"]) == {"p-77", ""}
+    assert labels["panel_PROLIFIC_PID"] == "link parameter PROLIFIC_PID"
 
 
 def test_plan_fails_with_the_reason_when_nobody_can_be_reached(
