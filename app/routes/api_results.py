@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from app.deps import SessionDep
 from app.routes.api_docs import BEARER
-from app.routes.api_v1 import _ERRORS, ApiResearcher, ApiRoute, get_owned_study
+from app.routes.api_v1 import _ERRORS, ApiResearcher, ApiRoute, OptionOut, get_owned_study
 from app.services import results
 from app.services.studies import visible_study_summaries
 from app.tables import Study
@@ -60,6 +60,27 @@ class StudyOut(BaseModel):
 
 class StudiesOut(BaseModel):
     studies: list[StudyOut] = Field(description="newest first")
+
+
+class ItemOut(BaseModel):
+    key: str = Field(examples=["gender4"])
+    role: str = Field(
+        examples=["attribute"],
+        description="attribute (send it as a session's attributes), question (asked) or "
+        "target (predicted)",
+    )
+    question: str
+    topic: str | None = None
+    options: list[OptionOut]
+
+
+class StudyDetailOut(BaseModel):
+    slug: str = Field(examples=["ces"])
+    name: str
+    status: str = Field(examples=["published"], description="draft, published or closed")
+    max_questions: int = Field(description="the most questions a session asks")
+    allow_skip: bool = Field(description="whether an answer may be null (prefer not to answer)")
+    items: list[ItemOut] = Field(description="every item, in the study's order")
 
 
 class ResponseAnswerOut(BaseModel):
@@ -144,6 +165,18 @@ def list_studies(researcher: ApiResearcher, session: SessionDep) -> dict[str, An
             for s in rows
         ]
     }
+
+
+@router.get(
+    "/studies/{slug}",
+    response_model=StudyDetailOut,
+    summary="A study's items and options: what a session may be given and asked",
+    description="Status, question budget, and every item in the study's order with its "
+    "role and options: the `attributes` a new session may be given (attribute items, "
+    "`{key: letter}`), the questions it may ask and the targets it predicts.",
+)
+def get_study(study: OwnedStudy, session: SessionDep) -> dict[str, Any]:
+    return results.study_description(study, session=session)
 
 
 @router.get(

@@ -37,6 +37,7 @@ from app.services.export import (
     iter_predictions,
     iter_rows,
 )
+from app.session import study_settings
 from app.tables import Study
 
 MAX_ID = 2**31 - 1
@@ -225,3 +226,32 @@ def predictions_page(
 
     rows = iter_predictions(study, session=session, after=after)
     return _page(PREDICTIONS, study, rows, n, render, lambda r: r.respondent_pk)
+
+
+def study_description(study: Study, *, session: Session) -> dict[str, Any]:
+    """What a client needs to run a study's sessions: its status, question budget and
+    items in study order, each ``{"key", "role", "question", "topic", "options":
+    [{"letter", "label"}]}`` (``role``: ``attribute`` items are sent as a session's
+    ``attributes``; ``question`` items are asked; ``target`` items are predicted).
+
+    Example: ``{"slug": "ces", "status": "published", "max_questions": 10, "allow_skip":
+    true, "items": [{"key": "gender4", "role": "attribute", ...}, ...]}``.
+    """
+    settings = study_settings(study)
+    return {
+        "slug": study.slug,
+        "name": study.name,
+        "status": study.status,
+        "max_questions": settings.budgets.max_questions,
+        "allow_skip": settings.budgets.allow_skip,
+        "items": [
+            {
+                "key": it.key,
+                "role": it.role,
+                "question": it.question,
+                "topic": it.topic,
+                "options": [{"letter": str(o[0]), "label": str(o[1])} for o in it.options],
+            }
+            for it in export_items(study, session=session)
+        ],
+    }

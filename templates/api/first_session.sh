@@ -7,21 +7,27 @@ STUDY=ces                    # the demo study's slug
 priorly user create --email you@example.org --admin
 KEY=$(priorly apikey create --email you@example.org)
 
-# 2. Start a session. The answer holds the first question and the session's token
-#    (shown once): the respondent's client uses the token, not your key.
+# 2. What the study asks: its items with their role and options. Attribute items are
+#    what your product may already know about the user (send them as "attributes").
+curl -sS --fail-with-body "$BASE/api/v1/studies/$STUDY" -H "Authorization: Bearer $KEY" \
+  | jq -c '.items[] | select(.role == "attribute") | {key, options: [.options[].letter]}'
+
+# 3. Start a session (external_id: your id for the user, unique in the study). The answer
+#    holds the first question and the session's token (shown once): the respondent's
+#    client uses the token, not your key.
 curl -sS --fail-with-body -X POST "$BASE/api/v1/studies/$STUDY/sessions" \
   -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \
-  -d '{"external_id": "curl-1"}' > session.json
+  -d "{\"external_id\": \"curl-$(date +%s)\"}" > session.json
 jq '{session_id, question}' session.json
 SESSION=$(jq -r .session_id session.json)
 TOKEN=$(jq -r .token session.json)
 
-# 3. The question waiting for an answer (item key, text, options).
+# 4. The question waiting for an answer (item key, text, options).
 curl -sS --fail-with-body "$BASE/api/v1/sessions/$SESSION" \
   -H "Authorization: Bearer $TOKEN" > question.json
 jq .question question.json
 
-# 4. Answer it (here with its first option). The reply is the next question. A retry
+# 5. Answer it (here with its first option). The reply is the next question. A retry
 #    with the same idempotency_key returns the same reply.
 ITEM=$(jq -r .question.item question.json)
 OPTION=$(jq -r '.question.options[0].letter' question.json)
@@ -30,14 +36,14 @@ curl -sS --fail-with-body -X POST "$BASE/api/v1/sessions/$SESSION/answers" \
   -d "{\"item\": \"$ITEM\", \"option\": \"$OPTION\", \"idempotency_key\": \"curl-1-a1\"}" \
   | jq '{questions_answered, question}'
 
-# 5. What the model now predicts for the study's targets and every unanswered item,
+# 6. What the model now predicts for the study's targets and every unanswered item,
 #    and the respondent's profile.
 curl -sS --fail-with-body "$BASE/api/v1/sessions/$SESSION/predictions" \
   -H "Authorization: Bearer $TOKEN" | jq '{answers, targets: .targets[:2], predicted: .predicted[:2]}'
 curl -sS --fail-with-body "$BASE/api/v1/sessions/$SESSION/profile" \
   -H "Authorization: Bearer $TOKEN" | jq '{answers, summary}'
 
-# 6. Results with the key: the studies it may see, then the responses and predictions
+# 7. Results with the key: the studies it may see, then the responses and predictions
 #    page by page (pass next_cursor as ?cursor= until it is null).
 curl -sS --fail-with-body "$BASE/api/v1/studies" -H "Authorization: Bearer $KEY" | jq .
 curl -sS --fail-with-body "$BASE/api/v1/studies/$STUDY/responses?limit=2" \

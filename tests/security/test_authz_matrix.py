@@ -200,6 +200,7 @@ ROUTES: dict[tuple[str, str], Case] = {
             **dict.fromkeys(("key_owner", "key_other", "key_shared", "key_admin"), 200),
         }
     ),
+    ("GET", "/api/v1/studies/{slug}"): Case(api_study(200)),
     ("GET", "/api/v1/studies/{slug}/responses"): Case(api_study(200)),
     ("GET", "/api/v1/studies/{slug}/predictions"): Case(api_study(200)),
     # ---- admin: login, invitations (the token is the credential) ----

@@ -554,7 +554,7 @@ def test_long_slug_is_not_echoed_and_options_lists_methods(world: HostileWorld) 
     assert "PUT /api/v1/sessions/1: this path allows" in r.json()["message"]
     for method, path in (
         ("GET", "/api/v1/sessions"),
-        ("GET", "/api/v1/studies/ces"),
+        ("GET", "/api/v1/studies/ces/items"),
         ("HEAD", "/api/v1/nothing"),
         ("DELETE", "/api/v1/" + slug),
     ):

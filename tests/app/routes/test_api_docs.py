@@ -157,14 +157,15 @@ def test_first_session_commands_run_against_the_demo_study(
     assert created["token"] and created["question"]["options"]
     question = json.loads((tmp_path / "question.json").read_text())["question"]
     assert question["item"] == created["question"]["item"]
-    assert '"questions_answered": 1' in out  # step 4's reply
-    assert '"summary"' in out and '"distribution"' in out  # steps 5
-    assert '"slug": "ces"' in out  # step 6
+    assert '{"key":"gender4","options":["A","B","C","D"]}' in out  # step 2: the attributes
+    assert '"questions_answered": 1' in out  # step 5's reply
+    assert '"summary"' in out and '"distribution"' in out  # step 6
+    assert '"slug": "ces"' in out  # step 7
     with Session(live.engine) as db:
         sess = db.get(ElicitationSession, created["session_id"])
         assert sess is not None
         respondent = db.get(Respondent, sess.respondent_id)
-        assert respondent is not None and respondent.external_id == "curl-1"
+        assert respondent is not None and re.fullmatch(r"curl-\d+", respondent.external_id or "")
         answers = db.exec(select(Answer).where(Answer.session_id == sess.id)).all()
         assert [a.option for a in answers] == [question["options"][0]["letter"]]
         n_sessions = len(

@@ -23,7 +23,8 @@ from sqlmodel import select
 from app.auth import share_study
 from app.services.apikeys import create_api_key, create_researcher
 from app.services.export import SKIP_MARK, codebook_jsonl, csv_predictions, csv_wide
-from app.tables import ElicitationSession, Study
+from app.session import study_settings
+from app.tables import ElicitationSession, Item, Study
 from tests.support.live_study import LiveStudy, app_client, ces_sample_study, priorly_serve
 
 N_SESSIONS = 7
@@ -222,16 +223,47 @@ def test_predictions_pages_equal_the_predictions_export(client: Any, live: LiveS
     assert first["targets"] != last["targets"]
 
 
+def test_a_study_describes_its_items_for_a_client(client: Any, live: LiveStudy) -> None:
+    r = client.get(f"/api/v1/studies/{live.slug}", headers=bearer(live.owner_key))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["slug"], body["status"]) == (live.slug, "published")
+    with live.session() as db:
+        items = db.exec(
+            select(Item).where(Item.study_id == live.study_id).order_by(Item.position, Item.id)
+        ).all()
+        settings = study_settings(_study(live, db))
+    assert body["max_questions"] == settings.budgets.max_questions
+    assert [(i["key"], i["role"], i["question"]) for i in body["items"]] == [
+        (it.key, it.role, it.question) for it in items
+    ]
+    assert [[(o["letter"], o["label"]) for o in i["options"]] for i in body["items"]] == [
+        [(str(o[0]), str(o[1])) for o in it.options] for it in items
+    ]
+    # what it lists is what a session accepts: every attribute key, with one of its letters
+    attrs = {
+        i["key"]: i["options"][-1]["letter"] for i in body["items"] if i["role"] == "attribute"
+    }
+    started = client.post(
+        f"/api/v1/studies/{live.slug}/sessions",
+        json={"attributes": attrs},
+        headers=bearer(live.owner_key),
+    )
+    assert started.status_code == 201, started.text
+
+
 def test_a_study_the_key_may_not_see_is_404(client: Any, live: LiveStudy) -> None:
-    for path in ("responses", "predictions"):
+    for path in ("responses", "predictions", ""):
         for slug in (live.slug, "no-such-study"):
-            r = client.get(f"/api/v1/studies/{slug}/{path}", headers=bearer(live.other_key))
+            url = f"/api/v1/studies/{slug}/{path}".rstrip("/")
+            r = client.get(url, headers=bearer(live.other_key))
             assert r.status_code == 404, r.text
             assert r.json()["code"] == "study_not_found"
         # a session token is not a researcher's key; no credential is 401
-        r = client.get(f"/api/v1/studies/{live.slug}/{path}")
+        url = f"/api/v1/studies/{live.slug}/{path}".rstrip("/")
+        r = client.get(url)
         assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
-        r = client.get(f"/api/v1/studies/{live.slug}/{path}", headers=bearer("st_made_up"))
+        r = client.get(url, headers=bearer("st_made_up"))
         assert r.status_code == 401 and "API key" in r.json()["message"]
 
 
