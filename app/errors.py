@@ -140,6 +140,27 @@ def validation_message(exc: _HasErrors) -> str:
     valid integer``."""
     parts = []
     for err in exc.errors()[:5]:
+        whole_body = tuple(err.get("loc", ())) == ("body",)
+        if whole_body and err.get("type") in BODY_MESSAGES:
+            parts.append(BODY_MESSAGES[str(err["type"])])
+            continue
+        if err.get("type") == "json_invalid":
+            where = (err.get("loc") or ("body", "?"))[-1]
+            reason = (err.get("ctx") or {}).get("error", "")
+            parts.append(
+                f"request body: not valid JSON at character {where}: {reason}".rstrip(": ")
+            )
+            continue
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg")))
     return "; ".join(parts) or "invalid request"
+
+
+BODY_MESSAGES = {
+    "missing": "request body: a JSON object is required (send it with Content-Type: "
+    "application/json)",
+    "model_attributes_type": "request body: must be a JSON object (send it with "
+    "Content-Type: application/json)",
+}
+""":func:`validation_message`'s words for a problem with the whole body, by pydantic error
+type: a missing body, or one that is not a JSON object (another content type, a list)."""

@@ -63,6 +63,7 @@ ERROR_CODES: dict[str, str] = {
     "session_not_found": "404: no such session, or not yours",
     "item_not_found": "404: the item is not an item of the study",
     "not_found": "404: no such resource",
+    "method_not_allowed": "405: the path has no call with this method (see Allow)",
     "invalid_input": "422: the request body or parameters are invalid",
     "invalid_answer": "422: the option is not an option of the item, or skipping is not allowed",
     "invalid_attributes": "422: an unknown attribute or option",
@@ -116,10 +117,14 @@ def _code_of(exc: PriorlyError) -> str:
     return "error"
 
 
-def error_response(status: int, code: str, message: str) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+def error_response(
+    status: int, code: str, message: str, retry_after: int | None = None
+) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     body = {"code": code, "message": clip(message)}  # never a huge input echoed in full
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 class ApiRoute(APIRoute):
@@ -132,7 +137,8 @@ class ApiRoute(APIRoute):
             try:
                 return await handler(request)
             except PriorlyError as exc:
-                return error_response(exc.http_status, _code_of(exc), exc.message)
+                retry_after = getattr(exc, "retry_after", None)  # e.g. model_preparing
+                return error_response(exc.http_status, _code_of(exc), exc.message, retry_after)
             except RequestValidationError as exc:
                 return error_response(422, "invalid_input", validation_message(exc))
             except StarletteHTTPException as exc:
@@ -544,7 +550,9 @@ def _session_out(view: svc.SessionView) -> dict[str, Any]:
     summary="Create a session for a study",
     description="Creates a live respondent (with an optional external id and known "
     "attributes) and its adaptive session, and chooses the first question. Needs an API key "
-    "of the study's owner. The returned token is shown once.",
+    "that may see the study (its owner's, one it is shared with, an admin's). A draft study "
+    "accepts sessions too (to try it before publishing), a closed one none (409 "
+    "study_not_open). The returned token is shown once.",
 )
 async def create_session(
     request: Request,

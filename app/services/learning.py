@@ -454,6 +454,8 @@ class ModelPreparingError(ConflictError):
     ``model_preparing``: retry once the job has finished)."""
 
     code = "model_preparing"
+    retry_after = 30
+    """Seconds a client should wait before retrying (the API's ``Retry-After``)."""
 
 
 class ModelFitFailedError(ConflictError):

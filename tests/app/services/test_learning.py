@@ -282,10 +282,16 @@ def test_a_failed_first_fit_is_reported_and_not_queued_again(
     assert r.status_code == 409 and r.json()["code"] == "model_fit_failed"
     assert f"job {job.id}" in r.json()["message"]
     assert len(db.exec(select(Job).where(Job.kind == "fit_model")).all()) == 1
+    assert "retry-after" not in r.headers  # retrying does not help
     refit, queued = queue_refit(ces_study, researcher=None, settings=settings, session=db)
     assert queued and refit.id != job.id
     with pytest.raises(ModelPreparingError, match=f"being fitted by job {refit.id}"):
         svc.start_session(ces_study, engine=engine)
+    # through the API: 409 model_preparing with a Retry-After
+    r = client.post(f"/api/v1/studies/{ces_study.slug}/sessions", json={},
+                    headers={"Authorization": f"Bearer {key.key}"})  # fmt: skip
+    assert r.status_code == 409 and r.json()["code"] == "model_preparing"
+    assert r.headers["retry-after"] == str(ModelPreparingError.retry_after)
 
 
 def test_one_fit_job_per_study_at_a_time_even_when_clicks_race(

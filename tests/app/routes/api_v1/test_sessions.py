@@ -233,6 +233,20 @@ def test_idempotent_retry_and_conflicting_reanswer(client: Any, live: LiveStudy)
     missing = client.post(url, json={"item": nxt}, headers=bearer(token))
     assert missing.status_code == 422 and missing.json()["code"] == "invalid_input"
     assert "idempotency_key" in missing.json()["message"]
+    # a body that is not a JSON object says so, and how to send one
+    for kwargs, words in (
+        ({}, "request body: a JSON object is required (send it with Content-Type: "
+             "application/json)"),
+        ({"content": b"item=x", "headers": {"content-type": "text/plain"}},
+         "request body: must be a JSON object"),
+        ({"json": ["x"]}, "request body: must be a JSON object"),
+        ({"content": b'{"item": ', "headers": {"content-type": "application/json"}},
+         "request body: not valid JSON at character 9"),
+    ):  # fmt: skip
+        headers = {**bearer(token), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+        bad = client.post(url, headers=headers, **kwargs)
+        assert bad.status_code == 422 and bad.json()["code"] == "invalid_input"
+        assert bad.json()["message"].startswith(words), bad.json()
     unknown_item = client.post(
         url, json={"item": "nope", "option": "A", "idempotency_key": "k5"}, headers=bearer(token)
     )
