@@ -76,15 +76,19 @@ def _question_page(
     )
 
 
-def _thanks(request: Request, templates: Any, link: round_links.MemberLink) -> HTMLResponse:
-    return message_page(
-        request,
-        templates,
-        "Thank you!",
-        "Your answer was saved. You can close this page now.",
-        200,
-        link.study,
-    )
+THANKS = {
+    True: "You preferred not to answer; that was recorded.",
+    False: "Your answer was saved.",
+    None: "Your reply was recorded.",
+}
+"""The thank-you line after a skip, an answer, or a later visit of an answered link."""
+
+
+def _thanks(
+    request: Request, templates: Any, link: round_links.MemberLink, skipped: bool | None = None
+) -> HTMLResponse:
+    text = f"{THANKS[skipped]} You can close this page now."
+    return message_page(request, templates, "Thank you!", text, 200, link.study)
 
 
 def get_member_link(token: str, session: SessionDep) -> round_links.MemberLink | None:
@@ -108,7 +112,8 @@ def link_page(
         return _unknown(request, templates)
     view = round_links.link_view(link, session=session)
     if view.n_posed >= 1:
-        return _thanks(request, templates, link)
+        reply = request.query_params.get("reply")  # set by the redirect after the POST
+        return _thanks(request, templates, link, {"skipped": True, "answered": False}.get(reply))
     if not link.round_open or view.question is None:
         return _closed(request, templates, link)
     return _question_page(request, templates, link, view, token)
@@ -158,6 +163,7 @@ async def link_answer(
     except svc.AnswerConflictError as exc:
         return message_page(request, templates, "Already answered", exc.message, 409, link.study)
     url = str(request.url_for("group_round_link", token=token))
+    url += "?reply=" + ("skipped" if skip else "answered")
     if request.headers.get("HX-Request") == "true":
         return Response(status_code=200, headers={"HX-Redirect": url})
     return RedirectResponse(url, status_code=303)

@@ -646,7 +646,7 @@ def _plan_result(
             {
                 "respondent": member_label(members[int(v)]),
                 "respondent_id": members[int(v)].id,
-                "expected_gain": float(member_gain[int(v)]),
+                "expected_gain": round(float(member_gain[int(v)]), 6) + 0.0,  # never -0.0
                 "questions_asked": int(group.n_asked[int(v)]),
                 "reason": plan.explanations[j]["reason"] if plan.explanations else "",
             }
@@ -691,7 +691,8 @@ def plan_next_round(
     not asked yet, best first), ``respondents`` (``respondent`` label, ``respondent_id``,
     ``expected_gain`` in expected correct target answers, ``questions_asked``,
     ``reason``), ``per_round``, ``best_gain_not_chosen``, ``panel`` (``live`` /
-    ``imported``), ``n_members``, ``n_eligible`` (members who can receive a question),
+    ``imported``), ``n_members``, ``n_eligible`` (members who can receive a question:
+    reachable, and asked fewer round questions than ``max_questions_per_respondent``),
     ``rounds_done``, ``rounds_total``, ``answers_used``, ``total_answers``, ``selection``,
     ``selection_label``, ``method``, ``uses_gnn``, ``gnn_model_id``, ``gnn_note``,
     ``pool_weight``, ``predictions`` (per target, the panel's mean predicted distribution
@@ -716,13 +717,15 @@ def plan_next_round(
     if open_:
         raise ConflictError(f"round {open_[0].number} is open: close it before planning the next")
     members = rep.members
-    n_eligible = int(rep.askable.sum())
-    if n_eligible == 0:
+    if not bool(rep.askable.any()):
         raise GroupBudgetError(
             f"none of the {len(members)} members can receive a question: a member must "
             "have answered the survey and be reachable (an external id from an API client "
             "or a panel, or panel parameters in their survey link)"
         )
+    cap = rep.budget.max_questions_per_respondent
+    under_cap = rep.askable if cap is None else rep.askable & (rep.group.n_asked < cap)
+    n_eligible = int(under_cap.sum())  # reachable and below the per-respondent cap
     if progress:
         progress(0.2, f"scoring {len(rep.state.candidates)} questions for {len(members)} members")
     try:

@@ -181,22 +181,25 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         ok = respondent.post(
             links[0], data={"option": letters[0], "idempotency_key": "k1"}, follow_redirects=False
         )
-        assert ok.status_code == 303 and ok.headers["location"] == links[0]
+        assert ok.status_code == 303 and ok.headers["location"] == links[0] + "?reply=answered"
     assert [a.option for a in _answers(engine, members[0].session_id)] == [letters[0]]
-    assert "Thank you" in respondent.get(links[0]).text
+    assert "Your answer was saved" in respondent.get(ok.headers["location"]).text
+    assert "Your reply was recorded" in respondent.get(links[0]).text  # a later visit
     changed = respondent.post(links[0], data={"option": letters[-1], "idempotency_key": "k2"})
     assert changed.status_code == 409
     # member 1 prefers not to answer; member 2 answers with htmx
     skip = respondent.post(
         links[1], data={"skip": "1", "idempotency_key": "k3"}, follow_redirects=False
     )
-    assert skip.status_code == 303
+    assert skip.status_code == 303 and skip.headers["location"] == links[1] + "?reply=skipped"
+    thanks = respondent.get(skip.headers["location"]).text
+    assert "You preferred not to answer" in thanks and "answer was saved" not in thanks
     hx = respondent.post(
         links[2],
         data={"option": letters[-1], "idempotency_key": "k4"},
         headers={"HX-Request": "true"},
     )
-    assert hx.status_code == 200 and hx.headers["HX-Redirect"] == links[2]
+    assert hx.status_code == 200 and hx.headers["HX-Redirect"] == links[2] + "?reply=answered"
     # one question per link: each answered round session stopped after it
     with Session(engine) as s:
         for m in members[:3]:
@@ -284,6 +287,8 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     assert r2["per_round"] == 3  # min(4 per round, 7 total - 4 used)
     asked_before = {m.respondent_id for m in members}
     assert not asked_before & {p["respondent_id"] for p in r2["respondents"]}  # max 1 each
+    # the 4 members asked in round 1 are at the cap of 1: not counted as able to receive one
+    assert r2["n_eligible"] == r1["n_eligible"] - 4
     assert r2["predictions"] != r1["predictions"]  # the answers moved the predictions
     # the stale plan 1 cannot be opened again
     stale = _open(client, study, plan1.id or 0)
