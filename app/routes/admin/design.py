@@ -37,8 +37,14 @@ def _study_page(
     error: str | None = None,
     notice: str | None = None,
     status: int = 200,
+    section: str | None = None,
 ) -> Response:
-    ctx = {**study_overview(study, session=session), "error": error, "notice": notice}
+    ctx = {
+        **study_overview(study, session=session),
+        "error": error,
+        "notice": notice,
+        "error_section": section,
+    }
     return page.render("admin/study.html", ctx, status=status)
 
 
@@ -50,18 +56,24 @@ def study_page(
 
 
 def _study_form(
-    page: PageDep, study: Study, session: Session, change: Callable[[], str]
+    page: PageDep,
+    study: Study,
+    session: Session,
+    change: Callable[[], str],
+    section: str | None = None,
 ) -> Response:
     """Run a designer change: on success redirect to the study page with the notice
     ``change`` returns; on a user error re-render the study page with the error (422),
     showing what is stored (a change half-applied to the loaded rows is rolled back and
-    the rows reloaded)."""
+    the rows reloaded), also next to the form of ``section`` (its card's id) when given."""
     try:
         notice = change()
     except Exception as exc:
         session.rollback()
         session.expire_all()
-        return _study_page(page, study, session, error=user_error_message(exc), status=422)
+        return _study_page(
+            page, study, session, error=user_error_message(exc), status=422, section=section
+        )
     return page.redirect("admin_study", slug=study.slug, query={"notice": notice})
 
 
@@ -257,7 +269,7 @@ async def study_status(
         designer.set_status(study, form.text("status"), session=session)
         return f"study {study.status}"
 
-    return _study_form(page, study, session, change)
+    return _study_form(page, study, session, change, section="status")
 
 
 @router.post("/studies/{slug}/share")

@@ -207,6 +207,11 @@ def test_create_study_items_roles_budgets_texts_publish(
     # publish needs a consent text
     r = dclient.post(base + "/status", data={"status": "published", "csrf_token": csrf(dclient)})
     assert r.status_code == 422 and "consent" in r.text
+    # the refusal is also shown next to the Publish button, where the form scrolls to
+    status_card = r.text.split('id="status"')[1].split("</section>")[0]
+    assert 'id="status-error"' in status_card and "consent" in status_card
+    assert 'action="/admin/studies/' + study.slug + '/status#status"' in status_card
+    assert 'data-confirm="Close this study?' in status_card
     texts = {
         "name": "Trust 2026",
         "description": "d",
