@@ -19,7 +19,15 @@ from typing import Any
 
 import pytest
 
-from tests.support.browser import DESKTOP, RESULTS, admin_database, log_in, shot, wait_or_explain
+from tests.support.browser import (
+    DESKTOP,
+    PHONE,
+    RESULTS,
+    admin_database,
+    log_in,
+    shot,
+    wait_or_explain,
+)
 from tests.support.data import DATASETS_DIR, write_small_dataset
 from tests.support.live_study import priorly_serve
 
@@ -176,3 +184,45 @@ def test_every_admin_screen(server: dict[str, Any], page: Any) -> None:
         shot(page, SHOTS, name)
     page.goto(base + "/admin/studies/ces-pilot/dashboard")
     assert "6" in page.inner_text(".stats")
+
+
+ADMIN_PAGES = (
+    "/admin",
+    "/admin/import",
+    "/admin/studies/ces-pilot",
+    "/admin/studies/ces-pilot/dashboard",
+    "/admin/studies/ces-pilot/respondents",
+    "/admin/studies/ces-pilot/jobs",
+    "/admin/studies/ces-pilot/personas",
+    "/admin/studies/ces-pilot/groups",
+    "/admin/studies/ces-pilot/export",
+    "/admin/keys",
+    "/admin/accounts",
+)
+
+
+def test_admin_pages_fit_a_phone_screen(server: dict[str, Any], browser: Any) -> None:
+    """At 390 px no admin page scrolls sideways: wide tables scroll inside their own box,
+    and the header (with "Log out") wraps."""
+    page = browser.new_context(viewport=PHONE).new_page()
+    try:
+        log_in(page, server["base"], EMAIL, PASSWORD)
+        wide = {}
+        for path in ADMIN_PAGES:
+            response = page.goto(server["base"] + path)
+            assert response is not None and response.status == 200, path
+            assert page.locator("h1").first.is_visible(), path
+            width = page.evaluate("() => document.documentElement.scrollWidth")
+            if width > PHONE["width"]:
+                wide[path] = page.evaluate(
+                    """() => [...document.querySelectorAll('body *')]
+                        .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
+                        .slice(0, 6).map(e => e.tagName + '.' + e.className + '#' + e.id
+                            + ':' + Math.round(e.getBoundingClientRect().right))"""
+                )
+        assert wide == {}, wide
+        page.goto(server["base"] + "/admin")
+        assert page.get_by_role("button", name="Log out").is_visible()
+        shot(page, SHOTS, "18-studies-phone")
+    finally:
+        page.context.close()
