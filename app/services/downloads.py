@@ -34,7 +34,8 @@ EXPORTS = {
 
 @dataclass(frozen=True)
 class Download:
-    """One prepared download: ``filename`` (``<slug>-<name>``), ``media_type``, and either
+    """One prepared download: ``filename`` (``<slug>-<name>``, with ``-with-imported`` and
+    ``-predictions`` before the extension when they apply), ``media_type``, and either
     ``path`` (a temporary file the caller deletes) or ``chunks`` (UTF-8 bytes)."""
 
     filename: str
@@ -45,6 +46,8 @@ class Download:
 
 PREDICTING = frozenset({"answers_wide.csv", "answers_long.csv"})
 """The downloads that take ``predictions`` (each respondent's predicted answers)."""
+WITH_IMPORTED = frozenset({"answers_wide.csv", "answers.sav", "answers.dta"})
+"""The downloads that can add the imported respondents (named ``...-with-imported``)."""
 
 
 def open_export(
@@ -66,9 +69,12 @@ def open_export(
         raise InvalidInputError(
             f"predictions: only {' and '.join(sorted(PREDICTING))} carry predictions, not {name!r}"
         )
-    filename = f"{study.slug}-{name}"
+    stem, ext = name.rsplit(".", 1)
+    if include_imported and name in WITH_IMPORTED:
+        stem += "-with-imported"
     if predictions:
-        filename = filename.replace(".csv", "-predictions.csv")
+        stem += "-predictions"
+    filename = f"{study.slug}-{stem}.{ext}"
     if name.endswith((".sav", ".dta")):
         tmp = tempfile.NamedTemporaryFile(prefix="priorly-", suffix=name[-4:], delete=False)
         tmp.close()

@@ -188,6 +188,20 @@ def test_export_downloads_with_predictions(
     assert r.status_code == 200 and r.text.splitlines()[0].endswith("kind,probability")
     plain = client.get(f"{base}/answers_wide.csv")
     assert "__pred" not in plain.text
+    # the imported respondents added: a name of its own (not the plain file's)
+    for name, want in (
+        ("answers_wide.csv", "tiny-model-answers_wide-with-imported.csv"),
+        (
+            "answers_wide.csv?predictions=1&",
+            "tiny-model-answers_wide-with-imported-predictions.csv",
+        ),
+        ("answers.sav", "tiny-model-answers-with-imported.sav"),
+        ("answers_long.csv", "tiny-model-answers_long.csv"),  # live answers only
+    ):
+        sep = "" if name.endswith("&") else "?"
+        r = client.get(f"{base}/{name}{sep}imported=1")
+        assert r.status_code == 200, r.text
+        assert f'filename="{want}"' in r.headers["content-disposition"]
     bad = client.get(f"{base}/answers.sav?predictions=1")
     assert bad.status_code == 422 and "answers_long.csv and answers_wide.csv" in bad.text
     page = client.get(base)
