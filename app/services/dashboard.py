@@ -365,12 +365,24 @@ def _exposure(study: Study, session: Session, items: list[Item]) -> list[dict[st
     ]
 
 
-def _clip(text: str, n: int) -> str:
-    """``text`` cut to at most ``n`` characters at a word boundary, with "…" when cut."""
+def clip_middle(text: str, n: int) -> str:
+    """``text`` in at most ``n`` characters: when longer, its start and its end (cut at
+    word boundaries) around " … ", so that questions sharing a long stem stay apart.
+
+    Example (n = 50): ``"Thinking about policing policy, would you support or oppose:
+    require body cameras?"`` → ``"Thinking about policing … require body cameras?"``.
+    """
     if len(text) <= n:
         return text
-    cut = text[: n - 1].rsplit(" ", 1)[0] if " " in text[: n - 1] else text[: n - 1]
-    return cut.rstrip(" ,;:") + "…"
+    room = n - 3
+    head_n, tail_n = room * 2 // 5, room - room * 2 // 5
+    head = text[:head_n]
+    if " " in head:
+        head = head.rsplit(" ", 1)[0]
+    tail = text[-tail_n:]
+    if " " in tail:
+        tail = tail.split(" ", 1)[1]
+    return f"{head.rstrip(' ,;:')} … {tail}"
 
 
 def _percent(x: float) -> str:
@@ -395,7 +407,7 @@ def describe_personas(rt: Any, classes: list[int]) -> list[list[str]]:
             it = by_index[a.item]
             label = it.options[a.option][1] if a.option < len(it.options) else str(a.option)
             words.append(
-                f"{label} on '{_clip(it.question, 60)}' "
+                f"{label} on '{clip_middle(it.question, 70)}' "
                 f"({_percent(a.share)} vs {_percent(a.overall)} overall)"
             )
         out.append(words)

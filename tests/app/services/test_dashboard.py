@@ -28,6 +28,7 @@ from app.services.belief import fit_study_model
 from app.services.dashboard import (
     build_dashboard,
     clear_population_cache,
+    clip_middle,
     dashboard_page,
     duration_text,
     resolve_respondent,
@@ -205,6 +206,15 @@ def test_personas_are_described_by_their_most_distinctive_answers(
             assert text.startswith(f"{it.options[a.option][1]} on '")
             assert text.endswith(f"({100 * a.share:.0f} % vs {100 * a.overall:.0f} % overall)")
             assert re.fullmatch(r".+ on '.+' \(\d+ % vs \d+ % overall\)", text)
+
+
+def test_clipped_questions_keep_their_start_and_end() -> None:
+    stem = "Thinking about policing policy, would you support or oppose the following:"
+    a = clip_middle(f"{stem} require police officers to wear body cameras?", 70)
+    b = clip_middle(f"{stem} increase the number of police on the street by 10 percent?", 70)
+    assert a != b and len(a) <= 70 and len(b) <= 70
+    assert a.startswith("Thinking about policing") and a.endswith("to wear body cameras?")
+    assert " … " in a and clip_middle("Short question?", 70) == "Short question?"
 
 
 def _population(dash: Any) -> list[tuple[str, int, list[float]]]:
