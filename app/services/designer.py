@@ -118,6 +118,15 @@ def has_live_answers(study: Study, *, session: Session) -> bool:
     return int(n) > 0
 
 
+def live_answer_count(item: Item, *, session: Session) -> int:
+    """Live answers (skips included) given to ``item``."""
+    return int(
+        session.exec(
+            select(func.count()).select_from(Answer).where(Answer.item_id == item.id)
+        ).one()
+    )
+
+
 def update_texts(
     study: Study,
     *,

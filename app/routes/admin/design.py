@@ -236,6 +236,8 @@ async def update_item(
         options_text = form.text("options")
         if not options_text.strip():
             options_text = "\n".join(f"{o[0]}: {o[1]}" for o in item.options)
+        before = (item.question, [list(o) for o in item.options])
+        answered = designer.live_answer_count(item, session=session)
         designer.update_item(
             study,
             item,
@@ -247,6 +249,12 @@ async def update_item(
             is_preference_criterion=form.checked("is_preference_criterion"),
             missing=[m for m in form.form.getlist("missing") if isinstance(m, str)],
         )
+        if answered and (item.question, [list(o) for o in item.options]) != before:
+            return (
+                f"item {item.key} saved; its {answered} earlier answer"
+                f"{'' if answered == 1 else 's'} (kept by option letter) now show with the new "
+                "wording and option order in the exports and the dashboard"
+            )
         return f"item {item.key} saved"
 
     if not page.htmx:

@@ -657,3 +657,41 @@ def test_item_texts_have_limits_and_nothing_is_cut(db: Session, alice: Researche
     item = add_item(study, session=db, key="k", question=" Q? ", options_text="A\nB",
                     role="question", topic="t" * 200)  # fmt: skip
     assert (item.question, item.topic) == ("Q?", "t" * 200)
+
+
+def test_an_answered_study_keeps_its_items_and_says_what_an_edit_changes(
+    client: TestClient, ces_study: Study, alice: Researcher, db: Session, engine: Any
+) -> None:
+    """Once a live respondent answered: an item cannot be deleted nor lose an option
+    letter (each refused with the reason, nothing changed); rewording it is allowed and
+    the notice says how many earlier answers now show with the new wording."""
+    from app import session as svc
+    from app.services.belief import fit_study_model
+
+    fit_study_model(ces_study, session=db, n_classes=(2,), n_restarts=1)
+    ces_study.status, ces_study.consent_text = "published", "ok"
+    db.add(ces_study)
+    db.commit()
+    started = svc.start_session(ces_study, engine=engine)
+    q = started.view.question
+    assert q is not None
+    svc.submit_answer(
+        ces_study, started.session_id, item_key=q.key, option=q.options[0][0],
+        idempotency_key=None, engine=engine,
+    )  # fmt: skip
+    item = db.exec(select(Item).where(Item.study_id == ces_study.id, Item.key == q.key)).one()
+    url = f"/admin/studies/{ces_study.slug}/items/{item.id}"
+    login(client, "alice@example.org")
+    r = client.post(url, data={"action": "delete", "csrf_token": csrf(client)})
+    assert r.status_code == 422 and "items cannot be deleted" in r.text
+    renamed = [*item.options[:-1], ["Z", item.options[-1][1]]]  # drops the last letter
+    text = "\n".join(f"{o[0]}: {o[1]}" for o in renamed)
+    r = client.post(url, data={"options": text, "csrf_token": csrf(client)})
+    assert r.status_code == 422 and "option letters cannot be removed" in r.text
+    db.expire_all()
+    assert db.get(Item, item.id).options == item.options  # type: ignore[union-attr]
+    r = client.post(url, data={"question": "Reworded?", "csrf_token": csrf(client)})
+    assert r.status_code == 200, r.text
+    assert f"item {q.key} saved; its 1 earlier answer (kept by option letter)" in r.text
+    r = client.post(url, data={"question": "Reworded?", "csrf_token": csrf(client)})
+    assert f"item {q.key} saved" in r.text and "earlier answer" not in r.text  # no change
