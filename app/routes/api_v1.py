@@ -284,8 +284,11 @@ class PredictionOut(BaseModel):
 
 
 class PersonaOut(BaseModel):
-    persona: int
-    label: str
+    persona: int = Field(description="the persona's index in the model (from 0)")
+    label: str = Field(
+        description="its name: a persona dictionary's label, else 'class N' with N = "
+        "persona + 1 (as the admin dashboard names it)"
+    )
     weight: float = Field(description="posterior weight")
 
 
@@ -303,7 +306,10 @@ class PredictedAnswerOut(BaseModel):
 
 
 class PredictionsOut(BaseModel):
-    answers: int = Field(description="answers the predictions are conditioned on")
+    answers: int = Field(
+        description="the respondent's answer rows (skips included); the predictions are "
+        "also conditioned on the attributes they gave, which are not counted here"
+    )
     items: list[PredictionOut] = Field(description="every question not asked yet")
     targets: list[PredictionOut] = Field(description="every target item")
     personas: list[PersonaOut] = Field(description="top personas by posterior weight")
