@@ -7,11 +7,12 @@ import sys
 from typing import Any
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from app import db
-from app.services.apikeys import create_api_key, list_api_keys, revoke_api_key
+from app.services.apikeys import all_api_keys, create_api_key, list_api_keys, revoke_api_key
 from app.settings import get_settings
+from app.tables import ApiKey
 
 
 def register(subparsers: Any) -> None:
@@ -25,8 +26,11 @@ def register(subparsers: Any) -> None:
     create.add_argument("--email", required=True, help="the owning researcher's email")
     create.add_argument("--name", default="", help="a label for the key")
     create.set_defaults(func=_create)
-    listing = sub.add_parser("list", help="list a researcher's keys (prefixes only)")
-    listing.add_argument("--email", required=True)
+    listing = sub.add_parser(
+        "list",
+        help="list keys (prefixes only): a researcher's, or every key with its researcher",
+    )
+    listing.add_argument("--email", help="only this researcher's keys (default: every key)")
     listing.set_defaults(func=_list)
     revoke = sub.add_parser("revoke", help="revoke a key by its prefix (pk_xxxxxxxx)")
     revoke.add_argument("prefix")
@@ -52,15 +56,26 @@ def _create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _line(key: ApiKey, email: str | None = None) -> str:
+    """One key, tab-separated: prefix, state, created, last used (or -), name[, email]."""
+    state = "revoked" if key.revoked_at else "active"
+    used = f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "-"
+    cells = [key.prefix, state, f"{key.created_at:%Y-%m-%d %H:%M}", used, key.name]
+    return "\t".join(cells + ([email] if email is not None else []))
+
+
 def _list(args: argparse.Namespace) -> int:
     engine = _engine()
     try:
         with Session(engine) as session:
-            for key in list_api_keys(args.email, session=session):
-                state = "revoked" if key.revoked_at else "active"
-                print(f"{key.prefix}\t{state}\t{key.created_at:%Y-%m-%d %H:%M}\t{key.name}")
+            if args.email:
+                lines = [_line(k) for k in list_api_keys(args.email, session=session)]
+            else:
+                lines = [_line(k, email) for k, email in all_api_keys(session=session)]
     finally:
         engine.dispose()
+    print("prefix\tstate\tcreated\tlast used\tname" + ("" if args.email else "\tresearcher"))
+    print("\n".join(lines) if lines else "(no API keys)")
     return 0
 
 
@@ -68,8 +83,14 @@ def _revoke(args: argparse.Namespace) -> int:
     engine = _engine()
     try:
         with Session(engine) as session:
+            before = session.exec(
+                select(ApiKey.revoked_at).where(ApiKey.prefix == args.prefix.strip())
+            ).first()
             key = revoke_api_key(args.prefix, session=session)
-            print(f"revoked {key.prefix}")
+            if before is not None:
+                print(f"{key.prefix} was already revoked on {before:%Y-%m-%d %H:%M}")
+            else:
+                print(f"revoked {key.prefix}")
     finally:
         engine.dispose()
     return 0

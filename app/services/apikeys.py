@@ -122,6 +122,16 @@ def revoke_api_key(prefix: str, *, session: Session) -> ApiKey:
     return row
 
 
+def all_api_keys(*, session: Session) -> list[tuple[ApiKey, str]]:
+    """Every API key with its researcher's email, newest first."""
+    rows = session.exec(
+        select(ApiKey, Researcher.email)
+        .join(Researcher, Researcher.id == ApiKey.researcher_id)  # type: ignore[arg-type]
+        .order_by(col(ApiKey.id).desc())
+    ).all()
+    return [(key, str(email)) for key, email in rows]
+
+
 def list_api_keys(email: str, *, session: Session) -> list[ApiKey]:
     """The researcher's keys, newest first (hashes included: never print them)."""
     researcher = get_researcher_by_email(email, session=session)

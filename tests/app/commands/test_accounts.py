@@ -46,8 +46,15 @@ def test_user_and_apikey_commands(cli_db: str, capsys: pytest.CaptureFixture[str
         assert main(["apikey", "list", "--email", "ada@example.org"]) == 0
         listing = capsys.readouterr().out
         assert key[:11] in listing and "active" in listing and key not in listing
+        assert main(["apikey", "list"]) == 0  # every key, with its researcher
+        listing = capsys.readouterr().out.splitlines()
+        assert listing[0] == "prefix\tstate\tcreated\tlast used\tname\tresearcher"
+        assert listing[1].startswith(key[:11] + "\tactive\t")
+        assert listing[1].endswith("\t-\tci\tada@example.org")
         assert main(["apikey", "revoke", key[:11]]) == 0
-        capsys.readouterr()
+        assert capsys.readouterr().out.strip() == f"revoked {key[:11]}"
+        assert main(["apikey", "revoke", key[:11]]) == 0
+        assert "was already revoked on" in capsys.readouterr().out
         with Session(engine) as db, pytest.raises(AuthenticationError, match="revoked"):
             authenticate_api_key(key, session=db)
     finally:
