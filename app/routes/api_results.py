@@ -50,10 +50,13 @@ def _limit(listing: results.Listing) -> Any:
 # ----- schemas ------------------------------------------------------------------------------
 
 
-class StudyOut(BaseModel):
+class StudyHeadOut(BaseModel):
     slug: str = Field(examples=["ces"])
     name: str
     status: str = Field(examples=["published"], description="draft, published or closed")
+
+
+class StudyOut(StudyHeadOut):
     items: int = Field(description="items of the study (questions, targets, attributes)")
     respondents: int = Field(description="respondents, live and imported")
 
@@ -74,10 +77,7 @@ class ItemOut(BaseModel):
     options: list[OptionOut]
 
 
-class StudyDetailOut(BaseModel):
-    slug: str = Field(examples=["ces"])
-    name: str
-    status: str = Field(examples=["published"], description="draft, published or closed")
+class StudyDetailOut(StudyHeadOut):
     max_questions: int = Field(description="the most questions a session asks")
     allow_skip: bool = Field(description="whether an answer may be null (prefer not to answer)")
     items: list[ItemOut] = Field(description="every item, in the study's order")
