@@ -91,10 +91,9 @@ def submit_locked(
     """Store the answer ``option`` to ``item`` under the session's lock; the general case
     (retries, idempotent replays, conflicts, a lost race of the fast path).
 
-    A known idempotency key returns the view that followed its answer (a retry gets the
-    reply it missed); an item answered before with the same option under another key (or
-    none) returns the session's current view (its status and pending question now, not
-    those of that earlier step); with a different item or option either is a conflict. Otherwise the answer must be to the pending question of an active session;
+    A known idempotency key or an item answered before with the same option returns the
+    view that followed that answer (idempotent); with a different item or option it is a
+    conflict. Otherwise the answer must be to the pending question of an active session;
     the answer, the new state and the next decision are committed in one transaction.
 
     Raises:
@@ -107,8 +106,6 @@ def submit_locked(
         answers = answers_of(db, session_id)
         stored = _stored_answer(answers, item, option, idempotency_key)
         if stored is not None:
-            if idempotency_key is None or stored.idempotency_key != idempotency_key:
-                stored = answers[-1]  # the same answer again: where the session is now
             view = result_of(rt, db, sess, stored)
             db.commit()
             return view

@@ -258,20 +258,13 @@ def test_idempotent_retry_and_conflicting_reanswer(client: Any, live: LiveStudy)
     with live.session() as db:
         rows = db.exec(select(Answer).where(Answer.session_id == sid).order_by(Answer.id)).all()
     assert [(r.option, r.idempotency_key) for r in rows] == [("A", "k1"), (None, "k6")]
-    # once the session moved on, the first answer again under a new key gets where the
-    # session is now (two answers, the current question), its own key the reply it had
-    now = client.get(f"/api/v1/sessions/{sid}", headers=bearer(token)).json()
-    again = client.post(
-        url, json={"item": item, "option": "A", "idempotency_key": "k7"}, headers=bearer(token)
-    )
-    assert again.status_code == 200 and again.json()["questions_answered"] == 2
-    assert again.json()["question"] == now["question"] == skipped.json()["question"]
-    assert (
-        client.post(
-            url, json={"item": item, "option": "A", "idempotency_key": "k1"}, headers=bearer(token)
-        ).json()
-        == first.json()
-    )
+    # once the session moved on, the first answer again (under any key) gets the reply
+    # that answer got, every time: a tab's retry may come after another tab moved on
+    for key in ("k7", "k7", "k1"):
+        again = client.post(
+            url, json={"item": item, "option": "A", "idempotency_key": key}, headers=bearer(token)
+        )
+        assert again.status_code == 200 and again.json() == first.json()
 
 
 def test_concurrent_duplicate_answers_store_one_row(live: LiveStudy) -> None:
