@@ -134,6 +134,16 @@ class _HasErrors(Protocol):
     def errors(self) -> Sequence[Mapping[str, Any]]: ...
 
 
+BODY_MESSAGES = {
+    "missing": "request body: a JSON object is required (send it with Content-Type: "
+    "application/json)",
+    "model_attributes_type": "request body: must be a JSON object (send it with "
+    "Content-Type: application/json)",
+}
+""":func:`validation_message`'s words for a problem with the whole body, by pydantic error
+type: a missing body, or one that is not a JSON object (another content type, a list)."""
+
+
 def validation_message(exc: _HasErrors) -> str:
     """One line for a request validation error (FastAPI's ``RequestValidationError``):
     where and what, for its first five problems, e.g. ``path.job_id: Input should be a
@@ -154,13 +164,3 @@ def validation_message(exc: _HasErrors) -> str:
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg")))
     return "; ".join(parts) or "invalid request"
-
-
-BODY_MESSAGES = {
-    "missing": "request body: a JSON object is required (send it with Content-Type: "
-    "application/json)",
-    "model_attributes_type": "request body: must be a JSON object (send it with "
-    "Content-Type: application/json)",
-}
-""":func:`validation_message`'s words for a problem with the whole body, by pydantic error
-type: a missing body, or one that is not a JSON object (another content type, a list)."""

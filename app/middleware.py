@@ -34,6 +34,7 @@ from urllib.parse import unquote_plus
 
 from anyio import to_thread
 
+from app.ratelimit import bearer_credential
 from app.services.apikeys import (
     KEY_PREFIX,
     LAST_USED_RESOLUTION_S,
@@ -333,10 +334,8 @@ class ApiKeyUseMiddleware:
         if scope["type"] != "http" or not str(scope.get("path", "")).startswith("/api/"):
             await self.app(scope, receive, send)
             return
-        auth = dict(scope.get("headers") or []).get(b"authorization", b"")
-        scheme, _, credential = auth.decode("latin-1").partition(" ")
-        credential = credential.strip()
-        if scheme.lower() != "bearer" or not credential.startswith(KEY_PREFIX):
+        credential = bearer_credential(scope)
+        if not credential.startswith(KEY_PREFIX):
             await self.app(scope, receive, send)
             return
         status = 0
