@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -71,6 +72,8 @@ class Fuzz:
     real: dict[str, str]
     session_token: str
     respondent_cookies: dict[str, str]
+    login: dict[str, str]
+    """The cookies of the admin's login (session and CSRF), shared by the module's tests."""
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -116,7 +119,31 @@ def fuzz(
                 "path": f"sessions/{sess['session_id']}",
             }
         engine.dispose()
-        yield Fuzz(world, real, sess["token"], cookies)
+        yield Fuzz(world, real, sess["token"], cookies, _login(world))
+
+
+def _login(world: HostileWorld) -> dict[str, str]:
+    """The cookies of a fresh admin login through the login form."""
+    with admin_client(world.server) as admin:
+        return dict(admin.cookies)
+
+
+@contextmanager
+def _admin(fuzz: Fuzz) -> Iterator[httpx.Client]:
+    """A client with the admin's login and the respondent's cookies. A probe may end the
+    login (``POST /admin/logout``): it is made again for the next test, one login per
+    module otherwise (a login verifies an argon2 hash)."""
+    base = fuzz.world.server.base
+    try:
+        with httpx.Client(base_url=base, timeout=60) as admin:
+            admin.cookies.update(fuzz.login)
+            admin.cookies.update(fuzz.respondent_cookies)
+            admin.headers["X-CSRF-Token"] = fuzz.login["priorly_csrf"]
+            yield admin
+    finally:
+        with httpx.Client(base_url=base, cookies=fuzz.login) as check:
+            if check.get("/admin", follow_redirects=False).status_code != 200:
+                fuzz.login = _login(fuzz.world)
 
 
 def _url(path: str, values: dict[str, str]) -> str:
@@ -152,11 +179,9 @@ def _variants(path: str, real: dict[str, str], value: str) -> list[dict[str, str
 
 @pytest.mark.parametrize(("method", "path", "probe"), _cases())
 def test_no_server_error(fuzz: Fuzz, method: str, path: str, probe: str) -> None:
-    server = fuzz.world.server
     values = {"nul": [quote(NUL)], "surrogate": [SURROGATE_URL], "bigint": list(BIG)}[probe]
     failures = []
-    with admin_client(server) as admin:
-        admin.cookies.update(fuzz.respondent_cookies)
+    with _admin(fuzz) as admin:
         for value in values:
             form, body = _bodies(probe, value)
             for params in _variants(path, fuzz.real, value):

@@ -11,14 +11,15 @@ id (404).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from sqlmodel import Session
 
 from app.auth import create_account
+from app.db import make_engine, upgrade
 from app.services.designer import create_study
+from tests.support.live_study import fresh_database_url
 from tests.support.secutil import LiveServer, live_server
 
 PASSWORD = "correct horse battery"
@@ -39,13 +40,21 @@ POST_PATHS = (
 )
 
 
-@pytest.fixture
-def server(migrated_db_url: str, engine: object, tmp_path: Path) -> Iterator[LiveServer]:
-    with Session(engine) as db:  # type: ignore[arg-type]
-        owner = create_account("owner@example.org", PASSWORD, session=db)
-        create_study("Bounds", owner=owner, session=db)
-    with live_server(migrated_db_url, tmp_path / "server.log", log_level="warning") as srv:
-        yield srv
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """One server per backend for the module: no test changes what the others read."""
+    folder = tmp_path_factory.mktemp(f"id-bounds-{request.param}")
+    for url in fresh_database_url(request.param, folder):
+        upgrade(url)
+        engine = make_engine(url)
+        with Session(engine) as db:
+            owner = create_account("owner@example.org", PASSWORD, session=db)
+            create_study("Bounds", owner=owner, session=db)
+        engine.dispose()
+        with live_server(url, folder / "server.log", log_level="warning") as srv:
+            yield srv
 
 
 @pytest.fixture
