@@ -71,8 +71,8 @@ def calibration_decision(
     knows that were not posed yet and are still
     :attr:`~app.session.runtime.StudyRuntime.under_observed` (among all the unposed ones
     when the respondent was asked every under-observed item already); the pool is in study
-    order and the draw is seeded by the answers so far (a replay, or the step memo, gives
-    the same pick). Nothing left to ask stops the session. Example: ``m = 10, c = 1``:
+    order and the draw is seeded by the session and its answers so far: respondents who
+    answer alike get different items, and a replay of the session gets the same pick. Nothing left to ask stops the session. Example: ``m = 10, c = 1``:
     nine adaptive questions, then one random item, a target if only the targets have fewer
     than ``calibration_min_answers`` answers.
     """
@@ -89,7 +89,9 @@ def calibration_decision(
     ]
     if not pool:
         return DecisionRow(sess_id, position, None, CALIBRATION, scores, "no items left")
-    seed = hashlib.sha256(json.dumps([[a.item_id, a.option] for a in answers]).encode()).digest()
+    seed = hashlib.sha256(
+        json.dumps([sess_id, [[a.item_id, a.option] for a in answers]]).encode()
+    ).digest()
     pick = pool[int.from_bytes(seed[:8], "big") % len(pool)]
     scores["pool"] = len(pool)
     return DecisionRow(sess_id, position, pick, CALIBRATION, scores, None)
@@ -217,7 +219,8 @@ def model_step(
 
     Read from the runtime's :class:`~app.session.memo.StepMemo` when this step was computed
     before, else computed and stored there; either way the result is the same bytes (the
-    step is a pure function of its inputs and the study design)."""
+    step is a pure function of its inputs and the study design; at a calibration place the
+    pick is drawn for ``session_id``, :func:`calibration_decision`)."""
     memo = rt.step_memo
     key = None
     if memo is not None:
@@ -225,7 +228,7 @@ def model_step(
         key = StepMemo.key(state_before, pairs)
         hit = memo.get(key)
         if hit is not None:
-            return hit
+            return _own_calibration(rt, hit, session_id, answers)
     state = load_state(state_before)
     if option is not None:
         idx = [o[0] for o in item.options].index(option)
@@ -241,3 +244,20 @@ def model_step(
     if memo is not None and key is not None:
         memo.put(key, step)
     return step
+
+
+def _own_calibration(
+    rt: StudyRuntime, step: MemoStep, session_id: int, answers: Sequence[AnswerRow]
+) -> MemoStep:
+    """``step`` from the memo, its decision drawn again for this session at a calibration
+    place (the memo holds the draw of the session that computed the step)."""
+    calibration = calibration_decision(rt, session_id, answers)
+    if calibration is None:
+        return step
+    return replace(
+        step,
+        item_id=calibration.item_id,
+        criterion=calibration.criterion,
+        scores_json=json.dumps(calibration.scores),
+        stop_reason=calibration.stop_reason,
+    )

@@ -355,8 +355,9 @@ def test_calibration_questions_take_the_last_places_of_the_budget(
     engine: Engine, db: Session, ces_study: Study
 ) -> None:
     """``calibration_items = 2`` of ``max_questions = 4``: two adaptive questions, then two
-    items drawn from the unposed questions and targets (the draw: sha256 of the answers so
-    far, modulo the pool in study order); the respondent sees a budget of 4."""
+    items drawn from the unposed questions and targets (the draw: sha256 of the session id
+    and the answers so far, modulo the pool in study order); the respondent sees a budget
+    of 4."""
     import dataclasses
     import hashlib
     import json
@@ -395,7 +396,7 @@ def test_calibration_questions_take_the_last_places_of_the_budget(
     for position in (2, 3):
         answered = [[item_id, "A"] for item_id in posed[:position]]
         pool = [it.id for it in rt.candidates + rt.targets if it.id not in posed[:position]]
-        digest = hashlib.sha256(json.dumps(answered).encode()).digest()
+        digest = hashlib.sha256(json.dumps([started.session_id, answered]).encode()).digest()
         assert posed[position] == pool[int.from_bytes(digest[:8], "big") % len(pool)]
 
     class Ans:  # duck-types an answer row
@@ -420,6 +421,42 @@ def test_calibration_questions_take_the_last_places_of_the_budget(
         settings=rt.settings.model_copy(update={"budgets": big, "calibration_items": 10}),
     )
     assert small_pool.max_questions == 1 + len(rt.targets)  # no item is asked twice
+
+
+def test_respondents_who_answer_alike_get_their_own_calibration_items(
+    engine: Engine, db: Session, ces_study: Study
+) -> None:
+    """Eight respondents give the same answers: their adaptive questions are the same (and
+    come from the step memo after the first), their calibration items are drawn per
+    session (each one the draw of :func:`calibration_decision` for its session id)."""
+    from app.session.decide import calibration_decision
+
+    _fit(db, ces_study)
+    budgets = {**ces_study.settings["budgets"], "max_questions": 4}
+    _publish(db, ces_study, budgets=budgets, calibration_items=2, calibration_min_answers=0)
+    rt = svc.load_runtime(ces_study, engine=engine)
+    orders = []
+    for _ in range(8):
+        started = svc.start_session(ces_study, engine=engine)
+        view, posed = started.view, []
+        while view.question is not None:
+            posed.append(rt.by_key[view.question.key].id)
+            view = svc.submit_answer(
+                ces_study, started.session_id, item_key=view.question.key, option="A",
+                idempotency_key=None, engine=engine,
+            )  # fmt: skip
+        orders.append((started.session_id, posed))
+
+    class Ans:  # duck-types an answer row
+        def __init__(self, item_id: int) -> None:
+            self.item_id, self.option = item_id, "A"
+
+    assert len({tuple(posed[:2]) for _, posed in orders}) == 1
+    assert len({posed[2] for _, posed in orders}) > 1
+    for sid, posed in orders:
+        for position in (2, 3):
+            pick = calibration_decision(rt, sid, [Ans(i) for i in posed[:position]])
+            assert pick is not None and pick.item_id == posed[position]
 
 
 def test_a_fit_records_the_observed_answers_of_each_item(db: Session, ces_study: Study) -> None:

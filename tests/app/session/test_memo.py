@@ -113,7 +113,8 @@ def test_same_answers_reuse_every_step_bit_for_bit(
         session_runtime, "RUNTIME_TTL_S", 3600.0
     )  # rebuilt only where the test says
     calls = count_decisions(monkeypatch)
-    with app_client(live.url) as client:
+    # without calibration questions, which are drawn per session (test_learning.py)
+    with study_settings(live, calibration_items=0), app_client(live.url) as client:
         first, answered = _run(client, live, 0)
         n = len(answered)
         assert n >= 3
