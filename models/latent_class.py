@@ -10,22 +10,29 @@ Missing answers (``-1``) are integrated out (they simply drop from the product),
 respondents with partial answers are used as they are. Attributes (demographics) are
 just items of the mixture.
 
-Fitting is maximum a posteriori EM with a symmetric ``Dirichlet(α + 1)`` prior on every
-``μ[θ, i, :]`` (``α`` pseudo-counts per option, "Dirichlet smoothing"):
+Fitting is maximum a posteriori EM with a ``Dirichlet`` prior on every ``μ[θ, i, :]``
+whose pseudo-counts are ``a[i, k] = α O_i b[i, k]``: ``α`` per option spread over the
+``O_i`` options of item ``i`` in proportion to a base distribution ``b[i, :]``, uniform by
+default ("Dirichlet smoothing", ``a = α``):
 
     E-step  γ[u, θ] ∝ π_θ Π_{i observed} μ[θ, i, y_ui]
-    M-step  μ[θ, i, k] = (Σ_u γ[u, θ] 1[y_ui = k] + α) / (Σ_u γ[u, θ] 1[y_ui ≠ −1] + α O_i)
+    M-step  μ[θ, i, k] = (Σ_u γ[u, θ] 1[y_ui = k] + a[i, k]) / (Σ_u γ[u, θ] 1[y_ui ≠ −1] + α O_i)
             π_θ = (1/N) Σ_u γ[u, θ]
 
+An item no respondent answered gets ``μ[θ, i, :] = b[i, :]`` in every class: with the
+population predictive of a persona prior as ``b`` (:func:`fit_latent_classes`'s ``base``),
+what the language model said about an item nobody has answered yet is kept.
+
 Each iteration increases the penalised log-likelihood
-``F = Σ_u log p(y_u) + α Σ_{θ, i, k < O_i} log μ[θ, i, k]`` (Dempster, Laird & Rubin 1977),
-recorded per iteration (divided by ``N``). The number of classes is chosen from a
+``F = Σ_u log p(y_u) + Σ_{θ, i, k < O_i} a[i, k] log μ[θ, i, k]`` (Dempster, Laird & Rubin
+1977), recorded per iteration (divided by ``N``). The number of classes is chosen from a
 candidate list by the validation users' mean log-likelihood; several random restarts per
 candidate keep the best penalised fit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -90,11 +97,31 @@ class _Encoded:
         self.valid = item_bank.option_mask()
 
 
-def _m_step(gamma: Tensor, enc: _Encoded, alpha: float) -> tuple[Tensor, Tensor]:
-    """MAP M-step from responsibilities ``gamma [N, K]``; returns ``(mu [K, I, O], log_pi [K])``."""
+def pseudo_counts(valid: Tensor, alpha: float, base: Tensor | None = None) -> Tensor:
+    """The Dirichlet pseudo-counts ``a [I, O]`` of the M-step: ``α`` on every valid option,
+    or with ``base [I, O]`` (a distribution over each item's options) ``α O_i b[i, k]``.
+
+    Example: ``valid = [[True, True, False]]``, ``α = 0.5``, ``b = [[0.9, 0.1, 0]]`` gives
+    ``a = [[0.9, 0.1, 0]]`` (``α O_i = 1``); without ``b``, ``[[0.5, 0.5, 0]]``.
+    """
+    mask = valid.to(DTYPE)
+    if base is None:
+        return alpha * mask
+    if base.shape != valid.shape:
+        raise ShapeError(f"base must be [I, O] = {tuple(valid.shape)}, got {tuple(base.shape)}")
+    b = base.to(DTYPE) * mask
+    ones = torch.ones(b.shape[0], dtype=DTYPE)
+    if bool((b < 0).any()) or not torch.allclose(b.sum(-1), ones, atol=1e-6):
+        raise ModelError("base must be a distribution over each item's options")
+    return alpha * mask.sum(-1, keepdim=True) * b
+
+
+def _m_step(gamma: Tensor, enc: _Encoded, pseudo: Tensor) -> tuple[Tensor, Tensor]:
+    """MAP M-step from responsibilities ``gamma [N, K]`` and pseudo-counts ``pseudo [I, O]``;
+    returns ``(mu [K, I, O], log_pi [K])``."""
     i_n, o_n = enc.valid.shape
     k = gamma.shape[1]
-    counts = (enc.yt @ gamma).T.reshape(k, i_n, o_n) + alpha * enc.valid  # [K, I, O]
+    counts = (enc.yt @ gamma).T.reshape(k, i_n, o_n) + pseudo  # [K, I, O]
     counts = counts * enc.valid
     n_obs = counts.sum(-1, keepdim=True)  # Σ_u γ[u, θ] 1[observed] + α O_i
     mu = counts / n_obs.clamp_min(1e-300)
@@ -103,13 +130,15 @@ def _m_step(gamma: Tensor, enc: _Encoded, alpha: float) -> tuple[Tensor, Tensor]
     return mu, log_pi
 
 
-def _penalised(enc: _Encoded, mu: Tensor, log_pi: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
+def _penalised(
+    enc: _Encoded, mu: Tensor, log_pi: Tensor, pseudo: Tensor
+) -> tuple[Tensor, Tensor]:
     """``(F / N, log joint [N, K])`` for the current parameters."""
     k = mu.shape[0]
     log_mu = torch.where(enc.valid, mu.clamp_min(1e-300).log(), torch.zeros((), dtype=DTYPE))
     joint = enc.y @ log_mu.reshape(k, -1).T + log_pi  # [N, K]
     ll = torch.logsumexp(joint, dim=1).sum()
-    penalty = alpha * log_mu.sum() if alpha > 0 else torch.zeros((), dtype=DTYPE)
+    penalty = (pseudo * log_mu).sum()
     return (ll + penalty) / enc.n, joint
 
 
@@ -122,6 +151,7 @@ def fit_em(
     max_iter: int = 300,
     tol: float = 1e-6,
     seed: int = 0,
+    base: Tensor | None = None,
 ) -> LatentClassFit:
     """One MAP-EM run from random responsibilities (``γ[u] ~ Dirichlet(1)``).
 
@@ -132,6 +162,8 @@ def fit_em(
         max_iter: maximum number of EM iterations.
         tol: stop when ``F / N`` improves by less than ``tol``.
         seed: seed of the random start.
+        base: ``[I, O]`` base distribution of the pseudo-counts (:func:`pseudo_counts`);
+            ``None``: uniform.
     """
     if n_classes < 1:
         raise ModelError(f"n_classes must be >= 1, got {n_classes}")
@@ -140,21 +172,22 @@ def fit_em(
     enc = responses if isinstance(responses, _Encoded) else _Encoded(responses, item_bank)
     if enc.n == 0:
         raise ShapeError("responses has no rows")
+    pseudo = pseudo_counts(enc.valid, alpha, base)
     gen = torch.Generator().manual_seed(seed)
     e = -torch.rand(enc.n, n_classes, generator=gen, dtype=DTYPE).clamp_min(1e-12).log()
     gamma = e / e.sum(1, keepdim=True)
-    mu, log_pi = _m_step(gamma, enc, alpha)
+    mu, log_pi = _m_step(gamma, enc, pseudo)
     fit = LatentClassFit(mu, log_pi)
     for _ in range(max_iter):
-        obj, joint = _penalised(enc, mu, log_pi, alpha)
+        obj, joint = _penalised(enc, mu, log_pi, pseudo)
         fit.trace.append(float(obj))
         if len(fit.trace) > 1 and fit.trace[-1] - fit.trace[-2] < tol:
             fit.converged = True
             break
         gamma = (joint - torch.logsumexp(joint, dim=1, keepdim=True)).exp()
-        mu, log_pi = _m_step(gamma, enc, alpha)
+        mu, log_pi = _m_step(gamma, enc, pseudo)
     else:
-        fit.trace.append(float(_penalised(enc, mu, log_pi, alpha)[0]))
+        fit.trace.append(float(_penalised(enc, mu, log_pi, pseudo)[0]))
     fit.mu, fit.log_prior = mu, log_pi
     return fit
 
@@ -182,6 +215,7 @@ def _restarts(
     tol: float,
     seed: int,
     on_fit: Callable[[int, int], None] | None = None,
+    base: Tensor | None = None,
 ) -> list[LatentClassFit]:
     """``n_restarts`` EM fits of ``k`` classes on ``data`` (restart ``r``: seed
     ``seed + 1000 k + r``); ``on_fit(k, r)`` is called after each."""
@@ -197,6 +231,7 @@ def _restarts(
                 max_iter=max_iter,
                 tol=tol,
                 seed=seed + 1000 * k + r,
+                base=base,
             )
         )
         if on_fit is not None:
@@ -390,6 +425,7 @@ def fit_latent_classes(
     ensemble: bool = True,
     seed: int = 0,
     progress: Callable[[float, str], None] | None = None,
+    base: Tensor | None = None,
 ) -> PersonaMixture:
     """Fit latent classes, choosing ``K`` on validation log-likelihood; a persona mixture.
 
@@ -420,6 +456,9 @@ def fit_latent_classes(
             message, e.g. ``(0.25, "K grid: 8 classes (2 of 4), restart 1 of 2")``; the
             search over ``K`` is the first 80%, the refit the rest (the search may stop
             early, see ``patience``). Does not change the fit.
+        base: ``[I, O]`` base distribution of the Dirichlet pseudo-counts
+            (:func:`pseudo_counts`), e.g. a persona prior's population predictive; an item
+            without answers then keeps it. ``None``: uniform.
 
     Returns:
         A :class:`PersonaMixture` (family ``persona_mixture``) with ``metrics``:
@@ -434,7 +473,9 @@ def fit_latent_classes(
     on_fit = _RestartProgress(progress, n_restarts, "K grid", 0.0, 0.8, cands)
 
     def fit_runs(data: Tensor, k: int) -> list[LatentClassFit]:
-        return _restarts(data, item_bank, k, n_restarts, alpha, max_iter, tol, seed, on_fit)
+        return _restarts(
+            data, item_bank, k, n_restarts, alpha, max_iter, tol, seed, on_fit, base
+        )
 
     def score(model: PersonaMixture, k: int) -> float:
         return _selection_score(model, k, y, yv, item_bank)
@@ -453,6 +494,9 @@ def fit_latent_classes(
     parts = _structure_parts(structure, chosen, runs_by_k)
     out = _mixture(parts, item_bank)
     out.training_hash = responses_hash(data, item_bank)
+    if base is not None:
+        digest = hashlib.sha256(base.to(DTYPE).contiguous().numpy().tobytes()).hexdigest()
+        out.training_hash += f":base:{digest[:16]}"
     out.metrics = _fit_metrics(
         out,
         parts,
@@ -468,6 +512,7 @@ def fit_latent_classes(
         refit_with_validation,
         item_bank,
     )
+    out.metrics["dirichlet_base"] = "given" if base is not None else "uniform"
     return out
 
 

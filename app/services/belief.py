@@ -14,6 +14,11 @@ default one and stores it in ``fitted_model`` (active):
   the held-out part is never fitted on: a new fit is promoted over the active model only
   when it scores better there, else it is stored as ``rejected``.
 * **classes**: :data:`DEFAULT_N_CLASSES` candidates, :data:`DEFAULT_RESTARTS` restarts.
+* **prior**: with stored persona distributions, the Dirichlet pseudo-counts of the class
+  distributions follow the persona prior's population predictive
+  (:func:`population_predictive`), so an item no respondent has answered yet (a target
+  before the calibration questions reach it) keeps what the language model said about it
+  instead of becoming uniform; without persona distributions they are uniform.
 
 The fitted model's ``training_hash`` identifies its data; :func:`load_active_model` keeps
 one deserialised model per process, cached by ``(fitted_model.id, training_hash)``, so
@@ -263,10 +268,14 @@ def _fit_by_kind(  # type: ignore[no-untyped-def]
         return persona_prior_model(study, items, session=session, history=history)
     role = {r: [j for j, it in enumerate(items) if it.role == r.value] for r in ItemRole}
     personas = None
-    if kind == "auto":  # the persona candidates of auto use the stored distributions
+    latent_class_options: dict[str, object] = {
+        "n_classes": tuple(n_classes), "n_restarts": n_restarts
+    }  # fmt: skip
+    if kind in ("default", "auto"):
         prior = persona_prior_model(study, items, session=session)
         if prior.metrics.get("prior") == "persona":
-            personas = prior.mu
+            personas = prior.mu if kind == "auto" else None  # auto's persona candidates
+            latent_class_options["base"] = population_predictive(prior)
     try:
         return fit_belief_model(
             kind,
@@ -277,13 +286,25 @@ def _fit_by_kind(  # type: ignore[no-untyped-def]
             candidates=role[ItemRole.question],
             targets=role[ItemRole.target],
             seed=seed,
-            latent_class_options={"n_classes": tuple(n_classes), "n_restarts": n_restarts},
+            latent_class_options=latent_class_options,
             fit_options=fit_options,
             progress=progress,
             personas=personas,
         )
     except ElicitationError as exc:
         raise InvalidInputError(f"belief_model {kind!r}: {exc}") from None
+
+
+def population_predictive(mixture: PersonaMixture) -> torch.Tensor:
+    """A persona mixture's answer distribution for a respondent nobody knows anything
+    about: ``p(y_i = k) = Σ_θ π_θ μ[θ, i, k]``, ``[I, O]``.
+
+    The latent classes fitted from a study's respondents take it as the base of their
+    Dirichlet pseudo-counts (:func:`models.latent_class.pseudo_counts`): an item nobody has
+    answered yet keeps what the persona prior says about the population instead of
+    becoming uniform.
+    """
+    return (mixture.log_prior.exp()[:, None, None] * mixture.mu).sum(0)
 
 
 def persona_prior_model(  # type: ignore[no-untyped-def]

@@ -84,6 +84,41 @@ def test_m_step_is_the_smoothed_count_formula() -> None:
         torch.testing.assert_close(m.mu[0, i, :o], want)
 
 
+def test_a_base_distribution_shapes_the_pseudo_counts_exactly() -> None:
+    """With a base ``b``: K = 1 gives (count + α O_i b_k) / (n_observed + α O_i); an item
+    nobody answered is ``b`` in every class; a uniform ``b`` is the symmetric default, bit
+    for bit; the recorded objective is the loop over respondents plus Σ a log μ."""
+    y, bank, _ = planted(60, 9)
+    y[:, 1] = -1  # item q1 (3 options): never answered
+    alpha = 0.5
+    base = bank.option_mask().to(DTYPE)
+    base = base / base.sum(-1, keepdim=True)
+    uniform = fit_em(y, bank, 3, alpha=alpha, max_iter=20, tol=0.0, seed=1)
+    same = fit_em(y, bank, 3, alpha=alpha, max_iter=20, tol=0.0, seed=1, base=base)
+    assert torch.equal(uniform.mu, same.mu) and uniform.trace == same.trace
+    base[0, :2] = torch.tensor([0.9, 0.1], dtype=DTYPE)
+    base[1, :3] = torch.tensor([0.6, 0.3, 0.1], dtype=DTYPE)
+    one = fit_em(y, bank, 1, alpha=alpha, max_iter=2, base=base)
+    obs = y[:, 0][y[:, 0] >= 0]
+    want = [(float((obs == j).sum()) + alpha * 2 * base[0, j]) / (obs.numel() + alpha * 2) for j in (0, 1)]
+    torch.testing.assert_close(one.mu[0, 0, :2], torch.tensor(want, dtype=DTYPE))
+    fit = fit_em(y, bank, 3, alpha=alpha, max_iter=10, tol=0.0, seed=2, base=base)
+    torch.testing.assert_close(fit.mu[:, 1, :3], base[1, :3].expand(3, 3))
+    mu, pi = fit.mu.tolist(), fit.log_prior.exp().tolist()
+    total = 0.0
+    for row in y.tolist():
+        p = sum(
+            pi[c] * math.prod(mu[c][i][o] for i, o in enumerate(row) if o >= 0) for c in range(3)
+        )
+        total += math.log(p)
+    for c in range(3):
+        for i, o in enumerate(bank.n_options):
+            total += sum(alpha * o * float(base[i, j]) * math.log(mu[c][i][j]) for j in range(o))
+    assert math.isclose(fit.trace[-1], total / 60, rel_tol=1e-10)
+    with pytest.raises(ModelError, match="distribution"):
+        fit_em(y, bank, 2, base=base * 2)
+
+
 def test_choice_of_k_and_persona_mixture_output() -> None:
     y, bank, mu_true = planted(600, 7)
     val, _, _ = planted(200, 8)

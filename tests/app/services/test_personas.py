@@ -42,9 +42,10 @@ def tiny(db: Session, alice: Researcher) -> Study:
 SHARES = {"age": {"A": "0.4", "B": "0.6"}, "region": {"A": 0.5, "B": 0.5, "C": 0}}
 
 
-def _store_q(db: Session, study: Study, yes: dict[str, float]) -> None:
-    """Store a distribution of q for each persona text (``yes[text]`` = P(A))."""
-    q = next(it for it in _study_items(study.id or 0, session=db) if it.key == "q")
+def _store_q(db: Session, study: Study, yes: dict[str, float], key: str = "q") -> None:
+    """Store a distribution of item ``key`` (two options) for each persona text
+    (``yes[text]`` = P(A))."""
+    q = next(it for it in _study_items(study.id or 0, session=db) if it.key == key)
     h = PromptItem(q.key, q.question, tuple(o[1] for o in q.options)).hash
     for p in db.exec(select(StudyPersona).where(StudyPersona.study_id == study.id)).all():
         db.add(
@@ -210,6 +211,45 @@ def test_a_fit_without_distributions_is_uniform_and_warned(db: Session, tiny: St
     row = fit_study_model(tiny, session=db)
     assert row.metrics["prior"] == "persona" and row.metrics["attribute_personas"] == 4
     assert ps.uniform_prior_warning(tiny, session=db) is None
+
+
+def test_latent_classes_keep_the_persona_prior_on_items_nobody_answered(
+    db: Session, tiny: Study
+) -> None:
+    """Respondents answered the attributes and q but never the target t: the latent classes
+    fitted on them predict t as the persona prior's population does (Σ_p w_p P_p(t)), not
+    uniformly, and q from the answers."""
+    from app.services.belief import population_predictive
+    from app.services.learning import load_row_model
+
+    add_item(tiny, session=db, key="t", question="Trust courts?", options_text="A: Yes\nB: No",
+             role="target", topic="", is_preference_criterion=False)  # fmt: skip
+    ps.add_share_personas(tiny, SHARES, session=db)
+    texts = sorted(p.text for p in db.exec(select(StudyPersona)).all())
+    _store_q(db, tiny, dict(zip(texts, (0.7, 0.6, 0.5, 0.4), strict=True)))
+    _store_q(db, tiny, dict(zip(texts, (0.9, 0.8, 0.1, 0.3), strict=True)), key="t")
+    prior_row = fit_study_model(tiny, session=db)
+    assert prior_row.metrics["prior"] == "persona"
+    prior = load_row_model(prior_row)
+    weights = {p.text: p.weight for p in db.exec(select(StudyPersona)).all()}
+    t_yes = sum(weights[x] * y for x, y in zip(texts, (0.9, 0.8, 0.1, 0.3), strict=True))
+    items = [it.key for it in _study_items(tiny.id or 0, session=db)]
+    t = items.index("t")
+    torch.testing.assert_close(
+        population_predictive(prior)[t, :2],
+        torch.tensor([t_yes, 1 - t_yes], dtype=torch.float64), atol=1e-3, rtol=0,
+    )  # the prior's attribute items are near one-hot (ε), so within 1e-3
+    for n in range(40):
+        db.add(Respondent(study_id=tiny.id or 0, external_id=f"h{n}", source="import",
+                          attributes={"age": "AB"[n % 2], "region": "AB"[n % 3 == 0]},
+                          answers={"q": "A" if n % 4 else "B"}))  # fmt: skip
+    db.commit()
+    row = fit_study_model(tiny, session=db, n_classes=(2,), n_restarts=1, force=True)
+    assert row.family == "persona_mixture" and row.metrics["dirichlet_base"] == "given"
+    fitted = load_row_model(row)
+    torch.testing.assert_close(fitted.mu[:, t, :2], population_predictive(prior)[t, :2].expand(fitted.mu.shape[0], 2))
+    q_yes = float(population_predictive(fitted)[items.index("q"), 0])
+    assert abs(q_yes - 30 / 40) < 0.05  # q from the 40 answers (30 A), barely smoothed
 
 
 def test_generation_progress_message() -> None:
