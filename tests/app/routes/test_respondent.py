@@ -334,6 +334,21 @@ def test_delete_with_completion_code(client: Any, live: LiveStudy) -> None:
     assert r.status_code == 303 and r.headers["location"].endswith(f"/s/{live.slug}")
 
 
+def test_a_shared_completion_code_is_not_offered_for_deletion(client: Any, live: LiveStudy) -> None:
+    """With one code for everyone the end page does not promise deletion by the code (the
+    delete page says that code cannot find anyone's answers); it offers this browser."""
+    with study_fields(live, completion_code="COLD25"):
+        consent(client, live)
+        about(client, live, {"educ": "B"})
+        assert finish(client, live) == "COLD25"
+        done = client.get(f"/s/{live.slug}/done").text
+        assert "Keep your completion code" not in done
+        assert "later from this browser; elsewhere, please ask the research team" in done
+        with app_client(live.url) as other:
+            page = other.get(f"/s/{live.slug}/delete").text
+            assert "the code cannot find your answers" in page and 'name="code"' not in page
+
+
 def test_delete_this_browsers_answers_before_finishing(client: Any, live: LiveStudy) -> None:
     consent(client, live)
     about(client, live, {})
