@@ -300,8 +300,10 @@ def check_shares(
         The shares as floats summing to 1 per attribute, in the order of ``attrs``.
 
     Raises:
-        InvalidInputError: naming the attribute and option (``"shares of age, option Z:
-            not an option of age (A, B, C)"``, ``"shares of age sum to 0.9, not 1"``).
+        InvalidInputError: naming the attribute (its topic and key) and option (``"shares
+            of Age (age), option Z: not an option of age (A, B, C)"``, ``"shares of Age
+            (age) sum to 0.9, not 1"``, ``"shares of Age (age) read as percentages sum to
+            95 %, not 100 %"``).
     """
     known = {a.id: a for a in attrs}
     if not shares:
@@ -316,29 +318,36 @@ def check_shares(
     for a in attrs:
         if a.id not in shares:
             continue
+        name = f"{a.topic} ({a.id})" if a.topic and a.topic != a.id else a.id
         letters = [letter for letter, _ in a.options]
         given = shares[a.id]
         if not given:
-            raise InvalidInputError(f"shares of {a.id}: no option has a share")
+            raise InvalidInputError(f"shares of {name}: no option has a share")
         values: dict[str, float] = {}
         for letter, raw in given.items():
-            where = f"shares of {a.id}, option {letter}"
+            where = f"shares of {name}, option {letter}"
             if letter not in letters:
                 raise InvalidInputError(f"{where}: not an option of {a.id} ({', '.join(letters)})")
             values[letter] = _share_value(raw, where)
         total = sum(values.values())
+        percent = all(v <= 100 for v in values.values()) and 50 <= total <= 150
+        if percent and abs(total - 100) > 100 * SHARE_TOLERANCE:
+            raise InvalidInputError(
+                f"shares of {name} read as percentages sum to {total:.6g} %, not 100 % "
+                f"(within {100 * SHARE_TOLERANCE:g})"
+            )
         if all(v <= 100 for v in values.values()) and abs(total - 100) <= 100 * SHARE_TOLERANCE:
             values = {k: v / 100 for k, v in values.items()}  # a table in percent
             total /= 100
         big = next((k for k, v in values.items() if v > 1), None)
         if big is not None:
             raise InvalidInputError(
-                f"shares of {a.id}, option {big}: {given[big]!r} is not a share between 0 and "
+                f"shares of {name}, option {big}: {given[big]!r} is not a share between 0 and "
                 "1 (or a percentage, with the attribute's shares summing to 100)"
             )
         if abs(total - 1) > SHARE_TOLERANCE:
             raise InvalidInputError(
-                f"shares of {a.id} sum to {total:.6g}, not 1 (within {SHARE_TOLERANCE:g})"
+                f"shares of {name} sum to {total:.6g}, not 1 (within {SHARE_TOLERANCE:g})"
             )
         out[a.id] = {letter: values[letter] / total for letter in letters if letter in values}
     return out

@@ -108,7 +108,7 @@ def test_cold_start_from_attribute_shares(server: dict[str, Any], page: Any) -> 
     _fill_shares(page, {"age": {"A": "0.4", "B": "0.5"}, "region": {"A": "0.5", "B": "0.5"}})
     page.click("#persona-shares-form button[type=submit]")
     page.wait_for_selector("[role=alert]")
-    assert "shares of age sum to 0.9, not 1" in page.locator("[role=alert]").inner_text()
+    assert "shares of Age (age) sum to 0.9, not 1" in page.locator("[role=alert]").inner_text()
     with Session(engine) as db:
         assert db.exec(select(StudyPersona)).all() == []
 

@@ -66,9 +66,9 @@ def test_server_option_names_the_configured_server(
     ("path", "data", "files", "message"),
     [
         ("shares", {"share:age:A": "0.3", "share:age:B": "0.3"}, None,
-         "shares of age sum to 0.6, not 1"),
+         "shares of Age (age) sum to 0.6, not 1"),
         ("shares", {"share:age:A": "1", "share:age:B": "x"}, None,
-         "shares of age, option B: &#39;x&#39; is not a number"),
+         "shares of Age (age), option B: &#39;x&#39; is not a number"),
         ("shares", {}, None, "give the shares of at least one attribute"),
         ("texts", {"texts": ""}, None, "persona texts: no persona texts"),
         ("texts", {}, {"file": ("p.jsonl", b'{"text": "A"}\n{"text": 3}\n', "text/plain")},
@@ -129,8 +129,27 @@ def test_sources_add_personas_and_a_cancelled_job_offers_resume(
     db.commit()
     page = ac.get(BASE + "/personas").text
     assert "Resume" in page and 'name="backend" value="local"' in page
+    assert 'data-confirm="Remove all 3 personas?' in page  # asked first (static/js/confirm.js)
     r = ac.post(BASE + "/personas/clear", data={"csrf_token": csrf(ac)})
     assert "3 personas removed" in r.text and _personas(db) == []
+
+
+def test_the_generate_form_says_what_is_left_to_score(
+    ac: TestClient, db: Session, study: Study
+) -> None:
+    from app.tables import PersonaDistribution
+
+    ac.post(BASE + "/personas/shares",
+            data={"share:age:A": "0.25", "share:age:B": "0.75", "csrf_token": csrf(ac)})  # fmt: skip
+    page = ac.get(BASE + "/personas").text
+    assert "each of the 2 personas × 1 questions that has no stored distribution" in page
+    assert "every persona has distributions already" not in page
+    for p in _personas(db):
+        db.add(PersonaDistribution(model_id="m", template_version="v1", persona_hash=p.text_hash,
+                                   item_hash="h", probs=[0.5, 0.5], valid_mass=1.0, flagged=False))  # fmt: skip
+    db.commit()
+    page = ac.get(BASE + "/personas").text
+    assert "every persona has distributions already, so it scores only personas or questions added since" in page
 
 
 def test_publishing_with_a_uniform_prior_warns(ac: TestClient, db: Session, study: Study) -> None:
