@@ -303,6 +303,8 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
             "model": backend.model_id,
             "model_id": backend.model_id,
             "template_version": backend.template.version_id,
+            "backend": str(p.get("backend", "local")),
+            "base_url": getattr(backend, "root_url", None),
         }
 
 

@@ -48,6 +48,13 @@ def _persona_words(r: dict[str, Any]) -> str:
         f"{int(r['already_stored']):,} were already stored) at "
         f"{float(r['pairs_per_second']):.1f} pairs per second with {r['model']}"
         + (
+            f" on the inference server {r['base_url']}"
+            if r.get("backend") == "openai" and r.get("base_url")
+            else " (the embedded model)"
+            if r.get("backend") == "local"
+            else ""
+        )
+        + (
             f"; {flagged:,} flagged: the model put little probability on the answer "
             "letters, so its distribution says little"
             if flagged
@@ -142,14 +149,18 @@ def persona_overview(
     study: Study, *, session: Session, settings: Settings, **extra: Any
 ) -> dict[str, Any]:
     """The personas page: :func:`app.services.personas.persona_page`, the study's newest
-    persona generation ``jobs`` as rows, and ``extra`` (an ``error`` or ``notice``)."""
+    persona generation ``jobs`` as rows, ``newest_persona_job`` (its id: only that job
+    offers Resume when it was cancelled or failed) and ``extra`` (an ``error`` or
+    ``notice``)."""
+    rows = [
+        job_row(j)
+        for j in jobs.study_jobs(study, session=session, limit=50)
+        if j.kind == "persona_generation"
+    ][:10]
     return {
         **persona_service.persona_page(study, session=session, settings=settings),
-        "jobs": [
-            job_row(j)
-            for j in jobs.study_jobs(study, session=session, limit=50)
-            if j.kind == "persona_generation"
-        ][:10],
+        "jobs": rows,
+        "newest_persona_job": rows[0]["job"].id if rows else None,
         **extra,
     }
 

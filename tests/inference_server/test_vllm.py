@@ -289,6 +289,7 @@ def test_admin_persona_job_on_the_server_then_persona_prior(
         assert (result["personas"], result["questions"], result["total_pairs"]) == (3, 2, 6)
         assert (result["computed"], result["already_stored"]) == (6, 0)
         assert result["model_id"] == DEFAULT_MODEL and result["pairs_per_second"] > 0
+        assert (result["backend"], result["base_url"]) == ("openai", vllm_url)
         # one chunk (the page's 128 pairs): the start, then all pairs with the rate
         assert messages[0] == "0 of 6 pairs scored"
         assert len(messages) == 2

@@ -151,6 +151,7 @@ def test_embedded_model_scores_the_share_personas(
     assert job.status == JobStatus.succeeded.value, job.error
     assert job.result is not None and job.result["computed"] == 4
     assert job.result["model_id"] == "SmolLM2-135M-Instruct"
+    assert (job.result["backend"], job.result["base_url"]) == ("local", None)
     rows = db.exec(select(PersonaDistribution)).all()
     assert len(rows) == 4
     assert all(abs(sum(r.probs) - 1) < 1e-9 and len(r.probs) == 2 for r in rows)

@@ -114,6 +114,12 @@ def test_job_results_in_words() -> None:
         "8 persona × question pairs scored (4 personas × 2 questions; 0 were already stored) "
         "at 155.4 pairs per second with SmolLM2-135M-Instruct; 1 flagged: the model put "
         "little probability on the answer letters, so its distribution says little"
+    )  # a result stored before the backend was recorded
+    persona.result = {**persona.result, "flagged": 0, "backend": "local", "base_url": None}
+    assert result_summary(persona).endswith("with SmolLM2-135M-Instruct (the embedded model)")
+    persona.result = {**persona.result, "backend": "openai", "base_url": "http://gpu:8000"}
+    assert result_summary(persona).endswith(
+        "with SmolLM2-135M-Instruct on the inference server http://gpu:8000"
     )
     order = Job(kind="fixed_order", status="succeeded",
                 result={"status": "not_applicable", "key": None, "cpu_seconds": None})  # fmt: skip

@@ -130,6 +130,10 @@ def test_sources_add_personas_and_a_cancelled_job_offers_resume(
     page = ac.get(BASE + "/personas").text
     assert "Resume" in page and 'name="backend" value="local"' in page
     assert 'data-confirm="Remove all 3 personas?' in page  # asked first (static/js/confirm.js)
+    db.add(Job(kind="persona_generation", study_id=study.id, payload={"backend": "local"},
+               status=JobStatus.succeeded.value, result={}))  # fmt: skip
+    db.commit()
+    assert ">Resume</button>" not in ac.get(BASE + "/personas").text  # only the newest job
     r = ac.post(BASE + "/personas/clear", data={"csrf_token": csrf(ac)})
     assert "3 personas removed" in r.text and _personas(db) == []
 
