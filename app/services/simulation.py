@@ -253,6 +253,35 @@ def _respondent_parts(
     return tensors, any_split
 
 
+MIN_IMPORTED = 11
+"""Imported respondents a simulation needs at the least: 10 to fit on and 1 to replay."""
+
+
+def unavailable_reason(study: Study, *, session: Session) -> str | None:
+    """Why the simulation page cannot run for ``study`` (fewer than :data:`MIN_IMPORTED`
+    imported respondents), shown before the researcher starts a job that would fail;
+    ``None`` when it can run."""
+    n = len(
+        session.exec(
+            select(Respondent.id)
+            .where(
+                Respondent.study_id == study.id,
+                Respondent.source == RespondentSource.import_.value,
+            )
+            .limit(MIN_IMPORTED)
+        ).all()
+    )
+    if n >= MIN_IMPORTED:
+        return None
+    return (
+        f"This study has {n} imported respondent{'' if n == 1 else 's'}; a simulation replays "
+        "imported respondents' complete answers (live respondents answered only what they "
+        f"were asked) and needs at least {MIN_IMPORTED}. Import a dataset with this study's "
+        "items (Import) to simulate; meanwhile the model versions on the study page show how "
+        "the model learns from live respondents."
+    )
+
+
 def _test_users(
     train: torch.Tensor, test: torch.Tensor, tgt: list[int], max_test_users: int
 ) -> torch.Tensor:

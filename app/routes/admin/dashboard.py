@@ -15,6 +15,7 @@ from app.routes.admin.common import PageDep, see_other
 from app.services.dashboard import dashboard_page as dashboard_view
 from app.services.dashboard import resolve_respondent
 from app.services.job_views import kind_overview
+from app.services.simulation import unavailable_reason
 
 router = APIRouter()
 
@@ -22,6 +23,7 @@ router = APIRouter()
 @router.get("/studies/{slug}/simulation", response_class=HTMLResponse, name="admin_simulation")
 def simulation_page(page: PageDep, study: VisibleStudy, session: SessionDep) -> Response:
     ctx = kind_overview(study, "simulation", session=session)
+    ctx["unavailable"] = unavailable_reason(study, session=session)
     return page.render("admin/simulation.html", ctx)
 
 

@@ -52,6 +52,20 @@ def test_running_fit_job_shows_its_restart_and_percentage(
     assert f'hx-get="{url}"' in part  # still polling
 
 
+def test_simulation_page_says_before_the_run_when_it_cannot_simulate(
+    client: TestClient, ces_study: Study, db: Session, alice
+) -> None:  # type: ignore[no-untyped-def]
+    from app.services.designer import create_study
+
+    empty = create_study("No history", owner=alice, session=db)
+    login(client, "alice@example.org")
+    page = client.get(f"/admin/studies/{empty.slug}/simulation").text
+    assert 'disabled aria-describedby="simulation-unavailable">Run simulation' in page
+    assert "This study has 0 imported respondents; a simulation replays" in page
+    page = client.get(f"/admin/studies/{ces_study.slug}/simulation").text
+    assert 'id="simulation-unavailable"' not in page and "<button type=\"submit\">Run simulation" in page
+
+
 def test_simulation_result_page_and_plot(
     client: TestClient, ces_study: Study, db: Session, engine
 ) -> None:  # type: ignore[no-untyped-def]
