@@ -331,13 +331,19 @@ class ModelVersion:
 
 
 def _family_label(family: str, metrics: dict[str, Any] | None) -> str:
+    """The model versions table's words for a fit, e.g. ``"latent classes, 16 classes"``,
+    ``"latent classes, the average of 6 fits (96 classes in all)"`` (the ensemble of
+    :func:`models.latent_class.fit_latent_classes`), ``"uniform prior"``."""
     m = metrics or {}
     if m.get("prior") == "uniform":
         return "uniform prior"
     parts = [
         "latent classes" if m.get("model") == "latent_class" else FAMILY_LABELS.get(family, family)
     ]
-    if isinstance(m.get("n_classes"), int):
+    fits = m.get("classes_per_fit")
+    if isinstance(fits, list) and len(fits) > 1 and isinstance(m.get("n_classes"), int):
+        parts.append(f"the average of {len(fits)} fits ({m['n_classes']:,} classes in all)")
+    elif isinstance(m.get("n_classes"), int):
         parts.append(f"{m['n_classes']:,} classes")
     chosen = [r for r in m.get("model_choice") or [] if isinstance(r, dict) and r.get("chosen")]
     if chosen:

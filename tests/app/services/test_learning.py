@@ -177,6 +177,18 @@ def test_a_worse_fit_is_rejected_with_both_scores(db: Session, ces_study: Study)
     assert versions[1].reason is not None and "does not beat" in versions[1].reason
 
 
+def test_model_versions_name_an_averaged_fit_as_such() -> None:
+    from app.services.learning import _family_label
+
+    one = {"model": "latent_class", "n_classes": 16, "classes_per_fit": [16]}
+    assert _family_label("persona_mixture", one) == "latent classes, 16 classes"
+    avg = {"model": "latent_class", "n_classes": 96, "classes_per_fit": [4, 8, 16, 16, 24, 28]}
+    assert _family_label("persona_mixture", avg) == (
+        "latent classes, the average of 6 fits (96 classes in all)"
+    )
+    assert _family_label("persona_mixture", {"prior": "uniform"}) == "uniform prior"
+
+
 def test_a_session_in_progress_keeps_its_model(
     engine: Engine, db: Session, ces_study: Study
 ) -> None:
