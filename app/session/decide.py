@@ -72,9 +72,10 @@ def calibration_decision(
     :attr:`~app.session.runtime.StudyRuntime.under_observed` (among all the unposed ones
     when the respondent was asked every under-observed item already); the pool is in study
     order and the draw is seeded by the session and its answers so far: respondents who
-    answer alike get different items, and a replay of the session gets the same pick. Nothing left to ask stops the session. Example: ``m = 10, c = 1``:
-    nine adaptive questions, then one random item, a target if only the targets have fewer
-    than ``calibration_min_answers`` answers.
+    answer alike get different items, and a replay of the session gets the same pick.
+    Nothing left to ask stops the session. Example: ``m = 10, c = 1``: nine adaptive
+    questions, then one random item, a target if only the targets have fewer than
+    ``calibration_min_answers`` answers.
     """
     start = calibration_start(rt)
     position = len(answers)
