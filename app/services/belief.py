@@ -80,7 +80,7 @@ from elicitation.criteria import FixedOrder, get_criterion
 from elicitation.errors import ElicitationError
 from elicitation.model_choice import BELIEF_MODEL_CHOICES, fit_belief_model
 from inference_server.prompts import PromptItem
-from models.base import ItemBank, load_model, responses_hash
+from models.base import BeliefModel, ItemBank, load_model, responses_hash
 from models.latent_class import DEFAULT_N_CLASSES as LC_DEFAULT_N_CLASSES
 from models.latent_class import DEFAULT_RESTARTS as LC_DEFAULT_RESTARTS
 from models.persona import PersonaMixture
@@ -295,16 +295,17 @@ def _fit_by_kind(  # type: ignore[no-untyped-def]
         raise InvalidInputError(f"belief_model {kind!r}: {exc}") from None
 
 
-def population_predictive(mixture: PersonaMixture) -> torch.Tensor:
-    """A persona mixture's answer distribution for a respondent nobody knows anything
-    about: ``p(y_i = k) = Σ_θ π_θ μ[θ, i, k]``, ``[I, O]``.
+def population_predictive(model: BeliefModel) -> torch.Tensor:
+    """A model's answer distribution for a respondent nobody knows anything about, its
+    prediction from the prior state: ``[I, O]``; for a persona mixture
+    ``p(y_i = k) = Σ_θ π_θ μ[θ, i, k]``.
 
     The latent classes fitted from a study's respondents take it as the base of their
     Dirichlet pseudo-counts (:func:`models.latent_class.pseudo_counts`): an item nobody has
     answered yet keeps what the persona prior says about the population instead of
     becoming uniform.
     """
-    return (mixture.log_prior.exp()[:, None, None] * mixture.mu).sum(0)
+    return model.predict(model.initial_state())
 
 
 def persona_prior_model(  # type: ignore[no-untyped-def]

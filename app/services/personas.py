@@ -330,14 +330,13 @@ def check_shares(
                 raise InvalidInputError(f"{where}: not an option of {a.id} ({', '.join(letters)})")
             values[letter] = _share_value(raw, where)
         total = sum(values.values())
-        percent = all(v <= 100 for v in values.values()) and 50 <= total <= 150
-        if percent and abs(total - 100) > 100 * SHARE_TOLERANCE:
-            raise InvalidInputError(
-                f"shares of {name} read as percentages sum to {total:.6g} %, not 100 % "
-                f"(within {100 * SHARE_TOLERANCE:g})"
-            )
-        if all(v <= 100 for v in values.values()) and abs(total - 100) <= 100 * SHARE_TOLERANCE:
-            values = {k: v / 100 for k, v in values.items()}  # a table in percent
+        if all(v <= 100 for v in values.values()) and 50 <= total <= 150:  # a table in percent
+            if abs(total - 100) > 100 * SHARE_TOLERANCE:
+                raise InvalidInputError(
+                    f"shares of {name} read as percentages sum to {total:.6g} %, not 100 % "
+                    f"(within {100 * SHARE_TOLERANCE:g})"
+                )
+            values = {k: v / 100 for k, v in values.items()}
             total /= 100
         big = next((k for k, v in values.items() if v > 1), None)
         if big is not None:
