@@ -347,8 +347,10 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def _read_codebook(folder: Path) -> list[CodebookItem]:
-    text = _read_text(folder, CODEBOOK_FILE)
+def read_codebook(folder: str | Path) -> list[CodebookItem]:
+    """The items of ``folder/codebook.jsonl``, in file order (DatasetError naming the line
+    of the first malformed entry)."""
+    text = _read_text(Path(folder), CODEBOOK_FILE)
     items: list[CodebookItem] = []
     seen: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -401,7 +403,7 @@ def _read_codebook(folder: Path) -> list[CodebookItem]:
 
 
 def _read_responses(
-    folder: Path, id_column: str, codebook: list[CodebookItem]
+    folder: Path, id_column: str, codebook: list[CodebookItem], *, allow_empty: bool = False
 ) -> tuple[list[str], np.ndarray]:
     text = _read_text(folder, RESPONSES_FILE)
     reader = csv.reader(text.splitlines())
@@ -492,7 +494,7 @@ def _read_responses(
         raise DatasetError(
             RESPONSES_FILE, f"malformed CSV: {exc}", row=reader.line_num - 1
         ) from None
-    if not ids:
+    if not ids and not allow_empty:
         raise DatasetError(RESPONSES_FILE, "the file has a header but no respondents")
     return ids, np.asarray(rows, dtype=np.int16).reshape(len(ids), n_cols)
 
@@ -638,11 +640,13 @@ def _optional_file(folder: Path, manifest: dict[str, Any], key: str, default: st
     return default if (folder / default).is_file() else None
 
 
-def load_dataset(path: str | Path) -> Dataset:
+def load_dataset(path: str | Path, *, allow_no_respondents: bool = False) -> Dataset:
     """Read and validate a dataset folder in the canonical format.
 
     Args:
         path: the dataset folder.
+        allow_no_respondents: accept a ``responses.csv`` that has a header and no rows (a
+            study's items without history); otherwise that is an error.
 
     Returns:
         The validated :class:`Dataset`.
@@ -659,7 +663,7 @@ def load_dataset(path: str | Path) -> Dataset:
     if not folder.is_dir():
         raise DatasetError(None, f"dataset folder not found: {folder}")
     manifest = _read_manifest(folder)
-    codebook = _read_codebook(folder)
+    codebook = read_codebook(folder)
     ids_in_codebook = {item.id for item in codebook}
 
     id_column: str = manifest["id_column"]
@@ -701,7 +705,9 @@ def load_dataset(path: str | Path) -> Dataset:
             column="id_column",
         )
 
-    respondent_ids, responses = _read_responses(folder, id_column, codebook)
+    respondent_ids, responses = _read_responses(
+        folder, id_column, codebook, allow_empty=allow_no_respondents
+    )
     known_rows = {rid: i for i, rid in enumerate(respondent_ids)}
 
     split_file = _optional_file(folder, manifest, "split", DEFAULT_SPLIT_FILE)

@@ -45,6 +45,7 @@ from elicitation.datasets import (
     Dataset,
     DatasetError,
     load_dataset,
+    read_codebook,
 )
 from models.cape_cooccurrence import CapeCooccurrence
 from models.cape_factor import CapeFactor
@@ -637,17 +638,23 @@ def _write_upload(
     folder: Path, files: dict[str, bytes], manifest_fields: dict[str, str]
 ) -> list[str]:
     """Write the uploaded files into ``folder`` as a dataset folder; returns notes on what
-    was left out (a split or runs file the manifest names but that was not uploaded)."""
+    was left out (a split or runs file the manifest names but that was not uploaded) and
+    on a study without history.
+
+    Without ``responses.csv`` the codebook alone is the study: its items, no respondents
+    (a header-only ``responses.csv`` is written for the loader)."""
     total = sum(len(v) for v in files.values())
     if total > MAX_UPLOAD_BYTES:
         raise InvalidInputError(f"the upload is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
-    for required in (RESPONSES_FILE, CODEBOOK_FILE):
-        if not files.get(required):
-            raise InvalidInputError(f"upload {required}")
+    if not files.get(CODEBOOK_FILE):
+        raise InvalidInputError(
+            f"upload {CODEBOOK_FILE} (and {RESPONSES_FILE} if the study has past answers)"
+        )
     for name, data in files.items():
         if data and name in (RESPONSES_FILE, CODEBOOK_FILE, *OPTIONAL_FILES):
             (folder / name).write_bytes(data)
     notes: list[str] = []
+    manifest: dict[str, Any] | None = None
     if files.get(MANIFEST_FILE):
         manifest = _uploaded_manifest(files[MANIFEST_FILE])
         for key, file in (("split", "user_split.json"), ("runs", "runs.csv")):
@@ -659,8 +666,15 @@ def _write_upload(
                 notes.append(
                     f"dataset.json names {key} file {manifest.pop(key)!r}: not uploaded, left out"
                 )
-    else:
-        manifest = _manifest_from_fields(files[RESPONSES_FILE], manifest_fields)
+    columns: list[str] = []
+    if not files.get(RESPONSES_FILE):
+        named = manifest.get("id_column") if manifest else manifest_fields.get("id_column")
+        id_column = str(named or "").strip() or "respondent_id"
+        columns = [id_column, *(item.id for item in read_codebook(folder))]
+        with (folder / RESPONSES_FILE).open("w", encoding="utf-8", newline="") as out:
+            csv.writer(out).writerow(columns)
+    if manifest is None:
+        manifest = _manifest_from_fields(columns or _header(files[RESPONSES_FILE]), manifest_fields)
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest), encoding="utf-8")
     return notes
 
@@ -678,8 +692,9 @@ def _uploaded_manifest(data: bytes) -> dict[str, Any]:
     return manifest
 
 
-def _manifest_from_fields(responses: bytes, fields: dict[str, str]) -> dict[str, Any]:
-    """A ``dataset.json`` for a plain CSV: id column, attributes; the other columns ask."""
+def _header(responses: bytes) -> list[str]:
+    """The column names of an uploaded ``responses.csv`` (DatasetError when it has no
+    readable header or repeats a column)."""
     try:
         header = responses.decode("utf-8-sig").splitlines()[0]
     except (UnicodeDecodeError, IndexError):
@@ -688,6 +703,13 @@ def _manifest_from_fields(responses: bytes, fields: dict[str, str]) -> dict[str,
     twice = sorted({c for c in columns if columns.count(c) > 1})
     if twice:
         raise DatasetError(RESPONSES_FILE, f"the header repeats the column {twice[0]!r}")
+    return columns
+
+
+def _manifest_from_fields(columns: list[str], fields: dict[str, str]) -> dict[str, Any]:
+    """A ``dataset.json`` for a plain CSV's ``columns``: the id column (``fields["id_column"]``,
+    default the first), the attributes (``fields["attributes"]``, comma-separated); the
+    other columns ask."""
     id_column = fields.get("id_column", "").strip() or columns[0]
     demographics = [c.strip() for c in fields.get("attributes", "").split(",") if c.strip()]
     name = fields.get("name", "").strip() or "uploaded"
@@ -702,6 +724,12 @@ def _manifest_from_fields(responses: bytes, fields: dict[str, str]) -> dict[str,
 
 def _describe(folder: Path, manifest_fields: dict[str, str], notes: list[str]) -> UploadPreview:
     ds: Dataset = _load(folder)
+    if ds.n_respondents == 0:
+        notes = [
+            *notes,
+            "No respondents: the study starts without history. Its prior is uniform until "
+            "you add personas (Personas page) or its own respondents refit it.",
+        ]
     head = ds.responses[:5].tolist()
     letters = [item.letters for item in ds.codebook]
     rows = [
@@ -726,7 +754,7 @@ def _load(folder: Path) -> Dataset:
     """``load_dataset(folder)`` with the import's own checks (:func:`check_storable`); an
     error names the uploaded file, never the server's folder."""
     try:
-        ds = load_dataset(folder)
+        ds = load_dataset(folder, allow_no_respondents=True)
         check_storable(ds)  # what the import would refuse, the preview refuses
         return ds
     except DatasetError as exc:
@@ -737,7 +765,9 @@ def _import_folder(folder: Path, *, session: Session, study_name: str | None) ->
     """``import_dataset`` of an upload's folder; an error names the uploaded file, never
     the server's folder."""
     try:
-        return import_dataset(folder, session=session, study_name=study_name)
+        return import_dataset(
+            folder, session=session, study_name=study_name, allow_no_respondents=True
+        )
     except DatasetError as exc:
         raise InvalidInputError(str(exc).replace(str(folder), "the upload")) from None
 

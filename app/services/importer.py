@@ -209,6 +209,7 @@ def import_dataset(
     session: Session,
     study_name: str | None = None,
     respondents: bool = True,
+    allow_no_respondents: bool = False,
 ) -> ImportResult:
     """Import the dataset folder ``path`` as a new study, in one transaction.
 
@@ -219,6 +220,8 @@ def import_dataset(
             :func:`slugify` of it.
         respondents: also import the respondents and their answers (``False``: the study
             and its items only, e.g. the lifecycle benchmark's study without history).
+        allow_no_respondents: accept a ``responses.csv`` with a header and no rows (an
+            uploaded codebook without past answers); otherwise that is a DatasetError.
 
     Raises:
         DatasetError: the dataset is invalid (names file, row, column); nothing written.
@@ -226,7 +229,7 @@ def import_dataset(
         InvalidInputError: the name gives an empty slug.
     """
     start = time.perf_counter()
-    ds = load_dataset(path)
+    ds = load_dataset(path, allow_no_respondents=allow_no_respondents)
     check_storable(ds)
     name = (study_name if study_name is not None else ds.name).strip()
     slug = slugify(name)

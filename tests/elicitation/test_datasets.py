@@ -399,6 +399,14 @@ def test_malformed_dataset(
     assert str(err).startswith(file)
 
 
+def test_header_only_responses_load_as_no_respondents_when_allowed(small_dataset: Path) -> None:
+    _c_header_only(small_dataset)
+    (small_dataset / "user_split.json").write_text("{}")  # it named the respondents removed
+    ds = load_dataset(small_dataset, allow_no_respondents=True)
+    assert ds.respondent_ids == [] and ds.responses.shape == (0, len(ds.codebook))
+    assert ds.n_respondents == 0
+
+
 def test_missing_folder(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="dataset folder not found"):
         load_dataset(tmp_path / "absent")

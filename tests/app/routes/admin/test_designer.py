@@ -323,6 +323,53 @@ def test_upload_preview_errors_inline_and_import(
     assert len(db.exec(select(Respondent).where(Respondent.study_id == study.id)).all()) == 25
 
 
+def test_a_codebook_alone_imports_a_study_without_history(
+    dclient: TestClient, alice: Researcher, db: Session, small_dataset_factory: Callable[..., Path]
+) -> None:
+    """A codebook without responses.csv (or with a header-only one) previews as 0
+    respondents with a note and imports the items, attribute roles included; without a
+    codebook the upload is refused by name and nothing is written."""
+    folder = small_dataset_factory("ces", 20, folder="codebook-only")
+    login(dclient, "alice@example.org")
+    fields = {"name": "New wave", "attributes": "birthyr,gender4", "csrf_token": csrf(dclient)}
+    r = dclient.post(
+        "/admin/import/upload",
+        data={**fields, "action": "preview"},
+        files=_files(folder, "codebook.jsonl"),
+    )
+    assert r.status_code == 200, r.text
+    n_items = len((folder / "codebook.jsonl").read_text(encoding="utf-8").splitlines())
+    assert f"0 respondents, {n_items} items" in r.text and "2 attributes" in r.text
+    assert "No respondents: the study starts without history" in r.text
+    r = dclient.post("/admin/import/upload", data={**fields, "action": "import"}, files={})
+    assert r.status_code == 422 and "upload codebook.jsonl" in r.text
+    assert db.exec(select(Study)).all() == []
+    r = dclient.post(
+        "/admin/import/upload",
+        data={**fields, "action": "import"},
+        files=_files(folder, "codebook.jsonl"),
+    )
+    assert r.status_code == 200, r.text
+    study = db.exec(select(Study).where(Study.slug == "new-wave")).one()
+    items = db.exec(select(Item).where(Item.study_id == study.id)).all()
+    assert len(items) == n_items
+    assert {it.key for it in items if it.role == "attribute"} == {"birthyr", "gender4"}
+    assert db.exec(select(Respondent).where(Respondent.study_id == study.id)).all() == []
+    assert dclient.get(f"/admin/studies/{study.slug}").status_code == 200
+    # a responses.csv with a header and no rows is the same study without history
+    header = (folder / "responses.csv").read_text(encoding="utf-8").splitlines()[0]
+    files = _files(folder, "codebook.jsonl")
+    files["responses.csv"] = ("responses.csv", (header + "\n").encode(), "text/csv")
+    r = dclient.post(
+        "/admin/import/upload",
+        data={**fields, "name": "Header only", "action": "import"},
+        files=files,
+    )
+    assert r.status_code == 200, r.text
+    study = db.exec(select(Study).where(Study.slug == "header-only")).one()
+    assert db.exec(select(Respondent).where(Respondent.study_id == study.id)).all() == []
+
+
 def _study_with_items(dclient: TestClient, name: str = "Edit in place") -> str:
     login(dclient, "alice@example.org")
     r = dclient.post("/admin/studies", data={"name": name, "csrf_token": csrf(dclient)})
