@@ -245,8 +245,11 @@ class RespondentPage:
         view: svc.SessionView | None = None,
         attribute_page: int | None = None,
         confirm_skip: bool = False,
+        chosen: dict[str, str] | None = None,
     ) -> Response:
-        """The current page again with ``error`` (``status_code`` for a plain POST)."""
+        """The current page again with ``error`` (``status_code`` for a plain POST);
+        ``chosen``: a refused page of questions about the respondent keeps these choices
+        (``{key: letter or "__skip__"}``) and marks its other questions as left blank."""
         return self.render(
             view,
             error=error,
@@ -254,6 +257,7 @@ class RespondentPage:
             partial=self.htmx,
             attribute_page=attribute_page,
             confirm_skip=confirm_skip,
+            chosen=chosen,
         )
 
     def after_submit(self, view: svc.SessionView) -> Response:
@@ -273,6 +277,7 @@ class RespondentPage:
         partial: bool = False,
         attribute_page: int | None = None,
         confirm_skip: bool = False,
+        chosen: dict[str, str] | None = None,
     ) -> Response:
         """The page of ``view`` (the session's current state when ``None``)."""
         if view is None:
@@ -297,7 +302,15 @@ class RespondentPage:
             context = {
                 "study": self.study,
                 "attributes": [(item, svc.attribute_question(item)) for item in items],
-                "stored": svc.respondent_attributes(self.sess, session=self.session),
+                "stored": {
+                    **svc.respondent_attributes(self.sess, session=self.session),
+                    **(chosen or {}),
+                },
+                "blank": (
+                    {item.key for item in items if item.key not in chosen}
+                    if chosen is not None
+                    else set()
+                ),
                 "page": number,
                 "n_pages": len(pages),
                 "last": first + len(items),
@@ -621,7 +634,9 @@ async def about(
 
     "Prefer not to answer" leaves an attribute out. A page submitted with nothing chosen
     asks once whether to skip all the remaining questions about the respondent (the
-    ``skip_all`` button of that prompt does).
+    ``skip_all`` button of that prompt does). A page with some questions left blank comes
+    back once with its choices kept and the blank ones marked; "Continue" again
+    (``blank_ok``) leaves them unanswered.
     """
     page = visit.page(request, templates, session, settings)
     if isinstance(page, Response):
@@ -641,11 +656,14 @@ async def about(
         item.key: str(form.get(ATTRIBUTE_FIELD_PREFIX + item.key, "") or "") for item in items
     }
     skip_all = form.get("skip_all") is not None and rt.allow_skip
-    if not skip_all and any(not v for v in values.values()):
+    chosen = {k: v for k, v in values.items() if v}
+    blank_ok = rt.allow_skip and form.get("blank_ok") is not None
+    if not skip_all and not blank_ok and len(chosen) < len(values):
         if not rt.allow_skip:
-            return page.again("Please answer every question.", attribute_page=number)
-        if all(not v for v in values.values()):
+            return page.again("Please answer every question.", attribute_page=number, chosen=chosen)
+        if not chosen:
             return page.again(status_code=200, attribute_page=number, confirm_skip=True)
+        return page.again(status_code=200, attribute_page=number, chosen=chosen)
     answers = {k: (v if v and v != "__skip__" else None) for k, v in values.items()}
     session.close()  # one pooled connection per request at a time
     try:

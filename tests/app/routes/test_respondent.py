@@ -421,10 +421,27 @@ def test_questions_about_you_are_paged_worded_counted_and_skipped_once(
             ).first()
             is None
         )
-    # one answer on page 1: stored, then page 2
-    first_key = pages[0][0]
+    # one answer and blanks on page 1: the page again, the answer kept, the blanks marked
+    first_key, *others = pages[0]
+    assert others
     r = client.post(
         f"/s/{live.slug}/about", data={"page": "1", f"a_{first_key}": "B"}, follow_redirects=False
+    )
+    assert r.status_code == 200
+    n = len(others)
+    assert f"You did not answer {n} question{'s' if n > 1 else ''} on this page." in r.text
+    assert re.search(rf'name="a_{first_key}" value="B" checked', r.text)
+    assert r.text.count("Not answered yet") == n and 'name="blank_ok"' in r.text
+    assert all(f'id="blank-{k}"' in r.text for k in others)
+    assert re.search(rf'name="a_{others[0]}" value="[^"]+" autofocus', r.text)
+    with live.session() as db:
+        respondent = db.get(Respondent, sess.respondent_id)
+        assert respondent is not None and not respondent.attributes
+    # "Continue" again leaves them unanswered: the one answer stored, then page 2
+    r = client.post(
+        f"/s/{live.slug}/about",
+        data={"page": "1", f"a_{first_key}": "B", "blank_ok": "1"},
+        follow_redirects=False,
     )
     assert r.status_code == 303 and r.headers["location"].endswith(f"/s/{live.slug}/q?page=2")
     page2 = client.get(r.headers["location"]).text
