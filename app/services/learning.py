@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -313,7 +313,9 @@ class ModelVersion:
     """One fitted model of a study as the study page lists it.
 
     ``label`` is the family in words (e.g. ``latent classes, 12 classes``);
-    ``val_log_loss`` is ``-val_log_lik`` (nats per held-out respondent; lower is better).
+    ``val_log_loss`` is ``-val_log_lik`` (nats per held-out respondent; lower is better);
+    ``choice`` the candidates ``auto`` compared (``metrics["model_choice"]``: ``name``,
+    ``log_loss_0``, ``log_loss_T``, ``mean_log_loss``, ``chosen``), empty for other fits.
     """
 
     id: int
@@ -328,6 +330,7 @@ class ModelVersion:
     n_validation: int
     val_log_loss: float | None
     active_val_log_loss: float | None
+    choice: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _family_label(family: str, metrics: dict[str, Any] | None) -> str:
@@ -386,6 +389,7 @@ def model_versions(study_id: int, *, session: Session, limit: int = 20) -> list[
             n_validation=int(r[8] or 0),
             val_log_loss=None if r[9] is None else -float(r[9]),
             active_val_log_loss=None if r[10] is None else -float(r[10]),
+            choice=[c for c in (r[11] or {}).get("model_choice") or [] if isinstance(c, dict)],
         )
         for r in rows
     ]

@@ -63,7 +63,9 @@ def test_simulation_page_says_before_the_run_when_it_cannot_simulate(
     assert 'disabled aria-describedby="simulation-unavailable">Run simulation' in page
     assert "This study has 0 imported respondents; a simulation replays" in page
     page = client.get(f"/admin/studies/{ces_study.slug}/simulation").text
-    assert 'id="simulation-unavailable"' not in page and "<button type=\"submit\">Run simulation" in page
+    assert (
+        'id="simulation-unavailable"' not in page and '<button type="submit">Run simulation' in page
+    )
 
 
 def test_simulation_result_page_and_plot(
@@ -155,3 +157,26 @@ def test_the_simulation_page_says_why_the_last_run_failed(
     page = client.get(f"/admin/studies/{ces_study.slug}/simulation")
     assert page.status_code == 200 and "Last run failed" in page.text
     assert "too few imported respondents" in page.text and "No simulation yet" not in page.text
+
+
+def test_a_rejected_auto_fit_shows_the_candidates_it_compared(
+    client: TestClient, ces_study: Study, db: Session
+) -> None:
+    from app.services.belief import fit_study_model
+
+    active = fit_study_model(ces_study, session=db, n_classes=(2,), n_restarts=1)
+    worse = fit_study_model(ces_study, session=db, n_classes=(1,), n_restarts=1)
+    assert active.is_active and worse.status == "rejected"
+    rows = [
+        {"name": "latent classes", "log_loss_0": 0.69, "log_loss_T": 0.5123, "mean_log_loss": 0.6},
+        {"name": "persona mixture", "log_loss_0": 0.69, "log_loss_T": 0.4567, "chosen": True},
+    ]
+    worse.metrics = {**(worse.metrics or {}), "model_choice": rows}
+    db.add(worse)
+    db.commit()
+    login(client, "alice@example.org")
+    page = client.get(f"/admin/studies/{ces_study.slug}").text
+    versions = page.split('id="model-versions"', 1)[1]
+    assert versions.count("candidates compared") == 1  # the rejected auto fit only
+    assert "0.5123" in versions and "0.4567" in versions
+    assert 'id="model-choice"' not in page  # the active fit is not an auto fit
