@@ -1,8 +1,9 @@
 """A group round member's personal link ``/g/{token}``: the round's one question.
 
 The page is the respondent question page (``pages/respondent_question.html``, posting back
-here); the answer goes through :func:`app.services.group_round_links.answer_round`, i.e. the
-respondent answer path of :mod:`app.session`. A plain POST answers with a 303
+here); the answer goes through :func:`app.services.round_links.answer_round`, i.e. the
+respondent answer path of :mod:`app.session`; a posted ``item`` other than the link's
+question is refused (409, the question page again). A plain POST answers with a 303
 to the link's page; with htmx (``HX-Request``) with an ``HX-Redirect`` to it. A closed
 round refuses answers with 409 and says so; an unknown link is a 404 page.
 """
@@ -135,6 +136,23 @@ async def link_answer(
     skip = form.get("skip") == "1"
     option = form.get("option")
     idem = form.get("idempotency_key")
+    item = form.get("item")
+    if isinstance(item, str) and item and item != link.item_key:
+        view = round_links.link_view(link, session=session)
+        if view.n_posed >= 1:
+            return _thanks(request, templates, link)
+        if not link.round_open or view.question is None:
+            return _closed(request, templates, link)
+        return _question_page(
+            request,
+            templates,
+            link,
+            view,
+            token,
+            error="That answer was for another question, so it was not saved: "
+            "this link asks the question below.",
+            status_code=409,
+        )
     if not skip and not isinstance(option, str):
         view = round_links.link_view(link, session=session)
         if view.n_posed >= 1:
@@ -155,6 +173,8 @@ async def link_answer(
         return _closed(request, templates, link)
     except svc.InvalidAnswerError as exc:
         view = round_links.link_view(link, session=session)
+        if view.n_posed >= 1:
+            return _thanks(request, templates, link)
         if view.question is None:
             return _closed(request, templates, link)
         return _question_page(

@@ -177,9 +177,17 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     assert empty.status_code == 422 and "Please choose an answer" in empty.text
 
     # member 0 answers (plain POST), the retry with the same key is the same answer
+    # an answer posted for another question (a stale or edited page) is refused, not stored
+    other = respondent.post(
+        links[0], data={"item": "not-this-one", "option": letters[0], "idempotency_key": "k0"}
+    )
+    assert other.status_code == 409 and "That answer was for another question" in other.text
+    assert _answers(engine, members[0].session_id) == []
     for _ in range(2):
         ok = respondent.post(
-            links[0], data={"option": letters[0], "idempotency_key": "k1"}, follow_redirects=False
+            links[0],
+            data={"item": r1["question"], "option": letters[0], "idempotency_key": "k1"},
+            follow_redirects=False,
         )
         assert ok.status_code == 303 and ok.headers["location"] == links[0] + "?reply=answered"
     assert [a.option for a in _answers(engine, members[0].session_id)] == [letters[0]]
@@ -187,6 +195,9 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     assert "Your reply was recorded" in respondent.get(links[0]).text  # a later visit
     changed = respondent.post(links[0], data={"option": letters[-1], "idempotency_key": "k2"})
     assert changed.status_code == 409
+    # a bad option after the answer: thanks again, not "closed" (the round is open)
+    bad = respondent.post(links[0], data={"option": "Z?", "idempotency_key": "k2b"})
+    assert bad.status_code == 200 and "Your reply was recorded" in bad.text
     # member 1 prefers not to answer; member 2 answers with htmx
     skip = respondent.post(
         links[1], data={"skip": "1", "idempotency_key": "k3"}, follow_redirects=False
