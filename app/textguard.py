@@ -56,6 +56,30 @@ def bad_character(value: str) -> str | None:
     return f"{what} (U+{ord(char):04X}) at position {found.start()}"
 
 
+NAME_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""Characters refused in one-line names and ids (a study or API key name, an item key,
+an external id): control characters (C0, DEL, C1: a terminal or a CSV row would act on
+them) and the bidirectional embeddings, overrides and isolates U+202A-U+202E,
+U+2066-U+2069 (they make a name display as another)."""
+
+
+def unsafe_in_name(value: str) -> str | None:
+    """A description of the first character of ``value`` that a one-line name may not
+    hold (:data:`NAME_UNSAFE`), or None.
+
+    >>> unsafe_in_name("evil\u202egnp.exe")
+    'a bidirectional control character (U+202E) at position 4'
+    >>> unsafe_in_name("a\x1b[2J")
+    'a control character (U+001B) at position 1'
+    """
+    found = NAME_UNSAFE.search(value)
+    if found is None:
+        return None
+    char = found.group()
+    what = "a bidirectional control character" if char >= "\u202a" else "a control character"
+    return f"{what} (U+{ord(char):04X}) at position {found.start()}"
+
+
 _installed = False
 
 

@@ -13,6 +13,7 @@ from app import db
 from app.services.apikeys import all_api_keys, create_api_key, list_api_keys, revoke_api_key
 from app.settings import get_settings
 from app.tables import ApiKey
+from app.textguard import unsafe_in_name
 
 
 def register(subparsers: Any) -> None:
@@ -60,7 +61,10 @@ def _line(key: ApiKey, email: str | None = None) -> str:
     """One key, tab-separated: prefix, state, created, last used (or -), name[, email]."""
     state = "revoked" if key.revoked_at else "active"
     used = f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "-"
-    cells = [key.prefix, state, f"{key.created_at:%Y-%m-%d %H:%M}", used, key.name]
+    name = key.name  # a name stored before control characters were refused: escaped
+    if unsafe_in_name(name):
+        name = name.encode("unicode_escape").decode("ascii")
+    cells = [key.prefix, state, f"{key.created_at:%Y-%m-%d %H:%M}", used, name]
     return "\t".join(cells + ([email] if email is not None else []))
 
 

@@ -83,6 +83,12 @@ class StudyDetailOut(StudyHeadOut):
     items: list[ItemOut] = Field(description="every item, in the study's order")
 
 
+RESPONDENT_PK = (
+    "the respondent's database id: unique in the server, the respondent_id returned when "
+    "the session was created (an external id may look like another's r<id>)"
+)
+
+
 class ResponseAnswerOut(BaseModel):
     item: str = Field(examples=["330a"])
     role: str = Field(examples=["question"])
@@ -92,6 +98,7 @@ class ResponseAnswerOut(BaseModel):
 
 class ResponseOut(BaseModel):
     respondent_id: str = Field(description="the external id, else r<id> (as in the exports)")
+    respondent: int = Field(description=RESPONDENT_PK)
     session_id: int
     source: str = Field(examples=["live"])
     status: str = Field(examples=["completed"])
@@ -118,10 +125,11 @@ class ItemPredictionOut(TargetPredictionOut):
 
 
 class RespondentPredictionsOut(BaseModel):
-    respondent_id: str
+    respondent_id: str = Field(description="the external id, else r<id> (as in the exports)")
+    respondent: int = Field(description=RESPONDENT_PK)
     session_id: int = Field(description="the respondent's first session")
     status: str
-    answers: int = Field(description="the respondent's answers (skips included)")
+    answers: int = Field(description="the number of the respondent's answers (skips included)")
     model_id: int | None = Field(
         default=None,
         description="the fitted model of these predictions: the one the respondent's "

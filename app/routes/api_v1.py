@@ -43,6 +43,7 @@ from app.errors import (
     PriorlyError,
     validation_message,
 )
+from app.services import respondents
 from app.services.apikeys import (
     KEY_PREFIX,
     AuthenticationError,
@@ -81,6 +82,10 @@ ERROR_CODES: dict[str, str] = {
     "database_unavailable": "503: the database is unreachable or not migrated",
     "payload_too_large": "413: the request body is larger than the limit (app/limits.py)",
     "rate_limited": "429: too many calls per minute with this credential (see Retry-After)",
+    "conflict": "409: the request conflicts with stored data (another kind than the above)",
+    "http_error": "4xx: a request the web server refused before the API saw it",
+    "configuration_error": "500: the server's settings are unusable (an operator must fix them)",
+    "error": "400: any other refused request (the message says why)",
 }
 
 
@@ -569,19 +574,31 @@ async def create_session(
     # On PostgreSQL the API key, the study and (with the study's runtime cached) the start
     # itself run in the event loop (app/session/async_path.py); otherwise one hop.
     db = getattr(request.app.state, "answers_db", None)
-    if db is not None and isinstance(study, svc.StudyHead):
-        started = await answer_async.start_session(
-            db, study, engine=engine, attributes=body.attributes, external_id=body.external_id
-        )
-    else:
-        started = await run_in_threadpool(
-            svc.start_session,
-            study,
+    try:
+        if db is not None and isinstance(study, svc.StudyHead):
+            started = await answer_async.start_session(
+                db, study, engine=engine, attributes=body.attributes, external_id=body.external_id
+            )
+        else:
+            started = await run_in_threadpool(
+                svc.start_session,
+                study,
+                engine=engine,
+                attributes=body.attributes,
+                external_id=body.external_id,
+                allow_draft=True,
+            )
+    except svc.ExternalIdTakenError as exc:
+        # a create retried after a lost reply: say where the first one's session is
+        sid = await run_in_threadpool(
+            respondents.session_of_external_id,
+            int(study.id or 0),
+            str(body.external_id),
             engine=engine,
-            attributes=body.attributes,
-            external_id=body.external_id,
-            allow_draft=True,
         )
+        if sid is not None:
+            exc.message += f"; its session is {sid} (GET /api/v1/sessions/{sid} with this key)"
+        raise
     if request.app.state.settings.session_rate_limit_per_minute > 0:
         # the new token is verified: its calls count on its own counter from the first
         await ratelimit.register_new_credential(request.app.state, started.token)

@@ -26,6 +26,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import ConflictError, InvalidInputError, NotFoundError, PriorlyError
 from app.tables import ApiKey, Researcher, Study, utcnow
+from app.textguard import unsafe_in_name
 
 KEY_PREFIX = "pk_"
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -95,6 +96,9 @@ def create_api_key(email: str, *, session: Session, name: str = "") -> NewApiKey
     max_name = ApiKey.__table__.c.name.type.length  # type: ignore[attr-defined]
     if len(name) > max_name:
         raise InvalidInputError(f"key name is longer than {max_name} characters")
+    problem = unsafe_in_name(name)
+    if problem is not None:
+        raise InvalidInputError(f"the key name contains {problem}")
     prefix = secrets.token_hex(4)
     key = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     row = ApiKey(

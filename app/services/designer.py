@@ -38,6 +38,7 @@ from app.tables import (
     Study,
     StudyStatus,
 )
+from app.textguard import unsafe_in_name
 from elicitation.criteria import criterion_names
 from elicitation.datasets import (
     CODEBOOK_FILE,
@@ -63,6 +64,8 @@ _LETTER = re.compile(r"^[A-Za-z0-9]{1,32}$")
 
 
 NAME_MAX_LEN = 200
+TEXT_MAX_LEN = 20_000
+"""The longest study description and consent text (characters; about eight pages)."""
 """The longest study name (characters)."""
 
 
@@ -78,6 +81,9 @@ def check_name(name: str) -> str:
         )
     if not slugify(name):
         raise InvalidInputError("the study name needs at least one letter or digit")
+    problem = unsafe_in_name(name)
+    if problem is not None:
+        raise InvalidInputError(f"the study name contains {problem}")
     return name
 
 
@@ -140,6 +146,11 @@ def update_texts(
 ) -> Study:
     """Set the study's name, description, consent text, completion code and redirect URL."""
     name = check_name(name)
+    for what, text in (("description", description), ("consent text", consent_text)):
+        if len(text) > TEXT_MAX_LEN:
+            raise InvalidInputError(
+                f"the {what} has {len(text):,} characters; the limit is {TEXT_MAX_LEN:,}"
+            )
     code = completion_code.strip()
     if len(code) > 100:
         raise InvalidInputError("the completion code is longer than 100 characters")

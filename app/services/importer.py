@@ -38,7 +38,7 @@ from app.tables import (
     Study,
     StudyStatus,
 )
-from app.textguard import bad_character, clip
+from app.textguard import bad_character, clip, unsafe_in_name
 from elicitation.datasets import (
     CODEBOOK_FILE,
     MANIFEST_FILE,
@@ -148,13 +148,19 @@ def _check_lengths(ds: Dataset) -> None:
 
 
 def _check_text(ds: Dataset) -> None:
-    """Refuse text no database column can store (a NUL character, a lone surrogate),
-    naming file and line or row (checked before any write; PostgreSQL's bulk ``COPY``
-    would otherwise fail with a driver error)."""
-    problem = bad_character(ds.name)
+    """Refuse text no database column can store (a NUL character, a lone surrogate), and
+    control or bidirectional control characters in names and ids
+    (:func:`app.textguard.unsafe_in_name`), naming file and line or row (checked before
+    any write; PostgreSQL's bulk ``COPY`` would otherwise fail with a driver error)."""
+    problem = bad_character(ds.name) or unsafe_in_name(ds.name)
     if problem is not None:
         raise DatasetError(MANIFEST_FILE, f"the name contains {problem}", column="name")
     for line, item in enumerate(ds.codebook, start=1):
+        problem = unsafe_in_name(item.id)
+        if problem is not None:
+            raise DatasetError(
+                CODEBOOK_FILE, f"item id {clip(item.id, 40)!r} contains {problem}", line=line
+            )
         texts = [("id", item.id), ("question", item.question), ("topic", item.topic or "")]
         texts += [(f"option {letter!r}", label) for letter, label in item.options]
         texts += [("option letter", letter) for letter, _ in item.options]
@@ -167,7 +173,7 @@ def _check_text(ds: Dataset) -> None:
                     line=line,
                 )
     for row, rid in enumerate(ds.respondent_ids, start=1):
-        problem = bad_character(rid)
+        problem = bad_character(rid) or unsafe_in_name(rid)
         if problem is not None:
             raise DatasetError(
                 RESPONSES_FILE, f"respondent id contains {problem}", row=row, column=ds.id_column

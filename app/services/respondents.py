@@ -106,6 +106,18 @@ def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRo
     ]
 
 
+def session_of_external_id(study_id: int, external_id: str, *, engine: Engine) -> int | None:
+    """The newest session id of the study's respondent with ``external_id``, or None (no
+    such respondent, or it has no session)."""
+    with Session(engine) as db:
+        return db.exec(
+            select(ElicitationSession.id)
+            .join(Respondent, col(Respondent.id) == col(ElicitationSession.respondent_id))
+            .where(Respondent.study_id == study_id, Respondent.external_id == external_id)
+            .order_by(col(ElicitationSession.id).desc())
+        ).first()
+
+
 def erase_live_respondent(
     study: Study, respondent_id: int, *, engine: Engine
 ) -> live.ErasureResult:

@@ -140,7 +140,9 @@ def responses_page(
 ) -> Page:
     """One page of the study's live responses: the wide export's rows with option labels.
 
-    Each row: ``respondent_id`` (the export's: external id, else ``r<id>``), ``session_id``,
+    Each row: ``respondent_id`` (the export's: external id, else ``r<id>``), ``respondent``
+    (the respondent's database id: unique, the ``respondent_id`` of the session's
+    creation), ``session_id``,
     ``source``, ``status``, ``started_at``, ``completed_at`` (ISO 8601 or ``None``) and
     ``answers``, one entry per answered item or known attribute in the study's item order:
     ``{"item", "role", "option", "label"}``; a skipped question has ``option`` and ``label``
@@ -168,6 +170,7 @@ def responses_page(
             )
         return {
             "respondent_id": row.respondent_id,
+            "respondent": row.respondent_pk,
             "session_id": row.session_id,
             "source": row.source,
             "status": row.status,
@@ -185,7 +188,8 @@ def predictions_page(
 ) -> Page:
     """One page of per-respondent predictions: the predictions export's numbers.
 
-    Each row: ``respondent_id``, ``session_id`` (their first session), ``status``,
+    Each row: ``respondent_id``, ``respondent``, ``session_id`` (their first session),
+    ``status``,
     ``answers`` (their answer rows), ``model_id`` (the fitted model used: the one their
     sessions recorded), ``targets``, one entry per target item:
     ``{"item", "distribution": {letter: probability}, "predicted", "label"}`` (the most
@@ -216,6 +220,7 @@ def predictions_page(
     def render(row: RespondentPredictions) -> dict[str, Any]:
         return {
             "respondent_id": row.respondent_id,
+            "respondent": row.respondent_pk,
             "session_id": row.session_id,
             "status": row.status,
             "answers": row.n_answers,

@@ -55,6 +55,7 @@ from app.tables import (
     StudyStatus,
     utcnow,
 )
+from app.textguard import unsafe_in_name
 
 PANEL_PARAMS_MAX = 20
 PANEL_KEY_MAX = 64
@@ -160,6 +161,9 @@ def check_start(
     max_ext = Respondent.__table__.c.external_id.type.length  # type: ignore[attr-defined]
     if external_id is not None and (not external_id.strip() or len(external_id) > max_ext):
         raise InvalidInputError(f"external_id must be 1 to {max_ext} characters")
+    problem = None if external_id is None else unsafe_in_name(external_id)
+    if problem is not None:
+        raise InvalidInputError(f"external_id contains {problem}")
     return clean_panel_params(panel_params or {})
 
 

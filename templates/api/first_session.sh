@@ -14,7 +14,9 @@ curl -sS --fail-with-body "$BASE/api/v1/studies/$STUDY" -H "Authorization: Beare
 
 # 3. Start a session (external_id: your id for the user, unique in the study). The answer
 #    holds the first question and the session's token (shown once): the respondent's
-#    client uses the token, not your key.
+#    client uses the token, not your key. On a server started a moment ago the demo's
+#    model is still being fitted (a few minutes): the answer is then 409 model_preparing
+#    with a Retry-After header; run this step again after that many seconds.
 curl -sS --fail-with-body -X POST "$BASE/api/v1/studies/$STUDY/sessions" \
   -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \
   -d "{\"external_id\": \"curl-$(date +%s)\"}" > session.json

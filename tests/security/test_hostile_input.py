@@ -181,6 +181,11 @@ def test_uploaded_files_with_nul_or_deep_nesting(world: HostileWorld, tmp_path: 
             assert r.status_code < 500, r.text
             assert expected in r.text, (name, r.text[-2000:])
             assert "/tmp" not in r.text  # no server temp path in the error
+        # an item key that would display as another (a codebook alone: a new study)
+        spoof = "\n".join([json.dumps({**first, "id": "t1\u202e"}), *lines[1:]]).encode()
+        r = _upload(admin, {"codebook.jsonl": spoof}, "import")
+        assert r.status_code == 422 and "codebook.jsonl, line 1: item id" in r.text, r.text[-2000:]
+        assert "bidirectional control character (U+202E)" in r.text
 
 
 def test_import_command_nested_json(tmp_path: Path) -> None:

@@ -51,6 +51,15 @@ def test_user_and_apikey_commands(cli_db: str, capsys: pytest.CaptureFixture[str
         assert listing[0] == "prefix\tstate\tcreated\tlast used\tname\tresearcher"
         assert listing[1].startswith(key[:11] + "\tactive\t")
         assert listing[1].endswith("\t-\tci\tada@example.org")
+        # a name stored before control characters were refused is printed escaped
+        with Session(engine) as db:
+            db.connection().execute(text("UPDATE api_key SET name = :n"), {"n": "a\x1b[2Jb"})
+            db.commit()
+        assert main(["apikey", "list"]) == 0
+        listing = capsys.readouterr().out
+        assert "\x1b" not in listing and "a\\x1b[2Jb" in listing
+        assert main(["apikey", "create", "--email", "ada@example.org", "--name", "x\ry"]) == 2
+        assert "the key name contains a control character (U+000D)" in capsys.readouterr().err
         assert main(["apikey", "revoke", key[:11]]) == 0
         assert capsys.readouterr().out.strip() == f"revoked {key[:11]}"
         assert main(["apikey", "revoke", key[:11]]) == 0

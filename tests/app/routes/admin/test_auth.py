@@ -219,6 +219,10 @@ def test_api_keys_page_creates_and_revokes_own_keys(
     assert r.status_code == 200
     key = r.text.split('id="new-key">')[1].split("<")[0]
     assert authenticate_api_key(key, session=db).email == "alice@example.org"
+    # a name with terminal escapes or line breaks (printed by `priorly apikey list`)
+    for bad in ("a\x1b[2J\x1b[31mPWNED", "a\r\nb"):
+        r = client.post("/admin/keys", data={"name": bad, "csrf_token": csrf(client)})
+        assert r.status_code == 422 and "the key name contains a control character" in r.text
     assert key not in client.get("/admin/keys").text  # shown once
     assert (
         client.post(f"/admin/keys/{other.id}/revoke", data={"csrf_token": csrf(client)}).status_code

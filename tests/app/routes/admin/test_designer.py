@@ -503,6 +503,17 @@ def test_names_are_validated_not_cut_and_unicode_slugs_read_well(
         base + "/texts", data={**texts, "name": "y" * 201, "csrf_token": csrf(dclient)}
     )
     assert r.status_code == 422 and "201 characters; the limit is 200" in r.text
+    r = dclient.post(
+        base + "/texts",
+        data={**texts, "name": "ok", "consent_text": "c" * 20_001, "csrf_token": csrf(dclient)},
+    )
+    assert (
+        r.status_code == 422 and "consent text has 20,001 characters; the limit is 20,000" in r.text
+    )
+    # a name that would display as another (a bidirectional override) or act on a terminal
+    for bad, code in (("evil\u202egnp.exe", "U+202E"), ("a\x1b[2Jb", "U+001B")):
+        r = dclient.post("/admin/studies", data={"name": bad, "csrf_token": csrf(dclient)})
+        assert r.status_code == 422 and "the study name contains" in r.text and code in r.text
 
 
 def test_only_criteria_the_belief_model_can_run_are_offered_and_accepted(

@@ -348,6 +348,12 @@ def test_authorization(client: Any, live: LiveStudy) -> None:
     assert dup.status_code == 201
     dup2 = client.post(url, json={"external_id": "x"}, headers=bearer(live.owner_key))
     assert dup2.status_code == 409 and dup2.json()["code"] == "external_id_taken"
+    first = dup.json()["session_id"]
+    assert f"its session is {first} (GET /api/v1/sessions/{first}" in dup2.json()["message"]
+    for bad, code in (("ev\u202eil", "U+202E"), ("a\x1b[2J", "U+001B"), ("a\r\nb", "U+000D")):
+        r = client.post(url, json={"external_id": bad}, headers=bearer(live.owner_key))
+        assert r.status_code == 422 and "external_id contains" in r.json()["message"], r.text
+        assert code in r.json()["message"]
     with live.session() as db:
         spare = create_api_key("owner@example.org", session=db, name="to revoke")
     assert client.post(url, json={}, headers=bearer(spare.key)).status_code == 201
@@ -428,3 +434,25 @@ def test_openapi_documents_the_api_with_examples(client: Any) -> None:
     ]
     responses = paths["/api/v1/sessions/{session_id}/answers"]["post"]["responses"]
     assert {"200", "401", "404", "409", "422"} <= set(responses)
+
+
+def test_every_error_code_is_listed_and_documented() -> None:
+    """docs/api.md's error table is ``ERROR_CODES``, and every error class's code is in it
+    (the group-round errors answer pages, not the API)."""
+    import re
+    from pathlib import Path
+
+    import app.main  # noqa: F401  (imports every error class)
+    from app.errors import PriorlyError
+    from app.routes.api_v1 import ERROR_CODES
+
+    doc = (Path(__file__).parents[4] / "docs" / "api.md").read_text(encoding="utf-8")
+    table = dict(re.findall(r"^\| `([a-z_]+)` \| ([0-9x]+) \| ", doc, flags=re.M))
+    assert table == {k: v.split(":")[0] for k, v in ERROR_CODES.items()}
+
+    def subclasses(cls: type) -> list[type]:
+        return [c for s in cls.__subclasses__() for c in (s, *subclasses(s))]
+
+    pages_only = {"round_closed", "round_link_not_found", "group_budget"}
+    codes = {c.code for c in subclasses(PriorlyError)} - pages_only
+    assert codes <= set(ERROR_CODES), codes - set(ERROR_CODES)
