@@ -36,29 +36,43 @@ def fit_prior_em(
     max_iter: int = 500,
     tol: float = 1e-8,
     floor: float = DEFAULT_FLOOR,
+    base: Tensor | None = None,
+    strength: float = 0.0,
 ) -> tuple[Tensor, list[float]]:
-    """Empirical-Bayes persona prior by EM (docs/methods.md §1).
+    """Empirical-Bayes persona prior by EM (docs/methods.md §1.3), optionally MAP under a
+    Dirichlet prior centred on ``base``.
 
     With ``ℓ[u, θ] = Σ_{i observed} log max(μ[θ, i, y_ui], floor)``:
 
         E-step  γ[u, θ] ∝ p(θ) · exp(ℓ[u, θ])
-        M-step  p(θ) = (1/N) Σ_u γ[u, θ]
+        M-step  p(θ) = (Σ_u γ[u, θ] + s · b(θ)) / (N + s)
 
-    starting from the uniform prior. Only non-missing entries count: callers mask the
+    with ``b = base`` (normalised; uniform when ``None``) and ``s = strength``, starting
+    from ``b``. ``s = 0`` is maximum likelihood; ``s > 0`` is the posterior mode under a
+    ``Dirichlet(1 + s · b)`` prior, i.e. ``b`` counts as ``s`` respondents: a few
+    respondents move the weights a little, many move them to what they say, and no persona
+    with ``b(θ) > 0`` reaches weight 0. Only non-missing entries count: callers mask the
     target columns (and any other held-out answers) to ``-1``. Each iteration increases
-    the mean log marginal likelihood ``(1/N) Σ_u log Σ_θ p(θ) exp(ℓ[u, θ])``.
+    the objective ``(1/N) Σ_u log Σ_θ p(θ) exp(ℓ[u, θ]) + (s/N) Σ_θ b(θ) log p(θ)``.
 
     Args:
         mu: a :class:`PersonaMixture` (its dictionary and floor are used, its prior ignored)
             or a ``[K, I, O]`` table (then ``item_bank`` is required).
         responses: ``LongTensor [N, I]``, ``-1`` = missing.
         max_iter: maximum EM iterations.
-        tol: stop when the mean log-likelihood improves by less than ``tol``.
+        tol: stop when the objective improves by less than ``tol``.
+        base: ``[K]`` non-negative weights, the prior's centre and EM's start.
+        strength: ``s >= 0``, the prior's weight in respondents.
 
     Returns:
-        ``(log_prior [K], trace)`` where ``trace[t]`` is the mean log-likelihood under the
-        prior after ``t`` M-steps (``trace[0]`` = uniform prior; the last entry is the
-        returned prior's).
+        ``(log_prior [K], trace)`` where ``trace[t]`` is the objective under the prior
+        after ``t`` M-steps (``trace[0]`` = the start ``b``; the last entry is the
+        returned prior's); with ``s = 0`` it is the mean log marginal likelihood.
+
+    Example: 2 respondents cannot zero a persona the base gives a third of the weight::
+
+        lp, _ = fit_prior_em(m, y[:2], base=torch.tensor([1.0, 1.0, 1.0]), strength=10.0)
+        # every lp.exp() >= 10 * (1/3) / (2 + 10) = 0.28
     """
     if isinstance(mu, PersonaMixture):
         model = mu
@@ -70,18 +84,31 @@ def fit_prior_em(
     n, k = ll.shape
     if n == 0:
         raise ShapeError("fit_prior_em: responses has no rows")
-    log_prior = torch.full((k,), -math.log(k), dtype=DTYPE)
+    if strength < 0 or not math.isfinite(strength):
+        raise ModelError(f"fit_prior_em: strength must be a finite number >= 0, got {strength}")
+    if base is None:
+        b = torch.full((k,), 1.0 / k, dtype=DTYPE)
+    else:
+        b = torch.as_tensor(base, dtype=DTYPE)
+        if b.shape != (k,) or not bool(torch.isfinite(b).all()) or bool((b < 0).any()):
+            raise ModelError(f"fit_prior_em: base must be [{k}] finite weights >= 0")
+        if float(b.sum()) <= 0:
+            raise ModelError("fit_prior_em: base has no positive weight")
+        b = b / b.sum()
+    log_prior = torch.where(b > 0, b.clamp_min(1e-300).log(), torch.full_like(b, -math.inf))
+    penalty_of = b > 0 if strength > 0 else torch.zeros(k, dtype=torch.bool)
     trace: list[float] = []
     for _ in range(max_iter + 1):
         joint = ll + log_prior  # [N, K]
         log_z = torch.logsumexp(joint, dim=1, keepdim=True)
-        trace.append(float(log_z.mean()))
+        penalty = float((b[penalty_of] * log_prior[penalty_of]).sum()) * strength / n
+        trace.append(float(log_z.mean()) + penalty)
         if len(trace) > 1 and trace[-1] - trace[-2] < tol:
             break
         if len(trace) == max_iter + 1:
             break
         gamma = (joint - log_z).exp()  # [N, K]
-        prior = gamma.mean(0)
+        prior = (gamma.sum(0) + strength * b) / (n + strength)
         log_prior = torch.where(
             prior > 0, prior.clamp_min(1e-300).log(), torch.full_like(prior, -math.inf)
         )

@@ -69,6 +69,35 @@ def test_prior_em_with_a_tensor_and_bad_input() -> None:
         fit_prior_em(m, y[:, :3])
 
 
+def test_prior_em_map_keeps_the_base_and_solves_its_fixed_point() -> None:
+    """With ``base`` worth ``s`` respondents, 2 respondents move the weights at most
+    2 / (2 + s), none drops to 0, and the result solves the MAP fixed point
+    ``p = (Σ_u γ_u + s b) / (N + s)``; many respondents override the base."""
+    m = dictionary(3, 7)
+    base = torch.tensor([0.6, 0.3, 0.1], dtype=DTYPE)
+    y = sample(m, torch.tensor([0.0, 0.0, 1.0], dtype=DTYPE), 2, 8)
+    ml, _ = fit_prior_em(m, y, max_iter=2000, tol=1e-14)
+    lp, trace = fit_prior_em(m, y, base=base, strength=10.0, max_iter=2000, tol=1e-14)
+    p = lp.exp()
+    assert float(ml.exp().min()) < 1e-6  # maximum likelihood zeroes a persona
+    assert bool(((p - base).abs() <= 2 / 12 + 1e-12).all()) and float(p.min()) >= 0.1 * 10 / 12
+    t = torch.tensor(trace, dtype=DTYPE)
+    assert bool((t[1:] - t[:-1] >= -1e-13).all())  # the MAP objective never falls
+    ll = m.log_likelihood_matrix(y) + lp
+    gamma = (ll - torch.logsumexp(ll, 1, keepdim=True)).exp()
+    torch.testing.assert_close(p, (gamma.sum(0) + 10 * base) / 12, atol=1e-8, rtol=0)
+    # trace[0] is the objective at the base itself
+    z0 = torch.logsumexp(m.log_likelihood_matrix(y) + base.log(), 1).mean()
+    assert trace[0] == pytest.approx(float(z0) + float((base * base.log()).sum()) * 10 / 2)
+    many = sample(m, torch.tensor([0.0, 0.0, 1.0], dtype=DTYPE), 3000, 9)
+    lp_many, _ = fit_prior_em(m, many, base=base, strength=10.0)
+    assert float(lp_many.exp()[2]) > 0.9
+    with pytest.raises(ModelError, match="strength"):
+        fit_prior_em(m, y, strength=-1.0)
+    with pytest.raises(ModelError, match="base"):
+        fit_prior_em(m, y, base=torch.tensor([1.0, 1.0]), strength=1.0)
+
+
 def test_js_distance_matches_direct_formula() -> None:
     m = dictionary(4, 6)
     d = js_distance_matrix(m.mu, m.mu)

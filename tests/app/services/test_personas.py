@@ -238,7 +238,9 @@ def test_latent_classes_keep_the_persona_prior_on_items_nobody_answered(
     t = items.index("t")
     torch.testing.assert_close(
         population_predictive(prior)[t, :2],
-        torch.tensor([t_yes, 1 - t_yes], dtype=torch.float64), atol=1e-3, rtol=0,
+        torch.tensor([t_yes, 1 - t_yes], dtype=torch.float64),
+        atol=1e-3,
+        rtol=0,
     )  # the prior's attribute items are near one-hot (ε), so within 1e-3
     for n in range(40):
         db.add(Respondent(study_id=tiny.id or 0, external_id=f"h{n}", source="import",
@@ -248,7 +250,9 @@ def test_latent_classes_keep_the_persona_prior_on_items_nobody_answered(
     row = fit_study_model(tiny, session=db, n_classes=(2,), n_restarts=1, force=True)
     assert row.family == "persona_mixture" and row.metrics["dirichlet_base"] == "given"
     fitted = load_row_model(row)
-    torch.testing.assert_close(fitted.mu[:, t, :2], population_predictive(prior)[t, :2].expand(fitted.mu.shape[0], 2))
+    torch.testing.assert_close(
+        fitted.mu[:, t, :2], population_predictive(prior)[t, :2].expand(fitted.mu.shape[0], 2)
+    )
     q_yes = float(population_predictive(fitted)[items.index("q"), 0])
     assert abs(q_yes - 30 / 40) < 0.05  # q from the 40 answers (30 A), barely smoothed
 
@@ -318,3 +322,26 @@ def test_the_live_runtime_conditions_on_a_respondents_attributes(db: Session, ti
     assert float(rt.model.predict(state, [q])[0, 0]) == pytest.approx(
         float((post * yes).sum()), abs=1e-12
     )
+
+
+def test_a_refit_on_few_respondents_keeps_the_census_weights(db: Session, tiny: Study) -> None:
+    """The persona prior refitted by EM on 3 respondents who all answer like the young
+    northerner: the census weights count as PERSONA_PRIOR_STRENGTH respondents, so each
+    weight moves by at most 3 / (3 + s) and none drops to 0."""
+    from app.services.belief import PERSONA_PRIOR_STRENGTH
+
+    ps.add_share_personas(tiny, SHARES, session=db)
+    texts = [p.text for p in db.exec(select(StudyPersona).order_by(StudyPersona.id)).all()]  # type: ignore[arg-type]
+    _store_q(db, tiny, dict(zip(texts, [0.99, 0.6, 0.3, 0.01], strict=True)))
+    items = _study_items(tiny.id or 0, session=db)
+    census = persona_prior_model(tiny, items, session=db).log_prior.exp()
+    keys = [it.key for it in items]
+    history = torch.full((3, len(keys)), -1, dtype=torch.long)
+    history[:, keys.index("q")] = 0  # "yes", three times
+    model = persona_prior_model(tiny, items, session=db, history=history)
+    s = PERSONA_PRIOR_STRENGTH
+    refit = model.log_prior.exp()
+    assert bool(((refit - census).abs() <= 3 / (3 + s) + 1e-9).all())
+    assert bool((refit >= census * s / (3 + s) - 1e-9).all())
+    assert float(refit[0]) > float(census[0])  # the data still move it
+    assert "the personas' weights counting as 10" in model.metrics["notice"]
