@@ -47,6 +47,8 @@ from app.tables import (
 
 SKIP_MARK = "<skip>"
 SKIP_CODE = -1
+STATA_SKIP = "a"
+"""A skipped question in the Stata export: the extended missing value ``.a``."""
 META_COLUMNS = (
     "respondent_id",
     "session_id",
@@ -731,14 +733,21 @@ def write_dta(
 ) -> Path:
     """Write the answers as a Stata ``.dta`` (version 15, UTF-8) with labels.
 
-    Stata variable labels hold at most 80 characters: longer ones are cut (with ``…``);
-    the full texts are in the codebook export.
+    A skipped question is the extended missing value ``.a`` (:data:`STATA_SKIP`, labelled
+    ``skipped``), so Stata's ``mean`` and ``tab`` leave it out as SPSS does its
+    user-missing ``-1``. Stata variable labels hold at most 80 characters: longer ones are
+    cut (with ``…``); the full texts are in the codebook export.
     """
     import pyreadstat  # heavy: loaded only for the SPSS / Stata exports
 
     frame, var_labels, value_labels = labelled_frame(
         study, session=session, include_imported=include_imported
     )
+    for name, labels in value_labels.items():
+        skipped = frame[name] == SKIP_CODE
+        if bool(skipped.any()):
+            frame[name] = frame[name].astype(object).where(~skipped, STATA_SKIP)
+        labels[STATA_SKIP] = labels.pop(SKIP_CODE)  # type: ignore[index]
     short = {
         k: (v if len(v) <= STATA_LABEL_MAX else v[: STATA_LABEL_MAX - 1] + "…")
         for k, v in var_labels.items()
@@ -748,6 +757,7 @@ def write_dta(
         str(path),
         column_labels=short,
         variable_value_labels=value_labels,
+        missing_user_values={name: [STATA_SKIP] for name in value_labels},
         version=15,
     )
     return path

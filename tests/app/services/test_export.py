@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from app.services.designer import add_item, create_study
-from app.services.export import SKIP_CODE, SKIP_MARK, variable_names
+from app.services.export import SKIP_CODE, SKIP_MARK, STATA_SKIP, variable_names
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -216,7 +216,8 @@ def test_spss_and_stata_equal_stored_answers_with_labels(
     path = tmp_path / f"a.{fmt}"
     path.write_bytes(_get(client, study, f"answers.{fmt}"))
     reader = pyreadstat.read_sav if fmt == "sav" else pyreadstat.read_dta
-    frame, meta = reader(str(path), user_missing=True) if fmt == "sav" else reader(str(path))
+    frame, meta = reader(str(path), user_missing=True)
+    skip = SKIP_CODE if fmt == "sav" else STATA_SKIP  # Stata: the extended missing .a
     names = variable_names(["age", "1q", "vote"])
     assert names == {"age": "age", "1q": "q_1q", "vote": "vote"}
     codes = {"age": ["A", "B"], "1q": ["A", "B", "C"], "vote": ["Y", "N"]}
@@ -229,7 +230,7 @@ def test_spss_and_stata_equal_stored_answers_with_labels(
             if want is None:
                 assert pd.isna(value), (row["respondent_id"], key)
             elif want == SKIP_MARK:
-                assert value == SKIP_CODE
+                assert value == skip
             else:
                 assert value == codes[key].index(want) + 1, (row["respondent_id"], key, value)
     labels = meta.column_names_to_labels
@@ -238,8 +239,20 @@ def test_spss_and_stata_equal_stored_answers_with_labels(
     assert labels["q_1q"] == (full if len(full) <= limit else full[: limit - 1] + "…")
     assert labels["vote"] == 'vote: Vote "yes"?'
     vl = meta.variable_value_labels
-    assert vl["vote"] == {1: "Y: Ja, natürlich", 2: "N: Nein", SKIP_CODE: "skipped"}
+    assert vl["vote"] == {1: "Y: Ja, natürlich", 2: "N: Nein", skip: "skipped"}
     assert vl["q_1q"][2] == "B: etwas"
+    # read as a statistics package counts: a skip is missing, never the number -1
+    plain, _ = reader(str(path))
+    skipped = [
+        (row["respondent_id"], name)
+        for _, row in frame.iterrows()
+        for key, name in names.items()
+        if plan[row["respondent_id"]].get(key) == SKIP_MARK
+    ]
+    assert skipped
+    if fmt == "dta":
+        for rid, name in skipped:
+            assert pd.isna(plain.loc[plain["respondent_id"] == rid, name].item())
 
 
 @pytest.mark.parametrize("fmt", ["sav", "dta"])
