@@ -395,8 +395,10 @@ def parse_options(text: str) -> list[list[str]]:
     Lines are read as ``LETTER: label`` only when every line is (a letter code of 1-32
     letters or digits, a colon, a label that does not start with a digit right after the
     colon); otherwise every line is a label and the options get ``A``, ``B``, ... in order,
-    so ``Other: please specify`` among plain labels, or ``10:30 am``, stays a label. At
-    least two options; letters unique.
+    so ``Other: please specify`` among plain labels, or ``10:30 am``, stays a label. Some
+    lines with a one-letter code (``A: Yes``) and some without is refused, naming the first
+    line without: half-coded options are a typing slip, not labels. At least two options;
+    letters unique.
 
     Example: ``parse_options("Yes\nNo\nOther: please specify")`` gives
     ``[["A", "Yes"], ["B", "No"], ["C", "Other: please specify"]]``.
@@ -408,6 +410,12 @@ def parse_options(text: str) -> list[list[str]]:
     options: list[list[str]] = []
     if all(c is not None for c in coded):
         options = [list(c) for c in coded if c is not None]
+    elif any(c is not None and len(c[0]) == 1 for c in coded):
+        first = next(k for k, c in enumerate(coded) if c is None)
+        raise InvalidInputError(
+            f"option line {first + 1} ({lines[first][:40]!r}) has no letter code while "
+            "others have one ('A: label'): code every line, or none"
+        )
     else:
         if len(lines) > 26:
             raise InvalidInputError("more than 26 options: write 'LETTER: label' lines")
@@ -657,10 +665,13 @@ def _write_upload(
     total = sum(len(v) for v in files.values())
     if total > MAX_UPLOAD_BYTES:
         raise InvalidInputError(f"the upload is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
-    if not files.get(CODEBOOK_FILE):
+    if CODEBOOK_FILE not in files:
         raise InvalidInputError(
             f"upload {CODEBOOK_FILE} (and {RESPONSES_FILE} if the study has past answers)"
         )
+    for name, data in files.items():
+        if not data.strip():
+            raise DatasetError(name, "the file is empty")
     for name, data in files.items():
         if data and name in (RESPONSES_FILE, CODEBOOK_FILE, *OPTIONAL_FILES):
             (folder / name).write_bytes(data)
@@ -685,7 +696,10 @@ def _write_upload(
         with (folder / RESPONSES_FILE).open("w", encoding="utf-8", newline="") as out:
             csv.writer(out).writerow(columns)
     if manifest is None:
-        manifest = _manifest_from_fields(columns or _header(files[RESPONSES_FILE]), manifest_fields)
+        where = f"an item of {CODEBOOK_FILE}" if columns else f"a column of {RESPONSES_FILE}"
+        manifest = _manifest_from_fields(
+            columns or _header(files[RESPONSES_FILE]), manifest_fields, where
+        )
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest), encoding="utf-8")
     return notes
 
@@ -717,12 +731,23 @@ def _header(responses: bytes) -> list[str]:
     return columns
 
 
-def _manifest_from_fields(columns: list[str], fields: dict[str, str]) -> dict[str, Any]:
+def _manifest_from_fields(
+    columns: list[str], fields: dict[str, str], where: str = f"a column of {RESPONSES_FILE}"
+) -> dict[str, Any]:
     """A ``dataset.json`` for a plain CSV's ``columns``: the id column (``fields["id_column"]``,
     default the first), the attributes (``fields["attributes"]``, comma-separated); the
-    other columns ask."""
+    other columns ask. A named column that is not among ``columns`` is an
+    InvalidInputError naming the form field (``where`` says what it should be)."""
     id_column = fields.get("id_column", "").strip() or columns[0]
     demographics = [c.strip() for c in fields.get("attributes", "").split(",") if c.strip()]
+    if id_column not in columns:
+        raise InvalidInputError(f"Id column: {id_column!r} is not {where}")
+    unknown = [c for c in demographics if c not in columns]
+    if unknown:
+        raise InvalidInputError(
+            f"Attribute columns: {', '.join(map(repr, unknown))} "
+            f"{'is' if len(unknown) == 1 else 'are'} not {where}"
+        )
     name = fields.get("name", "").strip() or "uploaded"
     questions = [c for c in columns if c != id_column and c not in demographics]
     return {

@@ -120,11 +120,19 @@ def slugify(text: str) -> str:
 
 
 def _check_lengths(ds: Dataset) -> None:
-    """Refuse values longer than the columns hold (checked before any write)."""
+    """Refuse values longer than the columns hold, and items with fewer than two options
+    (nothing to ask; the designer refuses them too), checked before any write."""
     key_max = Item.__table__.c.key.type.length  # type: ignore[attr-defined]
     topic_max = Item.__table__.c.topic.type.length  # type: ignore[attr-defined]
     id_max = Respondent.__table__.c.external_id.type.length  # type: ignore[attr-defined]
-    for item in ds.codebook:
+    for line, item in enumerate(ds.codebook, start=1):
+        if len(item.options) < 2:
+            raise DatasetError(
+                CODEBOOK_FILE,
+                f"item {clip(item.id, 40)!r} has {len(item.options)} option: an item needs at "
+                "least two",
+                line=line,
+            )
         if len(item.id) > key_max:
             raise DatasetError(
                 CODEBOOK_FILE, f"item id {item.id[:40]!r}... is longer than {key_max}"

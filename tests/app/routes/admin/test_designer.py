@@ -343,6 +343,35 @@ def test_a_codebook_alone_imports_a_study_without_history(
     assert "No respondents: the study starts without history" in r.text
     r = dclient.post("/admin/import/upload", data={**fields, "action": "import"}, files={})
     assert r.status_code == 422 and "upload codebook.jsonl" in r.text
+    empty = {"codebook.jsonl": ("codebook.jsonl", b"", "application/octet-stream")}
+    r = dclient.post("/admin/import/upload", data={**fields, "action": "import"}, files=empty)
+    assert r.status_code == 422 and "codebook.jsonl: the file is empty" in r.text
+    one = (
+        b'{"id": "a", "question": "Q?", "options": {"A": "x"}}\n'
+        + (folder / "codebook.jsonl").read_bytes()
+    )
+    r = dclient.post(
+        "/admin/import/upload",
+        data={**fields, "action": "preview"},
+        files={"codebook.jsonl": ("codebook.jsonl", one, "application/octet-stream")},
+    )
+    assert (
+        r.status_code == 422 and "codebook.jsonl, line 1: item &#39;a&#39; has 1 option" in r.text
+    )
+    # a typo in the form's attribute columns names the field, not a dataset.json
+    r = dclient.post(
+        "/admin/import/upload",
+        data={**fields, "attributes": "birthyr,gendr", "action": "preview"},
+        files=_files(folder, "codebook.jsonl"),
+    )
+    assert r.status_code == 422
+    assert "Attribute columns: &#39;gendr&#39; is not an item of codebook.jsonl" in r.text
+    r = dclient.post(
+        "/admin/import/upload",
+        data={**fields, "attributes": "gendr", "action": "preview"},
+        files=_files(folder, "codebook.jsonl", "responses.csv"),
+    )
+    assert "Attribute columns: &#39;gendr&#39; is not a column of responses.csv" in r.text
     assert db.exec(select(Study)).all() == []
     r = dclient.post(
         "/admin/import/upload",
@@ -688,6 +717,8 @@ def test_option_lines_are_coded_only_when_every_line_is(text: str, want: list) -
         ("\n".join(f"o{k}" for k in range(101)), "more than 26 options"),
         ("\n".join(f"X{k}: o{k}" for k in range(101)), "101 options: at most 100"),
         ("A: " + "x" * 501 + "\nB: no", "option label of 501 characters: at most 500"),
+        ("A: Yes\nNo", "option line 2 \\('No'\\) has no letter code while others have one"),
+        ("Yes, a long first label\nB: y", "option line 1 .* has no letter code"),
     ],
 )
 def test_bad_option_lists_are_refused(text: str, message: str) -> None:
