@@ -123,17 +123,34 @@ def _json_path(path: str, key: object) -> str:
     return f"{path}.{text}" if text.isidentifier() else f"{path}[{clip(text, 60)!r}]"
 
 
+def _no_repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise HostileInputError(
+                f"the JSON body repeats the key {clip(key, 60)!r} in one object: send each "
+                "key once"
+            )
+        seen.add(key)
+    return dict(pairs)
+
+
 def _check_json(raw: bytes) -> None:
-    """Check every string (keys included) of a JSON body; the error names its JSON path.
+    """Check a JSON body: no object repeats a key (a parser would keep one of the values
+    silently), and every string (keys included) can be stored; the error names the key or
+    the JSON path.
 
     A body that is not JSON, or nested too deeply to parse, is left to the route (which
-    answers 422 for it).
+    answers 422 for it). Strings are walked only when the bytes may hold a bad character
+    (:data:`_JSON_SUSPECT`).
     """
-    if not _JSON_SUSPECT.search(raw):
-        return
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
+        data = json.loads(raw, object_pairs_hook=_no_repeated_keys)
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, HostileInputError):
+            raise
+        return
+    if not _JSON_SUSPECT.search(raw):
         return
     stack: list[tuple[str, object]] = [("$", data)]
     while stack:

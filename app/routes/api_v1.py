@@ -207,7 +207,11 @@ class SessionOut(BaseModel):
     """Where a session stands: the question waiting for an answer, or completion."""
 
     session_id: int
-    status: str = Field(examples=["active"], description="active or completed")
+    status: str = Field(
+        examples=["active"],
+        description="active, completed, or abandoned (a group round closed before this "
+        "member answered: no more answers)",
+    )
     phase: str = Field(examples=["question"], description="question or done")
     questions_answered: int = Field(description="questions answered or skipped so far")
     max_questions: int = Field(description="the most questions (it may stop earlier)")

@@ -170,19 +170,77 @@ def update_texts(
     return study
 
 
+SETTING_LABELS = {
+    "criterion": "Criterion",
+    "belief_model": "Belief model",
+    "budgets.max_questions": "Max questions",
+    "budgets.min_questions": "Min questions",
+    "budgets.stop_eig_threshold": "Stop when best EIG below",
+    "budgets.stop_entropy_threshold": "Stop when target entropy below",
+    "budgets": "Questions",
+    "calibration_items": "Calibration questions",
+    "calibration_min_answers": "…until every item has this many answers",
+    "drop_after_minutes": "Count as dropped after (minutes idle)",
+    "refit_every": "Refit after this many new completed respondents",
+    "group.rounds": "Rounds",
+    "group.respondents_per_round": "Respondents per round",
+    "group.respondents_share": "Share of the panel per round",
+    "group.total_answers": "Total answers",
+    "group.max_questions_per_respondent": "Questions per respondent per round",
+}
+"""The study page's words for a settings field, for its validation errors."""
+
+
+def _settings_error(exc: ValidationError) -> str:
+    """The first problem of a settings validation in the form's words, e.g.
+    ``Stop when best EIG below: must be at least 0 (you typed -1)``."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    ctx = {k: f"{v:g}" if isinstance(v, float) else v for k, v in (first.get("ctx") or {}).items()}
+    kind = first.get("type", "")
+    msg = {
+        "greater_than_equal": f"must be at least {ctx.get('ge')}",
+        "greater_than": f"must be more than {ctx.get('gt')}",
+        "less_than_equal": f"must be at most {ctx.get('le')}",
+        "less_than": f"must be less than {ctx.get('lt')}",
+        "int_parsing": "must be a whole number",
+        "int_from_float": "must be a whole number",
+        "float_parsing": "must be a number",
+        "finite_number": "must be a finite number",
+    }.get(kind, str(first.get("msg", "")).removeprefix("Value error, "))
+    typed = first.get("input")
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        msg += f" (you typed {f'{typed:g}' if isinstance(typed, float) else typed})"
+    label = SETTING_LABELS.get(where, where)
+    return f"{label}: {msg}" if label else msg
+
+
+def calibration_note(asked: int, stored: StudySettings) -> str:
+    """What the settings form adds to "budgets saved" when it lowered the calibration
+    questions ``asked`` for to leave one adaptive question ("" when it did not)."""
+    if asked <= stored.calibration_items:
+        return ""
+    return (
+        f"; calibration questions lowered to {stored.calibration_items} "
+        f"(at most max questions − 1, so that one question at least is adaptive)"
+    )
+
+
 def update_settings(study: Study, values: dict[str, Any], *, session: Session) -> StudySettings:
     """Validate and store the criterion, budgets and group settings.
 
     ``values`` is the nested :class:`StudySettings` shape; a validation error names the
-    field (e.g. ``budgets.min_questions``).
+    field by its label on the study page (:data:`SETTING_LABELS`). Calibration questions
+    leave one adaptive question at least: more than ``max_questions - 1`` are stored as
+    ``max_questions - 1`` (:func:`calibration_note` says so).
     """
     try:
         validated = StudySettings.model_validate(values)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        msg = str(first.get("msg", "")).removeprefix("Value error, ")
-        raise InvalidInputError(f"{where}: {msg}" if where else msg) from None
+        raise InvalidInputError(_settings_error(exc)) from None
+    most = validated.budgets.max_questions - 1
+    if validated.calibration_items > most:
+        validated = validated.model_copy(update={"calibration_items": most})
     if validated.criterion not in criterion_names():
         raise InvalidInputError(
             f"criterion: unknown {validated.criterion!r} (known: {', '.join(criterion_names())})"

@@ -99,7 +99,22 @@ def view_at(
     decision: SelectionDecision | DecisionRow | None,
     position: int,
 ) -> SessionView:
-    """The view after ``position`` questions were posed, given the decision at ``position``."""
+    """The view after ``position`` questions were posed, given the decision at ``position``.
+
+    An abandoned session (a group round closed before its member answered) is ``done``
+    with status ``abandoned`` and stop reason ``abandoned``: it takes no more answers."""
+    if sess.status == SessionStatus.abandoned.value:
+        return SessionView(
+            session_id=sess.id or 0,
+            study_slug=rt.slug,
+            status=SessionStatus.abandoned.value,
+            phase="done",
+            n_posed=position,
+            max_questions=rt.max_questions,
+            allow_skip=rt.allow_skip,
+            question=None,
+            stop_reason="abandoned",
+        )
     if decision is None:
         phase = "attributes"
         question = None

@@ -7,6 +7,7 @@
   names the file and line (the importer's check), never a 500.
 * A ``codebook.jsonl`` line and a ``dataset.json`` nested 5,000 deep: the upload preview
   names the file and line.
+* A JSON body that repeats a key in one object: 422 naming the key, nothing stored.
 """
 
 from __future__ import annotations
@@ -86,6 +87,23 @@ def test_nul_and_surrogates_with_credentials(world: HostileWorld) -> None:
         headers={"Authorization": f"Bearer {sess['token']}"},
     )
     _refused(r, "$.idempotency_key")
+    # a key twice in one object ("option" A, then B): refused, nothing stored
+    q = sess["question"]
+    twice = (
+        f'{{"item": "{q["item"]}", "option": "{q["options"][0]["letter"]}", '
+        f'"option": "{q["options"][1]["letter"]}", "idempotency_key": "dup1"}}'
+    ).encode()
+    r = httpx.post(
+        f"{base}/api/v1/sessions/{sess['session_id']}/answers",
+        content=twice,
+        headers={"Authorization": f"Bearer {sess['token']}", "content-type": "application/json"},
+    )
+    _refused(r, "the JSON body repeats the key 'option' in one object")
+    got = httpx.get(
+        f"{base}/api/v1/sessions/{sess['session_id']}",
+        headers={"Authorization": f"Bearer {sess['token']}"},
+    )
+    assert got.json()["questions_answered"] == 0
     with admin_client(world.server) as admin:
         _refused(admin.post("/admin/studies", data={"name": "x\x00y"}), "form field 'name'")
         _refused(admin.post("/admin/keys", data={"name": "\x00"}), "form field 'name'")

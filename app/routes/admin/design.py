@@ -141,8 +141,11 @@ async def study_settings(
                 ),
             },
         }
-        designer.update_settings(study, values, session=session)
-        return "budgets saved"
+        stored = designer.update_settings(study, values, session=session)
+        asked = values.get("calibration_items")
+        return "budgets saved" + designer.calibration_note(
+            asked if isinstance(asked, int) else stored.calibration_items, stored
+        )
 
     return _study_form(page, study, session, change)
 
@@ -230,7 +233,10 @@ async def update_item(
     item = designer.get_item(study, item_id, session=session)
 
     def change() -> str:
-        if form.text("action") == "delete":
+        action = form.text("action")
+        if action not in ("", "save", "delete"):
+            raise InvalidInputError(f"action: {action[:40]!r} is not save or delete")
+        if action == "delete":
             designer.delete_item(study, item, session=session)
             return f"item {item.key} deleted"
         options_text = form.text("options")

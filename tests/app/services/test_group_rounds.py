@@ -247,6 +247,10 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         assert outcomes == ["answered", "skipped", "answered", "no_answer"]
         late = s.get(ElicitationSession, members[3].session_id)
         assert late is not None and late.status == "abandoned"
+        # its view (what GET /api/v1/sessions/{id} returns) takes no more answers
+        view = svc.session_view(study, late, session=s)
+        assert (view.status, view.phase, view.question) == ("abandoned", "done", None)
+        assert view.stop_reason == "abandoned"
     part = client.get(f"/admin/studies/{study.slug}/groups/1", headers={"HX-Request": "true"})
     assert "hx-trigger" not in part.text  # the closed table stops polling
     assert re.findall(r'<tr data-status="(\w+)">', part.text)[-1] == "no_answer"

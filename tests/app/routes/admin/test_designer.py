@@ -116,11 +116,20 @@ def test_create_study_items_roles_budgets_texts_publish(
         data={**form, "min_questions": "1", "total_answers": "500", "respondents_per_round": "40"},
     )
     assert r.status_code == 200
+    # 5 calibration questions (the default) of at most 3: lowered to 2, and said so
+    assert "calibration questions lowered to 2 (at most max questions − 1" in r.text
     db.refresh(study)
     assert (
         study.settings["budgets"]["max_questions"] == 3
         and study.settings["budgets"]["min_questions"] == 1
+        and study.settings["calibration_items"] == 2
     )
+    # a bound is refused in the form's words, with what was typed
+    r = dclient.post(
+        base + "/settings", data={**form, "min_questions": "1", "stop_eig_threshold": "-1"}
+    )
+    assert r.status_code == 422
+    assert "Stop when best EIG below: must be at least 0 (you typed -1)" in r.text
     assert study.settings["group"] == {
         "rounds": 2,
         "respondents_per_round": 40,
@@ -465,6 +474,15 @@ def test_item_edit_in_place_answers_with_the_row_only(
         data={"missing": "A", "role": "target", "csrf_token": csrf(dclient)},
     )
     assert r.status_code == 422 and "at least two options must remain" in r.text
+    # an unknown action is refused, not read as "save"
+    r = dclient.post(
+        f"{base}/items/{q1.id}",
+        headers=hx,
+        data={"action": "explode", "question": "Changed?", "csrf_token": csrf(dclient)},
+    )
+    assert r.status_code == 422 and "action: &#39;explode&#39; is not save or delete" in r.text
+    db.refresh(q1)
+    assert q1.question == "How satisfied are you?"
     # a plain (not htmx) post refused: the page shows the stored item, not the edit
     r = dclient.post(
         f"{base}/items/{q1.id}",

@@ -319,7 +319,7 @@ def test_auto_belief_model_stores_and_shows_the_comparison_table(
         if chosen["name"] == "stacked_mixture":
             assert model.family == "stacked_mixture" and set(model.names) <= set(names[:-1])
         slug = study.slug
-        with pytest.raises(Exception, match="belief_model"):
+        with pytest.raises(Exception, match="Belief model: Input should be 'default'"):
             update_settings(study, {**values, "belief_model": "nonsense"}, session=db)
     page = _admin_page(migrated_db_url, slug)
     assert 'id="model-choice"' in page and "stacked_mixture" in page and "cape_factor" in page
