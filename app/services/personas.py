@@ -37,6 +37,7 @@ import numpy as np
 from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
+from app.services.learning import EARLY_REFIT, refit_every, refit_threshold
 from app.settings import Settings, get_settings
 from app.tables import (
     FittedModel,
@@ -345,6 +346,11 @@ def check_shares(
                 "1 (or a percentage, with the attribute's shares summing to 100)"
             )
         if abs(total - 1) > SHARE_TOLERANCE:
+            if any(str(raw).strip().endswith("%") for raw in given.values()):
+                raise InvalidInputError(
+                    f"shares of {name} sum to {100 * total:.6g} %, not 100 % "
+                    f"(within {100 * SHARE_TOLERANCE:g})"
+                )
             raise InvalidInputError(
                 f"shares of {name} sum to {total:.6g}, not 1 (within {SHARE_TOLERANCE:g})"
             )
@@ -512,9 +518,10 @@ def shares_from_fields(
     study: Study, field: Callable[[str], str], *, session: Session
 ) -> dict[str, dict[str, str]]:
     """The shares typed in the personas page's table: field ``share:{item key}:{letter}``
-    of each attribute item and option (``field(name)`` gives its text); blank fields are
-    left out, and an attribute whose fields are all blank is not part of the profiles.
-    Validated by :func:`check_shares`."""
+    of each attribute item and option (``field(name)`` gives its text). An attribute whose
+    fields are all blank is not part of the profiles; one blank field among filled ones is
+    an InvalidInputError naming it (a share left out by mistake, not a 0). Validated by
+    :func:`check_shares`."""
     assert study.id is not None
     attrs, _ = study_items(study.id, session=session)
     out: dict[str, dict[str, str]] = {}
@@ -525,6 +532,13 @@ def shares_from_fields(
             if field(f"share:{a.id}:{letter}").strip()
         }
         if given:
+            blank = [letter for letter, _ in a.options if letter not in given]
+            if blank:
+                name = f"{a.topic} ({a.id})" if a.topic and a.topic != a.id else a.id
+                raise InvalidInputError(
+                    f"shares of {name}, option {blank[0]}: blank while other options have "
+                    "a share; type 0 for an option nobody has, or clear the whole attribute"
+                )
             out[a.id] = given
     return out
 
@@ -565,16 +579,45 @@ def generation_payload(
 UNIFORM_PRIOR_WARNING = (
     "This study's prior is uniform: it has no historical respondents and no persona "
     "distributions, so predictions are uniform and the first questions are chosen blindly "
-    "until the first refits learn from live respondents (after 25, 50, 100, ... completed "
-    "sessions, with the calibration questions teaching the targets). Way out: import historical respondents (Import), or add personas on the Personas page "
-    "(persona texts, attribute shares from a census table, or the imported respondents' "
-    "profiles), generate their distributions there, then fit the model (Jobs)."
+    "until the first refits learn from live respondents ({refits}, with the calibration "
+    "questions teaching the targets). Way out: import historical respondents (Import), or "
+    "add personas on the Personas page (persona texts, attribute shares from a census "
+    "table, or the imported respondents' profiles), generate their distributions there, "
+    "then fit the model (Jobs)."
 )
-"""The warning on the study page of a published study whose prior is uniform."""
+"""The warning on the study page of a published study whose prior is uniform; ``{refits}``
+is :func:`refit_schedule` of the study."""
+
+
+def refit_schedule(every: int) -> str:
+    """When a study with ``refit_every = every`` refits on its own, in words
+    (:func:`app.services.learning.refit_threshold` from a model of 0 respondents).
+
+    >>> refit_schedule(500)
+    'after 25, 50, 100, 200, 400, 800 completed respondents, then every 500'
+    >>> refit_schedule(3)
+    'after every 3 completed respondents'
+    >>> refit_schedule(0)
+    'automatic refits are off: "Refit now" on the study page'
+    """
+    if every <= 0:
+        return 'automatic refits are off: "Refit now" on the study page'
+    if every <= EARLY_REFIT:
+        return f"after every {every} completed respondents"
+    marks, total = [], 0
+    while (step := refit_threshold(every, total)) < every:
+        total += step
+        marks.append(f"{total:,}")
+    return f"after {', '.join(marks)} completed respondents, then every {every:,}"
+
+
+def uniform_prior_text(study: Study) -> str:
+    """:data:`UNIFORM_PRIOR_WARNING` with the study's refit schedule."""
+    return UNIFORM_PRIOR_WARNING.format(refits=refit_schedule(refit_every(study.settings)))
 
 
 def uniform_prior_warning(study: Study, *, session: Session) -> str | None:
-    """:data:`UNIFORM_PRIOR_WARNING` when the study's prior is uniform: its active model
+    """:func:`uniform_prior_text` when the study's prior is uniform: its active model
     says so (``metrics["prior"] == "uniform"``), or it has no active model, no respondents
     and no stored distribution for any of its personas; ``None`` otherwise."""
     model = session.exec(
@@ -583,7 +626,7 @@ def uniform_prior_warning(study: Study, *, session: Session) -> str | None:
         .order_by(FittedModel.id.desc())  # type: ignore[union-attr]
     ).first()
     if model is not None:
-        return UNIFORM_PRIOR_WARNING if (model or {}).get("prior") == "uniform" else None
+        return uniform_prior_text(study) if (model or {}).get("prior") == "uniform" else None
     if session.exec(select(Respondent.id).where(Respondent.study_id == study.id)).first():
         return None
     scored = session.exec(
@@ -591,7 +634,7 @@ def uniform_prior_warning(study: Study, *, session: Session) -> str | None:
         .join(StudyPersona, StudyPersona.text_hash == PersonaDistribution.persona_hash)  # type: ignore[arg-type]
         .where(StudyPersona.study_id == study.id)
     ).first()
-    return None if scored else UNIFORM_PRIOR_WARNING
+    return None if scored else uniform_prior_text(study)
 
 
 def persona_page(

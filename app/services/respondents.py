@@ -48,6 +48,8 @@ class LiveRespondentRow:
         status: ``completed`` when a session of it finished, else its newest session's.
         earlier_starts: respondents the same browser had started before this one.
         preview: every session of it is a researcher's preview (no profile, no export).
+        n_answers: its stored answers in all its sessions, skips included; ``n_skipped``
+            of them skipped ("prefer not to answer").
     """
 
     id: int
@@ -58,6 +60,7 @@ class LiveRespondentRow:
     earlier_starts: int
     panel_params: dict[str, object] | None
     preview: bool = False
+    n_skipped: int = 0
 
     @property
     def panel(self) -> str:
@@ -77,14 +80,19 @@ def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRo
     sessions = session.exec(
         select(ElicitationSession).where(ElicitationSession.respondent_id.in_(ids))  # type: ignore[attr-defined]
     ).all()
-    counts = dict(
-        session.exec(
-            select(ElicitationSession.respondent_id, func.count(Answer.id))  # type: ignore[arg-type]
+    counts: dict[int, tuple[int, int]] = {
+        rid: (int(n), int(n) - int(chosen))
+        for rid, n, chosen in session.exec(
+            select(  # type: ignore[call-overload]
+                ElicitationSession.respondent_id,
+                func.count(Answer.id),  # type: ignore[arg-type]
+                func.count(Answer.option),  # a skip has no option
+            )
             .join(Answer, Answer.session_id == ElicitationSession.id)  # type: ignore[arg-type]
             .where(ElicitationSession.respondent_id.in_(ids))  # type: ignore[attr-defined]
             .group_by(ElicitationSession.respondent_id)  # type: ignore[arg-type]
         ).all()
-    )
+    }
     previews = {s.respondent_id: True for s in sessions if s.is_preview}
     real = {s.respondent_id: True for s in sessions if not s.is_preview}
     status: dict[int, str] = {}
@@ -97,7 +105,8 @@ def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRo
             external_id=r.external_id,
             created_at=r.created_at,
             status=status.get(r.id or 0, "no session"),
-            n_answers=int(counts.get(r.id or 0, 0)),
+            n_answers=counts.get(r.id or 0, (0, 0))[0],
+            n_skipped=counts.get(r.id or 0, (0, 0))[1],
             earlier_starts=r.earlier_starts,
             panel_params=r.panel_params,
             preview=bool(previews.get(r.id or 0)) and not real.get(r.id or 0),

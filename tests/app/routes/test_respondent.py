@@ -377,6 +377,12 @@ def test_researcher_erases_a_respondent_from_the_admin_ui(client: Any, live: Liv
         erasures = db.exec(select(func.count()).select_from(ErasureRecord)).one()
     consent(client, live)
     sess = session_of(live, client)
+    about(client, live, {})  # no attributes; then one question skipped, one answered
+    for data in ({"skip": "1"}, {"option": None}):
+        page = client.get(f"/s/{live.slug}/q").text
+        data = {k: v or first_option(page) for k, v in data.items()}
+        data |= {"item": field(page, "item"), "idempotency_key": field(page, "idempotency_key")}
+        assert client.post(f"/s/{live.slug}/answer", data=data).status_code == 200
     settings = load_settings(database_url=live.url, env="dev")
     with TestClient(create_app(settings), base_url="http://localhost") as admin:
         anonymous = admin.get(f"/admin/studies/{live.slug}/respondents", follow_redirects=False)
@@ -384,6 +390,8 @@ def test_researcher_erases_a_respondent_from_the_admin_ui(client: Any, live: Liv
         login_researcher(admin, "owner@example.org", "a long enough password 1")
         page = admin.get(f"/admin/studies/{live.slug}/respondents")
         assert page.status_code == 200 and f'data-respondent="{sess.respondent_id}"' in page.text
+        row = page.text.split(f'data-respondent="{sess.respondent_id}"', 1)[1].split("</tr>")[0]
+        assert '<td>2 <span class="muted">(1 skipped)</span></td>' in row
         url = f"/admin/studies/{live.slug}/respondents/{sess.respondent_id}/erase"
         assert admin.post(url, follow_redirects=False).status_code == 403  # no CSRF token
         csrf = admin.cookies.get("priorly_csrf")

@@ -83,7 +83,7 @@ def test_share_personas_are_the_weighted_product(db: Session, tiny: Study) -> No
         ({"age": {"A": "four", "B": "0.6"}}, r"shares of Age \(age\), option A: 'four' is not a number"),
         ({"age": {"A": "1.5", "B": "0.5"}}, "option A: '1.5' is not a share between 0 and 1"),
         ({"age": {"A": "0.5", "B": "-0.5"}}, "option B: '-0.5' is not a share between 0 and 1"),
-        ({"age": {"A": "60%", "B": "50%"}}, r"shares of Age \(age\) sum to 1.1, not 1"),
+        ({"age": {"A": "60%", "B": "50%"}}, r"shares of Age \(age\) sum to 110 %, not 100 % \(within 1\)"),
         ({"age": {"A": "30", "B": "50"}}, r"shares of Age \(age\) read as percentages sum to 80 %, not 100 % \(within 1\)"),
         ({"age": {"A": "150", "B": "50"}}, "option A: '150' is not a share between 0 and 1"),
         ({"age": {}}, r"shares of Age \(age\): no option has a share"),
@@ -186,7 +186,13 @@ def test_answering_an_attribute_moves_the_posterior_to_matching_personas(
 
 
 def test_respondent_personas_and_the_uniform_prior_warning(db: Session, tiny: Study) -> None:
-    assert ps.uniform_prior_warning(tiny, session=db) == ps.UNIFORM_PRIOR_WARNING
+    assert ps.uniform_prior_warning(tiny, session=db) == ps.uniform_prior_text(tiny)
+    assert "(after 25, 50, 100, 200, 400, 800 completed respondents, then every 500," in (
+        ps.uniform_prior_text(tiny)
+    )
+    tiny.settings = {**tiny.settings, "refit_every": 0}
+    assert 'automatic refits are off: "Refit now"' in ps.uniform_prior_text(tiny)
+    tiny.settings = {**tiny.settings, "refit_every": 500}
     with pytest.raises(InvalidInputError, match="no respondent has any of the attributes"):
         ps.add_respondent_personas(tiny, session=db)
     for ext, attrs in enumerate([{"age": "B", "region": "A"}] * 3 + [{"age": "A"}]):
@@ -206,7 +212,7 @@ def test_a_fit_without_distributions_is_uniform_and_warned(db: Session, tiny: St
     ps.add_share_personas(tiny, SHARES, session=db)
     row = fit_study_model(tiny, session=db)
     assert row.metrics["prior"] == "uniform"
-    assert ps.uniform_prior_warning(tiny, session=db) == ps.UNIFORM_PRIOR_WARNING
+    assert ps.uniform_prior_warning(tiny, session=db) == ps.uniform_prior_text(tiny)
     texts = [p.text for p in db.exec(select(StudyPersona)).all()]
     _store_q(db, tiny, dict.fromkeys(texts, 0.7))
     row = fit_study_model(tiny, session=db)

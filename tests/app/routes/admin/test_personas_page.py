@@ -70,6 +70,8 @@ def test_server_option_names_the_configured_server(
         ("shares", {"share:age:A": "1", "share:age:B": "x"}, None,
          "shares of Age (age), option B: &#39;x&#39; is not a number"),
         ("shares", {}, None, "give the shares of at least one attribute"),
+        ("shares", {"share:age:A": "100"}, None,
+         "shares of Age (age), option B: blank while other options have a share"),
         ("texts", {"texts": ""}, None, "persona texts: no persona texts"),
         ("texts", {}, {"file": ("p.jsonl", b'{"text": "A"}\n{"text": 3}\n', "text/plain")},
          "p.jsonl line 2: persona text must be a string"),
@@ -153,7 +155,10 @@ def test_the_generate_form_says_what_is_left_to_score(
                                    item_hash="h", probs=[0.5, 0.5], valid_mass=1.0, flagged=False))  # fmt: skip
     db.commit()
     page = ac.get(BASE + "/personas").text
-    assert "every persona has distributions already, so it scores only personas or questions added since" in page
+    assert (
+        "every persona has distributions already, so it scores only personas or questions added since"
+        in page
+    )
 
 
 def test_publishing_with_a_uniform_prior_warns(ac: TestClient, db: Session, study: Study) -> None:
