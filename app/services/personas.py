@@ -131,6 +131,33 @@ def study_items(study_id: int, *, session: Session) -> tuple[list[CodebookItem],
     return attrs, questions
 
 
+def item_prompt_hash(item: Item) -> str:
+    """The hash its persona distributions are stored under: the item's key, wording and
+    option labels (:class:`inference_server.prompts.PromptItem`); a reworded item or a
+    changed option list has a new one."""
+    return PromptItem(item.key, item.question, tuple(str(o[1]) for o in item.options)).hash
+
+
+def personas_scored_on(item: Item, *, session: Session) -> int:
+    """How many of the study's personas have a stored distribution for ``item`` as it is
+    worded now."""
+    hashes = session.exec(
+        select(StudyPersona.text_hash).where(StudyPersona.study_id == item.study_id)
+    ).all()
+    if not hashes:
+        return 0
+    return len(
+        set(
+            session.exec(
+                select(PersonaDistribution.persona_hash).where(
+                    PersonaDistribution.item_hash == item_prompt_hash(item),
+                    PersonaDistribution.persona_hash.in_(list(hashes)),  # type: ignore[attr-defined]
+                )
+            ).all()
+        )
+    )
+
+
 def attribute_matrix(
     study_id: int, attrs: Sequence[CodebookItem], *, session: Session
 ) -> np.ndarray:
@@ -643,7 +670,8 @@ def persona_page(
     """The personas page's context: ``study``; ``attrs`` (the attribute items, for the
     shares table); ``personas`` (the first :data:`PERSONAS_SHOWN`) and ``n_personas``;
     ``n_profiled`` (personas with an attribute profile); ``n_scored`` (personas with at
-    least one stored distribution); ``n_respondents`` with any attribute; ``llm`` (the
+    least one stored distribution); ``n_pairs`` persona × question pairs of which
+    ``n_pairs_scored`` have a distribution for the question as worded now; ``n_respondents`` with any attribute; ``llm`` (the
     configured server: ``base_url``, ``model``, or ``None``: the server option is then
     disabled); ``prior_warning`` (:func:`uniform_prior_warning`). The persona jobs are
     added by :func:`app.services.job_views.persona_overview`."""
@@ -653,15 +681,18 @@ def persona_page(
         select(StudyPersona).where(StudyPersona.study_id == study.id).order_by(StudyPersona.id)  # type: ignore[arg-type]
     ).all()
     hashes = [r.text_hash for r in rows]
+    question_hashes = [q.hash for q in questions]
     scored: set[str] = set()
+    pairs: set[tuple[str, str]] = set()
     for start in range(0, len(hashes), 500):
-        scored.update(
-            session.exec(
-                select(PersonaDistribution.persona_hash)
-                .where(PersonaDistribution.persona_hash.in_(hashes[start : start + 500]))  # type: ignore[attr-defined]
-                .distinct()
-            ).all()
-        )
+        for persona_hash, item_hash in session.exec(
+            select(PersonaDistribution.persona_hash, PersonaDistribution.item_hash)
+            .where(PersonaDistribution.persona_hash.in_(hashes[start : start + 500]))  # type: ignore[attr-defined]
+            .distinct()
+        ).all():
+            scored.add(persona_hash)
+            if item_hash in question_hashes:
+                pairs.add((persona_hash, item_hash))
     respondents = attribute_matrix(study.id, attrs, session=session) if attrs else None
     settings = settings or get_settings()
     return {
@@ -672,6 +703,8 @@ def persona_page(
         "n_personas": len(rows),
         "n_profiled": sum(1 for r in rows if r.attributes),
         "n_scored": len(scored),
+        "n_pairs": len(set(hashes)) * len(set(question_hashes)),
+        "n_pairs_scored": len(pairs),
         "n_respondents": int((respondents >= 0).any(axis=1).sum())
         if respondents is not None
         else 0,

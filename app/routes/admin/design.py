@@ -22,7 +22,7 @@ from app.deps import DbId, SessionDep
 from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, user_error_message
 from app.schemas import StudySettings
-from app.services import accounts, designer
+from app.services import accounts, designer, personas
 from app.services.study_view import study_item_context, study_overview
 from app.tables import Item, Study
 
@@ -244,6 +244,8 @@ async def update_item(
             options_text = "\n".join(f"{o[0]}: {o[1]}" for o in item.options)
         before = (item.question, [list(o) for o in item.options])
         answered = designer.live_answer_count(item, session=session)
+        scored = personas.personas_scored_on(item, session=session)
+        old_hash = personas.item_prompt_hash(item)
         designer.update_item(
             study,
             item,
@@ -255,13 +257,21 @@ async def update_item(
             is_preference_criterion=form.checked("is_preference_criterion"),
             missing=[m for m in form.form.getlist("missing") if isinstance(m, str)],
         )
+        notice = f"item {item.key} saved"
         if answered and (item.question, [list(o) for o in item.options]) != before:
-            return (
-                f"item {item.key} saved; its {answered} earlier answer"
+            notice += (
+                f"; its {answered} earlier answer"
                 f"{'' if answered == 1 else 's'} (kept by option letter) now show with the new "
                 "wording and option order in the exports and the dashboard"
             )
-        return f"item {item.key} saved"
+        if scored and personas.item_prompt_hash(item) != old_hash:
+            notice += (
+                f"; the language-model distributions of {scored} persona"
+                f"{'' if scored == 1 else 's'} were for the old wording or options: "
+                "generate on the Personas page to score it again, then refit (until then "
+                "the persona prior is uniform on this item)"
+            )
+        return notice
 
     if not page.htmx:
         return _study_form(page, study, session, change)

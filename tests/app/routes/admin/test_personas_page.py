@@ -147,18 +147,35 @@ def test_the_generate_form_says_what_is_left_to_score(
 
     ac.post(BASE + "/personas/shares",
             data={"share:age:A": "0.25", "share:age:B": "0.75", "csrf_token": csrf(ac)})  # fmt: skip
+    from sqlmodel import select
+
+    from app.services.personas import item_prompt_hash
+    from app.tables import Item
+
     page = ac.get(BASE + "/personas").text
     assert "each of the 2 personas × 1 questions that has no stored distribution" in page
-    assert "every persona has distributions already" not in page
-    for p in _personas(db):
+    assert "0 of 2 persona × question pairs scored" in page and "pairs are missing" not in page
+    q1 = db.exec(select(Item).where(Item.study_id == study.id, Item.key == "q1")).one()
+    first, second = _personas(db)
+    for p, item_hash in ((first, item_prompt_hash(q1)), (second, "an-older-wording")):
         db.add(PersonaDistribution(model_id="m", template_version="v1", persona_hash=p.text_hash,
-                                   item_hash="h", probs=[0.5, 0.5], valid_mass=1.0, flagged=False))  # fmt: skip
+                                   item_hash=item_hash, probs=[0.5, 0.5], valid_mass=1.0,
+                                   flagged=False))  # fmt: skip
     db.commit()
     page = ac.get(BASE + "/personas").text
+    assert "2 with language-model distributions; 1 of 2 persona × question pairs scored" in page
     assert (
-        "every persona has distributions already, so it scores only personas or questions added since"
-        in page
+        "1 of the 2 pairs are missing (personas or questions added, or questions reworded" in page
     )
+    # rewording the scored question says its distributions are for the old wording
+    r = ac.post(
+        f"/admin/studies/{study.slug}/items/{q1.id}",
+        data={"question": "Do you trust them?", "csrf_token": csrf(ac)},
+        headers={"HX-Request": "true"},
+    )
+    assert r.status_code == 200, r.text
+    assert "the language-model distributions of 1 persona were for the old wording" in r.text
+    assert "0 of 2 persona × question pairs scored" in ac.get(BASE + "/personas").text
 
 
 def test_publishing_with_a_uniform_prior_warns(ac: TestClient, db: Session, study: Study) -> None:
