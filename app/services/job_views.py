@@ -21,6 +21,7 @@ from app.services import jobs
 from app.services import personas as persona_service
 from app.services.designer import describe_fit
 from app.services.plots import simulation_svg
+from app.services.simulation import unavailable_reason
 from app.services.studies import study_personas
 from app.settings import Settings
 from app.tables import Job, JobStatus, Study
@@ -132,14 +133,26 @@ def result_summary(job: Job) -> str | None:
 
 def jobs_overview(study: Study, *, session: Session) -> dict[str, Any]:
     """The jobs page: ``study``, its newest ``jobs`` as rows, the ``kinds`` that can be
-    started here (``(name, label)``; persona generation is started from the Personas page,
-    where the backend is chosen), and the study's persona dictionary (``personas``, the
-    first :data:`PERSONAS_SHOWN`; ``n_personas``, all)."""
+    started here (``(name, label, why not)``: ``why not`` is the reason a job of that kind
+    would fail now, e.g. a simulation without imported respondents, else ``None``; persona
+    generation is started from the Personas page, where the backend is chosen), and the
+    study's persona dictionary (``personas``, the first :data:`PERSONAS_SHOWN`;
+    ``n_personas``, all)."""
     personas, n_personas = study_personas(study, session=session, limit=PERSONAS_SHOWN)
+    history = unavailable_reason(study, session=session)
+    why_not = {
+        "simulation": history,
+        "train_gnn": None
+        if history is None
+        else "it learns from imported respondents' complete answers, and this study has too "
+        "few: import a dataset with this study's items (Import).",
+    }
     return {
         "study": study,
         "jobs": [job_row(j) for j in jobs.study_jobs(study, session=session)],
-        "kinds": [(k, LABELS[k]) for k in kind_names() if k != "persona_generation"],
+        "kinds": [
+            (k, LABELS[k], why_not.get(k)) for k in kind_names() if k != "persona_generation"
+        ],
         "personas": personas,
         "n_personas": n_personas,
     }

@@ -66,6 +66,17 @@ def test_simulation_page_says_before_the_run_when_it_cannot_simulate(
     assert (
         'id="simulation-unavailable"' not in page and '<button type="submit">Run simulation' in page
     )
+    # the jobs page disables the jobs that would fail, saying why
+    jobs = client.get(f"/admin/studies/{empty.slug}/jobs").text
+    for kind, label in (
+        ("simulation", "Simulate before fielding"),
+        ("train_gnn", "Train the group GNN"),
+    ):
+        assert f'disabled aria-describedby="why-not-{kind}">{label}</button>' in jobs
+        assert f'id="why-not-{kind}">{label}: ' in jobs
+    assert '<button type="submit" class="secondary">Fit the belief model</button>' in jobs
+    jobs = client.get(f"/admin/studies/{ces_study.slug}/jobs").text
+    assert "why-not-" not in jobs
 
 
 def test_simulation_result_page_and_plot(
