@@ -53,10 +53,17 @@ async def start_job(
 
 
 @router.get("/studies/{slug}/jobs/{job_id}", response_class=HTMLResponse, name="admin_job")
-def job_partial(job_id: DbId, page: PageDep, study: VisibleStudy, session: SessionDep) -> Response:
-    """The job's row: polls itself every second while the job is queued or running."""
+def job_partial(
+    job_id: DbId, page: PageDep, study: VisibleStudy, session: SessionDep, refresh: str = ""
+) -> Response:
+    """The job's row: polls itself every second while the job is queued or running. With
+    ``refresh=1`` (the personas page, whose counts the job changes) the poll that sees the
+    job finish reloads the page instead (``HX-Refresh``)."""
     row = job_views.study_job_row(study, job_id, session=session)
-    return page.render("admin/job.html", {"study": study, **row}, block="job")
+    if refresh == "1" and not row["active"]:
+        return Response(status_code=200, headers={"HX-Refresh": "true"})
+    ctx = {"study": study, **row, "refresh_on_finish": refresh == "1"}
+    return page.render("admin/job.html", ctx, block="job")
 
 
 @router.post("/studies/{slug}/jobs/{job_id}/cancel")

@@ -24,10 +24,16 @@ def test_job_partial_polls_until_done_and_cancel(
     assert part.status_code == 200
     assert "<html" not in part.text  # a partial, not a page
     assert f'hx-get="{url}"' in part.text and 'data-status="queued"' in part.text
+    # polled from the personas page: keeps asking for the reload on finish
+    part = client.get(url + "?refresh=1", headers={"HX-Request": "true"})
+    assert f'hx-get="{url}?refresh=1"' in part.text and "HX-Refresh" not in part.headers
     r = client.post(url + "/cancel", headers={"HX-Request": "true", "X-CSRF-Token": csrf(client)})
     assert r.status_code == 200 and 'data-status="cancelled"' in r.text
     assert "hx-get" not in r.text  # finished jobs stop polling
     assert client.post(url + "/cancel", headers={"X-CSRF-Token": csrf(client)}).status_code == 409
+    # the poll that sees it finished reloads the personas page (its counts changed)
+    done = client.get(url + "?refresh=1", headers={"HX-Request": "true"})
+    assert done.status_code == 200 and done.headers["HX-Refresh"] == "true"
 
 
 def test_running_fit_job_shows_its_restart_and_percentage(
