@@ -128,8 +128,7 @@ def _no_repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     for key, _ in pairs:
         if key in seen:
             raise HostileInputError(
-                f"the JSON body repeats the key {clip(key, 60)!r} in one object: send each "
-                "key once"
+                f"the JSON body repeats the key {clip(key, 60)!r} in one object: send each key once"
             )
         seen.add(key)
     return dict(pairs)
@@ -140,16 +139,29 @@ def _check_json(raw: bytes) -> None:
     silently), and every string (keys included) can be stored; the error names the key or
     the JSON path.
 
-    A body that is not JSON, or nested too deeply to parse, is left to the route (which
-    answers 422 for it). Strings are walked only when the bytes may hold a bad character
-    (:data:`_JSON_SUSPECT`).
+    A body that is not UTF-8, nested too deeply to read, or holds a number too long to
+    convert is refused here with those words; malformed JSON is left to the route (which
+    answers 422 with the position). Strings are walked only when the bytes may hold a bad
+    character (:data:`_JSON_SUSPECT`).
     """
     try:
-        data = json.loads(raw, object_pairs_hook=_no_repeated_keys)
-    except (ValueError, RecursionError) as exc:
-        if isinstance(exc, HostileInputError):
-            raise
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HostileInputError(f"the JSON body is not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_no_repeated_keys)
+    except HostileInputError:
+        raise
+    except RecursionError:
+        raise HostileInputError("the JSON body is nested too deeply to read") from None
+    except json.JSONDecodeError:
         return
+    except ValueError as exc:
+        if "digits" in str(exc):  # Python's int conversion limit
+            raise HostileInputError(
+                "the JSON body holds a number of more than 4,300 digits: send a shorter one"
+            ) from None
+        raise HostileInputError(f"the JSON body cannot be read: {exc}") from None
     if not _JSON_SUSPECT.search(raw):
         return
     stack: list[tuple[str, object]] = [("$", data)]

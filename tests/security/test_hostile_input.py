@@ -99,6 +99,13 @@ def test_nul_and_surrogates_with_credentials(world: HostileWorld) -> None:
         headers={"Authorization": f"Bearer {sess['token']}", "content-type": "application/json"},
     )
     _refused(r, "the JSON body repeats the key 'option' in one object")
+    for body, words in (
+        (b'{"external_id": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply to read"),
+        (b'{"external_id": ' + b"9" * 100_000 + b"}", "a number of more than 4,300 digits"),
+        (b'\xff{"external_id": "x"}', "the JSON body is not UTF-8 text (byte 0)"),
+    ):
+        r = httpx.post(url, content=body, headers={**owner, "content-type": "application/json"})
+        _refused(r, words)
     got = httpx.get(
         f"{base}/api/v1/sessions/{sess['session_id']}",
         headers={"Authorization": f"Bearer {sess['token']}"},
