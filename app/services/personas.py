@@ -703,6 +703,7 @@ def persona_page(
         "n_personas": len(rows),
         "n_profiled": sum(1 for r in rows if r.attributes),
         "n_scored": len(scored),
+        "weight_by_source": weight_by_source(rows),
         "n_pairs": len(set(hashes)) * len(set(question_hashes)),
         "n_pairs_scored": len(pairs),
         "n_respondents": int((respondents >= 0).any(axis=1).sum())
@@ -717,6 +718,32 @@ def persona_page(
         "max_profiles": MAX_PROFILE_PERSONAS,
         "prior_warning": uniform_prior_warning(study, session=session),
     }
+
+
+SOURCE_WORDS = {
+    "shares": "attribute shares",
+    "texts": "persona texts",
+    "respondents": "respondents' profiles",
+}
+"""The personas page's words for a persona's ``source``."""
+
+
+def weight_by_source(rows: Sequence[StudyPersona]) -> list[tuple[str, float]]:
+    """Each source's share of the prior's weight (``[(words, percent)]``, largest first),
+    when the dictionary mixes sources (their weights are used as they are, so a source
+    can hold more of the prior than the researcher meant); ``[]`` for one source.
+
+    Example: 4 share personas (weights summing to 1) and 2 texts (weight 1 each) give
+    ``[("persona texts", 66.7), ("attribute shares", 33.3)]``.
+    """
+    totals: dict[str, float] = {}
+    for r in rows:
+        totals[r.source] = totals.get(r.source, 0.0) + max(float(r.weight), 0.0)
+    whole = sum(totals.values())
+    if len(totals) < 2 or whole <= 0:
+        return []
+    out = [(SOURCE_WORDS.get(s, s), 100 * w / whole) for s, w in totals.items()]
+    return sorted(out, key=lambda x: -x[1])
 
 
 PERSONAS_SHOWN = 200

@@ -126,6 +126,8 @@ def test_sources_add_personas_and_a_cancelled_job_offers_resume(
         ("profile-2", "shares", 0.75, {"age": "B"}),
         ("nurse", "texts", 2.0, {}),
     ]
+    # shares weigh 1 in all, the text 2: the page says so
+    assert "weight by source: persona texts 67 %, attribute shares 33 %." in r.text
     db.add(Job(kind="persona_generation", study_id=study.id, payload={"backend": "local"},
                status=JobStatus.cancelled.value, message="cancelled"))  # fmt: skip
     db.commit()
