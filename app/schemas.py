@@ -55,7 +55,7 @@ class Budgets(BaseModel):
     def _order(self) -> Budgets:
         if self.min_questions > self.max_questions:
             raise ValueError(
-                f"min_questions ({self.min_questions}) exceeds max_questions ({self.max_questions})"
+                f"min questions ({self.min_questions}) exceeds max questions ({self.max_questions})"
             )
         return self
 

@@ -671,7 +671,9 @@ def persona_page(
     shares table); ``personas`` (the first :data:`PERSONAS_SHOWN`) and ``n_personas``;
     ``n_profiled`` (personas with an attribute profile); ``n_scored`` (personas with at
     least one stored distribution); ``n_pairs`` persona × question pairs of which
-    ``n_pairs_scored`` have a distribution for the question as worded now; ``n_respondents`` with any attribute; ``llm`` (the
+    ``n_pairs_scored`` have a distribution for the question as worded now;
+    ``weight_by_source`` (:func:`weight_by_source`); ``n_respondents`` with any attribute;
+    ``llm`` (the
     configured server: ``base_url``, ``model``, or ``None``: the server option is then
     disabled); ``prior_warning`` (:func:`uniform_prior_warning`). The persona jobs are
     added by :func:`app.services.job_views.persona_overview`."""

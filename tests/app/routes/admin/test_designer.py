@@ -104,7 +104,9 @@ def test_create_study_items_roles_budgets_texts_publish(
         "csrf_token": csrf(dclient),
     }
     r = dclient.post(base + "/settings", data=form)
-    assert r.status_code == 422 and "min_questions (5) exceeds max_questions (3)" in r.text
+    assert (
+        r.status_code == 422 and "Questions: min questions (5) exceeds max questions (3)" in r.text
+    )
     # the refused form shows what was typed, not the stored values; a reload of the
     # form's address goes to the study page
     assert 'name="min_questions" min="0" value="5"' in r.text
