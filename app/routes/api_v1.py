@@ -749,6 +749,21 @@ def get_profile(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
     return session_profile(study, sess, session=session)
 
 
+@router.post(
+    "/sessions/{session_id}/finish",
+    response_model=SessionOut,
+    summary="Finish the session now",
+    description="Ends the session as completed before the study's stopping rule (e.g. after "
+    "the few questions your product needed): its answers count as a completed respondent's "
+    "(for the study's refits too), and it takes no more answers (409 session_closed). "
+    "Finishing a completed session again returns it; an abandoned one is 409.",
+)
+def finish(auth: AuthorizedSession, engine: EngineDep, session: SessionDep) -> dict[str, Any]:
+    sess, study = auth
+    release(session)
+    return _session_out(svc.finish_session(study, sess.id or 0, engine=engine))
+
+
 @router.delete(
     "/sessions/{session_id}",
     response_model=ErasedOut,

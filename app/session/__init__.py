@@ -103,7 +103,7 @@ from app.session.state import (
     respondent_and_answers,
     states_equal,
 )
-from app.session.submit import submit_answer
+from app.session.submit import finish_session, submit_answer
 from app.session.tokens import completion_code, hash_token, new_token
 from app.session.views import (
     ATTRIBUTES_PER_PAGE,
@@ -188,5 +188,6 @@ __all__ = [
     "stored_summary",
     "study_settings",
     "submit_answer",
+    "finish_session",
     "submit_attributes",
 ]

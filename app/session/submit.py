@@ -13,13 +13,13 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from app.services.learning import maybe_queue_refit
-from app.session.errors import InvalidAnswerError, ItemNotFoundError
+from app.session.errors import InvalidAnswerError, ItemNotFoundError, SessionClosedError
 from app.session.fast import submit_fast
-from app.session.locked import submit_locked, write_slots
+from app.session.locked import locked_session, submit_locked, write_slots
 from app.session.runtime import ItemInfo, StudyRuntime, load_runtime, session_runtime
 from app.session.sql import SessionSnapshot, StudyHead, read_session
-from app.session.views import SessionView
-from app.tables import SessionStatus, Study
+from app.session.views import SessionView, check_study, session_view
+from app.tables import SessionStatus, Study, utcnow
 
 IDEMPOTENCY_KEY_MAX = 128
 """The longest idempotency key accepted (characters)."""
@@ -69,6 +69,42 @@ def submit_answer(
     view = _submit(rt, session_id, item, option, idempotency_key, engine, snapshot)
     if view.status == SessionStatus.completed.value:
         maybe_queue_refit(rt.study_id, study.settings, engine=engine)
+    return view
+
+
+FINISHED = "finished"
+"""The stop reason of a session its client finished before the study's stopping rule."""
+
+
+def finish_session(study: Study, session_id: int, *, engine: Engine) -> SessionView:
+    """End a session now, as completed, before the study's stopping rule (e.g. a product
+    that asks a user 3 questions): its answers so far count as a completed respondent's,
+    for the refit schedule too (:func:`maybe_queue_refit`).
+
+    Under the session's write lock: an answer racing it either lands before (and is kept)
+    or is refused afterwards (409 ``session_closed``; the answer writes are conditional
+    on ``status = 'active'``). Finishing a completed session again returns its view.
+
+    Raises:
+        SessionNotFoundError (404); SessionClosedError (409: abandoned).
+    """
+    with locked_session(engine, session_id) as (db, sess):
+        check_study(sess, study.id or 0, study.slug)
+        if sess.status == SessionStatus.active.value:
+            now = utcnow()
+            sess.status = SessionStatus.completed.value
+            sess.completed_at = now
+            sess.updated_at = now
+            db.add(sess)
+            db.commit()
+            finished = True
+        elif sess.status == SessionStatus.completed.value:
+            finished = False
+        else:
+            raise SessionClosedError(f"session {sess.id} is {sess.status}")
+        view = session_view(study, sess, session=db)
+    if finished:
+        maybe_queue_refit(study.id or 0, study.settings, engine=engine)
     return view
 
 

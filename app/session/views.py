@@ -101,19 +101,26 @@ def view_at(
 ) -> SessionView:
     """The view after ``position`` questions were posed, given the decision at ``position``.
 
-    An abandoned session (a group round closed before its member answered) is ``done``
-    with status ``abandoned`` and stop reason ``abandoned``: it takes no more answers."""
-    if sess.status == SessionStatus.abandoned.value:
+    A session closed with a question pending is ``done`` and takes no more answers:
+    ``abandoned`` (a group round closed before its member answered; stop reason
+    ``abandoned``) or ``completed`` by its client (:func:`app.session.finish_session`;
+    stop reason ``finished``)."""
+    pending = decision is None or decision.item_id is not None
+    closed = {
+        SessionStatus.abandoned.value: "abandoned",
+        SessionStatus.completed.value: "finished" if pending else None,
+    }.get(sess.status)
+    if closed is not None:
         return SessionView(
             session_id=sess.id or 0,
             study_slug=rt.slug,
-            status=SessionStatus.abandoned.value,
+            status=sess.status,
             phase="done",
             n_posed=position,
             max_questions=rt.max_questions,
             allow_skip=rt.allow_skip,
             question=None,
-            stop_reason="abandoned",
+            stop_reason=closed,
         )
     if decision is None:
         phase = "attributes"

@@ -192,6 +192,7 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/api/v1/sessions/{session_id}/predictions"): Case(api_session(200)),
     ("GET", "/api/v1/sessions/{session_id}/explanation"): Case(api_session(200)),
     ("GET", "/api/v1/sessions/{session_id}/profile"): Case(api_session(200)),
+    ("POST", "/api/v1/sessions/{session_id}/finish"): Case(api_session(200)),
     ("DELETE", "/api/v1/sessions/{session_id}"): Case(api_session(200)),
     # results: any valid key lists the studies it may see (another's key: an empty list)
     ("GET", "/api/v1/studies"): Case(

@@ -456,3 +456,44 @@ def test_every_error_code_is_listed_and_documented() -> None:
     pages_only = {"round_closed", "round_link_not_found", "group_budget"}
     codes = {c.code for c in subclasses(PriorlyError)} - pages_only
     assert codes <= set(ERROR_CODES), codes - set(ERROR_CODES)
+
+
+def test_a_client_finishes_a_session_early(client: Any, live: LiveStudy) -> None:
+    """After 2 answers the client finishes: completed, stop reason ``finished``, no more
+    answers (409), finishing again returns the same; the respondent counts as completed in
+    the listing."""
+    created = create(client, live, external_id="finish-early")
+    sid, token = created["session_id"], created["token"]
+    view = created
+    for n in range(2):
+        q = view["question"]
+        r = client.post(
+            f"/api/v1/sessions/{sid}/answers",
+            json={
+                "item": q["item"],
+                "option": q["options"][0]["letter"],
+                "idempotency_key": f"f{n}",
+            },
+            headers=bearer(token),
+        )
+        assert r.status_code == 200, r.text
+        view = r.json()
+    pending = view["question"]["item"]
+    done = client.post(f"/api/v1/sessions/{sid}/finish", headers=bearer(token))
+    assert done.status_code == 200, done.text
+    body = done.json()
+    assert (body["status"], body["phase"], body["question"]) == ("completed", "done", None)
+    assert body["stop_reason"] == "finished" and body["questions_answered"] == 2
+    again = client.post(f"/api/v1/sessions/{sid}/finish", headers=bearer(live.owner_key))
+    assert again.status_code == 200 and again.json() == body
+    late = client.post(
+        f"/api/v1/sessions/{sid}/answers",
+        json={"item": pending, "option": None, "idempotency_key": "late"},
+        headers=bearer(token),
+    )
+    assert late.status_code == 409 and late.json()["code"] == "session_closed"
+    got = client.get(f"/api/v1/sessions/{sid}", headers=bearer(token)).json()
+    assert got["status"] == "completed" and len(got["answers"]) == 2
+    with live.session() as db:
+        sess = db.get(ElicitationSession, sid)
+        assert sess is not None and sess.status == "completed" and sess.completed_at is not None
