@@ -101,15 +101,21 @@ def view_at(
 ) -> SessionView:
     """The view after ``position`` questions were posed, given the decision at ``position``.
 
-    A session closed with a question pending is ``done`` and takes no more answers:
+    A session closed with a question pending is ``done`` now and takes no more answers:
     ``abandoned`` (a group round closed before its member answered; stop reason
     ``abandoned``) or ``completed`` by its client (:func:`app.session.finish_session`;
-    stop reason ``finished``)."""
+    stop reason ``finished``). Only the current view (``position`` = the session's answers,
+    ``state_version``) says so: the view after an earlier answer, replayed for an
+    idempotent retry, is the one that answer got."""
     pending = decision is None or decision.item_id is not None
-    closed = {
-        SessionStatus.abandoned.value: "abandoned",
-        SessionStatus.completed.value: "finished" if pending else None,
-    }.get(sess.status)
+    closed = (
+        {
+            SessionStatus.abandoned.value: "abandoned",
+            SessionStatus.completed.value: "finished" if pending else None,
+        }.get(sess.status)
+        if position == sess.state_version
+        else None
+    )
     if closed is not None:
         return SessionView(
             session_id=sess.id or 0,
