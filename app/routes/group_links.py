@@ -137,31 +137,27 @@ async def link_answer(
     option = form.get("option")
     idem = form.get("idempotency_key")
     item = form.get("item")
-    if isinstance(item, str) and item and item != link.item_key:
+
+    def refused(error: str, status_code: int) -> HTMLResponse:
+        """Nothing stored: "thank you" when the member has answered already, "closed"
+        when the round is, else the question again with ``error``."""
         view = round_links.link_view(link, session=session)
         if view.n_posed >= 1:
             return _thanks(request, templates, link)
         if not link.round_open or view.question is None:
             return _closed(request, templates, link)
         return _question_page(
-            request,
-            templates,
-            link,
-            view,
-            token,
-            error="That answer was for another question, so it was not saved: "
-            "this link asks the question below.",
-            status_code=409,
+            request, templates, link, view, token, error=error, status_code=status_code
+        )
+
+    if isinstance(item, str) and item and item != link.item_key:
+        return refused(
+            "That answer was for another question, so it was not saved: this link asks the "
+            "question below.",
+            409,
         )
     if not skip and not isinstance(option, str):
-        view = round_links.link_view(link, session=session)
-        if view.n_posed >= 1:
-            return _thanks(request, templates, link)
-        if not link.round_open or view.question is None:
-            return _closed(request, templates, link)
-        return _question_page(
-            request, templates, link, view, token, error="Please choose an answer.", status_code=422
-        )
+        return refused("Please choose an answer.", 422)
     try:
         round_links.answer_round(
             link,
@@ -172,14 +168,7 @@ async def link_answer(
     except rounds.RoundClosedError:
         return _closed(request, templates, link)
     except svc.InvalidAnswerError as exc:
-        view = round_links.link_view(link, session=session)
-        if view.n_posed >= 1:
-            return _thanks(request, templates, link)
-        if view.question is None:
-            return _closed(request, templates, link)
-        return _question_page(
-            request, templates, link, view, token, error=exc.message, status_code=422
-        )
+        return refused(exc.message, 422)
     except svc.AnswerConflictError as exc:
         return message_page(request, templates, "Already answered", exc.message, 409, link.study)
     url = str(request.url_for("group_round_link", token=token))

@@ -63,6 +63,7 @@ from app.gcfreeze import freeze_long_lived
 from app.schemas import StudySettings
 from app.services import learning
 from app.services.jobs import ACTIVE, start_job
+from app.services.personas import item_prompt_hash
 from app.settings import get_settings
 from app.tables import (
     FittedModel,
@@ -79,7 +80,6 @@ from app.tables import (
 from elicitation.criteria import FixedOrder, get_criterion
 from elicitation.errors import ElicitationError
 from elicitation.model_choice import BELIEF_MODEL_CHOICES, fit_belief_model
-from inference_server.prompts import PromptItem
 from models.base import BeliefModel, ItemBank, load_model, responses_hash
 from models.latent_class import DEFAULT_N_CLASSES as LC_DEFAULT_N_CLASSES
 from models.latent_class import DEFAULT_RESTARTS as LC_DEFAULT_RESTARTS
@@ -349,7 +349,7 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
     item_hash: dict[str, int] = {}
     for j, it in enumerate(items):
         try:
-            item_hash[PromptItem(it.key, it.question, tuple(o[1] for o in it.options)).hash] = j
+            item_hash[item_prompt_hash(it)] = j
         except Exception:  # an item the prompt builder refuses was never scored
             continue
     rows = []

@@ -13,7 +13,7 @@ session's last decision has ``item_id`` NULL and a ``stop_reason``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -107,27 +107,15 @@ def view_at(
     stop reason ``finished``). Only the current view (``position`` = the session's answers,
     ``state_version``) says so: the view after an earlier answer, replayed for an
     idempotent retry, is the one that answer got."""
-    pending = decision is None or decision.item_id is not None
-    closed = (
-        {
-            SessionStatus.abandoned.value: "abandoned",
-            SessionStatus.completed.value: "finished" if pending else None,
-        }.get(sess.status)
-        if position == sess.state_version
-        else None
-    )
+    closed = None
+    if position == sess.state_version:
+        pending = decision is None or decision.item_id is not None
+        if sess.status == SessionStatus.abandoned.value:
+            closed = "abandoned"
+        elif sess.status == SessionStatus.completed.value and pending:
+            closed = "finished"
     if closed is not None:
-        return SessionView(
-            session_id=sess.id or 0,
-            study_slug=rt.slug,
-            status=sess.status,
-            phase="done",
-            n_posed=position,
-            max_questions=rt.max_questions,
-            allow_skip=rt.allow_skip,
-            question=None,
-            stop_reason=closed,
-        )
+        return replace(plain_view(rt, sess.id or 0, None, closed, position), status=sess.status)
     if decision is None:
         phase = "attributes"
         question = None
