@@ -53,6 +53,21 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def iso_utc(ts: datetime | None) -> str | None:
+    """``ts`` as ISO 8601 in UTC with its offset, the same on every database.
+
+    PostgreSQL returns the timezone-aware UTC time that was stored; SQLite returns it
+    without its zone, and a naive time here is always UTC (:func:`utcnow`).
+
+    Example: ``iso_utc(datetime(2026, 12, 4, 18, 55, 27))`` is
+    ``"2026-12-04T18:55:27+00:00"``; ``iso_utc(None)`` is ``None``.
+    """
+    if ts is None:
+        return None
+    ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+    return ts.isoformat()
+
+
 def _ts(nullable: bool = False) -> Any:
     """A timezone-aware timestamp column: ``now`` by default, or NULL when nullable."""
     if nullable:

@@ -43,6 +43,7 @@ from app.tables import (
     RespondentSource,
     SelectionDecision,
     Study,
+    iso_utc,
 )
 
 SKIP_MARK = "<skip>"
@@ -123,7 +124,7 @@ def panel_text(params: Mapping[str, Any] | None) -> str:
 
 
 def _iso(ts: datetime | None) -> str:
-    return ts.isoformat() if ts is not None else ""
+    return iso_utc(ts) or ""
 
 
 def _session_batches(

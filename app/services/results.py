@@ -38,7 +38,7 @@ from app.services.export import (
     iter_rows,
 )
 from app.session import study_settings
-from app.tables import Study
+from app.tables import Study, iso_utc
 
 MAX_ID = 2**31 - 1
 """Ids are 32-bit INTEGER columns: a cursor past this is refused instead of overflowing."""
@@ -131,10 +131,6 @@ def _page(
     return Page(out, encode_cursor(listing, study, position(taken[-1])))
 
 
-def _iso(value: Any) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
 def responses_page(
     study: Study, *, session: Session, cursor: str | None, limit: int | None
 ) -> Page:
@@ -174,8 +170,8 @@ def responses_page(
             "session_id": row.session_id,
             "source": row.source,
             "status": row.status,
-            "started_at": _iso(row.started_at),
-            "completed_at": _iso(row.completed_at),
+            "started_at": iso_utc(row.started_at),
+            "completed_at": iso_utc(row.completed_at),
             "answers": answers,
         }
 

@@ -33,6 +33,7 @@ from app.tables import (
     SelectionDecision,
     SessionStatus,
     Study,
+    iso_utc,
 )
 
 TOP_PERSONAS = 5
@@ -79,6 +80,17 @@ class SessionView:
     allow_skip: bool
     question: QuestionView | None
     stop_reason: str | None
+
+
+def shown_max(rt: StudyRuntime, reached: int) -> int:
+    """The budget a session shows once it has reached question ``reached``: the study's
+    ``max_questions``, or ``reached`` when the researcher lowered the budget below it
+    mid-session (the question already posed is still asked, and the session stops after it).
+
+    Example: ``max_questions`` lowered from 12 to 8 while question 10 is shown: ``10``,
+    so the page reads "question 10 of 10", not "10 of 8".
+    """
+    return max(rt.max_questions, reached)
 
 
 def question_view(item: ItemInfo, number: int) -> QuestionView:
@@ -132,7 +144,7 @@ def view_at(
         status=status if phase != "done" else SessionStatus.completed.value,
         phase=phase,
         n_posed=position,
-        max_questions=rt.max_questions,
+        max_questions=shown_max(rt, position + (question is not None)),
         allow_skip=rt.allow_skip,
         question=question,
         stop_reason=decision.stop_reason if decision is not None else None,
@@ -150,7 +162,7 @@ def plain_view(
             status=SessionStatus.completed.value,
             phase="done",
             n_posed=n,
-            max_questions=rt.max_questions,
+            max_questions=shown_max(rt, n),
             allow_skip=rt.allow_skip,
             question=None,
             stop_reason=stop_reason,
@@ -161,7 +173,7 @@ def plain_view(
         status=SessionStatus.active.value,
         phase="question",
         n_posed=n,
-        max_questions=rt.max_questions,
+        max_questions=shown_max(rt, n + 1),
         allow_skip=rt.allow_skip,
         question=question_view(rt.by_id[item_id], n + 1),
         stop_reason=None,
@@ -241,7 +253,7 @@ def session_answers(sess: ElicitationSession, *, session: Session) -> list[Answe
         .where(Answer.session_id == sess.id)
         .order_by(Answer.id)  # type: ignore[arg-type]
     ).all()
-    return [AnswerRecord(key, a.option, a.created_at.isoformat()) for a, key in rows]
+    return [AnswerRecord(key, a.option, iso_utc(a.created_at) or "") for a, key in rows]
 
 
 @dataclass(frozen=True)

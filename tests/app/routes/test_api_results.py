@@ -15,6 +15,7 @@ import io
 import json
 import re
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -162,6 +163,8 @@ def test_responses_pages_cover_every_session_once_with_the_exports_data(
             assert r[meta] == w[meta]
         assert (r["started_at"] or "") == w["started_at"]
         assert (r["completed_at"] or "") == w["completed_at"]
+        started = datetime.fromisoformat(r["started_at"])
+        assert started.utcoffset() == timedelta(0), r["started_at"]  # UTC on both databases
         cells = {
             a["item"]: a["option"] if a["option"] is not None else SKIP_MARK for a in r["answers"]
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -18,8 +19,10 @@ from sqlmodel import select
 
 from app import session as svc
 from app.routes.api_v1 import AnswerIn
+from app.schemas import StudySettings
 from app.services.apikeys import create_api_key, revoke_api_key
 from app.services.belief import stored_fixed_orders
+from app.services.designer import update_settings
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -494,6 +497,60 @@ def test_a_client_finishes_a_session_early(client: Any, live: LiveStudy) -> None
     assert late.status_code == 409 and late.json()["code"] == "session_closed"
     got = client.get(f"/api/v1/sessions/{sid}", headers=bearer(token)).json()
     assert got["status"] == "completed" and len(got["answers"]) == 2
+    for a in got["answers"]:  # UTC with its offset on both databases
+        assert datetime.fromisoformat(a["answered_at"]).utcoffset() == timedelta(0), a
     with live.session() as db:
         sess = db.get(ElicitationSession, sid)
         assert sess is not None and sess.status == "completed" and sess.completed_at is not None
+
+
+def test_a_budget_lowered_mid_session_shows_the_question_reached(
+    client: Any, live: LiveStudy
+) -> None:
+    """The researcher lowers ``max_questions`` from the study's to 2 while a session's 4th
+    question is pending: the session shows "4 of 4" (not "4 of 2"), takes that answer, and
+    stops with reason ``max_questions`` after it; a new session gets the new budget."""
+    with live.session() as db:
+        study = db.get(Study, live.study_id)
+        assert study is not None
+        before = dict(study.settings or {})
+    created = create(client, live, external_id="budget-lowered")
+    sid, token = created["session_id"], created["token"]
+    view = created
+    for n in range(3):
+        q = view["question"]
+        r = client.post(
+            f"/api/v1/sessions/{sid}/answers",
+            json={"item": q["item"], "option": "A", "idempotency_key": f"b{n}"},
+            headers=bearer(token),
+        )
+        assert r.status_code == 200, r.text
+        view = r.json()
+    assert view["question"]["number"] == 4
+    with live.session() as db:
+        study = db.get(Study, live.study_id)
+        assert study is not None
+        lowered = StudySettings.model_validate(before).model_dump(mode="json")
+        lowered["budgets"]["max_questions"] = 2
+        lowered["budgets"]["min_questions"] = 0
+        lowered["calibration_items"] = 0
+        update_settings(study, lowered, session=db)
+    try:
+        got = client.get(f"/api/v1/sessions/{sid}", headers=bearer(token)).json()
+        assert (got["questions_answered"], got["max_questions"]) == (3, 4)
+        assert got["question"]["number"] == 4
+        r = client.post(
+            f"/api/v1/sessions/{sid}/answers",
+            json={"item": got["question"]["item"], "option": "A", "idempotency_key": "b3"},
+            headers=bearer(token),
+        )
+        done = r.json()
+        assert (done["phase"], done["stop_reason"]) == ("done", "max_questions"), done
+        assert (done["questions_answered"], done["max_questions"]) == (4, 4)
+        fresh = create(client, live, external_id="budget-lowered-new")
+        assert fresh["max_questions"] == 2
+    finally:
+        with live.session() as db:
+            study = db.get(Study, live.study_id)
+            assert study is not None
+            update_settings(study, before, session=db)
