@@ -346,7 +346,7 @@ def check_shares(
     for a in attrs:
         if a.id not in shares:
             continue
-        name = f"{a.topic} ({a.id})" if a.topic and a.topic != a.id else a.id
+        name = _attribute_name(a)
         letters = [letter for letter, _ in a.options]
         given = shares[a.id]
         if not given:
@@ -385,6 +385,11 @@ def check_shares(
     return out
 
 
+def _attribute_name(a: CodebookItem) -> str:
+    """``"Age (age)"``: the attribute's topic and key, or the key alone."""
+    return f"{a.topic} ({a.id})" if a.topic and a.topic != a.id else a.id
+
+
 SHARE_TOLERANCE = 0.01
 """How far one attribute's shares may sum from 1 (the rounding of a printed table: three
 shares of 33.3 % sum to 99.9 %); :func:`check_shares` rescales them to sum to 1."""
@@ -408,6 +413,39 @@ def _share_value(raw: object, where: str) -> float:
     return v / 100 if percent else v
 
 
+def apportion(shares: Sequence[float], n: int, *, where: str) -> list[int]:
+    """Counts out of ``n`` proportional to positive ``shares``, one at least each.
+
+    The largest-remainder rule on ``n * share / sum(shares)``; then each option left at 0
+    takes one from the largest count (the first of equal ones).
+
+    Example: ``apportion([0.9, 0.08, 0.02], 10, where="x")`` is ``[8, 1, 1]``: the
+    quotas ``9, 0.8, 0.2`` give ``[9, 1, 0]``, and the third option takes one from the
+    first.
+
+    Raises:
+        InvalidInputError: ``n`` is smaller than the number of shares (``where`` names the
+            attribute).
+    """
+    k = len(shares)
+    if n < k:
+        raise InvalidInputError(
+            f"{where} has {k} options with a positive share; a sample of {n} profiles "
+            f"cannot include each of them: give {k} at least"
+        )
+    total = sum(shares)
+    quota = [n * v / total for v in shares]
+    counts = [math.floor(q) for q in quota]
+    by_remainder = sorted(range(k), key=lambda j: (counts[j] - quota[j], j))
+    for j in by_remainder[: n - sum(counts)]:
+        counts[j] += 1
+    for j in range(k):
+        if counts[j] == 0:
+            counts[max(range(k), key=lambda i: (counts[i], -i))] -= 1
+            counts[j] = 1
+    return counts
+
+
 def share_personas(
     attrs: Sequence[CodebookItem],
     shares: Mapping[str, Mapping[str, object]],
@@ -421,8 +459,10 @@ def share_personas(
 
     Without ``sample``: one persona per combination of options with a positive share,
     weight ``Π_a share[a, option_a]`` (they sum to 1). With ``sample = N``: ``N`` profiles
-    drawn from that product distribution with ``seed``, identical ones merged, weight =
-    count / N. A persona's text is
+    whose options of each attribute are counted out by :func:`apportion` (every option with
+    a positive share in one profile at least) and paired across attributes by a random
+    permutation with ``seed``; identical profiles merged, weight = count / N. A persona's
+    text is
     :func:`inference_server.personas.attribute_sentence` of its profile (the attribute's
     topic or question, then the option's label).
 
@@ -446,10 +486,10 @@ def share_personas(
             raise InvalidInputError(f"sample: give a number from 1 to {max_personas}")
         rng = np.random.default_rng(seed)
         columns = []
-        for c in choices:  # one attribute at a time, independent draws
-            options = np.asarray([k for k, _ in c])
-            p = np.asarray([v for _, v in c])
-            columns.append(options[rng.choice(len(c), size=sample, p=p / p.sum())])
+        for a, c in zip(used, choices, strict=True):
+            counts = apportion([v for _, v in c], sample, where=f"sample: {_attribute_name(a)}")
+            column = np.repeat(np.asarray([k for k, _ in c]), counts)
+            columns.append(rng.permutation(column))  # independent attributes
         drawn = np.stack(columns, axis=1)
         uniq, first, counts = np.unique(drawn, axis=0, return_index=True, return_counts=True)
         order = np.lexsort((first, -counts))

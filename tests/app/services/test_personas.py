@@ -74,6 +74,40 @@ def test_share_personas_are_the_weighted_product(db: Session, tiny: Study) -> No
         ps.share_personas(attrs, {"age": SHARES["age"]}, max_personas=1)
 
 
+def test_a_sample_keeps_every_option_with_a_share(db: Session, tiny: Study) -> None:
+    """Region West has a share of 2 %: a sample of 10 profiles has it in one profile, and
+    each attribute's profiles count its options out as :func:`apportion` does (age 4/6,
+    region 4/5/1); too small a sample for region's 3 options is refused, naming it."""
+    attrs, _ = ps.study_items(tiny.id or 0, session=db)
+    shares = {"age": {"A": 0.4, "B": 0.6}, "region": {"A": 0.49, "B": 0.49, "C": 0.02}}
+    for seed in range(5):
+        sampled = ps.share_personas(attrs, shares, sample=10, seed=seed)
+        marginal: dict[tuple[str, int], float] = {}
+        for p in sampled:
+            for key, option in p.attributes.items():
+                marginal[key, option] = marginal.get((key, option), 0) + p.weight
+        got = {k: round(v * 10) for k, v in marginal.items()}
+        assert got == {("age", 0): 4, ("age", 1): 6, ("region", 0): 4, ("region", 1): 5,
+                       ("region", 2): 1}, seed  # fmt: skip
+    with pytest.raises(InvalidInputError, match=r"sample: Region \(region\) has 3 options"):
+        ps.share_personas(attrs, shares, sample=2)
+
+
+@pytest.mark.parametrize(
+    ("shares", "n", "counts"),
+    [
+        ([0.9, 0.08, 0.02], 10, [8, 1, 1]),
+        ([0.49, 0.49, 0.02], 10, [4, 5, 1]),  # the third takes one from the first of the two 5s
+        ([0.5, 0.5], 3, [2, 1]),
+        ([1 / 3] * 3, 3, [1, 1, 1]),
+        ([0.25, 0.75], 1000, [250, 750]),
+    ],
+)
+def test_apportion_counts_out_exactly(shares: list[float], n: int, counts: list[int]) -> None:
+    assert ps.apportion(shares, n, where="x") == counts
+    assert sum(counts) == n
+
+
 @pytest.mark.parametrize(
     ("shares", "message"),
     [
