@@ -1,5 +1,6 @@
 """FastAPI dependencies and their ``Annotated`` aliases (``SessionDep``, ``SettingsDep``),
-and :data:`DbId`, the type of a row's id in a path.
+:data:`DbId`, the type of a row's id in a path, and :func:`form_str`, one field of a
+submitted form.
 
 Dependencies that only read ``request.app.state`` are ``async def``: FastAPI runs a plain
 ``def`` dependency in the thread pool, and that hop (a queue put, a thread wake-up, a GIL
@@ -9,14 +10,33 @@ call under load, docs/respondents.md)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from jinja2_fragments.fastapi import Jinja2Blocks
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from app.errors import InvalidInputError
 from app.settings import Settings
+
+
+def form_str(form: Any, name: str, default: str = "") -> str:
+    """The text field ``name`` of a submitted form (starlette's ``FormData``); ``default``
+    when it is missing or a file.
+
+    A field sent more than once is refused: a browser sends a text field, a radio group or
+    a select once, and taking the last of several (what ``form.get`` does) would store a
+    value the page never showed together with the others.
+
+    Example: ``option=A&option=B`` read as ``option`` raises ``InvalidInputError("option:
+    sent 2 times; a form sends it once")``.
+    """
+    values = form.getlist(name)
+    if len(values) > 1:
+        raise InvalidInputError(f"{name}: sent {len(values)} times; a form sends it once")
+    value = values[0] if values else default
+    return value if isinstance(value, str) else default
 
 
 async def get_engine(request: Request) -> Engine:

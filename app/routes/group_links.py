@@ -17,8 +17,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app import session as svc
-from app.deps import EngineDep, SessionDep, TemplatesDep
-from app.errors import PriorlyError
+from app.deps import EngineDep, SessionDep, TemplatesDep, form_str
+from app.errors import InvalidInputError, PriorlyError
 from app.routes.respondent import NoStoreRoute, message_page
 from app.services import group_rounds as rounds
 from app.services import round_links
@@ -133,10 +133,6 @@ async def link_answer(
     if link is None:
         return _unknown(request, templates)
     form = await request.form()
-    skip = form.get("skip") == "1"
-    option = form.get("option")
-    idem = form.get("idempotency_key")
-    item = form.get("item")
 
     def refused(error: str, status_code: int) -> HTMLResponse:
         """Nothing stored: "thank you" when the member has answered already, "closed"
@@ -150,19 +146,26 @@ async def link_answer(
             request, templates, link, view, token, error=error, status_code=status_code
         )
 
-    if isinstance(item, str) and item and item != link.item_key:
+    try:
+        skip = form_str(form, "skip") == "1"
+        option = form_str(form, "option")
+        idem = form_str(form, "idempotency_key")
+        item = form_str(form, "item")
+    except InvalidInputError as exc:
+        return refused(f"Nothing was saved: {exc.message}.", 422)
+    if item and item != link.item_key:
         return refused(
             "That answer was for another question, so it was not saved: this link asks the "
             "question below.",
             409,
         )
-    if not skip and not isinstance(option, str):
+    if not skip and not option:
         return refused("Please choose an answer.", 422)
     try:
         round_links.answer_round(
             link,
-            option=None if skip else str(option),
-            idempotency_key=idem if isinstance(idem, str) and idem else None,
+            option=None if skip else option,
+            idempotency_key=idem or None,
             engine=engine,
         )
     except rounds.RoundClosedError:

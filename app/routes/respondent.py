@@ -29,7 +29,7 @@ from itsdangerous import BadSignature, URLSafeSerializer
 from sqlmodel import Session
 
 from app import session as svc
-from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep
+from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep, form_str
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
 from app.services.demo import survey_readiness
 from app.services.learned import learned_about
@@ -652,9 +652,10 @@ async def about(
         max(int(raw_page) if raw_page.isdigit() and len(raw_page) < 4 else 1, 1), len(pages) or 1
     )
     items = pages[number - 1] if pages else []
-    values = {
-        item.key: str(form.get(ATTRIBUTE_FIELD_PREFIX + item.key, "") or "") for item in items
-    }
+    try:
+        values = {item.key: form_str(form, ATTRIBUTE_FIELD_PREFIX + item.key) for item in items}
+    except InvalidInputError as exc:
+        return page.again(f"Nothing was saved: {exc.message}.", attribute_page=number)
     skip_all = form.get("skip_all") is not None and rt.allow_skip
     chosen = {k: v for k, v in values.items() if v}
     blank_ok = rt.allow_skip and form.get("blank_ok") is not None
@@ -694,10 +695,13 @@ async def answer(
     if isinstance(page, Response):
         return page
     form = await request.form()
-    item_key = str(form.get("item", ""))
-    skip = form.get("skip") is not None
-    option = None if skip else str(form.get("option", "") or "")
-    idem = str(form.get("idempotency_key", "") or "") or None
+    try:
+        item_key = form_str(form, "item")
+        skip = form.get("skip") is not None
+        option = None if skip else form_str(form, "option")
+        idem = form_str(form, "idempotency_key") or None
+    except InvalidInputError as exc:
+        return page.again(f"Nothing was saved: {exc.message}.")
     if not skip and not option:
         view = page.view()
         return page.again(

@@ -20,7 +20,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.datastructures import FormData
 
 from app import auth
-from app.deps import MAX_DB_ID, TemplatesDep
+from app.deps import MAX_DB_ID, TemplatesDep, form_str
 from app.errors import InvalidInputError, PriorlyError, is_user_error
 
 
@@ -56,12 +56,6 @@ def render(
 def see_other(url: str) -> RedirectResponse:
     """A 303 redirect to ``url`` (a reload of the target does not post again)."""
     return RedirectResponse(url, status_code=303)
-
-
-def form_str(form: Any, name: str, default: str = "") -> str:
-    """The text field ``name`` of ``form``; ``default`` when it is missing or a file."""
-    value = form.get(name, default)
-    return value if isinstance(value, str) else default
 
 
 class Page:
@@ -129,7 +123,7 @@ class FormFields:
         self.form = form
 
     def text(self, name: str, default: str = "") -> str:
-        """See :func:`form_str`."""
+        """See :func:`app.deps.form_str`."""
         return form_str(self.form, name, default)
 
     def checked(self, name: str) -> bool:

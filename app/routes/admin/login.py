@@ -11,12 +11,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from app import auth
-from app.deps import SessionDep, TemplatesDep
+from app.deps import SessionDep, TemplatesDep, form_str
 from app.errors import InvalidInputError
 from app.routes.admin.common import (
     FormDep,
     PageDep,
-    form_str,
     render,
     see_other,
     user_error_message,
@@ -43,6 +42,8 @@ async def login(request: Request, session: SessionDep, templates: TemplatesDep) 
         return locked
     except auth.LoginRequired as exc:
         return render(request, templates, "admin/login.html", {"error": str(exc)}, status=401)
+    except InvalidInputError as exc:
+        return render(request, templates, "admin/login.html", {"error": exc.message}, status=400)
     response = see_other(str(request.url_for("admin_home")))
     auth.set_login_cookies(request, response, researcher)
     return response

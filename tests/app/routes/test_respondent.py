@@ -153,6 +153,13 @@ def test_htmx_partials_and_redirect(client: Any, live: LiveStudy) -> None:
         follow_redirects=False,
     )
     assert r.status_code == 422 and "Please choose an answer" in r.text
+    # a crafted form with two answers to one question is refused, naming the field
+    r = client.post(
+        f"/s/{live.slug}/answer",
+        data={"item": field(page.text, "item"), "option": ["A", "B"], "idempotency_key": "y"},
+        follow_redirects=False,
+    )
+    assert r.status_code == 422 and "option: sent 2 times" in r.text
     sess = session_of(live, client)
     with live.session() as db:
         n = db.exec(

@@ -175,6 +175,11 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     assert _answers(engine, members[0].session_id) == []
     empty = respondent.post(links[0], data={"idempotency_key": "k00"})
     assert empty.status_code == 422 and "Please choose an answer" in empty.text
+    twice = respondent.post(
+        links[0], data={"option": [letters[0], letters[-1]], "idempotency_key": "kk"}
+    )
+    assert twice.status_code == 422 and "option: sent 2 times" in twice.text
+    assert _answers(engine, members[0].session_id) == []
 
     # member 0 answers (plain POST), the retry with the same key is the same answer
     # an answer posted for another question (a stale or edited page) is refused, not stored

@@ -215,6 +215,12 @@ def test_create_study_items_roles_budgets_texts_publish(
         assert r.status_code == 422 and "max_questions: not a whole number" in r.text, bad
         if len(bad) > 40:  # the message clips the value (the field shows what was typed)
             assert f"not a whole number: &#39;{'9' * 40}…&#39;" in r.text
+    # a field sent twice (a crafted form: the page has one) is refused, nothing stored
+    twice = {**form, "min_questions": "1", "max_questions": ["3", "7"]}
+    r = dclient.post(base + "/settings", data=twice)
+    assert r.status_code == 422 and "max_questions: sent 2 times" in r.text
+    db.refresh(study)
+    assert study.settings["budgets"]["max_questions"] == 3
     # publish needs a consent text
     r = dclient.post(base + "/status", data={"status": "published", "csrf_token": csrf(dclient)})
     assert r.status_code == 422 and "consent" in r.text
