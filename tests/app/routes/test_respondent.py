@@ -93,6 +93,8 @@ def test_full_questionnaire_with_plain_forms(client: Any, live: LiveStudy) -> No
     page = client.get(f"/s/{live.slug}/q")
     for n in range(1, 7):
         assert f"Question {n_attr + n} of at most {n_attr + 6}" in page.text
+        # the first question says that a saved answer stays (there is no way back)
+        assert ("cannot be changed afterwards" in page.text) == (n == 1)
         item = field(page.text, "item")
         assert item not in asked
         asked.append(item)
