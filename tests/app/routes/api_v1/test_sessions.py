@@ -64,6 +64,26 @@ def create(client: Any, live: LiveStudy, **body: Any) -> dict[str, Any]:
     return r.json()  # type: ignore[no-any-return]
 
 
+def answer_first_options(client: Any, view: dict[str, Any], n: int, key: str) -> dict[str, Any]:
+    """Answer the session's next ``n`` questions with their first option (idempotency keys
+    ``key0``, ``key1``, ...); returns the last view."""
+    sid, token = view["session_id"], view["token"]
+    for j in range(n):
+        q = view["question"]
+        r = client.post(
+            f"/api/v1/sessions/{sid}/answers",
+            json={
+                "item": q["item"],
+                "option": q["options"][0]["letter"],
+                "idempotency_key": f"{key}{j}",
+            },  # fmt: skip
+            headers=bearer(token),
+        )
+        assert r.status_code == 200, r.text
+        view = {**r.json(), "token": token}
+    return view
+
+
 def entropy(p: list[float]) -> float:
     return -sum(x * math.log(x) for x in p if x > 0)
 
@@ -467,20 +487,7 @@ def test_a_client_finishes_a_session_early(client: Any, live: LiveStudy) -> None
     the listing."""
     created = create(client, live, external_id="finish-early")
     sid, token = created["session_id"], created["token"]
-    view = created
-    for n in range(2):
-        q = view["question"]
-        r = client.post(
-            f"/api/v1/sessions/{sid}/answers",
-            json={
-                "item": q["item"],
-                "option": q["options"][0]["letter"],
-                "idempotency_key": f"f{n}",
-            },
-            headers=bearer(token),
-        )
-        assert r.status_code == 200, r.text
-        view = r.json()
+    view = answer_first_options(client, created, 2, "f")
     pending = view["question"]["item"]
     done = client.post(f"/api/v1/sessions/{sid}/finish", headers=bearer(token))
     assert done.status_code == 200, done.text
@@ -516,16 +523,7 @@ def test_a_budget_lowered_mid_session_shows_the_question_reached(
         before = dict(study.settings or {})
     created = create(client, live, external_id="budget-lowered")
     sid, token = created["session_id"], created["token"]
-    view = created
-    for n in range(3):
-        q = view["question"]
-        r = client.post(
-            f"/api/v1/sessions/{sid}/answers",
-            json={"item": q["item"], "option": "A", "idempotency_key": f"b{n}"},
-            headers=bearer(token),
-        )
-        assert r.status_code == 200, r.text
-        view = r.json()
+    view = answer_first_options(client, created, 3, "b")
     assert view["question"]["number"] == 4
     with live.session() as db:
         study = db.get(Study, live.study_id)
