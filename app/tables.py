@@ -18,6 +18,7 @@ Conventions:
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -250,6 +251,30 @@ class Respondent(SQLModel, table=True):
     split: str | None = Field(default=None, max_length=8)
     earlier_starts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     created_at: datetime = _ts()
+
+
+def respondent_label(external_id: str | None, respondent_id: int | None) -> str:
+    """The respondent id of the exports and the API: the external id, else ``r<id>``."""
+    return external_id or f"r{respondent_id}"
+
+
+def external_id_problem(external_id: str) -> str | None:
+    """Why ``external_id`` cannot be a respondent's external id, or ``None``: spaces at
+    either end (a spreadsheet or a stats package trims them, and the id no longer
+    matches), or the form ``r<number>`` that :func:`respondent_label` gives respondents
+    without one (two respondents would share an id in the exports).
+
+    Example: ``external_id_problem("r5373")`` is ``"'r5373' has the form r<number> of
+    the ids given to respondents without an external id"``; ``"R_5373"`` is fine.
+    """
+    if external_id != external_id.strip():
+        return f"{external_id!r} begins or ends with a space"
+    if re.fullmatch(r"r[0-9]+", external_id):
+        return (
+            f"{external_id!r} has the form r<number> of the ids given to respondents "
+            "without an external id"
+        )
+    return None
 
 
 class ElicitationSession(SQLModel, table=True):

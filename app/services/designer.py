@@ -28,6 +28,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import ConflictError, InvalidInputError, NotFoundError
 from app.schemas import StudySettings
+from app.services.columns import reserved_key
 from app.services.importer import ImportResult, check_storable, import_dataset, slugify
 from app.tables import (
     Answer,
@@ -553,6 +554,9 @@ def add_item(
     key = key.strip()
     if not re.match(r"^[A-Za-z0-9_.\-]{1,200}$", key):
         raise InvalidInputError("the item key must be 1-200 letters, digits, '_', '.' or '-'")
+    reserved = reserved_key(key)
+    if reserved is not None:
+        raise InvalidInputError(f"the item key {reserved}: choose another")
     question, topic_or_none = _checked_texts(question, topic)
     items = study_items(study, session=session)
     if any(it.key == key for it in items):

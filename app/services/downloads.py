@@ -60,7 +60,8 @@ def open_export(
 ) -> Download:
     """Prepare the download ``name`` of :data:`EXPORTS` (:class:`NotFoundError` for any
     other name); ``include_imported`` adds the imported respondents to the wide CSV and
-    the SPSS and Stata files; ``predictions`` adds each respondent's predicted answers to
+    the SPSS and Stata files (:data:`WITH_IMPORTED`; :class:`InvalidInputError` for
+    another file); ``predictions`` adds each respondent's predicted answers to
     the CSV answers (:data:`PREDICTING`; :class:`InvalidInputError` for another file, a
     :class:`~app.services.belief.NoModelError` when the study has no model)."""
     if name not in EXPORTS:
@@ -68,6 +69,11 @@ def open_export(
     if predictions and name not in PREDICTING:
         raise InvalidInputError(
             f"predictions: only {' and '.join(sorted(PREDICTING))} carry predictions, not {name!r}"
+        )
+    if include_imported and name not in WITH_IMPORTED:
+        raise InvalidInputError(
+            f"imported: only {', '.join(sorted(WITH_IMPORTED))} add the imported respondents, "
+            f"not {name!r}"
         )
     stem, ext = name.rsplit(".", 1)
     if include_imported and name in WITH_IMPORTED:

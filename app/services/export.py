@@ -34,6 +34,12 @@ from typing import Any
 from sqlalchemy import true
 from sqlmodel import Session, col, select
 
+from app.services.columns import (
+    META_COLUMNS,
+    PANEL_PREFIX,
+    PRED_SUFFIX,
+    PROB_SUFFIX,
+)
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -44,27 +50,13 @@ from app.tables import (
     SelectionDecision,
     Study,
     iso_utc,
+    respondent_label,
 )
 
 SKIP_MARK = "<skip>"
 SKIP_CODE = -1
 STATA_SKIP = "a"
 """A skipped question in the Stata export: the extended missing value ``.a``."""
-META_COLUMNS = (
-    "respondent_id",
-    "session_id",
-    "source",
-    "status",
-    "started_at",
-    "completed_at",
-    "earlier_starts",
-)
-PANEL_PREFIX = "panel."
-"""The wide CSV's column of a link parameter ``K`` (``PROLIFIC_PID`` from
-``/s/{slug}?PROLIFIC_PID=...``) is ``panel.K``, after the meta columns."""
-PRED_SUFFIX, PROB_SUFFIX = "__pred", "__p"
-"""With predictions, the wide CSV adds ``<key>__pred`` (the most likely option's letter)
-and ``<key>__p`` (its probability) per item, filled where the item has no answer."""
 BATCH = 500
 STATA_LABEL_MAX = 80
 
@@ -154,8 +146,8 @@ def _session_batches(
 
 
 def _label(resp: Respondent) -> str:
-    """The respondent id written to exports: the external id, else ``r<id>``."""
-    return resp.external_id or f"r{resp.id}"
+    """The respondent id written to exports (:func:`app.tables.respondent_label`)."""
+    return respondent_label(resp.external_id, resp.id)
 
 
 @dataclass(frozen=True)
@@ -629,9 +621,20 @@ def codebook_jsonl(study: Study, *, session: Session) -> Iterator[str]:
         )
 
 
-def variable_names(keys: list[str]) -> dict[str, str]:
-    """Unique SPSS/Stata variable names (<= 32 characters, letter first) for item keys."""
-    out: dict[str, str] = {}
+def variable_names(keys: list[str]) -> list[str]:
+    """Unique SPSS/Stata variable names for column ``keys`` (link parameters and items), in
+    the same order, none equal to a meta column (:data:`META_COLUMNS`) or to another name,
+    compared without case (SPSS and Stata names are case-insensitive).
+
+    A name is the key with every character but ``A-Z a-z 0-9 _`` replaced by ``_``,
+    ``q_`` before it unless it starts with a letter, cut to 28 characters, and ``_2``,
+    ``_3``, ... after it when it would equal an earlier one. Positional: two equal keys
+    (an item ``panel.K`` and the link parameter ``K``'s column) get two names.
+
+    Example: ``variable_names(["327a", "a-b", "a_b", "A_B", "status"])`` is
+    ``["q_327a", "a_b", "a_b_2", "A_B_3", "status_2"]``.
+    """
+    out: list[str] = []
     used = {m.lower() for m in META_COLUMNS}
     for key in keys:
         base = re.sub(r"[^A-Za-z0-9_]", "_", key)
@@ -643,7 +646,7 @@ def variable_names(keys: list[str]) -> dict[str, str]:
             n += 1
             name = f"{base}_{n}"
         used.add(name.lower())
-        out[key] = name
+        out.append(name)
     return out
 
 
@@ -658,6 +661,7 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
     items = export_items(study, session=session)
     panel = panel_keys(study, session=session)
     names = variable_names([*(PANEL_PREFIX + k for k in panel), *(it.key for it in items)])
+    panel_names, item_names = names[: len(panel)], names[len(panel) :]
     records: list[dict[str, Any]] = []
     codes = [{o[0]: k + 1 for k, o in enumerate(it.options)} for it in items]
     for r in iter_rows(study, session=session, include_imported=include_imported):
@@ -670,19 +674,18 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
             "completed_at": _iso(r.completed_at),
             "earlier_starts": float(r.earlier_starts),
         }
-        for k in panel:
-            rec[names[PANEL_PREFIX + k]] = r.panel.get(k, "")
-        for it, code in zip(items, codes, strict=True):
+        for k, name in zip(panel, panel_names, strict=True):
+            rec[name] = r.panel.get(k, "")
+        for it, name, code in zip(items, item_names, codes, strict=True):
             v = r.cells.get(it.key)
-            rec[names[it.key]] = (
+            rec[name] = (
                 float("nan")
                 if v is None
                 else float(SKIP_CODE if v == SKIP_MARK else code.get(v, "nan"))
             )
         records.append(rec)
-    texts = {names[PANEL_PREFIX + k] for k in panel}
-    columns = [*META_COLUMNS, *(names[PANEL_PREFIX + k] for k in panel)]
-    columns += [names[it.key] for it in items]
+    texts = set(panel_names)
+    columns = [*META_COLUMNS, *panel_names, *item_names]
     frame = pd.DataFrame.from_records(records, columns=columns)
     for c in columns:  # typed even without rows (an empty frame's columns are objects)
         if c in texts or (c in META_COLUMNS and c not in ("session_id", "earlier_starts")):
@@ -698,14 +701,14 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
         "completed_at": "session completed (UTC)",
         "earlier_starts": "earlier starts from the same browser",
     }
-    for k in panel:
-        var_labels[names[PANEL_PREFIX + k]] = f"link parameter {k}"
+    for k, name in zip(panel, panel_names, strict=True):
+        var_labels[name] = f"link parameter {k}"
     value_labels: dict[str, dict[int, str]] = {}
-    for it in items:
-        var_labels[names[it.key]] = f"{it.key}: {it.question}"
+    for it, name in zip(items, item_names, strict=True):
+        var_labels[name] = f"{it.key}: {it.question}"
         labels = {k + 1: f"{o[0]}: {o[1]}" for k, o in enumerate(it.options)}
         labels[SKIP_CODE] = "skipped"
-        value_labels[names[it.key]] = labels
+        value_labels[name] = labels
     return frame, var_labels, value_labels
 
 
@@ -732,7 +735,8 @@ def write_sav(
 def write_dta(
     study: Study, path: Path, *, session: Session, include_imported: bool = False
 ) -> Path:
-    """Write the answers as a Stata ``.dta`` (version 15, UTF-8) with labels.
+    """Write the answers as a Stata ``.dta`` (format 118: Stata 14 and later, UTF-8) with
+    labels.
 
     A skipped question is the extended missing value ``.a`` (:data:`STATA_SKIP`, labelled
     ``skipped``), so Stata's ``mean`` and ``tab`` leave it out as SPSS does its
@@ -759,7 +763,7 @@ def write_dta(
         column_labels=short,
         variable_value_labels=value_labels,
         missing_user_values={name: [STATA_SKIP] for name in value_labels},
-        version=15,
+        version=14,
     )
     return path
 

@@ -73,6 +73,7 @@ from app.tables import (
     SelectionDecision,
     Study,
     StudyStatus,
+    respondent_label,
 )
 from elicitation.errors import BudgetError, GroupError
 from elicitation.group import (
@@ -150,8 +151,8 @@ def link_token(secret: str, round_id: int, respondent_id: int) -> str:
 
 
 def member_label(respondent: Respondent) -> str:
-    """How a member is named to the researcher: the external id, else ``r<id>``."""
-    return respondent.external_id or f"r{respondent.id}"
+    """How a member is named to the researcher (:func:`app.tables.respondent_label`)."""
+    return respondent_label(respondent.external_id, respondent.id)
 
 
 # ----- reading rounds ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -163,6 +164,23 @@ def _too_long_option(d: Path) -> None:
     (d / "codebook.jsonl").write_text("\n".join(lines) + "\n")
 
 
+def _rename(d: Path, old: str, new: str) -> None:
+    """Replace the id or key ``old`` by ``new`` in every file of the dataset."""
+    for path in d.iterdir():
+        if path.is_file():
+            text = path.read_text()
+            path.write_text(re.sub(rf"(?<![\w.]){re.escape(old)}(?![\w.])", new, text))
+
+
+def _generated_form_id(d: Path) -> None:
+    rows = list(csv.reader((d / "responses.csv").open(newline="")))
+    _rename(d, rows[4][0], "r12")
+
+
+def _reserved_item_key(d: Path) -> None:
+    _rename(d, "327a", "status")
+
+
 BAD_INPUTS: list[tuple[Callable[[Path], None], str]] = [
     (_unknown_option, "responses.csv, row 5, column '327a': unknown option 'Q'"),
     (_duplicate_id, "responses.csv, row 6, column 'caseid': duplicate respondent id"),
@@ -171,6 +189,8 @@ BAD_INPUTS: list[tuple[Callable[[Path], None], str]] = [
     (_split_unknown_id, "user_split.json, column 'train_users': unknown respondent id"),
     (_empty_file, "codebook.jsonl: the file is empty"),
     (_too_long_option, "codebook.jsonl: item 'birthyr': option"),
+    (_generated_form_id, "responses.csv, row 4, column 'caseid': respondent id 'r12' has the"),
+    (_reserved_item_key, "codebook.jsonl, line 10: item id 'status' is the name of an export"),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import secrets
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
+from app.errors import InvalidInputError
 from app.services.designer import add_item, create_study
 from app.services.export import SKIP_CODE, SKIP_MARK, STATA_SKIP, variable_names
 from app.tables import (
@@ -200,7 +202,7 @@ def test_two_sessions_are_one_row_and_a_declined_demographic_is_skip(
     path.write_bytes(_get(client, study, "answers.sav"))
     frame, _meta = pyreadstat.read_sav(str(path), user_missing=True)
     assert frame["respondent_id"].is_unique and len(frame) == len(plan) + 1
-    age = variable_names(["age"])["age"]
+    (age,) = variable_names(["age"])
     assert frame.loc[frame["respondent_id"] == "p5", age].tolist() == [SKIP_CODE]
 
 
@@ -218,7 +220,8 @@ def test_spss_and_stata_equal_stored_answers_with_labels(
     reader = pyreadstat.read_sav if fmt == "sav" else pyreadstat.read_dta
     frame, meta = reader(str(path), user_missing=True)
     skip = SKIP_CODE if fmt == "sav" else STATA_SKIP  # Stata: the extended missing .a
-    names = variable_names(["age", "1q", "vote"])
+    keys = ["age", "1q", "vote"]
+    names = dict(zip(keys, variable_names(keys), strict=True))
     assert names == {"age": "age", "1q": "q_1q", "vote": "vote"}
     codes = {"age": ["A", "B"], "1q": ["A", "B", "C"], "vote": ["Y", "N"]}
     assert len(frame) == len(plan)
@@ -269,6 +272,73 @@ def test_spss_and_stata_of_a_study_without_respondents(
     frame, meta = (pyreadstat.read_sav if fmt == "sav" else pyreadstat.read_dta)(str(path))
     assert len(frame) == 0 and {"respondent_id", "age", "vote"} <= set(frame.columns)
     assert meta.variable_value_labels["vote"][1] == "A: Y"  # codes A, B; labels Y, N
+
+
+@pytest.mark.parametrize("fmt", ["sav", "dta"])
+def test_an_item_named_like_a_link_parameter_column_gets_its_own_variable(
+    client: TestClient, db: Session, alice: Researcher, tmp_path: Path, fmt: str
+) -> None:
+    """An item stored before keys like ``panel.K`` were refused, beside the link parameter
+    ``K``'s column: two variables (``panel_K``, ``panel_K_2``), each with its label, and
+    the item's answers under the second (this used to be a 500)."""
+    study = create_study("Clash export", owner=alice, session=db)
+    add_item(study, session=db, key="vote", question="Vote?", options_text="Y\nN", role="target")
+    clash = Item(study_id=study.id or 0, key="panel.K", question="K?", options=[["A", "a"],
+                 ["B", "b"]], role="question", position=1)  # fmt: skip
+    db.add(clash)
+    resp = Respondent(study_id=study.id or 0, external_id="x1", panel_params={"K": "from-link"})
+    db.add(resp)
+    db.flush()
+    sess = ElicitationSession(
+        study_id=study.id or 0, respondent_id=resp.id or 0, token_hash=secrets.token_hex(16)
+    )
+    db.add(sess)
+    db.flush()
+    db.add(Answer(session_id=sess.id or 0, item_id=clash.id or 0, option="B"))
+    db.commit()
+    login(client, "alice@example.org")
+    path = tmp_path / f"c.{fmt}"
+    path.write_bytes(_get(client, study, f"answers.{fmt}"))
+    frame, meta = (pyreadstat.read_sav if fmt == "sav" else pyreadstat.read_dta)(str(path))
+    assert frame["panel_K"].tolist() == ["from-link"]
+    assert frame["panel_K_2"].tolist() == [2.0]
+    labels = meta.column_names_to_labels
+    assert (labels["panel_K"], labels["panel_K_2"]) == ("link parameter K", "panel.K: K?")
+
+
+def test_variable_names_are_unique_without_case_and_positional() -> None:
+    keys = ["327a", "a-b", "a_b", "A_B", "status", "panel.K", "panel.K", "x" * 40]
+    assert variable_names(keys) == [
+        "q_327a", "a_b", "a_b_2", "A_B_3", "status_2", "panel_K", "panel_K_2", "x" * 28,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("status", "'status' is the name of an export column"),
+        ("respondent_id", "'respondent_id' is the name of an export column"),
+        ("panel.PROLIFIC_PID", "starts with 'panel.'"),
+        ("q1__pred", "ends with '__pred'"),
+        ("q1__p", "ends with '__p'"),
+    ],
+)
+def test_item_keys_an_export_column_has_are_refused(
+    db: Session, alice: Researcher, key: str, message: str
+) -> None:
+    study = create_study(f"Reserved {key}", owner=alice, session=db)
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        add_item(study, session=db, key=key, question="Q?", options_text="A\nB", role="question")
+    add_item(study, session=db, key="status_q", question="Q?", options_text="A\nB", role="question")
+
+
+def test_imported_on_a_file_without_imported_respondents_is_refused(
+    client: TestClient, live_study
+) -> None:  # type: ignore[no-untyped-def]
+    study, _ = live_study
+    login(client, "alice@example.org")
+    r = client.get(f"/admin/studies/{study.slug}/export/answers_long.csv?imported=1")
+    assert r.status_code == 422 and "only answers.dta, answers.sav, answers_wide.csv" in r.text
 
 
 def test_codebook_jsonl_roundtrip(client: TestClient, live_study) -> None:  # type: ignore[no-untyped-def]

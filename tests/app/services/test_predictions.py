@@ -196,12 +196,13 @@ def test_export_downloads_with_predictions(
             "tiny-model-answers_wide-with-imported-predictions.csv",
         ),
         ("answers.sav", "tiny-model-answers-with-imported.sav"),
-        ("answers_long.csv", "tiny-model-answers_long.csv"),  # live answers only
     ):
         sep = "" if name.endswith("&") else "?"
         r = client.get(f"{base}/{name}{sep}imported=1")
         assert r.status_code == 200, r.text
         assert f'filename="{want}"' in r.headers["content-disposition"]
+    long = client.get(f"{base}/answers_long.csv?imported=1")  # live answers only: refused
+    assert long.status_code == 422 and "not &#39;answers_long.csv&#39;" in long.text
     bad = client.get(f"{base}/answers.sav?predictions=1")
     assert bad.status_code == 422 and "answers_long.csv and answers_wide.csv" in bad.text
     page = client.get(base)

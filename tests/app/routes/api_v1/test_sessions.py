@@ -377,6 +377,14 @@ def test_authorization(client: Any, live: LiveStudy) -> None:
         r = client.post(url, json={"external_id": bad}, headers=bearer(live.owner_key))
         assert r.status_code == 422 and "external_id contains" in r.json()["message"], r.text
         assert code in r.json()["message"]
+    # an id the exports could not tell from another respondent's, or one a stats package
+    # would trim, is refused (R_5373 and r5373x are fine)
+    for bad, why in (("r5373", "has the form r<number>"), (" ext-1 ", "begins or ends with a")):
+        r = client.post(url, json={"external_id": bad}, headers=bearer(live.owner_key))
+        assert r.status_code == 422 and why in r.json()["message"], r.text
+    for fine in ("R_5373", "r5373x"):
+        r = client.post(url, json={"external_id": fine}, headers=bearer(live.owner_key))
+        assert r.status_code == 201, r.text
     with live.session() as db:
         spare = create_api_key("owner@example.org", session=db, name="to revoke")
     assert client.post(url, json={}, headers=bearer(spare.key)).status_code == 201
