@@ -85,7 +85,7 @@ class StudyDetailOut(StudyHeadOut):
 
 RESPONDENT_PK = (
     "the respondent's database id: unique in the server, the respondent_id returned when "
-    "the session was created (an external id may look like another's r<id>)"
+    "the session was created"
 )
 
 
@@ -101,9 +101,19 @@ class ResponseOut(BaseModel):
     respondent: int = Field(description=RESPONDENT_PK)
     session_id: int
     source: str = Field(examples=["live"])
-    status: str = Field(examples=["completed"])
-    started_at: str | None
-    completed_at: str | None
+    status: str = Field(
+        examples=["completed"],
+        description="the first session's: active (not finished yet, or left), completed",
+    )
+    started_at: str | None = Field(description="ISO 8601 in UTC")
+    completed_at: str | None = Field(description="ISO 8601 in UTC")
+    earlier_starts: int = Field(
+        description="respondents the same browser had started in this study before this one"
+    )
+    panel: dict[str, str] = Field(
+        description="the link parameters the respondent arrived with (the CSV's panel.K)",
+        examples=[{"PROLIFIC_PID": "5f3a"}],
+    )
     answers: list[ResponseAnswerOut] = Field(description="in the study's item order")
 
 

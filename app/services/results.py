@@ -134,13 +134,14 @@ def _page(
 def responses_page(
     study: Study, *, session: Session, cursor: str | None, limit: int | None
 ) -> Page:
-    """One page of the study's live responses: the wide export's rows with option labels.
+    """One page of the study's live respondents: the wide export's rows with option labels.
 
     Each row: ``respondent_id`` (the export's: external id, else ``r<id>``), ``respondent``
     (the respondent's database id: unique, the ``respondent_id`` of the session's
-    creation), ``session_id``,
-    ``source``, ``status``, ``started_at``, ``completed_at`` (ISO 8601 or ``None``) and
-    ``answers``, one entry per answered item or known attribute in the study's item order:
+    creation), ``session_id`` (the first session), ``source``, ``status``, ``started_at``,
+    ``completed_at`` (ISO 8601 in UTC or ``None``), ``earlier_starts``, ``panel`` (the link
+    parameters, the CSV's ``panel.K`` columns, ``{}`` for none) and ``answers``, one entry
+    per answered item or known attribute in the study's item order:
     ``{"item", "role", "option", "label"}``; a skipped question has ``option`` and ``label``
     ``None`` (the CSV's ``<skip>``).
     """
@@ -172,6 +173,8 @@ def responses_page(
             "status": row.status,
             "started_at": iso_utc(row.started_at),
             "completed_at": iso_utc(row.completed_at),
+            "earlier_starts": row.earlier_starts,
+            "panel": dict(row.panel),
             "answers": answers,
         }
 

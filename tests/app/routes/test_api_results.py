@@ -25,7 +25,7 @@ from app.auth import share_study
 from app.services.apikeys import create_api_key, create_researcher
 from app.services.export import SKIP_MARK, codebook_jsonl, csv_predictions, csv_wide
 from app.session import study_settings
-from app.tables import ElicitationSession, Item, Study
+from app.tables import ElicitationSession, Item, Respondent, Study
 from tests.support.live_study import LiveStudy, app_client, ces_sample_study, priorly_serve
 
 N_SESSIONS = 7
@@ -69,6 +69,11 @@ def live(
                 )
                 assert r.status_code == 201, r.text
                 _answer_some(client, r.json(), r.json()["token"], n=i, skip_at=1)
+        with study.session() as db:  # as if ext-1 had come from /s/{slug}?PROLIFIC_PID=pp-1
+            resp = db.exec(select(Respondent).where(Respondent.external_id == "ext-1")).one()
+            resp.panel_params = {"PROLIFIC_PID": "pp-1"}
+            db.add(resp)
+            db.commit()
         yield study
 
 
@@ -163,6 +168,10 @@ def test_responses_pages_cover_every_session_once_with_the_exports_data(
             assert r[meta] == w[meta]
         assert (r["started_at"] or "") == w["started_at"]
         assert (r["completed_at"] or "") == w["completed_at"]
+        assert r["earlier_starts"] == int(w["earlier_starts"])
+        panel = {k.removeprefix("panel."): v for k, v in w.items() if k.startswith("panel.")}
+        assert r["panel"] == {k: v for k, v in panel.items() if v}
+        assert r["panel"] == ({"PROLIFIC_PID": "pp-1"} if r["respondent_id"] == "ext-1" else {})
         started = datetime.fromisoformat(r["started_at"])
         assert started.utcoffset() == timedelta(0), r["started_at"]  # UTC on both databases
         cells = {
