@@ -715,19 +715,28 @@ def labelled_frame(study: Study, *, session: Session, include_imported: bool = F
 def write_sav(
     study: Study, path: Path, *, session: Session, include_imported: bool = False
 ) -> Path:
-    """Write the answers as an SPSS ``.sav`` with variable and value labels; skip = missing."""
+    """Write the answers as an SPSS ``.sav`` with variable and value labels; skip = the
+    user-missing code :data:`SKIP_CODE`. Codes and counts are whole numbers (``F8.0``);
+    items are ordinal (options in scale order), ids and texts nominal, counts scale."""
     import pyreadstat  # heavy: loaded only for the SPSS / Stata exports
 
     frame, var_labels, value_labels = labelled_frame(
         study, session=session, include_imported=include_imported
     )
     missing: dict[str, list[Any]] = {name: [SKIP_CODE] for name in value_labels}
+    numbers = {"session_id": "scale", "earlier_starts": "scale"}
+    measure = {
+        c: "ordinal" if c in value_labels else numbers.get(c, "nominal") for c in frame.columns
+    }
+    whole = {c: "F8.0" for c in frame.columns if c in value_labels or c in numbers}
     pyreadstat.write_sav(
         frame,
         str(path),
         column_labels=var_labels,
         variable_value_labels=value_labels,
         missing_ranges=missing,
+        variable_measure=measure,
+        variable_format=whole,
     )
     return path
 

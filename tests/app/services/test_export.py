@@ -236,6 +236,12 @@ def test_spss_and_stata_equal_stored_answers_with_labels(
                 assert value == skip
             else:
                 assert value == codes[key].index(want) + 1, (row["respondent_id"], key, value)
+    if fmt == "sav":  # whole-number codes, measure levels
+        assert meta.original_variable_types["vote"] == "F8.0"
+        assert meta.original_variable_types["session_id"] == "F8.0"
+        assert meta.variable_measure["vote"] == "ordinal"
+        assert meta.variable_measure["respondent_id"] == "nominal"
+        assert meta.variable_measure["earlier_starts"] == "scale"
     labels = meta.column_names_to_labels
     limit = 80 if fmt == "dta" else 10_000
     full = f"1q: {LONG_QUESTION.strip()}"
