@@ -103,7 +103,8 @@ class ResponseOut(BaseModel):
     source: str = Field(examples=["live"])
     status: str = Field(
         examples=["completed"],
-        description="the first session's: active (not finished yet, or left), completed",
+        description="the first session's: active (not finished yet, or left), completed, "
+        "or abandoned (a group round closed before the member answered)",
     )
     started_at: str | None = Field(description="ISO 8601 in UTC")
     completed_at: str | None = Field(description="ISO 8601 in UTC")
