@@ -68,7 +68,8 @@ class GroupSettings(BaseModel):
         respondents_per_round: respondents asked per round (overrides the share when set).
         respondents_share: share of the panel asked per round, in (0, 1].
         total_answers: overall answer budget, or ``None`` for no cap.
-        max_questions_per_respondent: questions one respondent gets per round.
+        max_questions_per_respondent: round questions one respondent may be asked, over
+            all rounds together.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -187,7 +187,7 @@ SETTING_LABELS = {
     "group.respondents_per_round": "Respondents per round",
     "group.respondents_share": "Share of the panel per round",
     "group.total_answers": "Total answers",
-    "group.max_questions_per_respondent": "Questions per respondent per round",
+    "group.max_questions_per_respondent": "Round questions per respondent (all rounds)",
 }
 """The study page's words for a settings field, for its validation errors."""
 

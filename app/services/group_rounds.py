@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from app import session as svc
 from app.errors import ConflictError, InvalidInputError, NotFoundError
@@ -220,6 +220,8 @@ class GroupReplay:
             (:func:`reachable_members`).
         models, state, budget: the planner's inputs (:func:`elicitation.group.plan_round`).
         info: what :func:`study_planner_models` says about the GNN.
+        panel_size: the respondents of the panel's source; above ``len(members)`` when
+            the panel was cut to its first ``max_members`` by id.
     """
 
     rt: svc.StudyRuntime
@@ -233,12 +235,14 @@ class GroupReplay:
     state: GroupState
     budget: GroupBudget
     info: dict[str, Any]
+    panel_size: int
 
 
 def _panel_members(
     study: Study, rounds: list[GroupRound], max_members: int, session: Session
-) -> tuple[str, list[Respondent]]:
-    """The panel: the source of the first round, else live respondents when any, else imported."""
+) -> tuple[str, list[Respondent], int]:
+    """The panel: the source of the first round, else live respondents when any, else
+    imported; its first ``max_members`` respondents by id, and how many the source has."""
 
     def of(source: str) -> list[Respondent]:
         return list(
@@ -251,11 +255,20 @@ def _panel_members(
         )
 
     if rounds:
-        return rounds[0].panel, of(rounds[0].panel)
-    live = of(RespondentSource.live.value)
-    if live:
-        return RespondentSource.live.value, live
-    return RespondentSource.import_.value, of(RespondentSource.import_.value)
+        source = rounds[0].panel
+        members = of(source)
+    else:
+        source, members = RespondentSource.live.value, of(RespondentSource.live.value)
+        if not members:
+            source, members = RespondentSource.import_.value, of(RespondentSource.import_.value)
+    size = len(members)
+    if size == max_members:
+        size = session.exec(
+            select(func.count())
+            .select_from(Respondent)
+            .where(Respondent.study_id == study.id, Respondent.source == source)
+        ).one()
+    return source, members, size
 
 
 def reachable_members(
@@ -292,6 +305,31 @@ def group_budget(settings: StudySettings) -> Any:
         rounds=g.rounds,
         total_answers=g.total_answers,
         max_questions_per_respondent=g.max_questions_per_respondent,
+    )
+
+
+def gnn_validation_note(w: float, pool: dict[str, Any]) -> str:
+    """What the plan page says of a GNN that validation gave the pool weight ``w`` (``""``
+    when it is used). ``pool`` is :func:`elicitation.group.validation_pool`'s: ``members``,
+    ``w_best_mean`` (the weight of the best mean gain), ``gain`` and ``gain_se`` (there).
+
+    Example: ``w = 0``, ``w_best_mean = 0`` (every positive weight loses log score): "on the
+    403 validation members the GNN predicts worse than the belief model at every weight
+    tried: its weight is 0, ...".
+    """
+    if w > 0.0:
+        return ""
+    if pool["w_best_mean"] == 0.0:
+        finding = "predicts worse than the belief model at every weight tried"
+    else:
+        finding = (
+            f"does not clearly help (at its best weight, {pool['w_best_mean']:.2g}, a gain "
+            f"of {pool['gain']:.4f} ± {pool['gain_se']:.4f} nats per answer)"
+        )
+    return (
+        f"on the {pool['members']} validation members the GNN {finding}: its weight is 0, "
+        "so the predictions are the belief model's; the weight is re-chosen with every "
+        "round's answers"
     )
 
 
@@ -361,15 +399,7 @@ def study_planner_models(
         pool_val_gain_se=float(pool["gain_se"]),
         pool_val_members=int(pool["members"]),
     )
-    if w == 0.0:
-        info["gnn_note"] = (
-            f"on the {pool['members']} validation members the GNN does not help "
-            f"(gain {pool['gain']:.4f} ± {pool['gain_se']:.4f} nats per answer): its weight "
-            "is 0, so the predictions are the belief model's; the weight is re-chosen "
-            "with every round's answers"
-        )
-    else:
-        info["gnn_note"] = ""
+    info["gnn_note"] = gnn_validation_note(w, pool)
     models = PlannerModels(rt.model, view, w, (pool["gain_sums"], pool["gain_counts"]))
     return models, info
 
@@ -512,7 +542,7 @@ def replay_group(
         raise InvalidInputError("choose at least one target item before planning a round")
     settings = StudySettings.model_validate(study.settings or {})
     rounds = study_rounds(study, session=session)
-    panel, members = _panel_members(study, rounds, max_members, session)
+    panel, members, panel_size = _panel_members(study, rounds, max_members, session)
     if not members:
         raise InvalidInputError("the study has no respondents to plan a round for")
     n_items = rt.model.item_bank.n_items
@@ -550,7 +580,18 @@ def replay_group(
     except GroupError as exc:
         raise InvalidInputError(str(exc)) from None
     return GroupReplay(
-        rt, group, members, panel, rounds, settings, askable, models, state, budget, info
+        rt,
+        group,
+        members,
+        panel,
+        rounds,
+        settings,
+        askable,
+        models,
+        state,
+        budget,
+        info,
+        panel_size,
     )
 
 
@@ -638,6 +679,7 @@ def _plan_result(
         "best_gain_not_chosen": float(member_gain[others].max()) if bool(others.any()) else None,
         "panel": "live" if rep.panel == RespondentSource.live.value else "imported",
         "n_members": len(members),
+        "panel_size": rep.panel_size,
         "n_eligible": n_eligible,
         "question": item_of[question].key,
         "question_text": item_of[question].question,
@@ -727,6 +769,13 @@ def plan_next_round(
     cap = rep.budget.max_questions_per_respondent
     under_cap = rep.askable if cap is None else rep.askable & (rep.group.n_asked < cap)
     n_eligible = int(under_cap.sum())  # reachable and below the per-respondent cap
+    if n_eligible == 0:
+        raise GroupBudgetError(
+            f"no member may be asked: each of the {int(rep.askable.sum())} reachable members "
+            f"has been asked {cap} round question{'' if cap == 1 else 's'}, the most one "
+            "respondent may be asked over all rounds (raise “Round questions per respondent” "
+            "in the study's settings to ask them again)"
+        )
     if progress:
         progress(0.2, f"scoring {len(rep.state.candidates)} questions for {len(members)} members")
     try:
@@ -751,14 +800,17 @@ def plan_next_round(
 class BudgetUsage:
     """The group budget against what the study's rounds used (for the track page).
 
-    ``asked_total`` counts members asked over all rounds (what ``total_answers`` caps, as in
-    :class:`elicitation.group.GroupBudget`); ``most_questions`` is the largest number of
-    rounds one respondent was asked in (capped by ``max_questions_per_respondent``).
+    ``asked_total`` counts round questions asked over all rounds, one per member of each
+    round (what ``total_answers`` caps, as in :class:`elicitation.group.GroupBudget`);
+    ``asked_people`` the distinct respondents among them; ``most_questions`` is the largest
+    number of rounds one respondent was asked in (capped by
+    ``max_questions_per_respondent``).
     """
 
     rounds_used: int
     rounds_total: int
     asked_total: int
+    asked_people: int
     total_answers: int | None
     answered_total: int
     most_questions: int
@@ -779,6 +831,7 @@ def budget_usage(study: Study, *, session: Session) -> BudgetUsage:
         rounds_used=len(rounds),
         rounds_total=g.rounds,
         asked_total=len(members),
+        asked_people=len(per_resp),
         total_answers=g.total_answers,
         answered_total=sum(1 for a in answers.values() if a.option is not None),
         most_questions=max(per_resp.values(), default=0),

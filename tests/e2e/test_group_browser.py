@@ -113,6 +113,8 @@ def _open_answer_close(page: Any, base: str, number: int, answer: bool) -> None:
         link = page.locator("#members input").first.input_value()
         member = page.context.new_page()
         member.goto(link)
+        member.click("button.r-primary")  # nothing chosen: the refusal is shown
+        member.wait_for_selector("text=Please choose an answer")
         member.locator("input[name=option]").first.check()
         member.click("button.r-primary")
         member.wait_for_selector("text=Thank you")

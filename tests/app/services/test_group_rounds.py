@@ -18,7 +18,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from app import session as svc
 from app.jobs.runner import execute_job
@@ -340,6 +340,7 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     )
     usage = group_rounds.budget_usage(study, session=db)
     assert (usage.rounds_used, usage.asked_total, usage.most_questions) == (2, 7, 1)
+    assert usage.asked_people == 7  # a respondent is asked at most once (the cap is 1)
     # rounds (and total answers) spent: the next plan fails with the reason
     plan3 = _plan(client, engine, study)
     assert plan3.status == JobStatus.failed.value
@@ -389,6 +390,12 @@ def test_close_while_members_answer_loses_no_acknowledged_answer(
     db.add(job)
     db.commit()
     assert execute_job(engine, job.id or 0) == JobStatus.succeeded.value
+    db.refresh(job)
+    n_imported = db.exec(
+        select(func.count()).select_from(Respondent).where(Respondent.study_id == study.id)
+    ).one()
+    assert job.result is not None and job.result["n_members"] == 60
+    assert job.result["panel_size"] == n_imported > 60  # the cut is reported, not silent
     secret = settings.secret_key.get_secret_value()
     rnd = group_rounds.open_round(study, job.id or 0, engine=engine, secret=secret)
     with Session(engine) as s:
@@ -500,6 +507,16 @@ def test_plan_asks_only_members_who_answered_and_can_be_reached(
     frame, labels, _ = export.labelled_frame(study, session=db)
     assert set(frame["panel_PROLIFIC_PID"]) == {"p-77", ""}
     assert labels["panel_PROLIFIC_PID"] == "link parameter PROLIFIC_PID"
+    # both reachable members were asked once, the most one may be asked over all rounds
+    closed = client.post(
+        f"/admin/studies/{study.slug}/groups/1/close",
+        data={"csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert closed.status_code == 303, closed.text
+    again = _plan(client, engine, study)
+    assert again.status == JobStatus.failed.value
+    assert "each of the 2 reachable members has been asked 1 round question," in (again.error or "")
 
 
 def test_plan_fails_with_the_reason_when_nobody_can_be_reached(
@@ -652,3 +669,23 @@ def test_a_study_uploaded_without_a_split_plans_with_its_gnn(
     plan = _plan(client, engine, study).result
     assert plan is not None and plan["uses_gnn"] is True, plan.get("gnn_note")
     assert plan["pool_val_gain"] is not None  # checked on the held-out members
+
+
+def test_the_gnn_note_says_whether_it_hurts_or_only_does_not_clearly_help() -> None:
+    """Validation gains of 3 members at the weights 0, 0.5, 1 (answers per member 1):
+    every positive weight loses, then a positive but noisy gain, then a clear one."""
+    from elicitation.group.pools import pool_weight_from_gains
+
+    counts = torch.ones(3, dtype=torch.float64)
+    hurts = torch.tensor([[0.0, -0.1, -0.3], [0.0, -0.2, -0.1], [0.0, -0.1, -0.2]])
+    w, pool = pool_weight_from_gains(hurts.double(), counts)
+    note = group_rounds.gnn_validation_note(w, {**pool, "members": 3})
+    assert w == 0.0 and "predicts worse than the belief model at every weight tried" in note
+    noisy = torch.tensor([[0.0, 0.3, 0.1], [0.0, -0.2, -0.1], [0.0, 0.2, 0.0]])
+    w, pool = pool_weight_from_gains(noisy.double(), counts)
+    note = group_rounds.gnn_validation_note(w, {**pool, "members": 3})
+    # weight 0.5: mean 0.1, se sqrt(3/2 * (0.04 + 0.09 + 0.01)) / 3 = 0.1528: bound < 0
+    assert w == 0.0 and "at its best weight, 0.5, a gain of 0.1000 ± 0.1528 nats" in note
+    clear = torch.tensor([[0.0, 0.3, 0.1], [0.0, 0.31, 0.1], [0.0, 0.29, 0.1]])
+    w, pool = pool_weight_from_gains(clear.double(), counts)
+    assert w == 0.5 and group_rounds.gnn_validation_note(w, {**pool, "members": 3}) == ""
