@@ -191,6 +191,9 @@ SETTING_LABELS = {
 }
 """The study page's words for a settings field, for its validation errors."""
 
+SETTING_FIELD_LABELS = {key.rsplit(".", 1)[-1]: label for key, label in SETTING_LABELS.items()}
+""":data:`SETTING_LABELS` by the settings form's field names (``max_questions``)."""
+
 
 def _settings_error(exc: ValidationError) -> str:
     """The first problem of a settings validation in the form's words, e.g.

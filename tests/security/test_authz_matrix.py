@@ -304,6 +304,8 @@ ROUTES: dict[tuple[str, str], Case] = {
         study_member(404, "GET"), path="/admin/studies/{slug}/groups/1/links.csv"
     ),
     ("POST", "/admin/studies/{slug}/groups/open"): Case(study_member(422, "POST"), form={}),
+    ("GET", "/admin/studies/{slug}/groups/open"): Case(study_member(303, "GET")),
+    ("GET", "/admin/studies/{slug}/groups/plan"): Case(study_member(303, "GET")),
     ("POST", "/admin/studies/{slug}/groups/plan"): Case(
         study_member(303, "POST"), form={"selection": "elook"}
     ),

@@ -117,10 +117,16 @@ def opt_number(value: str, kind: type[int] | type[float], name: str) -> Any:
 
 
 class FormFields:
-    """The submitted form of a request, read field by field."""
+    """The submitted form of a request, read field by field; ``labels`` (field name →
+    the label the page shows) name a field in number errors, else its name does."""
 
-    def __init__(self, form: FormData) -> None:
+    def __init__(self, form: FormData, labels: dict[str, str] | None = None) -> None:
         self.form = form
+        self.labels = labels or {}
+
+    def with_labels(self, labels: dict[str, str]) -> FormFields:
+        """The same form, its number errors naming fields by ``labels``."""
+        return FormFields(self.form, labels)
 
     def text(self, name: str, default: str = "") -> str:
         """See :func:`app.deps.form_str`."""
@@ -132,11 +138,20 @@ class FormFields:
 
     def opt_int(self, name: str) -> int | None:
         """The field as a whole number, ``None`` when empty (InvalidInputError otherwise)."""
-        return opt_number(self.text(name), int, name)  # type: ignore[no-any-return]
+        return opt_number(self.text(name), int, self.labels.get(name, name))  # type: ignore[no-any-return]
 
     def opt_float(self, name: str) -> float | None:
         """The field as a number, ``None`` when empty (InvalidInputError otherwise)."""
-        return opt_number(self.text(name), float, name)  # type: ignore[no-any-return]
+        return opt_number(self.text(name), float, self.labels.get(name, name))  # type: ignore[no-any-return]
+
+    def opt_share(self, name: str) -> float | None:
+        """The field as a fraction: a number (``0.1``) or a percentage (``10%`` is
+        ``0.1``); ``None`` when empty (InvalidInputError otherwise)."""
+        text = self.text(name).strip()
+        if not text.endswith("%"):
+            return self.opt_float(name)
+        value = opt_number(text[:-1], float, self.labels.get(name, name))
+        return None if value is None else value / 100
 
     def opt_id(self, name: str) -> int | None:
         """The field as a row's id, ``None`` when empty; InvalidInputError for anything but

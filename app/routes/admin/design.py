@@ -100,8 +100,11 @@ async def study_texts(
 async def study_settings(
     page: PageDep, form: FormDep, study: VisibleStudy, session: SessionDep
 ) -> Response:
+    labelled = form.with_labels(designer.SETTING_FIELD_LABELS)
+
     def change() -> str:
         # settings the form leaves empty or does not show keep their stored values
+        form = labelled
         stored = StudySettings.model_validate(study.settings or {})
         drop_after = form.opt_int("drop_after_minutes")
         refit, calibration = form.opt_int("refit_every"), form.opt_int("calibration_items")
@@ -133,7 +136,7 @@ async def study_settings(
                 "rounds": kept("rounds", stored.group.rounds),
                 "respondents_per_round": form.opt_int("respondents_per_round"),
                 "respondents_share": stored.group.respondents_share
-                if (share := form.opt_float("respondents_share")) is None
+                if (share := form.opt_share("respondents_share")) is None
                 else share,
                 "total_answers": form.opt_int("total_answers"),
                 "max_questions_per_respondent": kept(

@@ -26,6 +26,14 @@ def groups_page(page: PageDep, study: VisibleStudy, session: SessionDep) -> Resp
     return page.render("admin/groups.html", group_views.groups_overview(study, session=session))
 
 
+@router.get("/studies/{slug}/groups/open", include_in_schema=False)
+@router.get("/studies/{slug}/groups/plan", include_in_schema=False)
+def groups_form_address(page: PageDep, study: VisibleStudy) -> Response:
+    """The address a refused plan or open form leaves in the address bar: reloading it
+    (a GET) shows the rounds page, not "path.number: Input should be a valid integer"."""
+    return page.redirect("admin_groups", slug=study.slug)
+
+
 @router.post("/studies/{slug}/groups/plan")
 async def plan_group_round(
     page: PageDep,

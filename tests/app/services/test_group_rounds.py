@@ -345,6 +345,11 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     plan3 = _plan(client, engine, study)
     assert plan3.status == JobStatus.failed.value
     assert "group budget is spent" in (plan3.error or "")
+    # the rounds page says so, and shows the failed plan (not only the Jobs tab)
+    page = client.get(f"/admin/studies/{study.slug}/groups").text
+    assert 'id="budget-spent"' in page and 'id="plan-round"' not in page
+    failed = page.split('id="plan-failed"')[1].split("</section>")[0]
+    assert "group budget is spent" in failed
 
     # ---- another researcher sees none of it -------------------------------------------------
     make_researcher("bob@example.org")
@@ -526,6 +531,13 @@ def test_plan_fails_with_the_reason_when_nobody_can_be_reached(
     _live_member(engine, study)  # anonymous
     _live_member(engine, study, external_id="x", answers=0)  # never answered
     login(client, "alice@example.org")
+    queued = Job(kind="plan_group_round", study_id=study.id, payload={})
+    db.add(queued)
+    db.commit()
+    # a pending plan's row reloads the page when it ends (the Open button, the failure)
+    page = client.get(f"/admin/studies/{study.slug}/groups").text
+    assert f"/jobs/{queued.id}?refresh=1" in page
+    execute_job(engine, queued.id or 0)
     plan = _plan(client, engine, study)
     assert plan.status == JobStatus.failed.value
     assert "none of the 2 members can receive a question" in (plan.error or "")

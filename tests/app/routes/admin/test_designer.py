@@ -212,9 +212,18 @@ def test_create_study_items_roles_budgets_texts_publish(
         r = dclient.post(
             base + "/settings", data={**form, "min_questions": "1", "max_questions": bad}
         )
-        assert r.status_code == 422 and "max_questions: not a whole number" in r.text, bad
+        assert r.status_code == 422 and "Max questions: not a whole number" in r.text, bad
         if len(bad) > 40:  # the message clips the value (the field shows what was typed)
             assert f"not a whole number: &#39;{'9' * 40}…&#39;" in r.text
+    # the share of the panel as a census table or a person writes it: 10 % is 0.1
+    r = dclient.post(base + "/settings", data={**form, "min_questions": "1",
+                                               "respondents_share": "10%"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    db.refresh(study)
+    assert study.settings["group"]["respondents_share"] == pytest.approx(0.1)
+    r = dclient.post(base + "/settings", data={**form, "min_questions": "1",
+                                               "respondents_per_round": "2.5"})  # fmt: skip
+    assert r.status_code == 422 and "Respondents per round: not a whole number" in r.text
     # a field sent twice (a crafted form: the page has one) is refused, nothing stored
     twice = {**form, "min_questions": "1", "max_questions": ["3", "7"]}
     r = dclient.post(base + "/settings", data=twice)
