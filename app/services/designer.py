@@ -33,6 +33,8 @@ from app.services.importer import ImportResult, check_storable, import_dataset, 
 from app.tables import (
     Answer,
     ElicitationSession,
+    GroupRound,
+    GroupRoundStatus,
     Item,
     ItemRole,
     Researcher,
@@ -619,6 +621,8 @@ def update_item(
         raise InvalidInputError(
             f"item {item.key}: at least two options must remain answers after marking missing"
         )
+    if options != item.options or role != item.role:
+        _refuse_while_asked(item, "changing its options or role", session=session)
     if options != item.options and has_live_answers(study, session=session):
         old = {o[0] for o in item.options}
         if not old <= {o[0] for o in options}:
@@ -636,8 +640,25 @@ def update_item(
     return item
 
 
+def _refuse_while_asked(item: Item, what: str, *, session: Session) -> None:
+    """:class:`ConflictError` when an open group round asks ``item``: its members are
+    answering the options they were shown, and the round's plan holds the item's role."""
+    number = session.exec(
+        select(GroupRound.number).where(
+            GroupRound.item_id == item.id, GroupRound.status == GroupRoundStatus.open.value
+        )
+    ).first()
+    if number is not None:
+        raise ConflictError(
+            f"item {item.key}: group round {number} is asking this question; close the "
+            f"round before {what}"
+        )
+
+
 def delete_item(study: Study, item: Item, *, session: Session) -> None:
-    """Delete an item (refused once live respondents have answered the study)."""
+    """Delete an item (refused once live respondents have answered the study, or while
+    an open group round asks it)."""
+    _refuse_while_asked(item, "deleting it", session=session)
     if has_live_answers(study, session=session):
         raise ConflictError("respondents have answered this study: items cannot be deleted")
     session.delete(item)
@@ -651,7 +672,10 @@ def set_roles(study: Study, roles: dict[str, str], *, session: Session) -> int:
     if unknown:
         raise InvalidInputError(f"unknown items: {', '.join(unknown[:5])}")
     for key, role in roles.items():
-        items[key].role = _check_role(role)
+        if _check_role(role) != items[key].role:
+            _refuse_while_asked(items[key], "changing its role", session=session)
+    for key, role in roles.items():
+        items[key].role = role
         session.add(items[key])
     session.commit()
     return len(roles)

@@ -21,14 +21,16 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
 from app import session as svc
+from app.errors import ConflictError
 from app.jobs.runner import execute_job
-from app.services import export, group_rounds, round_links, round_tracking
+from app.services import designer, export, group_rounds, round_links, round_tracking
 from app.settings import Settings
 from app.tables import (
     Answer,
     ElicitationSession,
     GroupRound,
     GroupRoundMember,
+    Item,
     Job,
     JobStatus,
     Researcher,
@@ -180,6 +182,28 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     )
     assert twice.status_code == 422 and "option: sent 2 times" in twice.text
     assert _answers(engine, members[0].session_id) == []
+
+    # the round's item keeps its options and role while members answer it
+    asked = db.exec(select(Item).where(Item.study_id == study.id, Item.key == r1["question"])).one()
+    options_text = "\n".join(f"{o[0]}: {o[1]}" for o in reversed(asked.options))
+    edits = [
+        lambda: designer.update_item(study, asked, session=db, question=asked.question,
+                                     options_text=options_text, role=asked.role, topic="",
+                                     is_preference_criterion=False),
+        lambda: designer.set_roles(study, {asked.key: "target"}, session=db),
+        lambda: designer.delete_item(study, asked, session=db),
+    ]  # fmt: skip
+    for edit in edits:
+        with pytest.raises(ConflictError, match="group round 1 is asking this question"):
+            edit()
+    db.refresh(asked)
+    assert asked.role == "question"
+    reworded = designer.update_item(
+        study, asked, session=db, question=asked.question + " (reworded)",
+        options_text="\n".join(f"{o[0]}: {o[1]}" for o in asked.options), role=asked.role,
+        topic=asked.topic or "", is_preference_criterion=asked.is_preference_criterion,
+    )  # fmt: skip
+    assert reworded.question.endswith("(reworded)")  # wording alone may still be fixed
 
     # member 0 answers (plain POST), the retry with the same key is the same answer
     # an answer posted for another question (a stale or edited page) is refused, not stored
