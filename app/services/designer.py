@@ -38,6 +38,7 @@ from app.tables import (
     Item,
     ItemRole,
     Researcher,
+    Respondent,
     Study,
     StudyStatus,
 )
@@ -229,6 +230,29 @@ def calibration_note(asked: int, stored: StudySettings) -> str:
     return (
         f"; calibration questions lowered to {stored.calibration_items} "
         f"(at most max questions − 1, so that one question at least is adaptive)"
+    )
+
+
+def group_size_note(study: Study, stored: StudySettings, *, session: Session) -> str:
+    """What the settings form adds to "budgets saved" when "Respondents per round" is more
+    than the study has respondents ("" otherwise): a round asks at most the panel's
+    reachable members, so the number is kept but cannot be reached.
+
+    Example: 99999 per round in a study of 5,369 respondents: "; 99999 respondents per
+    round is more than the study's 5369 respondents: a round asks at most the panel's
+    members who can be reached".
+    """
+    wanted = stored.group.respondents_per_round
+    if wanted is None:
+        return ""
+    n = session.exec(
+        select(func.count()).select_from(Respondent).where(Respondent.study_id == study.id)
+    ).one()
+    if wanted <= n:
+        return ""
+    return (
+        f"; {wanted} respondents per round is more than the study's {n} respondents: a "
+        "round asks at most the panel's members who can be reached"
     )
 
 

@@ -146,8 +146,12 @@ async def study_settings(
         }
         stored = designer.update_settings(study, values, session=session)
         asked = values.get("calibration_items")
-        return "budgets saved" + designer.calibration_note(
-            asked if isinstance(asked, int) else stored.calibration_items, stored
+        return (
+            "budgets saved"
+            + designer.calibration_note(
+                asked if isinstance(asked, int) else stored.calibration_items, stored
+            )
+            + designer.group_size_note(study, stored, session=session)
         )
 
     return _study_form(page, study, session, change)

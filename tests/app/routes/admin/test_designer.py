@@ -224,6 +224,13 @@ def test_create_study_items_roles_budgets_texts_publish(
     r = dclient.post(base + "/settings", data={**form, "min_questions": "1",
                                                "respondents_per_round": "2.5"})  # fmt: skip
     assert r.status_code == 422 and "Respondents per round: not a whole number" in r.text
+    r = dclient.post(base + "/settings", data={**form, "min_questions": "1",
+                                               "respondents_per_round": "99999"})  # fmt: skip
+    assert r.status_code == 200
+    assert "99999 respondents per round is more than the study&#39;s 0 respondents" in r.text
+    r = dclient.post(base + "/settings", data={**form, "min_questions": "1",
+                                               "respondents_per_round": ""})  # fmt: skip
+    assert r.status_code == 200 and "more than the study" not in r.text
     # a field sent twice (a crafted form: the page has one) is refused, nothing stored
     twice = {**form, "min_questions": "1", "max_questions": ["3", "7"]}
     r = dclient.post(base + "/settings", data=twice)
