@@ -59,10 +59,24 @@ def round_members(
 def round_page(
     study: Study, number: int, *, session: Session, secret: str, link_base: str
 ) -> dict[str, Any]:
-    """One round's page: ``study``, ``rv`` (:func:`round_members`) and the group budget's
-    ``usage``."""
+    """One round's page: ``study``, ``rv`` (:func:`round_members`), the group budget's
+    ``usage`` and the round's ``fingerprint`` (:func:`round_unchanged`)."""
     view = round_members(study, number, session=session, secret=secret, link_base=link_base)
-    return {"study": study, "rv": view, "usage": group_rounds.budget_usage(study, session=session)}
+    return {
+        "study": study,
+        "rv": view,
+        "usage": group_rounds.budget_usage(study, session=session),
+        "fingerprint": round_tracking.round_fingerprint(view.round, session=session),
+    }
+
+
+def round_unchanged(study: Study, number: int, since: str, *, session: Session) -> bool:
+    """Whether round ``number`` still has the fingerprint ``since`` the page was drawn
+    with (:func:`app.services.round_tracking.round_fingerprint`): the open round's page
+    polls with it, and an unchanged round is answered without drawing its members (a
+    round of 2,000 members is a large page)."""
+    rnd = group_rounds.get_round(study, number, session=session)
+    return round_tracking.round_fingerprint(rnd, session=session) == since
 
 
 def round_links_csv(

@@ -8,7 +8,7 @@ import csv
 import io
 from dataclasses import dataclass
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -23,8 +23,10 @@ from app.services.group_rounds import (
 )
 from app.services.round_links import finish_round_session
 from app.tables import (
+    Answer,
     ElicitationSession,
     GroupRound,
+    GroupRoundMember,
     GroupRoundOutcome,
     GroupRoundStatus,
     Respondent,
@@ -59,6 +61,20 @@ class RoundView:
     skipped: int
     unanswered: int
     """Members without an answer: waiting while the round is open, no answer once closed."""
+
+
+def round_fingerprint(rnd: GroupRound, *, session: Session) -> str:
+    """What the round page shows changes only with this: the round's status, and the
+    count and last id of its members' answers (one query, whatever the round's size).
+
+    Example: ``"open:3:1742"`` (3 answers, the last one row 1742).
+    """
+    n, last = session.exec(
+        select(func.count(col(Answer.id)), func.max(col(Answer.id)))
+        .join(GroupRoundMember, col(GroupRoundMember.session_id) == col(Answer.session_id))
+        .where(GroupRoundMember.round_id == rnd.id)
+    ).one()
+    return f"{rnd.status}:{n}:{last or 0}"
 
 
 def round_view(

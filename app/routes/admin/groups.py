@@ -106,10 +106,19 @@ def group_distribution(study: VisibleStudy, session: SessionDep) -> Response:
     "/studies/{slug}/groups/{number}", response_class=HTMLResponse, name="admin_group_round"
 )
 def group_round_page(
-    number: DbId, page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
+    number: DbId,
+    page: PageDep,
+    study: VisibleStudy,
+    session: SessionDep,
+    settings: SettingsDep,
+    since: str = "",
 ) -> Response:
     """One round: question, budget use and the live member table (htmx polls the
-    ``track`` block every 2 s while the round is open; the closed table stops polling)."""
+    ``track`` block every 2 s while the round is open, with ``since`` = the fingerprint
+    it was drawn with: 204, nothing to swap, while the round is unchanged; the closed
+    table stops polling)."""
+    if page.htmx and since and group_views.round_unchanged(study, number, since, session=session):
+        return Response(status_code=204)
     ctx = group_views.round_page(
         study,
         number,

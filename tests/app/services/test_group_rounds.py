@@ -205,6 +205,14 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     )  # fmt: skip
     assert reworded.question.endswith("(reworded)")  # wording alone may still be fixed
 
+    # the open round's page polls with its fingerprint: nothing to draw while unchanged
+    track_url = f"/admin/studies/{study.slug}/groups/1"
+    poll = re.search(r'hx-get="([^"]+\?since=[^"]+)"', client.get(track_url).text)
+    assert poll is not None
+    hx = {"HX-Request": "true"}
+    poll_url = poll.group(1).replace("&amp;", "&")
+    assert client.get(poll_url, headers=hx).status_code == 204
+
     # member 0 answers (plain POST), the retry with the same key is the same answer
     # an answer posted for another question (a stale or edited page) is refused, not stored
     other = respondent.post(
@@ -220,6 +228,8 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         )
         assert ok.status_code == 303 and ok.headers["location"] == links[0] + "?reply=answered"
     assert [a.option for a in _answers(engine, members[0].session_id)] == [letters[0]]
+    redrawn = client.get(poll_url, headers=hx)  # the answer changed the round: drawn again
+    assert redrawn.status_code == 200 and 'data-status="answered"' in redrawn.text
     assert "Your answer was saved" in respondent.get(ok.headers["location"]).text
     assert "Your reply was recorded" in respondent.get(links[0]).text  # a later visit
     changed = respondent.post(links[0], data={"option": letters[-1], "idempotency_key": "k2"})
