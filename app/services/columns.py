@@ -1,7 +1,7 @@
 """The column names of the answer exports, and the item keys they reserve.
 
-A leaf module (it imports nothing of the app), so that the importer and the study designer
-can refuse an item key the exports need without importing the exports.
+A leaf module (it imports nothing of the app), so that the study designer can refuse an
+item key the exports need without importing the exports.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ and ``<key>__p`` (its probability) per item, filled where the item has no answer
 
 
 def reserved_key(key: str) -> str | None:
-    """Why ``key`` cannot be an item key, or ``None``: the wide CSV would have two columns
-    of that name. Reserved: the meta columns (:data:`META_COLUMNS`), the link parameters'
+    """Why ``key`` cannot be the key of an item added in the designer, or ``None``: the
+    wide CSV would have two columns of that name (an imported item keeps its key, and
+    :func:`unique_columns` tells the two apart). Reserved: the meta columns (:data:`META_COLUMNS`), the link parameters'
     ``panel.`` prefix and the prediction suffixes ``__pred`` and ``__p``.
 
     Example: ``reserved_key("status")`` is ``"'status' is the name of an export column
@@ -40,3 +41,23 @@ def reserved_key(key: str) -> str | None:
         if key.endswith(suffix):
             return f"{key!r} ends with {suffix!r}, the suffix of the prediction columns"
     return None
+
+
+def unique_columns(names: list[str]) -> list[str]:
+    """``names`` with each repeat of an earlier name given ``_2``, ``_3``, ... (the first
+    keeps its name), so that a CSV header names every column once.
+
+    Example: an imported item ``status`` after the meta columns:
+    ``unique_columns(["respondent_id", "status", "q1", "status"])`` is
+    ``["respondent_id", "status", "q1", "status_2"]``.
+    """
+    used: set[str] = set()
+    out: list[str] = []
+    for name in names:
+        unique, n = name, 1
+        while unique in used:
+            n += 1
+            unique = f"{name}_{n}"
+        used.add(unique)
+        out.append(unique)
+    return out

@@ -39,6 +39,7 @@ from app.services.columns import (
     PANEL_PREFIX,
     PRED_SUFFIX,
     PROB_SUFFIX,
+    unique_columns,
 )
 from app.tables import (
     Answer,
@@ -475,7 +476,8 @@ def csv_wide(
 ) -> Iterator[str]:
     """CSV, one row per respondent: meta columns, a ``panel.K`` column per link parameter
     ``K`` any respondent arrived with (:func:`panel_keys`), then one column per item key
-    (letters).
+    (letters); a name used by an earlier column (an imported item ``status``) gets ``_2``
+    (:func:`~app.services.columns.unique_columns`).
 
     With ``predictions``: then, per item, ``<key>__pred`` and ``<key>__p``: the most likely
     option and its probability for an item without an answer (never asked, skipped or
@@ -485,7 +487,8 @@ def csv_wide(
     keys = [it.key for it in export_items(study, session=session)]
     panel = panel_keys(study, session=session)
     extra = [f"{k}{s}" for k in keys for s in (PRED_SUFFIX, PROB_SUFFIX)] if predictions else []
-    yield "\ufeff" + _csv_line([*META_COLUMNS, *(PANEL_PREFIX + k for k in panel), *keys, *extra])
+    header = [*META_COLUMNS, *(PANEL_PREFIX + k for k in panel), *keys, *extra]
+    yield "\ufeff" + _csv_line(unique_columns(header))
 
     def start(r: ExportRow) -> list[Any]:
         return [*_meta(r), *[r.panel.get(k, "") for k in panel]]

@@ -29,7 +29,6 @@ from sqlmodel import Session
 
 from app.errors import ConflictError, InvalidInputError
 from app.schemas import StudySettings
-from app.services.columns import reserved_key
 from app.tables import (
     OPTION_MAX_LEN,
     Item,
@@ -38,7 +37,6 @@ from app.tables import (
     RespondentSource,
     Study,
     StudyStatus,
-    external_id_problem,
 )
 from app.textguard import bad_character, clip, unsafe_in_name
 from elicitation.datasets import (
@@ -158,19 +156,15 @@ def _check_lengths(ds: Dataset) -> None:
 
 
 def _check_text(ds: Dataset) -> None:
-    """Refuse text no database column can store (a NUL character, a lone surrogate),
+    """Refuse text no database column can store (a NUL character, a lone surrogate), and
     control or bidirectional control characters in names and ids
-    (:func:`app.textguard.unsafe_in_name`) and item ids an export column has
-    (:func:`app.services.export.reserved_key`), naming file and line or row (checked before
+    (:func:`app.textguard.unsafe_in_name`), naming file and line or row (checked before
     any write; PostgreSQL's bulk ``COPY`` would otherwise fail with a driver error)."""
     problem = bad_character(ds.name) or unsafe_in_name(ds.name)
     if problem is not None:
         raise DatasetError(MANIFEST_FILE, f"the name contains {problem}", column="name")
     for line, item in enumerate(ds.codebook, start=1):
         problem = unsafe_in_name(item.id)
-        reserved = reserved_key(item.id)
-        if reserved is not None:
-            raise DatasetError(CODEBOOK_FILE, f"item id {reserved}: rename it", line=line)
         if problem is not None:
             raise DatasetError(
                 CODEBOOK_FILE, f"item id {clip(item.id, 40)!r} contains {problem}", line=line
@@ -191,11 +185,6 @@ def _check_text(ds: Dataset) -> None:
         if problem is not None:
             raise DatasetError(
                 RESPONSES_FILE, f"respondent id contains {problem}", row=row, column=ds.id_column
-            )
-        problem = external_id_problem(rid)
-        if problem is not None:
-            raise DatasetError(
-                RESPONSES_FILE, f"respondent id {problem}", row=row, column=ds.id_column
             )
 
 
