@@ -53,7 +53,7 @@ from app.services.predictions import NOT_ASKED
 from app.services.profile import session_predictions, session_profile
 from app.services.studies import get_study_by_slug
 from app.session import async_path as answer_async
-from app.tables import ElicitationSession, Researcher, Study
+from app.tables import ElicitationSession, Researcher, Study, external_id_problem
 from app.textguard import clip
 
 # ----- errors ------------------------------------------------------------------------------
@@ -575,6 +575,9 @@ async def create_session(
     study: StartStudy,
     engine: EngineDep,
 ) -> dict[str, Any]:
+    problem = None if body.external_id is None else external_id_problem(body.external_id)
+    if problem is not None:
+        raise InvalidInputError(f"external_id: {problem}")
     # On PostgreSQL the API key, the study and (with the study's runtime cached) the start
     # itself run in the event loop (app/session/async_path.py); otherwise one hop.
     db = getattr(request.app.state, "answers_db", None)

@@ -53,7 +53,6 @@ from app.tables import (
     SessionStatus,
     Study,
     StudyStatus,
-    external_id_problem,
     utcnow,
 )
 from app.textguard import unsafe_in_name
@@ -165,9 +164,6 @@ def check_start(
     problem = None if external_id is None else unsafe_in_name(external_id)
     if problem is not None:
         raise InvalidInputError(f"external_id contains {problem}")
-    problem = None if external_id is None else external_id_problem(external_id)
-    if problem is not None:
-        raise InvalidInputError(f"external_id: {problem}")
     return clean_panel_params(panel_params or {})
 
 
