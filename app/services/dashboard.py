@@ -53,6 +53,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 import statistics
 import threading
 from collections import OrderedDict, defaultdict
@@ -700,10 +701,13 @@ def duration_text(seconds: float | None) -> str:
 
 
 def resolve_respondent(study: Study, text: str, secret: str, *, session: Session) -> int:
-    """The id of the respondent of ``study`` named by ``text``: a respondent id (digits),
-    or a completion code shown to a respondent at the end of the survey.
+    """The id of the respondent of ``study`` named by ``text``, as the lists and exports
+    name them: an external id (an API client's, a panel's, an imported survey's), ``r<id>``
+    or the id's digits, or a completion code shown to a respondent at the end of the
+    survey; tried in that order.
 
-    Example: ``resolve_respondent(study, "42", key, session=db)`` -> ``42``;
+    Example: ``resolve_respondent(study, "42", key, session=db)`` -> ``42``, also for
+    ``"r42"``; ``"api-user-7"`` -> the respondent with that external id;
     ``resolve_respondent(study, "3F9A0C21B7", key, session=db)`` -> that session's
     respondent.
 
@@ -715,6 +719,15 @@ def resolve_respondent(study: Study, text: str, secret: str, *, session: Session
     wanted = text.strip()
     if not wanted:
         raise InvalidInputError("respondent: enter a respondent id or a completion code")
+    named = session.exec(
+        select(Respondent.id).where(
+            Respondent.study_id == study.id, Respondent.external_id == wanted[:200]
+        )
+    ).first()
+    if named is not None:
+        return int(named)
+    if re.fullmatch(r"r[0-9]+", wanted):
+        wanted = wanted[1:]
     if wanted.isdigit():
         rid = int(wanted) if len(wanted) <= 10 else 0
         found = (

@@ -147,7 +147,7 @@ async def study_settings(
         stored = designer.update_settings(study, values, session=session)
         asked = values.get("calibration_items")
         return (
-            "budgets saved"
+            "settings saved (sessions in progress use them from their next question)"
             + designer.calibration_note(
                 asked if isinstance(asked, int) else stored.calibration_items, stored
             )

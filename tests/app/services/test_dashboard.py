@@ -328,6 +328,13 @@ def test_resolve_respondent_by_id_or_completion_code(live: tuple[LiveStudy, list
         assert first is not None
         rid = first.respondent_id
         assert resolve_respondent(study, f" {rid} ", SECRET, session=db) == rid
+        assert resolve_respondent(study, f"r{rid}", SECRET, session=db) == rid  # as listed
+        person = db.get(Respondent, rid)
+        assert person is not None
+        person.external_id = "panel-77"
+        db.add(person)
+        db.commit()
+        assert resolve_respondent(study, "panel-77", SECRET, session=db) == rid
         code = svc.completion_code(study, ids[0], SECRET)
         assert resolve_respondent(study, code.lower(), SECRET, session=db) == rid
         with pytest.raises(NotFoundError, match="no respondent with id 999999"):
