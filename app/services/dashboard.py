@@ -633,20 +633,34 @@ def build_dashboard(study: Study, *, session: Session, now: datetime | None = No
             )
         )
     if pop.persona_weights is not None:
-        w = pop.persona_weights
-        top = torch.topk(w, min(TOP_PERSONAS, int(w.numel())))
-        classes = [int(i) for i in top.indices.tolist()]
-        labels = getattr(rt.model, "labels", None)
-        words = describe_personas(rt, classes)
-        dash.personas = [
-            {
-                "label": labels[i] if labels else f"class {i + 1}",
-                "weight": float(v),
-                "distinctive": d,
-            }
-            for v, i, d in zip(top.values.tolist(), classes, words, strict=True)
-        ]
+        dash.personas = persona_rows(rt, pop.persona_weights)
     return dash
+
+
+def persona_rows(rt: Any, w: torch.Tensor) -> list[dict[str, Any]]:
+    """The dashboard's personas: the largest mean posterior weights ``w [K]``, those whose
+    most distinctive answers are the same merged into one row (a model averaged over
+    several fits holds the same class once per fit: "class 12, 4, 5"), rows under 0.05 %
+    left out, at most :data:`TOP_PERSONAS`; each ``{"label", "weight", "distinctive"}``.
+
+    Example: classes 3 and 7 both described by ``["q1: Yes (80 %, population 40 %)"]``
+    with weights 0.2 and 0.1 are one row "class 3, 7" of weight 0.3.
+    """
+    top = torch.topk(w, min(3 * TOP_PERSONAS, int(w.numel())))
+    classes = [int(i) for i in top.indices.tolist()]
+    labels = getattr(rt.model, "labels", None)
+    rows: dict[Any, dict[str, Any]] = {}
+    for v, i, d in zip(top.values.tolist(), classes, describe_personas(rt, classes), strict=True):
+        key = tuple(d) if d else ("class", i)
+        row = rows.get(key)
+        if row is None:
+            name = labels[i] if labels else f"class {i + 1}"
+            rows[key] = {"label": name, "weight": float(v), "distinctive": d}
+        else:
+            row["weight"] += float(v)
+            row["label"] += f", {labels[i] if labels else i + 1}"
+    kept = sorted(rows.values(), key=lambda r: -r["weight"])
+    return [r for r in kept if r["weight"] >= 0.0005][:TOP_PERSONAS]
 
 
 @functools.lru_cache(maxsize=64)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
@@ -395,3 +396,28 @@ def test_duration_text() -> None:
         "4 min 12 s",
         "2 h 05 min",
     ]
+
+
+def test_persona_rows_merge_classes_with_the_same_answers() -> None:
+    """Classes 1 and 3 give the same answers (a model averaged over two fits holds the
+    class twice): one row "class 1, 3" with their summed weight; class 4's weight of
+    0.0001 is left out; class 2 keeps its own row."""
+    from types import SimpleNamespace
+
+    from app.services.dashboard import persona_rows
+
+    yes, no = [0.9, 0.1], [0.1, 0.9]
+    mu = torch.tensor([[yes, no], [no, yes], [yes, no], [no, no]], dtype=torch.float64)
+    items = [
+        SimpleNamespace(id=10, question="Q1?", options=[["A", "Yes"], ["B", "No"]]),
+        SimpleNamespace(id=11, question="Q2?", options=[["A", "Yes"], ["B", "No"]]),
+    ]
+    w = torch.tensor([0.3, 0.4, 0.2999, 0.0001], dtype=torch.float64)
+    model = SimpleNamespace(mu=mu, log_prior=w.log(), labels=None)
+    rt = SimpleNamespace(model=model, items=items, model_index={10: 0, 11: 1})
+    rows = persona_rows(rt, w)
+    assert [(r["label"], round(r["weight"], 4)) for r in rows] == [
+        ("class 1, 3", 0.5999),
+        ("class 2", 0.4),
+    ]
+    assert rows[0]["distinctive"] and rows[0]["distinctive"] != rows[1]["distinctive"]
