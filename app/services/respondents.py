@@ -11,7 +11,7 @@ page: status, what they answered, and the predicted answer to every other item.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func
@@ -20,6 +20,7 @@ from sqlmodel import Session, col, select
 
 from app import session as live
 from app.errors import NotFoundError
+from app.schemas import StudySettings
 from app.services import export
 from app.services.belief import NoModelError
 from app.tables import (
@@ -31,6 +32,7 @@ from app.tables import (
     RespondentSource,
     SessionStatus,
     Study,
+    utcnow,
 )
 
 MAX_ID = 2**31 - 1
@@ -45,7 +47,9 @@ class LiveRespondentRow:
     """One live respondent in the researcher's list.
 
     Attributes:
-        status: ``completed`` when a session of it finished, else its newest session's.
+        status: ``completed`` when a session of it finished, else its newest session's,
+            an unfinished one in the dashboard's words: ``in progress``, or ``dropped``
+            when idle for longer than the study's ``drop_after_minutes``.
         earlier_starts: respondents the same browser had started before this one.
         preview: every session of it is a researcher's preview (no profile, no export).
         n_answers: its stored answers in all its sessions, skips included; ``n_skipped``
@@ -68,8 +72,23 @@ class LiveRespondentRow:
         return export.panel_text(self.panel_params)
 
 
-def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRow]:
-    """The study's live respondents, newest first (at most :data:`LIST_LIMIT`)."""
+def _status_word(sess: ElicitationSession, cutoff: datetime) -> str:
+    """A session's status as the dashboard counts it: an ``active`` session is ``in
+    progress``, or ``dropped`` when its last activity is before ``cutoff``."""
+    if sess.status != SessionStatus.active.value:
+        return sess.status
+    last = sess.updated_at
+    last = last.replace(tzinfo=UTC) if last.tzinfo is None else last  # SQLite: naive UTC
+    return "in progress" if last >= cutoff else "dropped"
+
+
+def live_respondents(
+    study: Study, *, session: Session, now: datetime | None = None
+) -> list[LiveRespondentRow]:
+    """The study's live respondents, newest first (at most :data:`LIST_LIMIT`); ``now``
+    (default: the current time) decides which unfinished ones are dropped."""
+    drop_after = StudySettings.model_validate(study.settings or {}).drop_after_minutes
+    cutoff = (now or utcnow()) - timedelta(minutes=drop_after)
     respondents = session.exec(
         select(Respondent)
         .where(Respondent.study_id == study.id, Respondent.source == RespondentSource.live.value)
@@ -98,7 +117,7 @@ def live_respondents(study: Study, *, session: Session) -> list[LiveRespondentRo
     status: dict[int, str] = {}
     for s in sorted(sessions, key=lambda s: s.id or 0):
         if status.get(s.respondent_id) != SessionStatus.completed.value:
-            status[s.respondent_id] = s.status
+            status[s.respondent_id] = _status_word(s, cutoff)
     return [
         LiveRespondentRow(
             id=r.id or 0,
@@ -177,6 +196,8 @@ class RespondentProfile:
         model_id, model_from_session: the model of the predictions (``None`` without one)
             and whether their sessions used it (else the study's active model).
         no_model: why there are no predictions (the study has no fitted model), or ``None``.
+        status: the first session's status in the dashboard's words (``in progress`` or
+            ``dropped`` for an unfinished one; :class:`LiveRespondentRow`).
     """
 
     respondent_pk: int
@@ -188,6 +209,7 @@ class RespondentProfile:
     model_id: int | None
     model_from_session: bool
     no_model: str | None
+    status: str = ""
 
 
 def respondent_profile(study: Study, respondent_id: int, *, session: Session) -> RespondentProfile:
@@ -229,6 +251,9 @@ def respondent_profile(study: Study, respondent_id: int, *, session: Session) ->
         if row_or_none is None:
             raise missing
         row = row_or_none
+    first = session.get(ElicitationSession, row.session_id) if row.session_id else None
+    drop_after = StudySettings.model_validate(study.settings or {}).drop_after_minutes
+    cutoff = utcnow() - timedelta(minutes=drop_after)
     return RespondentProfile(
         respondent_pk=resp.id or 0,
         source=resp.source,
@@ -239,6 +264,7 @@ def respondent_profile(study: Study, respondent_id: int, *, session: Session) ->
         model_id=model_id,
         model_from_session=from_session,
         no_model=no_model,
+        status=_status_word(first, cutoff) if first is not None else row.status,
     )
 
 

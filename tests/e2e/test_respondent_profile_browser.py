@@ -76,7 +76,7 @@ def test_profile_opens_from_the_respondents_tab(server: dict[str, Any], page: An
     assert axe_violations(page) == []
     page.click(f"tr[data-respondent='{rid}'] a[aria-label='Open respondent {rid}']")
     page.wait_for_url(f"{base}/admin/studies/{slug}/respondents/{rid}")
-    assert page.locator("#respondent-status").inner_text() == "active"
+    assert page.locator("#respondent-status").inner_text() == "in progress"
     assert "yes, 1 earlier from this browser" in page.locator("#respondent-repeat").inner_text()
     answers = page.locator("#given tbody tr[data-kind=answer]")
     assert answers.count() == N_ANSWERS

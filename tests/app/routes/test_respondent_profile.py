@@ -6,13 +6,15 @@ of tests/support/tiny_model.py, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
 from app.services.apikeys import create_api_key
-from app.tables import Researcher
+from app.services.respondents import live_respondents
+from app.tables import Researcher, utcnow
 from tests.support.admin import csrf, login
 from tests.support.tiny_model import NEW, OLD, TinyStudy, by_hand, make_tiny_study
 
@@ -36,11 +38,19 @@ def test_profile_page_shows_answers_and_predictions(
     r4 = tiny.respondents["r4"]  # a preview: listed, not linked (it has no profile)
     assert f'href="http://localhost/admin/studies/{slug}/respondents/{r4}"' not in listing.text
     assert f'<td>{r4} <span class="muted">(preview)</span></td>' in listing.text
+    # an unfinished respondent reads as the dashboard counts them: in progress, then
+    # dropped once idle for longer than the study's drop_after_minutes (60)
+    rows = {r.id: r for r in live_respondents(tiny.study, session=db)}
+    assert rows[r1].status == "in progress" and "<td>in progress</td>" in listing.text
+    later = utcnow() + timedelta(minutes=61)
+    assert {r.id: r.status for r in live_respondents(tiny.study, session=db, now=later)}[
+        r1
+    ] == "dropped"
 
     page = client.get(f"/admin/studies/{slug}/respondents/{r1}")
     assert page.status_code == 200
     html = page.text
-    assert 'id="respondent-status">active<' in html
+    assert 'id="respondent-status">in progress<' in html
     assert "yes, 2 earlier from this browser" in html
     given = html.split('id="given"')[1].split("</table>")[0]
     assert re.findall(r'data-item="(\w+)"', given) == ["x", "a"]
