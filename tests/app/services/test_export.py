@@ -8,6 +8,7 @@ import json
 import re
 import secrets
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyreadstat
@@ -31,6 +32,19 @@ from app.tables import (
 from tests.support.admin import csrf, login
 
 LONG_QUESTION = "Wie zufrieden sind Sie — ganz allgemein — mit «Demokratie» in Ihrem Land? " * 3
+
+
+def _live_session(db: Session, study: Study, **respondent: Any) -> ElicitationSession:
+    """A live respondent of ``study`` (``respondent``: its fields) with one session."""
+    resp = Respondent(study_id=study.id or 0, **respondent)
+    db.add(resp)
+    db.flush()
+    sess = ElicitationSession(
+        study_id=study.id or 0, respondent_id=resp.id or 0, token_hash=secrets.token_hex(16)
+    )
+    db.add(sess)
+    db.flush()
+    return sess
 
 
 @pytest.fixture
@@ -69,14 +83,7 @@ def live_study(db: Session, alice: Researcher) -> tuple[Study, dict[str, dict[st
         "p4 ü": {"age": "B"},
     }
     for ext, cells in plan.items():
-        resp = Respondent(study_id=study.id or 0, external_id=ext, attributes={"age": cells["age"]})
-        db.add(resp)
-        db.flush()
-        sess = ElicitationSession(
-            study_id=study.id or 0, respondent_id=resp.id or 0, token_hash=secrets.token_hex(16)
-        )
-        db.add(sess)
-        db.flush()
+        sess = _live_session(db, study, external_id=ext, attributes={"age": cells["age"]})
         for key, value in cells.items():
             if key == "age":
                 continue
@@ -162,14 +169,7 @@ def test_two_sessions_are_one_row_and_a_declined_demographic_is_skip(
     db.flush()
     db.add(Answer(session_id=rnd.id or 0, item_id=items["1q"].id or 0, option="C"))
     # p5 declined the demographic: past the attribute step (first decision), no "age"
-    p5 = Respondent(study_id=study.id or 0, external_id="p5", attributes={})
-    db.add(p5)
-    db.flush()
-    s5 = ElicitationSession(
-        study_id=study.id or 0, respondent_id=p5.id or 0, token_hash=secrets.token_hex(16)
-    )
-    db.add(s5)
-    db.flush()
+    s5 = _live_session(db, study, external_id="p5", attributes={})
     db.add(
         SelectionDecision(
             session_id=s5.id or 0, position=0, item_id=items["vote"].id, criterion="eig"
@@ -284,22 +284,15 @@ def test_spss_and_stata_of_a_study_without_respondents(
 def test_an_item_named_like_a_link_parameter_column_gets_its_own_variable(
     client: TestClient, db: Session, alice: Researcher, tmp_path: Path, fmt: str
 ) -> None:
-    """An item stored before keys like ``panel.K`` were refused, beside the link parameter
-    ``K``'s column: two variables (``panel_K``, ``panel_K_2``), each with its label, and
-    the item's answers under the second (this used to be a 500)."""
+    """An item keyed like a link parameter's column (an imported survey's ``panel.K``)
+    beside the link parameter ``K``: two variables (``panel_K``, ``panel_K_2``), each
+    with its label, and the item's answers under the second (this used to be a 500)."""
     study = create_study("Clash export", owner=alice, session=db)
     add_item(study, session=db, key="vote", question="Vote?", options_text="Y\nN", role="target")
     clash = Item(study_id=study.id or 0, key="panel.K", question="K?", options=[["A", "a"],
                  ["B", "b"]], role="question", position=1)  # fmt: skip
     db.add(clash)
-    resp = Respondent(study_id=study.id or 0, external_id="x1", panel_params={"K": "from-link"})
-    db.add(resp)
-    db.flush()
-    sess = ElicitationSession(
-        study_id=study.id or 0, respondent_id=resp.id or 0, token_hash=secrets.token_hex(16)
-    )
-    db.add(sess)
-    db.flush()
+    sess = _live_session(db, study, external_id="x1", panel_params={"K": "from-link"})
     db.add(Answer(session_id=sess.id or 0, item_id=clash.id or 0, option="B"))
     db.commit()
     login(client, "alice@example.org")
