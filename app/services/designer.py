@@ -223,8 +223,9 @@ def _settings_error(exc: ValidationError) -> str:
 
 
 def calibration_note(asked: int, stored: StudySettings) -> str:
-    """What the settings form adds to "budgets saved" when it lowered the calibration
-    questions ``asked`` for to leave one adaptive question ("" when it did not)."""
+    """What the settings form adds to its "settings saved" notice when it lowered the
+    calibration questions ``asked`` for to leave one adaptive question ("" when it did
+    not)."""
     if asked <= stored.calibration_items:
         return ""
     return (
@@ -234,9 +235,9 @@ def calibration_note(asked: int, stored: StudySettings) -> str:
 
 
 def group_size_note(study: Study, stored: StudySettings, *, session: Session) -> str:
-    """What the settings form adds to "budgets saved" when "Respondents per round" is more
-    than the study has respondents ("" otherwise): a round asks at most the panel's
-    reachable members, so the number is kept but cannot be reached.
+    """What the settings form adds to its "settings saved" notice when "Respondents per
+    round" is more than the study has respondents ("" otherwise): a round asks at most
+    the panel's reachable members, so the number is kept but cannot be reached.
 
     Example: 99999 per round in a study of 5,369 respondents: "; 99999 respondents per
     round is more than the study's 5369 respondents: a round asks at most the panel's
