@@ -55,18 +55,19 @@ def utcnow() -> datetime:
 
 
 def iso_utc(ts: datetime | None) -> str | None:
-    """``ts`` as ISO 8601 in UTC with its offset, the same on every database.
-
-    PostgreSQL returns the timezone-aware UTC time that was stored; SQLite returns it
-    without its zone, and a naive time here is always UTC (:func:`utcnow`).
+    """``ts`` as ISO 8601 in UTC with its offset, the same on every database
+    (:func:`as_utc`).
 
     Example: ``iso_utc(datetime(2026, 12, 4, 18, 55, 27))`` is
     ``"2026-12-04T18:55:27+00:00"``; ``iso_utc(None)`` is ``None``.
     """
-    if ts is None:
-        return None
-    ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-    return ts.isoformat()
+    return None if ts is None else as_utc(ts).isoformat()
+
+
+def as_utc(ts: datetime) -> datetime:
+    """``ts`` as a timezone-aware UTC time: SQLite returns a stored time without its zone,
+    and a naive time here is always UTC (:func:`utcnow`)."""
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
 def _ts(nullable: bool = False) -> Any:

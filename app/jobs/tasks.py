@@ -43,8 +43,8 @@ from app.jobs.context import JobContext
 from app.jobs.registry import KINDS, check_kind
 from app.services import personas as persona_service
 from app.services.belief import ensure_fixed_order, fit_study_model, historical_matrix
-from app.services.designer import describe_fit
 from app.services.group_rounds import MIN_VALIDATION_MEMBERS, gnn_holdout, plan_next_round
+from app.services.setting_words import describe_fit
 from app.services.simulation import SimulationOptions, run_study_simulation
 from app.tables import FittedModel, Item, ItemRole, Study
 

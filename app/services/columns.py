@@ -6,6 +6,8 @@ item key the exports need without importing the exports.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 META_COLUMNS = (
     "respondent_id",
     "session_id",
@@ -43,21 +45,25 @@ def reserved_key(key: str) -> str | None:
     return None
 
 
-def unique_columns(names: list[str]) -> list[str]:
-    """``names`` with each repeat of an earlier name given ``_2``, ``_3``, ... (the first
-    keeps its name), so that a CSV header names every column once.
+def unique_columns(
+    names: list[str], *, taken: tuple[str, ...] = (), fold: Callable[[str], str] = str
+) -> list[str]:
+    """``names`` with each repeat of an earlier name (or of one in ``taken``) given ``_2``,
+    ``_3``, ... (the first keeps its name), so that a header names every column once;
+    names are compared after ``fold`` (``str.lower`` for the case-insensitive SPSS and
+    Stata names).
 
     Example: an imported item ``status`` after the meta columns:
     ``unique_columns(["respondent_id", "status", "q1", "status"])`` is
     ``["respondent_id", "status", "q1", "status_2"]``.
     """
-    used: set[str] = set()
+    used = {fold(t) for t in taken}
     out: list[str] = []
     for name in names:
         unique, n = name, 1
-        while unique in used:
+        while fold(unique) in used:
             n += 1
             unique = f"{name}_{n}"
-        used.add(unique)
+        used.add(fold(unique))
         out.append(unique)
     return out

@@ -58,7 +58,7 @@ import statistics
 import threading
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import torch
@@ -69,6 +69,7 @@ from app import session as svc
 from app.errors import InvalidInputError, NotFoundError
 from app.schemas import StudySettings
 from app.services import plots
+from app.services.respondents import drop_cutoff
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -79,7 +80,6 @@ from app.tables import (
     RespondentSource,
     SessionStatus,
     Study,
-    utcnow,
 )
 from models.distinctive import distinctive_answers
 
@@ -555,7 +555,7 @@ def build_dashboard(study: Study, *, session: Session, now: datetime | None = No
     """Everything the dashboard page shows (see the module docstring); ``now`` (default:
     the current time) decides which unfinished sessions are dropped."""
     settings = StudySettings.model_validate(study.settings or {})
-    cutoff = (now or utcnow()) - timedelta(minutes=settings.drop_after_minutes)
+    cutoff = drop_cutoff(study, now)
     items = list(
         session.exec(
             select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]

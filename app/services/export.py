@@ -637,20 +637,13 @@ def variable_names(keys: list[str]) -> list[str]:
     Example: ``variable_names(["327a", "a-b", "a_b", "A_B", "status"])`` is
     ``["q_327a", "a_b", "a_b_2", "A_B_3", "status_2"]``.
     """
-    out: list[str] = []
-    used = {m.lower() for m in META_COLUMNS}
+    bases = []
     for key in keys:
         base = re.sub(r"[^A-Za-z0-9_]", "_", key)
         if not re.match(r"^[A-Za-z]", base):
             base = "q_" + base
-        base = base[:28]
-        name, n = base, 1
-        while name.lower() in used:
-            n += 1
-            name = f"{base}_{n}"
-        used.add(name.lower())
-        out.append(name)
-    return out
+        bases.append(base[:28])
+    return unique_columns(bases, taken=META_COLUMNS, fold=str.lower)
 
 
 def labelled_frame(study: Study, *, session: Session, include_imported: bool = False) -> Any:

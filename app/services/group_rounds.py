@@ -796,54 +796,6 @@ def plan_next_round(
 # ----- budgets ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class BudgetUsage:
-    """The group budget against what the study's rounds used (for the track page).
-
-    ``asked_total`` counts round questions asked over all rounds, one per member of each
-    round (what ``total_answers`` caps, as in :class:`elicitation.group.GroupBudget`);
-    ``asked_people`` the distinct respondents among them; ``most_questions`` is the largest
-    number of rounds one respondent was asked in (capped by
-    ``max_questions_per_respondent``).
-    """
-
-    rounds_used: int
-    rounds_total: int
-    asked_total: int
-    asked_people: int
-    total_answers: int | None
-    answered_total: int
-    most_questions: int
-    max_questions_per_respondent: int
-    per_round_setting: str
-
-
-def budget_usage(study: Study, *, session: Session) -> BudgetUsage:
-    settings = StudySettings.model_validate(study.settings or {})
-    g = settings.group
-    rounds = study_rounds(study, session=session)
-    members = round_members([r.id or 0 for r in rounds], session)
-    per_resp: dict[int, int] = {}
-    for m in members:
-        per_resp[m.respondent_id] = per_resp.get(m.respondent_id, 0) + 1
-    answers = answers_by_session([m.session_id for m in members], session)
-    return BudgetUsage(
-        rounds_used=len(rounds),
-        rounds_total=g.rounds,
-        asked_total=len(members),
-        asked_people=len(per_resp),
-        total_answers=g.total_answers,
-        answered_total=sum(1 for a in answers.values() if a.option is not None),
-        most_questions=max(per_resp.values(), default=0),
-        max_questions_per_respondent=g.max_questions_per_respondent,
-        per_round_setting=(
-            f"{g.respondents_per_round} respondent{'' if g.respondents_per_round == 1 else 's'}"
-            if g.respondents_per_round
-            else f"{100 * g.respondents_share:g} % of the panel"
-        ),
-    )
-
-
 def _check_budget(
     study: Study, rounds: list[GroupRound], chosen: list[int], n_members: int, session: Session
 ) -> None:

@@ -38,7 +38,7 @@ def groups_overview(study: Study, *, session: Session) -> dict[str, Any]:
         "can_open": can_open,
         "round_open": is_open,
         "rounds": rounds,
-        "usage": group_rounds.budget_usage(study, session=session),
+        "usage": round_tracking.budget_usage(study, session=session),
     }
 
 
@@ -65,7 +65,7 @@ def round_page(
     return {
         "study": study,
         "rv": view,
-        "usage": group_rounds.budget_usage(study, session=session),
+        "usage": round_tracking.budget_usage(study, session=session),
         "fingerprint": round_tracking.round_fingerprint(view.round, session=session),
     }
 

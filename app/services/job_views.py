@@ -19,8 +19,8 @@ from app.jobs.registry import LABELS, kind_names
 from app.schemas import StudySettings
 from app.services import jobs
 from app.services import personas as persona_service
-from app.services.designer import describe_fit
 from app.services.plots import simulation_svg
+from app.services.setting_words import describe_fit
 from app.services.simulation import unavailable_reason
 from app.services.studies import study_personas
 from app.settings import Settings
@@ -106,7 +106,7 @@ RESULT_WORDS: dict[str, Callable[[dict[str, Any]], str]] = {
 
 def result_summary(job: Job) -> str | None:
     """A succeeded job's result in words: a fitted model by its family, size and validation
-    score (:func:`app.services.designer.describe_fit`); other kinds: their result fields
+    score (:func:`app.services.setting_words.describe_fit`); other kinds: their result fields
     but ids, hashes and metrics. ``None`` before success."""
     result = job.result or {}
     if job.status != JobStatus.succeeded.value or not result:

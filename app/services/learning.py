@@ -45,8 +45,8 @@ from sqlmodel import Session, col, select
 
 from app.errors import ConflictError
 from app.schemas import StudySettings
-from app.services.designer import FAMILY_LABELS
 from app.services.jobs import ACTIVE, JobAlreadyActiveError, start_job
+from app.services.setting_words import FAMILY_LABELS
 from app.settings import Settings, get_settings
 from app.tables import (
     Answer,

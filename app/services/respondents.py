@@ -11,7 +11,7 @@ page: status, what they answered, and the predicted answer to every other item.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func
@@ -32,6 +32,7 @@ from app.tables import (
     RespondentSource,
     SessionStatus,
     Study,
+    as_utc,
     utcnow,
 )
 
@@ -77,9 +78,14 @@ def _status_word(sess: ElicitationSession, cutoff: datetime) -> str:
     progress``, or ``dropped`` when its last activity is before ``cutoff``."""
     if sess.status != SessionStatus.active.value:
         return sess.status
-    last = sess.updated_at
-    last = last.replace(tzinfo=UTC) if last.tzinfo is None else last  # SQLite: naive UTC
-    return "in progress" if last >= cutoff else "dropped"
+    return "in progress" if as_utc(sess.updated_at) >= cutoff else "dropped"
+
+
+def drop_cutoff(study: Study, now: datetime | None = None) -> datetime:
+    """Unfinished sessions idle since before this are dropped (the study's
+    ``drop_after_minutes`` before ``now``, default the current time)."""
+    drop_after = StudySettings.model_validate(study.settings or {}).drop_after_minutes
+    return (now or utcnow()) - timedelta(minutes=drop_after)
 
 
 def live_respondents(
@@ -87,8 +93,7 @@ def live_respondents(
 ) -> list[LiveRespondentRow]:
     """The study's live respondents, newest first (at most :data:`LIST_LIMIT`); ``now``
     (default: the current time) decides which unfinished ones are dropped."""
-    drop_after = StudySettings.model_validate(study.settings or {}).drop_after_minutes
-    cutoff = (now or utcnow()) - timedelta(minutes=drop_after)
+    cutoff = drop_cutoff(study, now)
     respondents = session.exec(
         select(Respondent)
         .where(Respondent.study_id == study.id, Respondent.source == RespondentSource.live.value)
@@ -252,8 +257,6 @@ def respondent_profile(study: Study, respondent_id: int, *, session: Session) ->
             raise missing
         row = row_or_none
     first = session.get(ElicitationSession, row.session_id) if row.session_id else None
-    drop_after = StudySettings.model_validate(study.settings or {}).drop_after_minutes
-    cutoff = utcnow() - timedelta(minutes=drop_after)
     return RespondentProfile(
         respondent_pk=resp.id or 0,
         source=resp.source,
@@ -264,7 +267,7 @@ def respondent_profile(study: Study, respondent_id: int, *, session: Session) ->
         model_id=model_id,
         model_from_session=from_session,
         no_model=no_model,
-        status=_status_word(first, cutoff) if first is not None else row.status,
+        status=_status_word(first, drop_cutoff(study)) if first is not None else row.status,
     )
 
 

@@ -14,7 +14,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import PriorlyError
 from app.schemas import StudySettings
-from app.services import designer, learning
+from app.services import designer, learning, setting_words
 from app.services.personas import uniform_prior_warning
 from app.session import load_runtime
 from app.tables import FittedModel, Researcher, Study, StudyShare, StudyStatus
@@ -43,21 +43,21 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         **study_item_context(study, session=session),
         "items": designer.study_items(study, session=session),
         "settings": settings,
-        "criteria": designer.criteria_for(settings.belief_model),
+        "criteria": setting_words.criteria_for(settings.belief_model),
         "all_criteria": criterion_names(),
-        "criterion_help": designer.CRITERION_HELP,
+        "criterion_help": setting_words.CRITERION_HELP,
         "criterion_models": {
-            c: [m for m in BELIEF_MODEL_CHOICES if designer.criterion_runs_with(c, m)]
+            c: [m for m in BELIEF_MODEL_CHOICES if setting_words.criterion_runs_with(c, m)]
             for c in criterion_names()
         },
         "shares": study_shares(study, session=session),
         "owner": session.get(Researcher, study.owner_id) if study.owner_id else None,
         "fitted_model": active_model_row(study, session=session),
         "belief_models": [
-            (m, designer.BELIEF_MODEL_LABELS.get(m, m)) for m in BELIEF_MODEL_CHOICES
+            (m, setting_words.BELIEF_MODEL_LABELS.get(m, m)) for m in BELIEF_MODEL_CHOICES
         ],
-        "belief_model_help": designer.BELIEF_MODEL_HELP,
-        "stopping_help": designer.STOPPING_HELP,
+        "belief_model_help": setting_words.BELIEF_MODEL_HELP,
+        "stopping_help": setting_words.STOPPING_HELP,
         "name_max_len": designer.NAME_MAX_LEN,
         "serving": serving_summary(study, session=session),
         "model_versions": learning.model_versions(study.id or 0, session=session),
@@ -83,7 +83,7 @@ def study_shares(study: Study, *, session: Session) -> list[Researcher]:
 
 def active_model_row(study: Study, *, session: Session) -> dict[str, Any] | None:
     """The active fitted model's ``id``, ``family``, ``metrics``, ``created_at`` (not its
-    blob) and ``label`` (:func:`app.services.designer.describe_fit`), or ``None``."""
+    blob) and ``label`` (:func:`app.services.setting_words.describe_fit`), or ``None``."""
     row = session.exec(
         select(FittedModel.id, FittedModel.family, FittedModel.metrics, FittedModel.created_at)
         .where(FittedModel.study_id == study.id, col(FittedModel.is_active))
@@ -93,7 +93,7 @@ def active_model_row(study: Study, *, session: Session) -> dict[str, Any] | None
     if row is None:
         return None
     out = dict(zip(keys, row, strict=True))
-    out["label"] = designer.describe_fit(out["family"], out["metrics"])
+    out["label"] = setting_words.describe_fit(out["family"], out["metrics"])
     return out
 
 

@@ -372,7 +372,7 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         ).status_code
         == 303
     )
-    usage = group_rounds.budget_usage(study, session=db)
+    usage = round_tracking.budget_usage(study, session=db)
     assert (usage.rounds_used, usage.asked_total, usage.most_questions) == (2, 7, 1)
     assert usage.asked_people == 7  # a respondent is asked at most once (the cap is 1)
     # rounds (and total answers) spent: the next plan fails with the reason
