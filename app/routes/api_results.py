@@ -124,14 +124,24 @@ class ResponsesPage(BaseModel):
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
 
 
-class TargetPredictionOut(BaseModel):
+class _PredictionOut(BaseModel):
     item: str
     distribution: dict[str, float] = Field(examples=[{"A": 0.72, "B": 0.28}])
     predicted: str = Field(description="the most probable option's letter")
     label: str = Field(description="the most probable option's label")
+    status: str = Field(
+        examples=["not asked"], description="answered, skipped or not asked (the respondent)"
+    )
 
 
-class ItemPredictionOut(TargetPredictionOut):
+class TargetPredictionOut(_PredictionOut):
+    answer: str | None = Field(
+        description="the respondent's own letter when they answered this target, else null "
+        "(the distribution is still the model's posterior predictive)"
+    )
+
+
+class ItemPredictionOut(_PredictionOut):
     probability: float = Field(description="the most probable option's probability")
 
 
@@ -144,7 +154,7 @@ class RespondentPredictionsOut(BaseModel):
     model_id: int | None = Field(
         default=None,
         description="the fitted model of these predictions: the one the respondent's "
-        "sessions used (else the study's active model)",
+        "session in progress uses, else the study's active model",
     )
     targets: list[TargetPredictionOut] = Field(description="every target item")
     items: list[ItemPredictionOut] = Field(
@@ -221,7 +231,7 @@ def list_responses(
     summary="A page of per-respondent predictions for every item they did not answer",
     description="Each live respondent's predicted distribution over every target's options "
     "(the predictions CSV export's numbers) and over every item they did not answer, given "
-    "everything they answered, under the model their sessions used; in respondent order. "
+    "everything they answered, under the model their session in progress uses, else the active model; in respondent order. "
     "Follow next_cursor until it is null.",
 )
 def list_predictions(

@@ -329,8 +329,8 @@ class PredictionsOut(BaseModel):
     )
     model_id: int | None = Field(
         default=None,
-        description="the fitted model of these predictions: the one the respondent's "
-        "sessions used (else the study's active model)",
+        description="the fitted model of these predictions: while the session is in "
+        "progress, the one it uses; once finished, the study's active model",
     )
 
 
@@ -705,7 +705,7 @@ def _post_answer_sync(
     response_model=PredictionsOut,
     summary="Predictions for every item the respondent has not answered, and the top personas",
     description="From the respondent's posterior given everything they answered (all "
-    "their sessions), under the model their sessions used. `items`: the questions not "
+    "their sessions), under the model of their session in progress, else the study's active model. `items`: the questions not "
     "asked yet; `targets`: every target; `predicted`: every item without an answer "
     "(questions, targets, attributes; never asked or skipped) with its most probable option.",
 )

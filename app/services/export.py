@@ -431,7 +431,7 @@ def predicted_rows(
 ) -> Iterator[tuple[ExportRow, Any]]:
     """The rows of :func:`iter_rows`, each with its respondent's predictions
     (:class:`app.services.predictions.RespondentPrediction`), computed :data:`BATCH`
-    respondents at a time with the model each respondent's sessions used.
+    respondents at a time (the model: :mod:`app.services.predictions`, "Which model").
 
     Raises:
         NoModelError: the study has no active fitted model (before any row).
@@ -782,17 +782,26 @@ PREDICTION_COLUMNS = (
     "option",
     "probability",
     "predicted",
+    "target_status",
+    "answer",
 )
+"""``target_status`` is ``answered``, ``skipped`` or ``not asked``; ``answer`` is the
+respondent's own option letter for an answered target (else empty), beside the model's
+posterior predictive of the same target."""
 
 
 @dataclass(frozen=True)
 class TargetPrediction:
     """One item's predicted distribution ``probabilities[k]`` over ``options[k]``
-    (``(letter, label)`` pairs in the item's order)."""
+    (``(letter, label)`` pairs in the item's order), with the item's ``status`` for the
+    respondent (``answered``, ``skipped``, ``not asked``) and their ``answer`` (its letter
+    when answered, else empty)."""
 
     key: str
     options: list[tuple[str, str]]
     probabilities: list[float]
+    status: str = ""
+    answer: str = ""
 
     @property
     def predicted(self) -> int:
@@ -830,7 +839,7 @@ def iter_predictions(
     distributions of the targets and of every item without an answer.
 
     The respondents of :func:`iter_rows` with :func:`predicted_rows`' predictions: the
-    posterior given everything they answered, under the model their sessions used.
+    posterior given everything they answered (the model: :func:`predicted_rows`).
 
     Raises:
         NoModelError: the study has no fitted model (before any row).
@@ -841,8 +850,8 @@ def iter_predictions(
     return _predictions(first, rows)
 
 
-def _as_target(p: Any) -> TargetPrediction:
-    return TargetPrediction(p.key, list(p.options), list(p.probabilities))
+def _as_target(p: Any, answer: str) -> TargetPrediction:
+    return TargetPrediction(p.key, list(p.options), list(p.probabilities), p.status, answer)
 
 
 def _predictions(first: Any, rows: Iterator[Any]) -> Iterator[RespondentPredictions]:
@@ -856,8 +865,12 @@ def _predictions(first: Any, rows: Iterator[Any]) -> Iterator[RespondentPredicti
             session_id=r.session_id or 0,
             status=r.status,
             n_answers=r.n_answers,
-            targets=[_as_target(p) for p in found.items if p.role == ItemRole.target.value],
-            items=[_as_target(p) for p in found.items if p.status != ANSWERED],
+            targets=[
+                _as_target(p, r.cells.get(p.key, "") if p.status == ANSWERED else "")
+                for p in found.items
+                if p.role == ItemRole.target.value
+            ],
+            items=[_as_target(p, "") for p in found.items if p.status != ANSWERED],
             model_id=found.model_id,
             respondent_pk=r.respondent_pk,
         )
@@ -866,7 +879,9 @@ def _predictions(first: Any, rows: Iterator[Any]) -> Iterator[RespondentPredicti
 def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:
     """Per live respondent and target: the predicted distribution (one row per option).
 
-    The rows of :func:`iter_predictions`; ``predicted`` is 1 on the most probable option.
+    The rows of :func:`iter_predictions`; ``predicted`` is 1 on the most probable option;
+    ``target_status`` and ``answer`` say whether and what the respondent answered
+    (:data:`PREDICTION_COLUMNS`).
     """
     rows = iter_predictions(study, session=session)
     yield "\ufeff" + _csv_line(list(PREDICTION_COLUMNS))
@@ -884,5 +899,7 @@ def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:
                         letter,
                         f"{t.probabilities[k]:.6f}",
                         int(k == best),
+                        t.status,
+                        t.answer,
                     ]
                 )

@@ -11,10 +11,13 @@ model whose state depends on the order (the stacked mixture's weights). Each ite
 predictive distribution is ``p(Y_i = k | evidence)``; the most likely option is the
 prediction (the first one on a tie).
 
-Which model: the one the respondent's sessions used, i.e. the ``model_id`` recorded in the
-newest selection decision of their sessions (:func:`session_models`); the study's active
-model when none is recorded (an imported respondent, a session stopped before its first
-decision) or when that model row no longer exists. Imported respondents (history) keep
+Which model: while the respondent has a session in progress (status ``active``), the one
+that session uses, i.e. the ``model_id`` recorded in its newest selection decision
+(:func:`session_models`), so the predictions match the posterior that picks their next
+question; otherwise the study's active model (a finished, abandoned or imported
+respondent, a session stopped before its first decision, a model row that no longer
+exists), so a respondent who answered under an early model, even the uniform cold-start
+prior, is predicted by the best model promoted since. Imported respondents (history) keep
 what they answered; their missing items are predicted by the active model given their
 answers (in-sample when the model was fitted on them).
 
@@ -43,7 +46,14 @@ from sqlmodel import Session, col, select
 
 from app.services.belief import ActiveModelRef, NoModelError, active_model_ref, load_cached_model
 from app.session.runtime import ItemInfo, model_item_index
-from app.tables import ElicitationSession, FittedModel, Item, SelectionDecision, Study
+from app.tables import (
+    ElicitationSession,
+    FittedModel,
+    Item,
+    SelectionDecision,
+    SessionStatus,
+    Study,
+)
 
 TOP_PERSONAS = 5
 """Latent classes (personas) listed per respondent: the largest posterior weights."""
@@ -241,8 +251,9 @@ class ModelSet:
 
 def session_models(respondent_pks: Iterable[int], *, session: Session) -> dict[int, int]:
     """``{respondent id: model id}``: the ``model_id`` recorded in the newest selection
-    decision of each respondent's non-preview sessions (respondents without one are left
-    out). One query for the whole batch (the last decision per session)."""
+    decision of each respondent's non-preview sessions still in progress (status
+    ``active``); respondents without one are left out, and are predicted by the study's
+    active model. One query for the whole batch (the last decision per session)."""
     pks = list(respondent_pks)
     if not pks:
         return {}
@@ -255,6 +266,7 @@ def session_models(respondent_pks: Iterable[int], *, session: Session) -> dict[i
         .where(
             col(ElicitationSession.respondent_id).in_(pks),
             col(ElicitationSession.is_preview).is_(False),
+            col(ElicitationSession.status) == SessionStatus.active.value,
         )
         .group_by(col(SelectionDecision.session_id))
         .subquery()

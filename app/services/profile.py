@@ -104,8 +104,8 @@ def session_predictions(
     study: Study, sess: ElicitationSession, *, session: Session
 ) -> tuple[int, RespondentPrediction]:
     """``(answer rows, predictions)`` of the session's respondent: every item the model
-    knows, from everything they answered in all their sessions, under the model their
-    sessions used (:func:`app.services.export.predicted_rows`, the exports' rows).
+    knows, from everything they answered in all their sessions, under the model of
+    :func:`app.services.export.predicted_rows` (the exports' rows).
 
     A preview session (left out of the exports) is predicted from its own answers with
     the study's active model.

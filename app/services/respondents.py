@@ -199,7 +199,7 @@ class RespondentProfile:
         predicted: every item the model knows without an answer (never asked, skipped or
             declined), study order (:class:`app.services.predictions.ItemPrediction`).
         model_id, model_from_session: the model of the predictions (``None`` without one)
-            and whether their sessions used it (else the study's active model).
+            and whether it is their session in progress's (else the study's active model).
         no_model: why there are no predictions (the study has no fitted model), or ``None``.
         status: the first session's status in the dashboard's words (``in progress`` or
             ``dropped`` for an unfinished one; :class:`LiveRespondentRow`).

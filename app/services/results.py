@@ -190,9 +190,11 @@ def predictions_page(
     Each row: ``respondent_id``, ``respondent``, ``session_id`` (their first session),
     ``status``,
     ``answers`` (their answer rows), ``model_id`` (the fitted model used: the one their
-    sessions recorded), ``targets``, one entry per target item:
-    ``{"item", "distribution": {letter: probability}, "predicted", "label"}`` (the most
-    probable option's letter and label), and ``items``, the same for every item without
+    session in progress uses, else the active model), ``targets``, one entry per target item:
+    ``{"item", "distribution": {letter: probability}, "predicted", "label", "status",
+    "answer"}`` (the most probable option's letter and label; whether the respondent
+    answered it, and their own letter when they did), and ``items``, the same (without
+    ``answer``) for every item without
     an answer (never asked, skipped or declined; targets included), in study order, each
     with its ``probability`` (of the predicted option).
 
@@ -202,7 +204,7 @@ def predictions_page(
     after = decode_cursor(PREDICTIONS, study, cursor)
     n = check_limit(PREDICTIONS, limit)
 
-    def entry(t: TargetPrediction, with_probability: bool = False) -> dict[str, Any]:
+    def entry(t: TargetPrediction, target: bool = False) -> dict[str, Any]:
         best = t.options[t.predicted]
         out: dict[str, Any] = {
             "item": t.key,
@@ -211,8 +213,11 @@ def predictions_page(
             },
             "predicted": best[0],
             "label": best[1],
+            "status": t.status,
         }
-        if with_probability:
+        if target:
+            out["answer"] = t.answer or None
+        else:
             out["probability"] = t.probabilities[t.predicted]
         return out
 
@@ -224,8 +229,8 @@ def predictions_page(
             "status": row.status,
             "answers": row.n_answers,
             "model_id": row.model_id,
-            "targets": [entry(t) for t in row.targets],
-            "items": [entry(t, True) for t in row.items],
+            "targets": [entry(t, target=True) for t in row.targets],
+            "items": [entry(t) for t in row.items],
         }
 
     rows = iter_predictions(study, session=session, after=after)

@@ -59,7 +59,7 @@ def test_profile_page_shows_answers_and_predictions(
     assert re.findall(r'data-item="(\w+)"', predicted) == ["t"]
     pct = round(100 * (1 - by_hand(OLD, {"x": "B", "a": "A"})["t"]))
     assert f"<td>{pct}%</td>" in predicted and pct == 79
-    assert f"model {tiny.old_id}, the one their survey used" in html
+    assert f"model {tiny.old_id}, the one their survey in progress uses" in html
     assert f'action="http://localhost/admin/studies/{slug}/respondents/{r1}/erase"' in html
 
     # r2 declined x and skipped a: both shown as such, and predicted with t
@@ -157,6 +157,7 @@ def test_api_results_predictions_list_every_unanswered_item(
     r1 = rows[0]
     assert r1["model_id"] == tiny.old_id and r1["answers"] == 1
     assert [t["item"] for t in r1["targets"]] == ["t"]
+    assert (r1["targets"][0]["status"], r1["targets"][0]["answer"]) == ("not asked", None)
     assert [(i["item"], i["predicted"], i["label"]) for i in r1["items"]] == [("t", "B", "no")]
     assert r1["items"][0]["probability"] == pytest.approx(1 - 2.3 / 11, abs=1e-12)
     assert [i["item"] for i in rows[1]["items"]] == ["x", "a", "t"]

@@ -9,7 +9,7 @@ import io
 import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from app.services import export
 from app.services.predictions import (
@@ -21,7 +21,7 @@ from app.services.predictions import (
     predict_respondents,
     session_models,
 )
-from app.tables import Researcher
+from app.tables import Answer, ElicitationSession, Item, Researcher
 from tests.support.admin import login
 from tests.support.tiny_model import NEW, OLD, TinyStudy, by_hand, make_tiny_study
 
@@ -82,6 +82,25 @@ def test_session_models_are_the_newest_decisions_model(tiny: TinyStudy, db: Sess
     # r3 has no decision, r4's decisions are a preview's, h1 has no session
     assert got == {ids["r1"]: tiny.old_id, ids["r2"]: tiny.old_id}
     assert ModelSet(tiny.study, session=db).active.model_id == tiny.new_id
+
+
+@pytest.mark.parametrize("status", ["completed", "abandoned"])
+def test_a_finished_respondent_is_predicted_by_the_active_model(
+    tiny: TinyStudy, db: Session, status: str
+) -> None:
+    """r1 answered under the old model; once their session is no longer in progress the
+    exports predict them with the active (new) model."""
+    sess = db.get(ElicitationSession, tiny.sessions["r1"])
+    assert sess is not None
+    sess.status = status
+    db.add(sess)
+    db.commit()
+    ids = tiny.respondents
+    assert session_models(ids.values(), session=db) == {ids["r2"]: tiny.old_id}
+    row, result = next(export.predicted_rows(tiny.study, session=db, only=ids["r1"]))
+    assert (result.model_id, result.model_from_session) == (tiny.new_id, False)
+    want = by_hand(NEW, {"x": "B", "a": "A"})["t"]
+    assert result.get("t").probabilities == pytest.approx((want, 1 - want), abs=1e-12)
 
 
 def _csv(raw: str | bytes) -> pd.DataFrame:
@@ -145,6 +164,22 @@ def test_predictions_csv_has_no_preview_and_the_same_numbers(tiny: TinyStudy, db
     r1 = rows[(rows["respondent_id"] == "r1")].set_index("option")
     assert float(r1.loc["B", "probability"]) == pytest.approx(1 - 2.3 / 11, abs=1e-6)
     assert r1.loc["B", "predicted"] == "1" and r1.loc["A", "predicted"] == "0"
+    assert set(r1["target_status"]) == {NOT_ASKED} and set(r1["answer"]) == {""}
+
+
+def test_predictions_csv_names_an_answered_targets_answer(tiny: TinyStudy, db: Session) -> None:
+    """r3 answers the target t = B: its rows say so beside the model's numbers, which are
+    the posterior predictive given t = B (a point mass is not what the model says)."""
+    t = db.exec(select(Item).where(Item.study_id == tiny.study.id, Item.key == "t")).one()
+    db.add(Answer(session_id=tiny.sessions["r3"], item_id=t.id or 0, option="B"))
+    db.commit()
+    rows = _csv("".join(export.csv_predictions(tiny.study, session=db)))
+    r3 = rows[rows["respondent_id"] == "r3"].set_index("option")
+    assert r3["target_status"].tolist() == [ANSWERED, ANSWERED]
+    assert r3["answer"].tolist() == ["B", "B"]
+    want = by_hand(NEW, {"t": "B"})["t"]
+    assert float(r3.loc["A", "probability"]) == pytest.approx(want, abs=1e-6)
+    assert list(rows.columns) == list(export.PREDICTION_COLUMNS)
 
 
 def test_long_export_with_predictions(tiny: TinyStudy, db: Session) -> None:
