@@ -21,7 +21,7 @@ from app.services import jobs
 from app.services import personas as persona_service
 from app.services.plots import simulation_svg
 from app.services.setting_words import describe_fit
-from app.services.simulation import unavailable_reason
+from app.services.simulation import MIN_REPLAYABLE, imported_count, unavailable_reason
 from app.services.studies import study_personas
 from app.settings import Settings
 from app.tables import Job, JobStatus, Study
@@ -30,15 +30,37 @@ PERSONAS_SHOWN = 200
 """Personas listed on the jobs page (the count covers all of them)."""
 
 
-def job_row(job: Job) -> dict[str, Any]:
-    """The row of ``job`` (see the module docstring)."""
+def job_row(job: Job, ahead: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The row of ``job`` (see the module docstring); ``waiting`` says, for a queued job,
+    what it waits behind (``ahead``: :func:`app.services.jobs.jobs_ahead`)."""
     return {
         "job": job,
         "label": LABELS.get(job.kind, job.kind),
         "active": job.status in jobs.ACTIVE,
         "percent": int(round(100 * (job.progress or 0.0))),
         "summary": result_summary(job),
+        "waiting": waiting_words(*ahead) if ahead else "",
     }
+
+
+def waiting_words(earlier: int, other_studies: int) -> str:
+    """A queued job's wait in words, e.g. ``waiting_words(2, 1)`` = "waiting for 2 earlier
+    jobs to finish first (1 of another study)"; empty when nothing is ahead."""
+    if earlier <= 0:
+        return ""
+    jobs_word = "job" if earlier == 1 else "jobs"
+    other = (
+        f" ({other_studies} of {'another study' if other_studies == 1 else 'other studies'})"
+        if other_studies
+        else ""
+    )
+    return f"waiting for {earlier} earlier {jobs_word} to finish first{other}"
+
+
+def job_rows(rows: list[Job], *, session: Session) -> list[dict[str, Any]]:
+    """:func:`job_row` of each job, with what the queued ones wait behind (one query)."""
+    ahead = jobs.jobs_ahead(rows, session=session)
+    return [job_row(j, ahead.get(j.id or 0)) for j in rows]
 
 
 def _persona_words(r: dict[str, Any]) -> str:
@@ -139,17 +161,16 @@ def jobs_overview(study: Study, *, session: Session) -> dict[str, Any]:
     study's persona dictionary (``personas``, the first :data:`PERSONAS_SHOWN`;
     ``n_personas``, all)."""
     personas, n_personas = study_personas(study, session=session, limit=PERSONAS_SHOWN)
-    history = unavailable_reason(study, session=session)
     why_not = {
-        "simulation": history,
+        "simulation": unavailable_reason(study, session=session),
         "train_gnn": None
-        if history is None
+        if imported_count(study, session=session) >= MIN_REPLAYABLE
         else "it learns from imported respondents' complete answers, and this study has too "
         "few: import a dataset with this study's items (Import).",
     }
     return {
         "study": study,
-        "jobs": [job_row(j) for j in jobs.study_jobs(study, session=session)],
+        "jobs": job_rows(jobs.study_jobs(study, session=session), session=session),
         "kinds": [
             (k, LABELS[k], why_not.get(k)) for k in kind_names() if k != "persona_generation"
         ],
@@ -165,11 +186,14 @@ def persona_overview(
     persona generation ``jobs`` as rows, ``newest_persona_job`` (its id: only that job
     offers Resume when it was cancelled or failed) and ``extra`` (an ``error`` or
     ``notice``)."""
-    rows = [
-        job_row(j)
-        for j in jobs.study_jobs(study, session=session, limit=50)
-        if j.kind == "persona_generation"
-    ][:10]
+    rows = job_rows(
+        [
+            j
+            for j in jobs.study_jobs(study, session=session, limit=50)
+            if j.kind == "persona_generation"
+        ][:10],
+        session=session,
+    )
     return {
         **persona_service.persona_page(study, session=session, settings=settings),
         "jobs": rows,
@@ -190,7 +214,7 @@ def kind_overview(study: Study, kind: str, *, session: Session) -> dict[str, Any
         failed = None
     return {
         "study": study,
-        "pending": [job_row(j) for j in newest if j.status in jobs.ACTIVE],
+        "pending": job_rows([j for j in newest if j.status in jobs.ACTIVE], session=session),
         "latest": latest,
         "failed": job_row(failed) if failed is not None else None,
         "settings": StudySettings.model_validate(study.settings or {}),
@@ -199,7 +223,7 @@ def kind_overview(study: Study, kind: str, *, session: Session) -> dict[str, Any
 
 def study_job_row(study: Study, job_id: int, *, session: Session) -> dict[str, Any]:
     """The row of job ``job_id`` of ``study`` (:class:`NotFoundError` for another study's)."""
-    return job_row(jobs.get_study_job(study, job_id, session=session))
+    return job_rows([jobs.get_study_job(study, job_id, session=session)], session=session)[0]
 
 
 def cancel_study_job(study: Study, job_id: int, *, session: Session) -> dict[str, Any]:

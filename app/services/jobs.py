@@ -83,6 +83,30 @@ def study_jobs(study: Study, *, session: Session, limit: int = 50) -> list[Job]:
     )
 
 
+def jobs_ahead(waiting: list[Job], *, session: Session) -> dict[int, tuple[int, int]]:
+    """``{job id: (earlier, of other studies)}`` for each queued job of ``waiting``: the
+    queued or running jobs of any study created before it (a smaller id), which the
+    workers take first, and how many of those belong to another study. One query.
+
+    Example: study A's fit (#7) is queued while study B's simulation (#5) runs and A's own
+    persona job (#6) is queued: ``{7: (2, 1)}``.
+    """
+    queued = [j for j in waiting if j.status == JobStatus.queued.value and j.id is not None]
+    if not queued:
+        return {}
+    newest = max(j.id or 0 for j in queued)
+    active = session.exec(
+        select(Job.id, Job.study_id).where(col(Job.status).in_(ACTIVE), col(Job.id) < newest)
+    ).all()
+    return {
+        j.id or 0: (
+            sum(1 for i, _ in active if (i or 0) < (j.id or 0)),
+            sum(1 for i, s in active if (i or 0) < (j.id or 0) and s != j.study_id),
+        )
+        for j in queued
+    }
+
+
 def get_study_job(study: Study, job_id: int, *, session: Session) -> Job:
     """Job ``job_id`` of ``study``; :class:`NotFoundError` for another study's job."""
     job = session.get(Job, job_id)

@@ -132,6 +132,56 @@ class TrainingData:
         return int(self.holdout.shape[0])
 
 
+def live_rows(study_id: int, items: Sequence[Item], *, session: Session) -> dict[int, list[int]]:
+    """``{respondent id: row}`` of the study's live respondents with a non-preview session:
+    row ``j`` is the option index of item ``items[j]`` (``-1`` where missing) from their
+    attributes and the answered (not skipped) questions of all their sessions, respondent
+    id order. Letters that are not an option of the item are treated as missing.
+
+    Example: items ``(x, a, t)`` with options ``A, B``; a respondent who gave ``x = B``
+    and answered ``a = A`` has the row ``[1, 0, -1]``.
+    """
+    col_of = {it.key: j for j, it in enumerate(items)}
+    id_col = {it.id: j for j, it in enumerate(items)}
+    letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
+    n = len(items)
+    live_ids = select(ElicitationSession.respondent_id).where(
+        ElicitationSession.study_id == study_id, col(ElicitationSession.is_preview).is_(False)
+    )
+    live = session.exec(
+        select(Respondent.id, Respondent.attributes)
+        .where(
+            Respondent.study_id == study_id,
+            Respondent.source == RespondentSource.live.value,
+            col(Respondent.id).in_(live_ids),
+        )
+        .order_by(col(Respondent.id))
+    ).all()
+    out: dict[int, list[int]] = {}
+    for rid, attributes in live:
+        row = [-1] * n
+        for key, letter in (attributes or {}).items():
+            j = col_of.get(key)
+            if j is not None:
+                row[j] = letter_index[j].get(letter, -1)
+        out[int(rid or 0)] = row
+    answers = session.exec(
+        select(ElicitationSession.respondent_id, Answer.item_id, Answer.option)
+        .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
+        .where(
+            ElicitationSession.study_id == study_id,
+            col(ElicitationSession.is_preview).is_(False),
+            col(Answer.option).is_not(None),
+        )
+    ).all()
+    for rid, item_id, option in answers:
+        row = out.get(int(rid))
+        j = id_col.get(item_id)
+        if row is not None and j is not None:
+            row[j] = letter_index[j].get(option or "", -1)
+    return out
+
+
 def study_training_data(study_id: int, items: Sequence[Item], *, session: Session) -> TrainingData:
     """The study's imported and live respondents as :class:`TrainingData`.
 
@@ -141,7 +191,6 @@ def study_training_data(study_id: int, items: Sequence[Item], *, session: Sessio
     the item are treated as missing.
     """
     col_of = {it.key: j for j, it in enumerate(items)}
-    id_col = {it.id: j for j, it in enumerate(items)}
     letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
     n = len(items)
     rows: dict[Part, list[list[int]]] = {"train": [], "selection": [], "holdout": []}
@@ -172,38 +221,7 @@ def study_training_data(study_id: int, items: Sequence[Item], *, session: Sessio
         fill(row, answers)
         add(respondent_part(study_id, rid or 0, split), "imported", row)
 
-    live_ids = select(ElicitationSession.respondent_id).where(
-        ElicitationSession.study_id == study_id, col(ElicitationSession.is_preview).is_(False)
-    )
-    live = session.exec(
-        select(Respondent.id, Respondent.attributes)
-        .where(
-            Respondent.study_id == study_id,
-            Respondent.source == RespondentSource.live.value,
-            col(Respondent.id).in_(live_ids),
-        )
-        .order_by(col(Respondent.id))
-    ).all()
-    live_rows: dict[int, list[int]] = {}
-    for rid, attributes in live:
-        row = [-1] * n
-        fill(row, attributes)
-        live_rows[int(rid or 0)] = row
-    answers = session.exec(
-        select(ElicitationSession.respondent_id, Answer.item_id, Answer.option)
-        .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
-        .where(
-            ElicitationSession.study_id == study_id,
-            col(ElicitationSession.is_preview).is_(False),
-            col(Answer.option).is_not(None),
-        )
-    ).all()
-    for rid, item_id, option in answers:
-        row = live_rows.get(int(rid))
-        j = id_col.get(item_id)
-        if row is not None and j is not None:
-            row[j] = letter_index[j].get(option or "", -1)
-    for rid, row in live_rows.items():
+    for rid, row in live_rows(study_id, items, session=session).items():
         add(respondent_part(study_id, rid, None), "live", row)
 
     def as_t(part: Part) -> torch.Tensor:

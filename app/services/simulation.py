@@ -9,7 +9,11 @@ study's own design rather than a dataset's benchmark runs:
   candidates; its ``target`` items are predicted and scored (they are never asked);
 * **users**: the imported respondents' split (``train`` fits the models, ``val`` chooses
   the number of latent classes, ``test`` is replayed and scored). A study imported
-  without a split gets a seeded 70/10/20 split of its respondents;
+  without a split gets a seeded 70/10/20 split of its respondents. Live respondents who
+  answered every question item (a pilot asked everything, say) are as complete as an
+  import and take part like imported ones (seeded split); other live respondents answered
+  only what the adaptive loop asked, which would bias a replay, so they are training
+  data only (:func:`simulation_respondents`);
 * **model**: the study's chosen belief model (its ``belief_model`` setting: latent
   classes, a CAPE family, ``auto``'s model choice of
   :func:`elicitation.model_choice.fit_auto`, or the persona prior over the study's stored
@@ -45,7 +49,9 @@ from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
 from app.schemas import StudySettings
+from app.services import learning
 from app.services.belief import persona_prior_model
+from app.services.designer import study_items
 from app.tables import Item, ItemRole, Respondent, RespondentSource, Study
 from elicitation import model_choice
 from elicitation.bench.individual import simulate
@@ -217,18 +223,25 @@ def _item_roles(items: Sequence[Item]) -> tuple[list[int], list[int], list[int]]
     return attrs, cand, tgt
 
 
-def _respondent_parts(
-    study_id: int, items: Sequence[Item], seed: int, *, session: Session
-) -> tuple[dict[str, torch.Tensor], bool]:
-    """The imported respondents as ``{"train", "val", "test": LongTensor [n, I]}``.
+def simulation_respondents(
+    study_id: int, items: Sequence[Item], *, session: Session
+) -> tuple[list[tuple[int, list[int], str | None]], list[list[int]]]:
+    """The respondents a simulation replays, and those it only fits on.
 
-    Row ``i`` holds the option index of each item's answer (attributes included) in the
-    column order of ``items``, ``MISSING`` where unanswered or unknown; rows are in
-    respondent id order. The second value says whether the study has its own split; when
-    it has none, :func:`_split_of` assigns each respondent from ``seed``.
+    Returns ``(replayable, fit_only)``: ``replayable`` holds ``(respondent id, row,
+    split)`` of every imported respondent (its dataset split or ``None``) and of every live
+    respondent who answered every question item (``split`` ``None``); ``fit_only`` the
+    rows of the other live respondents with some answer. Row ``j`` is the option index of
+    ``items[j]`` (attributes included), ``MISSING`` where unanswered or unknown; both in
+    respondent id order.
+
+    Example: questions ``a, b`` and a target ``t``; a live respondent with ``a = A, b = B``
+    is replayable, one with only ``a = A, t = A`` (asked ``a``, then ``t`` as calibration)
+    is fit only.
     """
     col = {it.key: j for j, it in enumerate(items)}
     letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
+    questions = [j for j, it in enumerate(items) if it.role == ItemRole.question.value]
     rows = session.exec(
         select(Respondent.id, Respondent.attributes, Respondent.answers, Respondent.split)
         .where(
@@ -237,8 +250,7 @@ def _respondent_parts(
         )
         .order_by(Respondent.id)  # type: ignore[arg-type]
     ).all()
-    parts: dict[str, list[list[int]]] = {"train": [], "val": [], "test": []}
-    any_split = any(split for _, _, _, split in rows)
+    replayable: list[tuple[int, list[int], str | None]] = []
     for rid, attributes, given, split in rows:
         row = [MISSING] * len(items)
         for mapping in (attributes or {}, given or {}):
@@ -246,39 +258,79 @@ def _respondent_parts(
                 j = col.get(key)
                 if j is not None:
                     row[j] = letter_index[j].get(letter, MISSING)
-        where = split if any_split else _split_of(int(rid or 0), seed)
-        parts[where or "train"].append(row)
+        replayable.append((int(rid or 0), row, split))
+    fit_only: list[list[int]] = []
+    for rid, row in learning.live_rows(study_id, items, session=session).items():
+        if questions and all(row[j] >= 0 for j in questions):
+            replayable.append((rid, row, None))
+        elif any(v >= 0 for v in row):
+            fit_only.append(row)
+    return replayable, fit_only
+
+
+def _respondent_parts(
+    study_id: int, items: Sequence[Item], seed: int, *, session: Session
+) -> tuple[dict[str, torch.Tensor], bool]:
+    """The respondents of :func:`simulation_respondents` as ``{"train", "val", "test":
+    LongTensor [n, I]}`` (rows as there; the fit-only ones in ``train``).
+
+    The second value says whether the imported respondents have their own split; then a
+    replayable live respondent goes to ``train``, ``val`` or ``test`` by :func:`_split_of`
+    like everyone else in a study without one.
+    """
+    replayable, fit_only = simulation_respondents(study_id, items, session=session)
+    parts: dict[str, list[list[int]]] = {"train": [], "val": [], "test": []}
+    any_split = any(split for _, _, split in replayable)
+    for rid, row, split in replayable:
+        where = split if any_split and split else _split_of(rid, seed)
+        parts[where].append(row)
+    parts["train"].extend(fit_only)
     n = len(items)
     tensors = {k: torch.tensor(r, dtype=torch.long).reshape(-1, n) for k, r in parts.items()}
     return tensors, any_split
 
 
-MIN_IMPORTED = 11
-"""Imported respondents a simulation needs at the least: 10 to fit on and 1 to replay."""
+MIN_REPLAYABLE = 11
+"""Replayable respondents (:func:`simulation_respondents`) a simulation needs at the least:
+10 to fit on and 1 to replay."""
 
 
-def unavailable_reason(study: Study, *, session: Session) -> str | None:
-    """Why the simulation page cannot run for ``study`` (fewer than :data:`MIN_IMPORTED`
-    imported respondents), shown before the researcher starts a job that would fail;
-    ``None`` when it can run."""
-    n = len(
+def imported_count(study: Study, *, session: Session, limit: int = MIN_REPLAYABLE) -> int:
+    """The study's imported respondents, counted up to ``limit``."""
+    return len(
         session.exec(
             select(Respondent.id)
             .where(
                 Respondent.study_id == study.id,
                 Respondent.source == RespondentSource.import_.value,
             )
-            .limit(MIN_IMPORTED)
+            .limit(limit)
         ).all()
     )
-    if n >= MIN_IMPORTED:
+
+
+def unavailable_reason(study: Study, *, session: Session) -> str | None:
+    """Why the simulation page cannot run for ``study`` (fewer than :data:`MIN_REPLAYABLE`
+    imported respondents and live ones who answered every question), shown before the
+    researcher starts a job that would fail; ``None`` when it can run."""
+    n_imported = imported_count(study, session=session)
+    if n_imported >= MIN_REPLAYABLE:
         return None
+    replayable, _ = simulation_respondents(
+        study.id or 0, study_items(study, session=session), session=session
+    )
+    n = len(replayable)
+    if n >= MIN_REPLAYABLE:
+        return None
+    n_live = n - n_imported
     return (
-        f"This study has {n} imported respondent{'' if n == 1 else 's'}; a simulation replays "
-        "imported respondents' complete answers (live respondents answered only what they "
-        f"were asked) and needs at least {MIN_IMPORTED}. Import a dataset with this study's "
-        "items (Import) to simulate; meanwhile the model versions on the study page show how "
-        "the model learns from live respondents."
+        f"This study has {n_imported} imported respondent{'' if n_imported == 1 else 's'} and "
+        f"{n_live} live respondent{'' if n_live == 1 else 's'} who answered every question; "
+        "a simulation replays complete answers (other live respondents answered only what "
+        f"they were asked) and needs at least {MIN_REPLAYABLE}. Import a dataset with this "
+        "study's items (Import), or field a pilot that asks every question (questions per "
+        "respondent at least the number of question items), to simulate; meanwhile the "
+        "model versions on the study page show how the model learns from live respondents."
     )
 
 
@@ -293,10 +345,11 @@ def _test_users(
     """
     if train.shape[0] < 10 or test.shape[0] < 1:
         raise InvalidInputError(
-            f"the study has too few imported respondents to simulate "
+            f"the study has too few respondents to simulate "
             f"({train.shape[0]} training, {test.shape[0]} test; need >= 10 and >= 1): a "
-            "simulation replays imported respondents' complete answers (live respondents "
-            "answered only what they were asked); import a dataset (Import) to simulate"
+            "simulation replays imported respondents and live ones who answered every "
+            "question (other live respondents answered only what they were asked); import "
+            "a dataset (Import) or field a pilot that asks every question to simulate"
         )
     test = test[(test[:, tgt] >= 0).any(1)][:max_test_users]
     if test.shape[0] == 0:
@@ -438,11 +491,7 @@ def run_study_simulation(
     report = progress or (lambda f, m: None)
     started = time.perf_counter()
     assert study.id is not None
-    items = list(
-        session.exec(
-            select(Item).where(Item.study_id == study.id).order_by(Item.position, Item.id)  # type: ignore[arg-type]
-        ).all()
-    )
+    items = study_items(study, session=session)
     attrs, cand, tgt = _item_roles(items)
     settings = StudySettings.model_validate(study.settings or {})
     budget = settings.budgets.max_questions if opts.budget is None else opts.budget

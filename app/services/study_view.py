@@ -14,7 +14,7 @@ from sqlmodel import Session, col, select
 
 from app.errors import PriorlyError
 from app.schemas import StudySettings
-from app.services import designer, learning, setting_words
+from app.services import designer, job_views, jobs, learning, setting_words
 from app.services.personas import uniform_prior_warning
 from app.session import load_runtime
 from app.tables import FittedModel, Researcher, Study, StudyShare, StudyStatus
@@ -36,9 +36,12 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
     ``stopping_help``, ``shares`` (researchers), ``owner``, ``roles``, ``fitted_model``
     (:func:`active_model_row`), ``serving`` (:func:`serving_summary`), ``model_versions``
     (:func:`app.services.learning.model_versions`), ``refit_job`` (the fit job queued or
-    running, if any) and, for a published study whose prior is uniform, ``prior_warning``
+    running, if any), ``refit_waiting`` (what a queued one waits behind, in words:
+    :func:`app.services.job_views.waiting_words`) and, for a published study whose prior is uniform, ``prior_warning``
     (:func:`app.services.personas.uniform_prior_warning`)."""
     settings = StudySettings.model_validate(study.settings or {})
+    refit_job = learning.active_fit_job(study.id or 0, session=session)
+    ahead = jobs.jobs_ahead([refit_job], session=session) if refit_job else {}
     return {
         **study_item_context(study, session=session),
         "items": designer.study_items(study, session=session),
@@ -61,7 +64,10 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         "name_max_len": designer.NAME_MAX_LEN,
         "serving": serving_summary(study, session=session),
         "model_versions": learning.model_versions(study.id or 0, session=session),
-        "refit_job": learning.active_fit_job(study.id or 0, session=session),
+        "refit_job": refit_job,
+        "refit_waiting": job_views.waiting_words(*ahead[refit_job.id or 0])
+        if refit_job and refit_job.id in ahead
+        else "",
         "prior_warning": (
             uniform_prior_warning(study, session=session)
             if study.status == StudyStatus.published.value

@@ -414,3 +414,39 @@ def test_fit_job_shows_progress_and_a_readable_result(
     assert summary is not None and summary.startswith("latent classes, ")
     assert " classes, log-likelihood " in summary and "per selection respondent" in summary
     assert "hash" not in summary
+
+
+def test_a_queued_job_says_what_it_waits_behind(
+    client: Any, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    """Study A's fit waits behind B's running simulation and A's own queued persona job;
+    a job created after it is not ahead of it, nor is a finished one."""
+    from app.services.designer import create_study
+    from app.services.job_views import job_rows, waiting_words
+    from app.services.jobs import jobs_ahead
+    from tests.support.admin import login
+
+    other = create_study("Other study", owner=alice, session=db)
+    done = Job(kind="simulation", study_id=other.id, status=JobStatus.succeeded.value)
+    running = Job(kind="simulation", study_id=other.id, status=JobStatus.running.value)
+    persona = Job(kind="persona_generation", study_id=ces_study.id)
+    fit = Job(kind="fit_model", study_id=ces_study.id)
+    later = Job(kind="simulation", study_id=other.id)
+    for job in (done, running, persona, fit, later):
+        db.add(job)
+        db.commit()
+    got = jobs_ahead([fit, persona, running, done, later], session=db)
+    assert got == {persona.id: (1, 1), fit.id: (2, 1), later.id: (3, 2)}
+    assert waiting_words(2, 1) == "waiting for 2 earlier jobs to finish first (1 of another study)"
+    assert waiting_words(1, 0) == "waiting for 1 earlier job to finish first"
+    assert waiting_words(3, 2) == "waiting for 3 earlier jobs to finish first (2 of other studies)"
+    assert waiting_words(0, 0) == ""
+    rows = job_rows([fit, running], session=db)
+    assert [r["waiting"] for r in rows] == [waiting_words(2, 1), ""]
+
+    login(client, "alice@example.org")
+    page = client.get(f"/admin/studies/{ces_study.slug}")
+    assert page.status_code == 200, page.text
+    assert f'job {fit.id}</a>): <span class="job-waiting">{waiting_words(2, 1)}' in page.text
+    jobs_page = client.get(f"/admin/studies/{ces_study.slug}/jobs")
+    assert waiting_words(2, 1) in jobs_page.text and waiting_words(1, 1) in jobs_page.text

@@ -67,7 +67,10 @@ def test_simulation_page_says_before_the_run_when_it_cannot_simulate(
     login(client, "alice@example.org")
     page = client.get(f"/admin/studies/{empty.slug}/simulation").text
     assert 'disabled aria-describedby="simulation-unavailable">Run simulation' in page
-    assert "This study has 0 imported respondents; a simulation replays" in page
+    assert (
+        "This study has 0 imported respondents and 0 live respondents who answered every "
+        "question; a simulation replays complete answers" in page
+    )
     page = client.get(f"/admin/studies/{ces_study.slug}/simulation").text
     assert (
         'id="simulation-unavailable"' not in page and '<button type="submit">Run simulation' in page
