@@ -314,6 +314,10 @@ def iter_rows(
     """One row per respondent: those with sessions in respondent id order, then (with
     ``include_imported``) the imported respondents without a session, in id order.
 
+    An imported respondent whose sessions hold no answer (invited to a group round, never
+    answered) has nothing live: it is left out of the live rows, and with
+    ``include_imported`` it is a plain ``imported`` row where its id comes.
+
     A respondent with several sessions (a survey and a group round) is one row: the first
     session gives the meta columns, the answers of every session fill the cells (a later
     answer replaces an earlier one, a later skip never replaces an answer). An imported
@@ -328,6 +332,10 @@ def iter_rows(
     attribute_keys = [it.key for it in items if it.role == ItemRole.attribute.value]
     for person in _people(study, session, after=after, only=only):
         resp = person.respondent
+        if resp.source == RespondentSource.import_.value and not person.answers:
+            if include_imported:
+                yield _imported_row(resp, items)
+            continue
         cells = _person_cells(person, by_id, attribute_keys, include_imported=include_imported)
         first = person.sessions[0]
         yield ExportRow(
@@ -368,21 +376,27 @@ def iter_rows(
         if not people:
             break
         for resp in people:
-            cells = dict(resp.attributes or {})
-            cells.update(resp.answers or {})
-            yield ExportRow(
-                respondent_id=_label(resp),
-                session_id=None,
-                source=resp.source,
-                status="imported",
-                started_at=None,
-                completed_at=None,
-                cells=cells,
-                respondent_pk=resp.id or 0,
-                earlier_starts=resp.earlier_starts,
-                answer_order=_order(resp, [], items, include_imported=True),
-            )
+            yield _imported_row(resp, items)
         last = people[-1].id or 0
+
+
+def _imported_row(resp: Respondent, items: list[Item]) -> ExportRow:
+    """The row of an imported respondent with nothing live: its stored attributes and
+    answers, status ``imported``, no session."""
+    cells = dict(resp.attributes or {})
+    cells.update(resp.answers or {})
+    return ExportRow(
+        respondent_id=_label(resp),
+        session_id=None,
+        source=resp.source,
+        status="imported",
+        started_at=None,
+        completed_at=None,
+        cells=cells,
+        respondent_pk=resp.id or 0,
+        earlier_starts=resp.earlier_starts,
+        answer_order=_order(resp, [], items, include_imported=True),
+    )
 
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

@@ -321,6 +321,19 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     assert dash.counts["started"] == 0 and dash.counts["dropped"] == 0
     row = next(e for e in dash.exposure if e["key"] == r1["question"])
     assert (row["asked"], row["skipped"]) == (3, 1)
+    # the exports: the imported member who never answered has nothing live
+    with Session(engine) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        live_rows = list(export.iter_rows(st, session=s))
+        assert [r.respondent_pk for r in live_rows] == [m.respondent_id for m in members[:3]]
+        assert [r.status for r in live_rows] == ["completed"] * 3
+        everyone = {
+            r.respondent_pk: r for r in export.iter_rows(st, session=s, include_imported=True)
+        }
+        silent = everyone[members[3].respondent_id]
+        assert (silent.status, silent.session_id, silent.source) == ("imported", None, "import")
+        assert len(everyone) == len({r.respondent_pk for r in everyone.values()})
 
     # ---- the next plan uses the answers and the spent budget ----------------------------------
     with Session(engine) as s:
