@@ -11,7 +11,7 @@ from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 from sqlmodel import Session
 
-from app.errors import is_user_error
+from app.errors import NotFoundError, is_user_error
 from app.services import group_rounds, round_tracking
 from app.services.job_views import kind_overview
 from app.tables import Study
@@ -79,12 +79,23 @@ def round_unchanged(study: Study, number: int, since: str, *, session: Session) 
     return round_tracking.round_fingerprint(rnd, session=session) == since
 
 
-def round_links_csv(
-    study: Study, number: int, *, session: Session, secret: str, link_base: str
+ROUND_FILES = {"links.csv": round_tracking.links_csv, "answers.csv": round_tracking.answers_csv}
+"""A round's downloads: its members' personal links (a mail merge) and its results."""
+
+
+def round_csv(
+    study: Study, number: int, name: str, *, session: Session, secret: str, link_base: str
 ) -> str:
-    """Round ``number``'s members with their personal links as CSV text (a mail merge)."""
+    """Round ``number``'s download ``name`` (:data:`ROUND_FILES`) as CSV text.
+
+    Raises:
+        NotFoundError: no such round or file.
+    """
+    write = ROUND_FILES.get(name)
+    if write is None:
+        raise NotFoundError(f"no file {name!r} for a group round (known: {', '.join(ROUND_FILES)})")
     view = round_members(study, number, session=session, secret=secret, link_base=link_base)
-    return round_tracking.links_csv(view)
+    return write(view)
 
 
 _COLOURS = ("#2457a6", "#c0392b", "#7f8c8d", "#27ae60", "#8e44ad", "#d35400", "#16a085")

@@ -34,6 +34,7 @@ from app.tables import (
     Respondent,
     SessionStatus,
     Study,
+    iso_utc,
     utcnow,
 )
 
@@ -50,6 +51,8 @@ class MemberRow:
     answered_at: str | None
     link: str
     panel: str = ""  # the link parameters the member arrived with (export.panel_text)
+    option: str | None = None  # the option's letter
+    answered_iso: str = ""  # answered_at as ISO 8601 with its UTC offset (the exports')
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ def round_view(
                 answered_at=a.created_at.strftime("%Y-%m-%d %H:%M:%S UTC") if a else None,
                 link=link_base + link_token(secret, rnd.id or 0, m.respondent_id),
                 panel=panel_text(r.panel_params) if r is not None else "",
+                option=a.option if a else None,
+                answered_iso=(iso_utc(a.created_at) or "") if a else "",
             )
         )
     count = {
@@ -140,6 +145,50 @@ def links_csv(view: RoundView) -> str:
     for m in view.members:
         row = [m.label, m.respondent_id, f"{m.expected_gain:.6f}", m.status, m.link, m.panel]
         w.writerow([safe_cell(v) for v in row])  # no spreadsheet formula (OWASP)
+    return buf.getvalue()
+
+
+ANSWER_COLUMNS = (
+    "round",
+    "question",
+    "respondent",
+    "respondent_id",
+    "status",
+    "option",
+    "option_label",
+    "answered_at",
+    "expected_gain",
+    "panel_params",
+)
+"""The columns of :func:`answers_csv`."""
+
+
+def answers_csv(view: RoundView) -> str:
+    """CSV of a round's results, one row per member (:data:`ANSWER_COLUMNS`): the round's
+    number and question key, the member, ``status`` (``answered``, ``skipped``,
+    ``waiting`` while open, ``no_answer`` once closed), the option's letter and label,
+    ``answered_at`` (ISO 8601 in UTC, as the answer exports), the plan's expected gain and
+    the link parameters.
+
+    Example row: ``1,330a,r12,12,answered,A,Support,2026-12-04T18:55:27+00:00,0.031,``.
+    """
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(ANSWER_COLUMNS)
+    for m in view.members:
+        row = [
+            view.round.number,
+            view.question_key,
+            m.label,
+            m.respondent_id,
+            m.status,
+            m.option or "",
+            m.answer or "",
+            m.answered_iso,
+            f"{m.expected_gain:.6f}",
+            m.panel,
+        ]
+        w.writerow([safe_cell(v) for v in row])
     return buf.getvalue()
 
 

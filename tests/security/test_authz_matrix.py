@@ -300,8 +300,8 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/admin/studies/{slug}/groups/{number}"): Case(
         study_member(404, "GET"), path="/admin/studies/{slug}/groups/1"
     ),
-    ("GET", "/admin/studies/{slug}/groups/{number}/links.csv"): Case(
-        study_member(404, "GET"), path="/admin/studies/{slug}/groups/1/links.csv"
+    ("GET", "/admin/studies/{slug}/groups/{number}/{name}"): Case(
+        study_member(404, "GET"), path="/admin/studies/{slug}/groups/1/answers.csv"
     ),
     ("POST", "/admin/studies/{slug}/groups/open"): Case(study_member(422, "POST"), form={}),
     ("GET", "/admin/studies/{slug}/groups/open"): Case(study_member(303, "GET")),

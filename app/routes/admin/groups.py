@@ -129,24 +129,32 @@ def group_round_page(
     return page.render("admin/group_round.html", ctx, block="track" if page.htmx else None)
 
 
-@router.get("/studies/{slug}/groups/{number}/links.csv", name="admin_group_round_links")
-def group_round_links(
-    number: DbId, page: PageDep, study: VisibleStudy, session: SessionDep, settings: SettingsDep
+@router.get("/studies/{slug}/groups/{number}/{name}", name="admin_group_round_file")
+def group_round_file(
+    number: DbId,
+    name: str,
+    page: PageDep,
+    study: VisibleStudy,
+    session: SessionDep,
+    settings: SettingsDep,
 ) -> Response:
-    """The round's members with their personal links, as CSV (UTF-8 with a BOM), for a
-    mail merge."""
-    text = group_views.round_links_csv(
+    """A round's download as CSV (UTF-8 with a BOM): ``links.csv``, the members' personal
+    links for a mail merge, or ``answers.csv``, the round's results
+    (:data:`app.services.group_views.ROUND_FILES`); another name is 404."""
+    text = group_views.round_csv(
         study,
         number,
+        name,
         session=session,
         secret=settings.secret_key.get_secret_value(),
         link_base=_link_base(page),
     )
+    stem = name.removesuffix(".csv")
     return Response(
         "\ufeff" + text,
         media_type="text/csv; charset=utf-8",
         headers={
-            "Content-Disposition": f'attachment; filename="{study.slug}-round-{number}-links.csv"'
+            "Content-Disposition": f'attachment; filename="{study.slug}-round-{number}-{stem}.csv"'
         },
     )
 

@@ -321,6 +321,24 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     assert dash.counts["started"] == 0 and dash.counts["dropped"] == 0
     row = next(e for e in dash.exposure if e["key"] == r1["question"])
     assert (row["asked"], row["skipped"]) == (3, 1)
+    # the round's results as CSV: one row per member, the answer's letter and label
+    got = client.get(f"/admin/studies/{study.slug}/groups/1/answers.csv")
+    assert got.status_code == 200 and got.text.startswith("\ufeffround,question,")
+    assert 'filename="' + f'{study.slug}-round-1-answers.csv"' in got.headers["content-disposition"]
+    result = list(csv.DictReader(io.StringIO(got.text.lstrip("\ufeff"))))
+    assert list(result[0]) == list(round_tracking.ANSWER_COLUMNS)
+    assert [(r["respondent_id"], r["status"], r["option"]) for r in result] == [
+        (str(members[0].respondent_id), "answered", letters[0]),
+        (str(members[1].respondent_id), "skipped", ""),
+        (str(members[2].respondent_id), "answered", letters[-1]),
+        (str(members[3].respondent_id), "no_answer", ""),
+    ]
+    assert {r["round"] for r in result} == {"1"} and {r["question"] for r in result} == {
+        r1["question"]
+    }
+    assert dict(asked.options)[letters[0]] == result[0]["option_label"]
+    assert result[0]["answered_at"].endswith("+00:00") and result[3]["answered_at"] == ""
+    assert client.get(f"/admin/studies/{study.slug}/groups/1/other.csv").status_code == 404
     # the exports: the imported member who never answered has nothing live
     with Session(engine) as s:
         st = s.get(Study, study.id)
