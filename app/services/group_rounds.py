@@ -849,60 +849,76 @@ def _finished_plan_job(study: Study, plan_job_id: int, db: Session) -> Job:
     return job
 
 
-def _add_member(
+def _add_members(
     db: Session,
     study: Study,
     rnd: GroupRound,
-    p: dict[str, Any],
+    planned: list[dict[str, Any]],
     asked: tuple[int | None, str, dict[str, Any], int],
     secret: str,
 ) -> None:
-    """Add planned member ``p`` to round ``rnd``: a session, its decision and the membership.
+    """Add the planned members to round ``rnd``: per member a session, its decision and
+    the membership (the respondents read in one query, the rows written in batches).
 
     ``asked`` is ``(item_id, panel, scores, model_id)``: the round's question, the panel
-    source, the question scores of the plan and the active model. The session's token is
-    never shown; the member's link token derives from ``secret``, the round and the
+    source, the question scores of the plan and the active model. A session's token is
+    never shown; a member's link token derives from ``secret``, the round and the
     respondent.
 
     Raises:
-        ConflictError: the respondent is no longer in the panel.
+        ConflictError: a respondent is no longer in the panel.
     """
     item_id, panel, scores, model_id = asked
-    resp = db.get(Respondent, int(p["respondent_id"]))
-    if resp is None or resp.study_id != study.id or resp.source != panel:
-        raise ConflictError(f"respondent {p['respondent']!r} is no longer in the panel")
-    sess = ElicitationSession(
-        study_id=study.id or 0,
-        respondent_id=resp.id or 0,
-        token_hash=svc.hash_token(svc.new_token()),  # never shown: links only
-        model_id=model_id,
-    )
-    db.add(sess)
+    ids = [int(p["respondent_id"]) for p in planned]
+    found = {
+        r.id: r
+        for r in db.exec(
+            select(Respondent).where(
+                col(Respondent.id).in_(ids),
+                Respondent.study_id == study.id,
+                Respondent.source == panel,
+            )
+        ).all()
+    }
+    for p in planned:
+        if int(p["respondent_id"]) not in found:
+            raise ConflictError(f"respondent {p['respondent']!r} is no longer in the panel")
+    sessions = [
+        ElicitationSession(
+            study_id=study.id or 0,
+            respondent_id=rid,
+            token_hash=svc.hash_token(svc.new_token()),  # never shown: links only
+            model_id=model_id,
+        )
+        for rid in ids
+    ]
+    db.add_all(sessions)
     db.flush()
-    db.add(
-        SelectionDecision(
-            session_id=sess.id or 0,
-            position=0,
-            item_id=item_id,
-            criterion=ROUND_CRITERION,
-            scores={
-                "scores": scores,
-                "round": rnd.number,
-                "expected_gain": float(p["expected_gain"]),
-                "model_id": model_id,
-            },
+    for p, sess, rid in zip(planned, sessions, ids, strict=True):
+        gain = float(p["expected_gain"])
+        db.add(
+            SelectionDecision(
+                session_id=sess.id or 0,
+                position=0,
+                item_id=item_id,
+                criterion=ROUND_CRITERION,
+                scores={
+                    "scores": scores,
+                    "round": rnd.number,
+                    "expected_gain": gain,
+                    "model_id": model_id,
+                },
+            )
         )
-    )
-    token = link_token(secret, rnd.id or 0, resp.id or 0)
-    db.add(
-        GroupRoundMember(
-            round_id=rnd.id or 0,
-            respondent_id=resp.id or 0,
-            session_id=sess.id or 0,
-            token_hash=svc.hash_token(token),
-            expected_gain=float(p["expected_gain"]),
+        db.add(
+            GroupRoundMember(
+                round_id=rnd.id or 0,
+                respondent_id=rid,
+                session_id=sess.id or 0,
+                token_hash=svc.hash_token(link_token(secret, rnd.id or 0, rid)),
+                expected_gain=gain,
+            )
         )
-    )
 
 
 def open_round(
@@ -968,7 +984,8 @@ def open_round(
             db.rollback()
             raise ConflictError("another round was opened at the same time") from None
         scores = {q["item"]: q["score"] for q in plan["question_scores"]}
-        for p in plan["respondents"]:
-            _add_member(db, study, rnd, p, (item.id, panel, scores, rt.model_id), secret)
+        _add_members(
+            db, study, rnd, list(plan["respondents"]), (item.id, panel, scores, rt.model_id), secret
+        )
         db.commit()
         return rnd

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import func
+from sqlalchemy import func, or_, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -152,3 +152,34 @@ def finish_round_session(study: Study, session_id: int, *, engine: Engine) -> sv
                 db.add(sess)
         db.commit()
         return svc.session_view(study, sess, session=db)
+
+
+def stop_answered_round_sessions(db: Session, session_ids: list[int]) -> None:
+    """:func:`finish_round_session` for many answered round sessions at once, inside the
+    caller's transaction, which must hold their write locks (closing a round does): each
+    next-question decision (position 1) becomes the stop and each session is completed.
+    Two statements whatever the number of sessions; sessions already finished are left
+    as they are."""
+    if not session_ids:
+        return
+    now = utcnow()
+    db.execute(
+        update(SelectionDecision)
+        .where(
+            col(SelectionDecision.session_id).in_(session_ids),
+            SelectionDecision.position == 1,
+            or_(
+                col(SelectionDecision.item_id).is_not(None),
+                SelectionDecision.criterion != ROUND_CRITERION,
+            ),
+        )
+        .values(item_id=None, criterion=ROUND_CRITERION, scores={}, stop_reason=ONE_QUESTION_STOP)
+    )
+    db.execute(
+        update(ElicitationSession)
+        .where(
+            col(ElicitationSession.id).in_(session_ids),
+            ElicitationSession.status != SessionStatus.completed.value,
+        )
+        .values(status=SessionStatus.completed.value, completed_at=now, updated_at=now)
+    )

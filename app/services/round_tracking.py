@@ -23,7 +23,7 @@ from app.services.group_rounds import (
     round_members,
     study_rounds,
 )
-from app.services.round_links import finish_round_session
+from app.services.round_links import stop_answered_round_sessions
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -244,6 +244,8 @@ def close_round(study: Study, number: int, *, engine: Engine) -> GroupRound:
                     .where(col(ElicitationSession.id).in_(unanswered))
                     .values(status=SessionStatus.abandoned.value, updated_at=now)
                 )
+            # answered: make sure each stopped after its one question
+            stop_answered_round_sessions(db, list(answers))
             rnd.status = GroupRoundStatus.closed.value
             rnd.closed_at = now
             db.add(rnd)
@@ -251,8 +253,6 @@ def close_round(study: Study, number: int, *, engine: Engine) -> GroupRound:
         except BaseException:
             db.rollback()
             raise
-        for sid in answers:  # answered: make sure each stopped after its one question
-            finish_round_session(study, sid, engine=engine)
         return rnd
 
 

@@ -497,11 +497,33 @@ def test_close_while_members_answer_loses_no_acknowledged_answer(
             assert "no longer accepted" in str(exc)
             refused.add(members[i].session_id)
 
+    # member 0 answers through the plain answer path, which poses a next question: the
+    # close must stop that session after its one round question
+    first = svc.submit_answer(
+        study,
+        members[0].session_id,
+        item_key=links[0].item_key,
+        option=letter,
+        idempotency_key="c0",
+        engine=engine,
+    )
+    assert first.status == "active" and first.question is not None
+    acknowledged.add(members[0].session_id)
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(answer, i) for i in range(len(links))]
+        futures = [pool.submit(answer, i) for i in range(1, len(links))]
         round_tracking.close_round(study, 1, engine=engine)
         for f in futures:
             f.result()
+    with Session(engine) as s:
+        sess = s.get(ElicitationSession, members[0].session_id)
+        assert sess is not None and sess.status == "completed" and sess.completed_at
+        stop = s.exec(
+            select(SelectionDecision).where(
+                SelectionDecision.session_id == sess.id, SelectionDecision.position == 1
+            )
+        ).one()
+        assert (stop.item_id, stop.stop_reason) == (None, group_rounds.ONE_QUESTION_STOP)
+        assert svc.session_view(study, sess, session=s).phase == "done"
     assert len(acknowledged) + len(refused) == len(members) == 8
     with Session(engine) as s:
         outcome = {
