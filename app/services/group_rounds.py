@@ -974,6 +974,7 @@ def open_round(
                 "n_members": plan["n_members"],
                 "per_round": plan["per_round"],
                 "best_gain_not_chosen": plan.get("best_gain_not_chosen"),
+                "selection": plan.get("selection"),
             },
             opened_by_id=researcher.id if researcher else None,
         )

@@ -701,9 +701,15 @@ def test_plan_with_the_study_gnn_and_relational_selection(
     assert all(n >= 1 for n in sizes) and sum(sizes) == rel["n_eligible"]
     page = client.get(f"/admin/studies/{study.slug}/groups")
     assert "k-means over the GNN" in page.text and "stands for" in page.text
+    # no gain column: relational selection does not rank members by gain
+    members = page.text.split('id="plan-members"')[1].split("</table>")[0]
+    assert "<th>Respondent</th><th>Why</th>" in members and 'class="num"' not in members
+    assert 'id="plan-relational-note"' in page.text
 
     # open, answer nothing, close; the distribution plot has a point per round
     assert _open(client, study, job_id).status_code == 303
+    track = client.get(f"/admin/studies/{study.slug}/groups/1").text
+    assert "Expected gain" not in track.split('id="members"')[1]
     closed = client.post(
         f"/admin/studies/{study.slug}/groups/1/close",
         data={"csrf_token": csrf(client)},
