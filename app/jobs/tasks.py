@@ -235,7 +235,10 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
     model fails the job with nothing written).
 
     Progress: pairs done / total, pairs per second and the time left after every chunk;
-    a cancel stops the job between chunks (each chunk is committed). Stored pairs are
+    a cancel stops the job between chunks (each chunk is committed). A chunk (payload
+    ``chunk``) is by default what the backend scores at once: one batch (``batch_size``,
+    8) with the embedded model, ``batch_size × concurrency`` (32) on a server, so a cancel
+    waits for one batch. Stored pairs are
     never recomputed, so running the job again (after a cancel, or a retry after its
     worker died) resumes where it stopped and ends with the same stored distributions.
     ``limit`` (payload) means "the first ``limit`` pairs of the persona × question grid"
@@ -250,12 +253,16 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
         attrs, questions = persona_service.study_items(study.id, session=db)
         if not questions:
             raise InvalidInputError("the study has no questions to score")
+        kind = str(p.get("backend", "local"))
+        batch, concurrency = int(p.get("batch_size", 8)), int(p.get("concurrency", 4))
+        # one chunk is what the backend scores at once: a cancel waits for at most that
+        chunk = int(p.get("chunk", batch if kind == "local" else batch * concurrency))
         backend = persona_service.make_persona_backend(
-            str(p.get("backend", "local")),
+            kind,
             base_url=p.get("base_url"),
             model=p.get("model"),
-            batch_size=int(p.get("batch_size", 8)),
-            concurrency=int(p.get("concurrency", 4)),
+            batch_size=batch,
+            concurrency=concurrency,
             threshold=float(p.get("threshold", 0.5)),
             threads=1,
         )
@@ -286,7 +293,7 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
             questions,
             backend,
             session=db,
-            chunk_size=int(p.get("chunk", 32)),
+            chunk_size=chunk,
             first_pairs=limit,
             on_progress=persona_service.generation_progress(
                 total if limit is None else min(total, limit), ctx.progress

@@ -140,15 +140,44 @@ def test_a_bad_server_fails_the_job_with_nothing_stored(
     assert [m.training_hash for m in active] == ["h"]
 
 
+def _chunk_ends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pairs done at each progress report of the next persona job (one per chunk)."""
+    original, ends = ps.generation_progress, []
+
+    def watching(total: int, report: Callable[[float, str], None], **kw: Any):
+        inner = original(total, report, **kw)
+
+        def on_progress(done: int, todo: int) -> None:
+            ends.append(done)
+            inner(done, todo)
+
+        return on_progress
+
+    monkeypatch.setattr(ps, "generation_progress", watching)
+    return ends
+
+
+def test_a_server_chunk_is_a_batch_per_concurrent_request(
+    engine: Engine, db: Session, study: Study, fake: FakeVLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ends = _chunk_ends(monkeypatch)
+    payload = {"backend": "openai", "base_url": fake.url, "batch_size": 1, "concurrency": 3}
+    assert _run(engine, db, study, payload).status == JobStatus.succeeded.value
+    assert ends == [0, 3, 4]
+
+
 def test_embedded_model_scores_the_share_personas(
-    engine: Engine, db: Session, study: Study
+    engine: Engine, db: Session, study: Study, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real embedded SmolLM2-135M on 2 personas x 2 questions (about 15 s with the
-    model load), then the persona prior built from what it stored, on each backend."""
+    model load), one batch per chunk (a cancel waits for one batch), then the persona prior
+    built from what it stored, on each backend."""
     from app.services.belief import fit_study_model
 
-    job = _run(engine, db, study, {"backend": "local", "chunk": 2})
+    ends = _chunk_ends(monkeypatch)
+    job = _run(engine, db, study, {"backend": "local", "batch_size": 2})
     assert job.status == JobStatus.succeeded.value, job.error
+    assert ends == [0, 2, 4]
     assert job.result is not None and job.result["computed"] == 4
     assert job.result["model_id"] == "SmolLM2-135M-Instruct"
     assert (job.result["backend"], job.result["base_url"]) == ("local", None)
