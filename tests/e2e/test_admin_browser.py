@@ -221,6 +221,16 @@ def test_admin_pages_fit_a_phone_screen(server: dict[str, Any], browser: Any) ->
                             + ':' + Math.round(e.getBoundingClientRect().right))"""
                 )
         assert wide == {}, wide
+        # the study's items are stacked, one block per item with labelled cells: nothing
+        # scrolls inside the card either
+        page.goto(server["base"] + "/admin/studies/ces-pilot")
+        items = page.locator("table.items")
+        assert items.evaluate("t => t.scrollWidth <= t.clientWidth + 1")
+        key_cell = page.locator("table.items tbody td[data-label='Key']").first
+        assert key_cell.evaluate("td => getComputedStyle(td, '::before').content") == '"Key: "'
+        page.locator("table.items tbody tr").first.screenshot(
+            path=str(SHOTS / "30-study-item-phone.png")
+        )
         page.goto(server["base"] + "/admin")
         assert page.get_by_role("button", name="Log out").is_visible()
         shot(page, SHOTS, "18-studies-phone")
