@@ -70,6 +70,10 @@ class GroupSettings(BaseModel):
         total_answers: overall answer budget, or ``None`` for no cap.
         max_questions_per_respondent: round questions one respondent may be asked, over
             all rounds together.
+        panel: whom the rounds ask: ``live`` (the study's live respondents), ``imported``
+            (its imported respondents) or ``auto`` (live respondents when it has any,
+            else imported ones). Read when round 1 is planned; later rounds keep round
+            1's panel.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -79,6 +83,7 @@ class GroupSettings(BaseModel):
     respondents_share: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False)
     total_answers: int | None = Field(default=None, ge=1, le=MAX_ANSWERS)
     max_questions_per_respondent: int = Field(default=1, ge=1, le=MAX_COUNT)
+    panel: Literal["auto", "live", "imported"] = "auto"
 
 
 class StudySettings(BaseModel):

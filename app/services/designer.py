@@ -192,6 +192,7 @@ SETTING_LABELS = {
     "group.respondents_share": "Share of the panel per round",
     "group.total_answers": "Total answers",
     "group.max_questions_per_respondent": "Round questions per respondent (all rounds)",
+    "group.panel": "Panel",
 }
 """The study page's words for a settings field, for its validation errors."""
 

@@ -1,7 +1,7 @@
 """Group rounds in the live product: plan, open, track and close.
 
-A group study asks its *panel* (the study's live respondents, or its imported ones when
-it has none) in rounds: each round puts **one question** to a **few members**, chosen by
+A group study asks its *panel* (its live or its imported respondents: the ``group.panel``
+setting, by default live ones when there are any) in rounds: each round puts **one question** to a **few members**, chosen by
 :mod:`elicitation.group` under the study's group budget (``study.settings["group"]``).
 
 * **plan** (:func:`plan_next_round`, run by the ``plan_group_round`` job): the panel's
@@ -241,8 +241,9 @@ class GroupReplay:
 def _panel_members(
     study: Study, rounds: list[GroupRound], max_members: int, session: Session
 ) -> tuple[str, list[Respondent], int]:
-    """The panel: the source of the first round, else live respondents when any, else
-    imported; its first ``max_members`` respondents by id, and how many the source has."""
+    """The panel: the source of the first round, else the study's ``group.panel`` setting
+    (``auto``: live respondents when any, else imported); its first ``max_members``
+    respondents by id, and how many the source has."""
 
     def of(source: str) -> list[Respondent]:
         return list(
@@ -254,8 +255,10 @@ def _panel_members(
             ).all()
         )
 
-    if rounds:
-        source = rounds[0].panel
+    chosen = StudySettings.model_validate(study.settings or {}).group.panel
+    if rounds or chosen != "auto":
+        imported = RespondentSource.import_.value
+        source = rounds[0].panel if rounds else imported if chosen == "imported" else "live"
         members = of(source)
     else:
         source, members = RespondentSource.live.value, of(RespondentSource.live.value)

@@ -142,6 +142,7 @@ async def study_settings(
                 "max_questions_per_respondent": kept(
                     "max_questions_per_respondent", stored.group.max_questions_per_respondent
                 ),
+                "panel": form.text("panel") or stored.group.panel,
             },
         }
         stored = designer.update_settings(study, values, session=session)

@@ -794,3 +794,48 @@ def test_the_gnn_note_says_whether_it_hurts_or_only_does_not_clearly_help() -> N
     clear = torch.tensor([[0.0, 0.3, 0.1], [0.0, 0.31, 0.1], [0.0, 0.29, 0.1]])
     w, pool = pool_weight_from_gains(clear.double(), counts)
     assert w == 0.5 and group_rounds.gnn_validation_note(w, {**pool, "members": 3}) == ""
+
+
+def test_the_panel_setting_keeps_an_imported_panel_after_a_test_response(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    """One live test response makes the automatic panel live (1 member); the designer's
+    Panel setting "imported respondents" keeps the imported panel; an unknown value is
+    refused naming the field; round 1 fixes the panel."""
+    study = _group_study(db, ces_study, rounds=2, respondents_per_round=2)
+    _live_member(engine, study, external_id="tester")
+    login(client, "alice@example.org")
+    auto = _plan(client, engine, study)
+    assert auto.result is not None and (auto.result["panel"], auto.result["n_members"]) == (
+        "live",
+        1,
+    )
+    form = {
+        "criterion": study.settings["criterion"],
+        "rounds": "2",
+        "respondents_per_round": "2",
+        "max_questions_per_respondent": "1",
+        "csrf_token": csrf(client),
+    }
+    bad = client.post(f"/admin/studies/{study.slug}/settings", data={**form, "panel": "all"})
+    assert bad.status_code == 422 and "Panel" in bad.text
+    ok = client.post(f"/admin/studies/{study.slug}/settings", data={**form, "panel": "imported"})
+    assert ok.status_code == 200, ok.text
+    assert '<option value="imported" selected>' in ok.text
+    db.refresh(study)
+    assert study.settings["group"]["panel"] == "imported"
+    imported = _plan(client, engine, study)
+    assert imported.result is not None and imported.result["panel"] == "imported"
+    assert imported.result["n_members"] > 1
+    assert _open(client, study, imported.id or 0).status_code == 303
+    # round 1 fixes the panel: a later setting does not move it
+    designer.update_settings(
+        study,
+        {**study.settings, "group": {**study.settings["group"], "panel": "live"}},
+        session=db,
+    )
+    with Session(engine) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        members = group_rounds.replay_group(st, session=s).members
+    assert all(m.source == "import" for m in members)

@@ -138,6 +138,7 @@ def test_create_study_items_roles_budgets_texts_publish(
         "respondents_share": 0.5,
         "total_answers": 500,
         "max_questions_per_respondent": 1,
+        "panel": "auto",
     }
     assert study.settings["drop_after_minutes"] == 60  # not in the form: the default kept
     # an empty share keeps the stored one (the count is what is used when set)
