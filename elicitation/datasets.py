@@ -316,6 +316,10 @@ def _parse_json(file: str, text: str, line: int | None = None) -> Any:
         ) from None
     except RecursionError:
         raise DatasetError(file, "JSON nested too deeply to read", line=line or 1) from None
+    except ValueError:  # Python's int conversion limit (4,300 digits)
+        raise DatasetError(
+            file, "holds a number of more than 4,300 digits: write a shorter one", line=line or 1
+        ) from None
 
 
 def _string_list(file: str, field_name: str, value: Any) -> list[str]:

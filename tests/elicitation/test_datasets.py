@@ -207,6 +207,16 @@ def _c_malformed_manifest(d: Path) -> None:
     (d / "dataset.json").write_text('{\n  "name": "x",\n  "id_column": caseid\n}\n')
 
 
+def _c_huge_number_codebook(d: Path) -> None:
+    lines = (d / "codebook.jsonl").read_text().splitlines()
+    lines[2] = lines[2][:-1] + ', "position": ' + "9" * 5000 + "}"
+    (d / "codebook.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _c_huge_number_split(d: Path) -> None:
+    (d / "user_split.json").write_text('{"train_users": [' + "9" * 5000 + "]}")
+
+
 def _c_codebook_no_id(d: Path) -> None:
     _rewrite_codebook(d / "codebook.jsonl", lambda e: e[4].pop("id"))
 
@@ -333,6 +343,8 @@ CASES = [
     (_c_empty_codebook, "codebook.jsonl", None, None, None, "the file is empty"),
     (_c_malformed_codebook, "codebook.jsonl", None, None, 3, "malformed JSON"),
     (_c_malformed_manifest, "dataset.json", None, None, 3, "malformed JSON"),
+    (_c_huge_number_codebook, "codebook.jsonl", None, None, 3, "more than 4,300 digits"),
+    (_c_huge_number_split, "user_split.json", None, None, 1, "more than 4,300 digits"),
     (_c_codebook_no_id, "codebook.jsonl", None, None, 5, "without an 'id'"),
     (_c_codebook_no_options, "codebook.jsonl", None, None, 6, "has no 'options'"),
     (_c_codebook_duplicate, "codebook.jsonl", None, None, 7, "duplicate id"),
