@@ -842,6 +842,8 @@ def _finished_plan_job(study: Study, plan_job_id: int, db: Session) -> Job:
     job = db.get(Job, plan_job_id)
     if job is None or job.study_id != study.id or job.kind != "plan_group_round":
         raise NotFoundError(f"no round plan {plan_job_id} in this study")
+    if job.status in (JobStatus.failed.value, JobStatus.cancelled.value):
+        raise ConflictError(f"round plan {plan_job_id} {job.status}: plan the next round again")
     if job.status != JobStatus.succeeded.value or not job.result:
         raise ConflictError(f"round plan {plan_job_id} has not finished")
     if study.status != StudyStatus.published.value:

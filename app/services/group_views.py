@@ -9,12 +9,12 @@ from typing import Any
 
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from app.errors import NotFoundError, is_user_error
 from app.services import group_rounds, round_tracking
 from app.services.job_views import kind_overview
-from app.tables import Study
+from app.tables import FittedModel, Study
 
 
 def groups_overview(study: Study, *, session: Session) -> dict[str, Any]:
@@ -35,11 +35,27 @@ def groups_overview(study: Study, *, session: Session) -> dict[str, Any]:
     return {
         **ctx,
         "selections": group_rounds.SELECTION_LABELS,
+        "no_gnn": relational_unavailable(study, session=session),
         "can_open": can_open,
         "round_open": is_open,
         "rounds": rounds,
         "usage": round_tracking.budget_usage(study, session=session),
     }
+
+
+def relational_unavailable(study: Study, *, session: Session) -> str | None:
+    """Why relational selection cannot plan for ``study`` (it has no trained group GNN),
+    or ``None``: the rounds page disables the choice with this reason and the plan form
+    refuses it."""
+    gnn = session.exec(
+        select(FittedModel.id).where(FittedModel.study_id == study.id, FittedModel.family == "gnn")
+    ).first()
+    if gnn is not None:
+        return None
+    return (
+        "relational selection needs the study's trained group GNN: run "
+        '"Train the group GNN" on the Jobs tab first'
+    )
 
 
 def round_members(

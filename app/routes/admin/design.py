@@ -20,7 +20,7 @@ from sqlmodel import Session
 from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, SessionDep
 from app.errors import InvalidInputError
-from app.routes.admin.common import FormDep, PageDep, user_error_message
+from app.routes.admin.common import FormDep, PageDep, error_status, user_error_message
 from app.schemas import StudySettings
 from app.services import accounts, designer, personas
 from app.services.study_view import study_item_context, study_overview
@@ -72,7 +72,12 @@ def _study_form(
         session.rollback()
         session.expire_all()
         return _study_page(
-            page, study, session, error=user_error_message(exc), status=422, section=section
+            page,
+            study,
+            session,
+            error=user_error_message(exc),
+            status=error_status(exc),
+            section=section,
         )
     return page.redirect("admin_study", slug=study.slug, query={"notice": notice})
 
@@ -216,7 +221,7 @@ async def bulk_roles(
         n = designer.set_roles(study, dict.fromkeys(keys, role), session=session)
         notice, error, status = f"{n} item{'s' if n != 1 else ''} set to {role}", None, 200
     except Exception as exc:
-        notice, error, status = None, user_error_message(exc), 422
+        notice, error, status = None, user_error_message(exc), error_status(exc)
     if page.htmx:
         ctx = {
             **study_item_context(study, session=session),
@@ -288,7 +293,8 @@ async def update_item(
     except Exception as exc:
         session.rollback()
         session.refresh(item)
-        return _item_row(page, study, item, session, error=user_error_message(exc), status=422)
+        message = user_error_message(exc)
+        return _item_row(page, study, item, session, error=message, status=error_status(exc))
     deleted = form.text("action") == "delete"
     return _item_row(page, study, None if deleted else item, session, notice=notice)
 

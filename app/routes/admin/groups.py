@@ -51,6 +51,10 @@ async def plan_group_round(
             f"selection: unknown respondent selection {selection!r} "
             f"(known: {', '.join(sorted(group_rounds.SELECTIONS))})"
         )
+    if selection == "relational" and (
+        why := group_views.relational_unavailable(study, session=session)
+    ):
+        raise InvalidInputError(f"selection: {why}")
     job = jobs.start_job(
         "plan_group_round",
         study,

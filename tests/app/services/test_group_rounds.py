@@ -198,6 +198,13 @@ def test_round_plan_open_answer_track_close_and_next_plan(
             edit()
     db.refresh(asked)
     assert asked.role == "question"
+    for headers in ({"HX-Request": "true"}, {}):  # the designer's row, and a plain post
+        refused = client.post(
+            f"/admin/studies/{study.slug}/items/{asked.id}",
+            data={"action": "delete", "csrf_token": csrf(client)},
+            headers=headers,
+        )
+        assert refused.status_code == 409 and "group round 1 is asking" in refused.text
     reworded = designer.update_item(
         study, asked, session=db, question=asked.question + " (reworded)",
         options_text="\n".join(f"{o[0]}: {o[1]}" for o in asked.options), role=asked.role,
@@ -628,6 +635,9 @@ def test_plan_fails_with_the_reason_when_nobody_can_be_reached(
     plan = _plan(client, engine, study)
     assert plan.status == JobStatus.failed.value
     assert "none of the 2 members can receive a question" in (plan.error or "")
+    refused = _open(client, study, plan.id or 0)  # a stale page's Open of the failed plan
+    assert refused.status_code == 409
+    assert f"round plan {plan.id} failed: plan the next round again" in refused.text
 
 
 def test_plan_with_the_study_gnn_and_relational_selection(
@@ -651,13 +661,9 @@ def test_plan_with_the_study_gnn_and_relational_selection(
         data={"selection": "relational", "csrf_token": csrf(client)},
         follow_redirects=False,
     )
-    assert r.status_code == 303
-    job_id = int(r.headers["location"].rsplit("job=", 1)[1])
-    execute_job(engine, job_id)
-    with Session(engine) as s:
-        failed = s.get(Job, job_id)
-        assert failed is not None and failed.status == JobStatus.failed.value
-        assert "needs the study's trained GNN" in (failed.error or "")
+    assert r.status_code == 422 and "needs the study&#39;s trained group GNN" in r.text
+    page = client.get(f"/admin/studies/{study.slug}/groups").text
+    assert '<option value="relational" disabled>' in page and 'id="no-gnn"' in page
     bad = client.post(
         f"/admin/studies/{study.slug}/groups/plan",
         data={"selection": "nearest", "csrf_token": csrf(client)},
