@@ -11,9 +11,10 @@ from app.deps import EngineDep
 router = APIRouter()
 
 
-@router.get("/healthz", name="healthz")
+@router.api_route("/healthz", methods=["GET", "HEAD"], name="healthz")
 def healthz(request: Request, engine: EngineDep) -> JSONResponse:
-    """``200 {"status": "ok", "database": "ok"}``, or 503 with the database's problem."""
+    """``200 {"status": "ok", "database": "ok"}``, or 503 with the database's problem;
+    ``HEAD`` answers the same status without the body (uptime monitors)."""
     database = check_database(engine, request.app.state.schema_head)
     ok = database == "ok"
     return JSONResponse(

@@ -17,7 +17,7 @@ browser or after the cookie was cleared. Link parameters of the start page (for 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
@@ -491,12 +491,27 @@ def start_page(
     if visit.sess is not None:
         return _see(str(request.url_for("respondent_question", slug=slug)))
     try:
-        panel = svc.clean_panel_params(dict(request.query_params)) or {}
+        panel = svc.clean_panel_params(_single_params(request.query_params.multi_items())) or {}
     except InvalidInputError as exc:
         return message_page(request, templates, "Invalid link", exc.message, 422, study)
     return templates.TemplateResponse(
         request, "pages/respondent_consent.html", {"study": study, "panel": panel}
     )
+
+
+def _single_params(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """``{name: value}`` of a link's parameters; a name given twice is refused (which of
+    the two values is the panel's id cannot be known).
+
+    Raises:
+        InvalidInputError: naming the repeated parameter.
+    """
+    out: dict[str, str] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InvalidInputError(f"link parameter {key[:80]!r} is given twice")
+        out[key] = value
+    return out
 
 
 @router.post("/{slug}/consent", name="respondent_consent")
@@ -525,11 +540,15 @@ async def consent(
     if visit.sess is not None:
         return _see(str(request.url_for("respondent_question", slug=slug)))
     earlier = _earlier_starts(request, study, settings)
-    panel = {
-        str(k)[len(PANEL_FIELD_PREFIX) :]: str(v)
-        for k, v in form.multi_items()
-        if str(k).startswith(PANEL_FIELD_PREFIX)
-    }
+    try:
+        panel = _single_params(
+            (str(k)[len(PANEL_FIELD_PREFIX) :], str(v))
+            for k, v in form.multi_items()
+            if str(k).startswith(PANEL_FIELD_PREFIX)
+        )
+        svc.clean_panel_params(panel)
+    except InvalidInputError as exc:
+        return message_page(request, templates, "Invalid link", exc.message, 422, study)
     settings_ = svc.study_settings(study)
     session.close()  # see app.routes.api_v1.release: one pooled connection per request at a time
     try:

@@ -28,6 +28,8 @@ from typing import Any
 from sqlmodel import Session
 
 from app.errors import InvalidInputError
+from app.services import learning
+from app.services.belief import NoModelError
 from app.services.export import (
     SKIP_MARK,
     ExportRow,
@@ -199,7 +201,9 @@ def predictions_page(
     with its ``probability`` (of the predicted option).
 
     Raises:
-        NoModelError: the study has no fitted belief model.
+        ModelPreparingError: the study has no fitted belief model yet and a fit job is
+            fitting its first one (409 ``model_preparing``, retry later).
+        NoModelError: the study has no fitted belief model and none is being fitted.
     """
     after = decode_cursor(PREDICTIONS, study, cursor)
     n = check_limit(PREDICTIONS, limit)
@@ -233,7 +237,16 @@ def predictions_page(
             "items": [entry(t) for t in row.items],
         }
 
-    rows = iter_predictions(study, session=session, after=after)
+    try:
+        rows = iter_predictions(study, session=session, after=after)
+    except NoModelError:
+        job = learning.active_fit_job(study.id or 0, session=session)
+        if job is None:
+            raise
+        raise learning.ModelPreparingError(
+            f"study {study.slug!r} has no fitted belief model yet: it is being fitted by "
+            f"job {job.id}; retry when the job has finished"
+        ) from None
     return _page(PREDICTIONS, study, rows, n, render, lambda r: r.respondent_pk)
 
 

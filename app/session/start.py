@@ -11,6 +11,7 @@ browser flow asks the attribute questions first: its first decision is chosen by
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,16 +65,32 @@ PANEL_VALUE_MAX = 500
 this long."""
 
 
+PANEL_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
+"""What a link parameter's name may hold: it becomes an export column (``panel.NAME``)."""
+
+
 def clean_panel_params(params: Mapping[str, str]) -> dict[str, str] | None:
-    """Validate panel parameters (e.g. ``PROLIFIC_PID``) from a link; ``None`` when empty."""
+    """Validate panel parameters (e.g. ``PROLIFIC_PID``) from a link; ``None`` when empty.
+
+    A name is 1-64 letters, digits, ``_``, ``.`` or ``-``; a value at most 500 characters
+    without control or bidirectional control characters (it is written into the exports).
+
+    Raises:
+        InvalidInputError: too many parameters, or a name or value as above, named.
+    """
     if len(params) > PANEL_PARAMS_MAX:
         raise InvalidInputError(f"too many link parameters ({len(params)} > {PANEL_PARAMS_MAX})")
     out: dict[str, str] = {}
     for key, value in params.items():
-        if not key or len(key) > PANEL_KEY_MAX:
-            raise InvalidInputError(f"link parameter name {key[:80]!r} is empty or too long")
+        if not key or len(key) > PANEL_KEY_MAX or not PANEL_KEY.fullmatch(key):
+            raise InvalidInputError(
+                f"link parameter name {key[:80]!r}: use 1-{PANEL_KEY_MAX} letters, digits, "
+                "'_', '.' or '-'"
+            )
         if len(value) > PANEL_VALUE_MAX:
             raise InvalidInputError(f"link parameter {key!r} is longer than {PANEL_VALUE_MAX}")
+        if (bad := unsafe_in_name(value)) is not None:
+            raise InvalidInputError(f"link parameter {key!r} holds {bad}")
         out[key] = value
     return out or None
 

@@ -27,8 +27,10 @@ def _import(url: str, folder: Path, name: str) -> None:
 def test_healthz_ok(migrated_sqlite_url: str) -> None:
     with TestClient(create_app(Settings(database_url=migrated_sqlite_url))) as client:
         r = client.get("/healthz")
+        head = client.head("/healthz")
     assert r.status_code == 200
     assert r.json() == {"status": "ok", "database": "ok"}
+    assert head.status_code == 200 and head.content == b""
 
 
 def test_healthz_unmigrated(sqlite_url: str) -> None:

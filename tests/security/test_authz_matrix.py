@@ -306,6 +306,9 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/admin/studies/{slug}/groups/open"): Case(study_member(422, "POST"), form={}),
     ("GET", "/admin/studies/{slug}/groups/open"): Case(study_member(303, "GET")),
     ("GET", "/admin/studies/{slug}/groups/plan"): Case(study_member(303, "GET")),
+    ("GET", "/admin/studies/{slug}/groups/{number}/close"): Case(
+        study_member(303, "GET"), path="/admin/studies/{slug}/groups/1/close"
+    ),
     ("POST", "/admin/studies/{slug}/groups/plan"): Case(
         study_member(303, "POST"), form={"selection": "elook"}
     ),

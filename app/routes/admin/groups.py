@@ -34,6 +34,12 @@ def groups_form_address(page: PageDep, study: VisibleStudy) -> Response:
     return page.redirect("admin_groups", slug=study.slug)
 
 
+@router.get("/studies/{slug}/groups/{number}/close", include_in_schema=False)
+def group_close_address(number: DbId, page: PageDep, study: VisibleStudy) -> Response:
+    """The address a refused close form leaves: reloading it shows the round's page."""
+    return page.redirect("admin_group_round", slug=study.slug, number=number)
+
+
 @router.post("/studies/{slug}/groups/plan")
 async def plan_group_round(
     page: PageDep,

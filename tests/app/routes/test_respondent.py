@@ -244,6 +244,33 @@ def test_decline_stores_nothing_and_unknown_study(client: Any, live: LiveStudy) 
     assert client.get(f"/s/{live.slug}", params={"x" * 100: "1"}).status_code == 422
 
 
+@pytest.mark.parametrize(
+    ("query", "form", "message"),
+    [
+        ("k=1&k=2", {"p_k": ["1", "2"]}, "link parameter &#39;k&#39; is given twice"),
+        ("a%20b=1", {"p_a b": "1"}, "link parameter name &#39;a b&#39;: use 1-64 letters"),
+        ("k%0A2=1", {"p_k\n2": "1"}, "link parameter name"),
+        ("k=x%E2%80%AEy", {"p_k": "x\u202ey"}, "holds a bidirectional control character"),
+    ],
+)
+def test_a_bad_link_parameter_is_refused_naming_it(
+    client: Any, live: LiveStudy, query: str, form: dict[str, Any], message: str
+) -> None:
+    """On the consent page (the link) and on its form: 422 "Invalid link" naming the
+    parameter, and nobody is stored."""
+    with live.session() as db:
+        before = db.exec(select(func.count()).select_from(Respondent)).one()
+    page = client.get(f"/s/{live.slug}?{query}")
+    assert page.status_code == 422 and "Invalid link" in page.text and message in page.text
+    posted = client.post(
+        f"/s/{live.slug}/consent", data={"choice": "accept", **form}, follow_redirects=False
+    )
+    assert posted.status_code == 422 and "Invalid link" in posted.text
+    assert message in posted.text
+    with live.session() as db:
+        assert db.exec(select(func.count()).select_from(Respondent)).one() == before
+
+
 def test_pages_escape_study_text(client: Any, live: LiveStudy) -> None:
     with study_fields(live, consent_text="<script>alert(1)</script> & more"):
         page = client.get(f"/s/{live.slug}").text

@@ -322,3 +322,25 @@ def test_an_order_dependent_model_gets_the_live_loops_replay(
     # all observations at once would be another state: this test can tell them apart
     at_once = model.predict_batch(model.initial_batch(torch.tensor([[1, 2, 0, -1, 1]])), [3])[0, 0]
     assert float((at_once - want).abs().max()) > 1e-4
+
+
+def test_predictions_listing_says_a_first_model_is_being_fitted(
+    db: Session, alice: Researcher
+) -> None:
+    """No model: 409 ``no_model``; with a queued first fit: 409 ``model_preparing``
+    naming the job, as a session start says."""
+    from app.services.belief import NoModelError
+    from app.services.designer import add_item, create_study
+    from app.services.learning import ModelPreparingError
+    from app.services.results import predictions_page
+    from app.tables import Job
+
+    study = create_study("No model yet", owner=alice, session=db)
+    add_item(study, session=db, key="q", question="Q?", options_text="A: a\nB: b", role="question")
+    with pytest.raises(NoModelError):
+        predictions_page(study, session=db, cursor=None, limit=None)
+    fit = Job(kind="fit_model", study_id=study.id)
+    db.add(fit)
+    db.commit()
+    with pytest.raises(ModelPreparingError, match=f"being fitted by job {fit.id}"):
+        predictions_page(study, session=db, cursor=None, limit=None)
