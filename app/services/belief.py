@@ -214,7 +214,14 @@ def fit_study_model(
             torch.cat([data.train, data.selection]), item_bank_of(items)
         )
     active_row = active_model_row(study.id, session=session)
-    verdict = learning.judge(model, learning.load_row_model(active_row), data.holdout, force=force)
+    verdict = learning.judge(
+        model,
+        learning.load_row_model(active_row),
+        data.holdout,
+        force=force,
+        active_is_uniform=active_row is not None
+        and (active_row.metrics or {}).get("prior") == "uniform",
+    )
     promoted = verdict.status == ModelStatus.promoted.value
     if promoted:
         for old in session.exec(

@@ -264,13 +264,17 @@ def judge(
     holdout: torch.Tensor,
     *,
     force: bool = False,
+    active_is_uniform: bool = False,
 ) -> Verdict:
     """Promote ``candidate`` over ``active`` or reject it, by the mean log-likelihood per
     held-out respondent of their observed answers (higher wins; a tie keeps the active).
 
     Promoted without a comparison: the first model of a study, a fit ``force``-d by the
-    caller, a study without held-out respondents, or an active model over other items
-    (the study's items changed since it was fitted).
+    caller, an active model over other items (the study's items changed since it was
+    fitted), or, while the study has no held-out respondents yet, an active model that is
+    the uniform prior (``active_is_uniform``: it knows nothing). Without held-out
+    respondents any other active model (a persona prior, an earlier fit) stays: nothing
+    shows that the candidate is better.
     """
     score = mean_log_likelihood(candidate, holdout)
     if active is None:
@@ -285,10 +289,19 @@ def judge(
     active_score = mean_log_likelihood(active, holdout)
     if force:
         return Verdict(ModelStatus.promoted.value, "promoted on request", score, active_score)
-    if score is None or active_score is None:
+    if (score is None or active_score is None) and active_is_uniform:
         return Verdict(
             ModelStatus.promoted.value,
-            "no held-out respondents to compare on",
+            "no held-out respondents to compare on, and the active model is the uniform "
+            "prior, which knows nothing",
+            score,
+            active_score,
+        )
+    if score is None or active_score is None:
+        return Verdict(
+            ModelStatus.rejected.value,
+            "no held-out respondents to compare on yet, so the active model stays (a refit "
+            "is promoted once held-out respondents show it predicts better)",
             score,
             active_score,
         )
