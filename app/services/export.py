@@ -798,10 +798,12 @@ PREDICTION_COLUMNS = (
     "predicted",
     "target_status",
     "answer",
+    "model_id",
 )
 """``target_status`` is ``answered``, ``skipped`` or ``not asked``; ``answer`` is the
 respondent's own option letter for an answered target (else empty), beside the model's
-posterior predictive of the same target."""
+posterior predictive of the same target; ``model_id`` is the fitted model of the numbers
+(the one a session in progress uses, else the study's active model)."""
 
 
 @dataclass(frozen=True)
@@ -915,5 +917,6 @@ def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:
                         int(k == best),
                         t.status,
                         t.answer,
+                        r.model_id,
                     ]
                 )

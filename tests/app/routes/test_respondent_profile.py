@@ -37,7 +37,9 @@ def test_profile_page_shows_answers_and_predictions(
     assert f'href="http://localhost/admin/studies/{slug}/respondents/{r1}"' in listing.text
     r4 = tiny.respondents["r4"]  # a preview: listed, not linked (it has no profile)
     assert f'href="http://localhost/admin/studies/{slug}/respondents/{r4}"' not in listing.text
-    assert f'<td>{r4} <span class="muted">(preview)</span></td>' in listing.text
+    # each listed by the id the exports give it: the external id, else r<id>
+    assert '<td>r4 <span class="muted">(preview)</span></td>' in listing.text
+    assert 'aria-label="Open respondent r1">r1</a>' in listing.text
     # an unfinished respondent reads as the dashboard counts them: in progress, then
     # dropped once idle for longer than the study's drop_after_minutes (60)
     rows = {r.id: r for r in live_respondents(tiny.study, session=db)}

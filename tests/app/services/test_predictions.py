@@ -165,6 +165,9 @@ def test_predictions_csv_has_no_preview_and_the_same_numbers(tiny: TinyStudy, db
     assert float(r1.loc["B", "probability"]) == pytest.approx(1 - 2.3 / 11, abs=1e-6)
     assert r1.loc["B", "predicted"] == "1" and r1.loc["A", "predicted"] == "0"
     assert set(r1["target_status"]) == {NOT_ASKED} and set(r1["answer"]) == {""}
+    assert set(r1["model_id"]) == {str(tiny.old_id)}  # r1's session is in progress
+    r3 = rows[rows["respondent_id"] == "r3"]
+    assert set(r3["model_id"]) == {str(tiny.new_id)}
 
 
 def test_predictions_csv_names_an_answered_targets_answer(tiny: TinyStudy, db: Session) -> None:

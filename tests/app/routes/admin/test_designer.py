@@ -815,11 +815,11 @@ def test_an_answered_study_keeps_its_items_and_says_what_an_edit_changes(
     url = f"/admin/studies/{ces_study.slug}/items/{item.id}"
     login(client, "alice@example.org")
     r = client.post(url, data={"action": "delete", "csrf_token": csrf(client)})
-    assert r.status_code == 422 and "items cannot be deleted" in r.text
+    assert r.status_code == 409 and "items cannot be deleted" in r.text
     renamed = [*item.options[:-1], ["Z", item.options[-1][1]]]  # drops the last letter
     text = "\n".join(f"{o[0]}: {o[1]}" for o in renamed)
     r = client.post(url, data={"options": text, "csrf_token": csrf(client)})
-    assert r.status_code == 422 and "option letters cannot be removed" in r.text
+    assert r.status_code == 409 and "option letters cannot be removed" in r.text
     db.expire_all()
     assert db.get(Item, item.id).options == item.options  # type: ignore[union-attr]
     r = client.post(url, data={"question": "Reworded?", "csrf_token": csrf(client)})
