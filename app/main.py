@@ -12,11 +12,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request, Security
-from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exception_handlers import (
+    http_exception_handler,
+    request_validation_exception_handler,
+)
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import iter_route_contexts
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import session as sessions_service
@@ -178,6 +182,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 request, "This page cannot be shown", validation_message(exc), 404
             )
         return await request_validation_exception_handler(request, exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _no_such_page(request: Request, exc: StarletteHTTPException) -> Response:
+        """An address that is no page (a mistyped survey link): a page for the survey
+        pages, FastAPI's JSON elsewhere (the API answers its own; the admin wraps this)."""
+        if exc.status_code == 404 and request.url.path.startswith(RESPONDENT_PATHS):
+            return respondent_message(
+                request,
+                "Page not found",
+                "This address is not a page of a survey here. Please check the link you "
+                "were given, or open it again from your invitation.",
+                404,
+            )
+        return await http_exception_handler(request, exc)
 
     admin.install(app)  # the admin UI (after the handlers: its error pages wrap them)
     install_log_redaction()  # tokens in resume/invitation/member-link paths stay out of logs

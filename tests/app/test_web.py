@@ -95,3 +95,20 @@ def test_the_icon_is_served(migrated_sqlite_url: str) -> None:
         ico = client.get("/favicon.ico")
     assert 'rel="icon" href="http://testserver/static/img/favicon.svg"' in home.text
     assert ico.status_code == 200 and ico.headers["content-type"].startswith("image/svg+xml")
+
+
+def test_an_address_that_is_no_page_is_a_page_on_the_survey_and_admin_sides(
+    migrated_sqlite_url: str,
+) -> None:
+    """A mistyped survey link is a 404 page a respondent can read, not JSON; so is an
+    unknown admin address; the API keeps its JSON error."""
+    with TestClient(create_app(Settings(database_url=migrated_sqlite_url))) as client:
+        survey = client.get("/s/no-such-study/typo")
+        member = client.get("/g/some-token/extra")
+        admin = client.get("/admin/no/such/page")
+        api = client.get("/api/v1/no-such-path")
+    for page in (survey, member):
+        assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+        assert "Page not found" in page.text and "check the link you were given" in page.text
+    assert admin.status_code == 404 and "there is no admin page at this address" in admin.text
+    assert api.status_code == 404 and api.json()["code"] == "not_found"

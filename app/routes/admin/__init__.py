@@ -87,11 +87,14 @@ def install(app: FastAPI) -> None:
 
     def admin_http(request: Request, exc: Exception) -> Response | None:
         """``GET`` of an address only a form posts to (a reload after a refused form, e.g.
-        ``/admin/studies/x/settings``): 303 to the page it belongs to."""
+        ``/admin/studies/x/settings``): 303 to the page it belongs to; an address that is
+        no admin page: the admin error page (404)."""
         assert isinstance(exc, StarletteHTTPException)
         path = request.url.path.rstrip("/")
         if exc.status_code == 405 and request.method == "GET":
             return RedirectResponse(path.rsplit("/", 1)[0] or "/admin", status_code=303)
+        if exc.status_code == 404:
+            return error_page(request, "there is no admin page at this address", 404)
         return None
 
     app.add_exception_handler(auth.LoginRequired, login_required)
