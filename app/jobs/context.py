@@ -21,7 +21,8 @@ from app.tables import Job, utcnow
 
 
 class JobCancelled(Exception):
-    """Raised inside a job function when the job was cancelled."""
+    """Raised inside a job function when the job was cancelled; its argument is the last
+    progress message (what the job had done, e.g. "52 of 96 pairs scored")."""
 
 
 class JobLost(Exception):
@@ -65,7 +66,7 @@ class JobContext:
                 raise JobLost(f"job {self.job_id} is no longer held by this worker")
             cancel = db.exec(select(Job.cancel_requested).where(Job.id == self.job_id)).one()
         if cancel:
-            raise JobCancelled()
+            raise JobCancelled(message[:400])
 
     def callback(self, start: float, end: float) -> Callable[[float, str], None]:
         """A progress function mapping ``[0, 1]`` of a sub-step onto ``[start, end]``."""

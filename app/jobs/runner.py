@@ -145,8 +145,10 @@ def execute_job(engine: Engine, job_id: int, *, stale_after_s: float = 60.0) -> 
     ctx = JobContext(engine, job_id, job.kind, job.study_id, dict(job.payload or {}), me)
     try:
         result = task_of(job.kind)(ctx)
-    except JobCancelled:
-        _finish(engine, job_id, me, status=JobStatus.cancelled.value, message="cancelled")
+    except JobCancelled as exc:
+        last = str(exc.args[0]) if exc.args and exc.args[0] else ""
+        message = f"cancelled; last progress: {last}" if last else "cancelled"
+        _finish(engine, job_id, me, status=JobStatus.cancelled.value, message=message)
         return JobStatus.cancelled.value
     except JobLost:
         log.warning("job %s was taken over by another worker", job_id)

@@ -88,6 +88,7 @@ def test_cancel_between_chunks_then_resume(
     first = _run(engine, db, study, payload)
     assert first.status == JobStatus.cancelled.value
     assert _stored(db) == 1
+    assert first.message.startswith("cancelled; last progress: 1 of 4 pairs scored")
     assert messages[0] == "0 of 4 pairs scored"
     assert messages[1].startswith("1 of 4 pairs scored, ") and "pairs/s, about" in messages[1]
     resumed: list[str] = []
