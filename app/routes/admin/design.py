@@ -180,7 +180,7 @@ async def add_item(
         )
         return "item added"
 
-    return _study_form(page, study, session, change)
+    return _study_form(page, study, session, change, section="items")
 
 
 def _item_row(

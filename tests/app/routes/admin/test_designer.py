@@ -75,6 +75,9 @@ def test_create_study_items_roles_budgets_texts_publish(
         },
     )
     assert bad.status_code == 422 and "at least two options" in bad.text
+    # the error is also next to the items, where the form posts back to (#items)
+    assert bad.text.split('id="items"')[1].split('id="items-error">')[1].startswith("an item")
+    assert f'action="{base}/items#items"' in bad.text
     items = {it.key: it for it in db.exec(select(Item).where(Item.study_id == study.id)).all()}
     assert set(items) == {"q1", "t1"}
     assert items["q1"].is_preference_criterion and items["q1"].options == [
