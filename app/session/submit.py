@@ -20,6 +20,7 @@ from app.session.runtime import ItemInfo, StudyRuntime, load_runtime, session_ru
 from app.session.sql import SessionSnapshot, StudyHead, read_session
 from app.session.views import SessionView, check_study, session_view
 from app.tables import SessionStatus, Study, utcnow
+from app.textguard import clip
 
 IDEMPOTENCY_KEY_MAX = 128
 """The longest idempotency key accepted (characters)."""
@@ -147,11 +148,11 @@ def answered_item(rt: StudyRuntime, item_key: str, option: str | None) -> ItemIn
     """
     item = rt.by_key.get(item_key)
     if item is None:
-        raise ItemNotFoundError(f"item {item_key!r} is not an item of study {rt.slug!r}")
+        raise ItemNotFoundError(f"item {clip(item_key, 80)!r} is not an item of study {rt.slug!r}")
     if option is not None and option not in [o[0] for o in item.options]:
         letters = ", ".join(o[0] for o in item.options)
         raise InvalidAnswerError(
-            f"option {option!r} is not an option of item {item_key!r} ({letters})"
+            f"option {clip(option, 40)!r} is not an option of item {item_key!r} ({letters})"
         )
     if option is None and not rt.allow_skip:
         raise InvalidAnswerError(f"study {rt.slug!r} does not allow skipping a question")

@@ -174,6 +174,9 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     # a bad option: 422 with the answer path's message, nothing stored
     bad = respondent.post(links[0], data={"option": "ZZ", "idempotency_key": "k0"})
     assert bad.status_code == 422 and "is not an option" in bad.text
+    huge = respondent.post(links[0], data={"option": "A" * 100_000, "idempotency_key": "kh"})
+    assert huge.status_code == 422 and "(100,000 characters)" in huge.text
+    assert len(huge.text) < 20_000  # the value is not echoed in full
     assert _answers(engine, members[0].session_id) == []
     empty = respondent.post(links[0], data={"idempotency_key": "k00"})
     assert empty.status_code == 422 and "Please choose an answer" in empty.text
