@@ -219,8 +219,8 @@ def fit_study_model(
         learning.load_row_model(active_row),
         data.holdout,
         force=force,
-        active_is_uniform=active_row is not None
-        and (active_row.metrics or {}).get("prior") == "uniform",
+        unscored_replaces=data.n_imported + data.n_live == 0
+        or (active_row is not None and (active_row.metrics or {}).get("prior") == "uniform"),
     )
     promoted = verdict.status == ModelStatus.promoted.value
     if promoted:

@@ -264,17 +264,19 @@ def judge(
     holdout: torch.Tensor,
     *,
     force: bool = False,
-    active_is_uniform: bool = False,
+    unscored_replaces: bool = False,
 ) -> Verdict:
     """Promote ``candidate`` over ``active`` or reject it, by the mean log-likelihood per
     held-out respondent of their observed answers (higher wins; a tie keeps the active).
 
     Promoted without a comparison: the first model of a study, a fit ``force``-d by the
     caller, an active model over other items (the study's items changed since it was
-    fitted), or, while the study has no held-out respondents yet, an active model that is
-    the uniform prior (``active_is_uniform``: it knows nothing). Without held-out
-    respondents any other active model (a persona prior, an earlier fit) stays: nothing
-    shows that the candidate is better.
+    fitted), or, while the study has no held-out respondents yet, a candidate that may
+    replace the active model unscored (``unscored_replaces``: the active model is the
+    uniform prior, which knows nothing, or the candidate learned from no respondent, a
+    prior rebuilt from the researcher's inputs). Without held-out respondents any other
+    active model (a persona prior, an earlier fit) stays: nothing shows that the
+    candidate is better.
     """
     score = mean_log_likelihood(candidate, holdout)
     if active is None:
@@ -289,11 +291,11 @@ def judge(
     active_score = mean_log_likelihood(active, holdout)
     if force:
         return Verdict(ModelStatus.promoted.value, "promoted on request", score, active_score)
-    if (score is None or active_score is None) and active_is_uniform:
+    if (score is None or active_score is None) and unscored_replaces:
         return Verdict(
             ModelStatus.promoted.value,
-            "no held-out respondents to compare on, and the active model is the uniform "
-            "prior, which knows nothing",
+            "no held-out respondents to compare on, and nothing learned from respondents "
+            "is replaced",
             score,
             active_score,
         )

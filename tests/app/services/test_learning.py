@@ -99,7 +99,7 @@ def test_judge_scores_the_observed_answers_exactly() -> None:
     none_held_out = torch.zeros(0, 1, dtype=torch.long)
     kept = judge(good, flat, none_held_out)  # e.g. a persona prior stays
     assert kept.status == "rejected" and kept.reason.startswith("no held-out respondents")
-    assert judge(good, flat, none_held_out, active_is_uniform=True).status == "promoted"
+    assert judge(good, flat, none_held_out, unscored_replaces=True).status == "promoted"
 
 
 def test_training_data_holds_imported_and_live_respondents(
