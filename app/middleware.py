@@ -104,12 +104,18 @@ def _check(value: str, where: str) -> None:
         raise HostileInputError(f"{where} contains {problem}: remove it and send again")
 
 
-def _check_pairs(raw: bytes, kind: str) -> None:
-    """Check the names and values of ``a=1&b=2`` (a query string or a urlencoded form)."""
+def _check_pairs(raw: bytes, kind: str, *, once: bool = False) -> None:
+    """Check the names and values of ``a=1&b=2`` (a query string or a urlencoded form);
+    with ``once``, a name given twice is refused too (no query parameter of the app takes
+    several values, and which of two ``limit`` values counts cannot be known)."""
+    seen: set[str] = set()
     for pair in raw.split(b"&"):
         name_raw, _, value_raw = pair.partition(b"=")
         name = unquote_plus(name_raw.decode("latin-1"), errors="replace")
         _check(name, f"the name of a {kind}")
+        if once and name in seen:
+            raise HostileInputError(f"{kind} {clip(name, 60)!r} is given twice")
+        seen.add(name)
         _check(
             unquote_plus(value_raw.decode("latin-1"), errors="replace"),
             f"{kind} {clip(name, 60)!r}",
@@ -207,7 +213,9 @@ def _check_multipart(raw: bytes, content_type: str) -> None:
 
 class HostileInputMiddleware:
     """Answer 422 for a request whose path, query, form fields or JSON strings hold a NUL
-    character or a lone surrogate, before any route runs (pure ASGI).
+    character or a lone surrogate, or whose query gives a parameter twice (outside the
+    survey pages, whose link parameters their consent page checks), before any route runs
+    (pure ASGI).
 
     PostgreSQL cannot store U+0000 in text (the driver raises ``DataError``) and no database
     can store a lone surrogate as UTF-8, so such a value would fail deep inside a route
@@ -231,8 +239,9 @@ class HostileInputMiddleware:
         try:
             _check(str(scope.get("path", "")), "the path")
             query = scope.get("query_string", b"")
-            if query:
-                _check_pairs(query, "query parameter")
+            if query:  # a survey link's parameters are checked by its page ("Invalid link")
+                path = str(scope.get("path", ""))
+                _check_pairs(query, "query parameter", once=not path.startswith(("/s/", "/g/")))
         except HostileInputError as exc:
             await _refuse(send, str(exc))
             return

@@ -63,6 +63,11 @@ def test_nul_without_login(world: HostileWorld) -> None:
             "form field 'email' contains a NUL character (U+0000) at position 1",
         )
     _refused(httpx.get(f"{base}/s/{world.live.slug}?x=%00"), "query parameter 'x'")
+    # a query parameter given twice: which one counts cannot be known
+    owner = {"Authorization": f"Bearer {world.live.owner_key}"}
+    twice = f"{base}/api/v1/studies/{world.live.slug}/responses?limit=1&limit=2"
+    _refused(httpx.get(twice, headers=owner), "query parameter 'limit' is given twice")
+    _refused(httpx.get(f"{base}/admin/login?next=a&next=b"), "query parameter 'next'")
 
 
 def test_nul_and_surrogates_with_credentials(world: HostileWorld) -> None:
