@@ -229,8 +229,8 @@ def simulation_respondents(
     """The respondents a simulation replays, and those it only fits on.
 
     Returns ``(replayable, fit_only)``: ``replayable`` holds ``(respondent id, row,
-    split)`` of every imported respondent (its dataset split or ``None``) and of every live
-    respondent who answered every question item (``split`` ``None``); ``fit_only`` the
+    split)`` of every imported respondent (its dataset split, ``None`` without one) and of
+    every live respondent who answered every question item (split ``"live"``); ``fit_only`` the
     rows of the other live respondents with some answer. Row ``j`` is the option index of
     ``items[j]`` (attributes included), ``MISSING`` where unanswered or unknown; both in
     respondent id order.
@@ -262,7 +262,7 @@ def simulation_respondents(
     fit_only: list[list[int]] = []
     for rid, row in learning.live_rows(study_id, items, session=session).items():
         if questions and all(row[j] >= 0 for j in questions):
-            replayable.append((rid, row, None))
+            replayable.append((rid, row, "live"))
         elif any(v >= 0 for v in row):
             fit_only.append(row)
     return replayable, fit_only
@@ -274,15 +274,17 @@ def _respondent_parts(
     """The respondents of :func:`simulation_respondents` as ``{"train", "val", "test":
     LongTensor [n, I]}`` (rows as there; the fit-only ones in ``train``).
 
-    The second value says whether the imported respondents have their own split; then a
-    replayable live respondent goes to ``train``, ``val`` or ``test`` by :func:`_split_of`
-    like everyone else in a study without one.
+    The second value says whether the imported respondents have their own split (one
+    without a split then trains); a replayable live respondent, and every respondent of a
+    study imported without a split, goes to ``train``, ``val`` or ``test`` by
+    :func:`_split_of`.
     """
     replayable, fit_only = simulation_respondents(study_id, items, session=session)
     parts: dict[str, list[list[int]]] = {"train": [], "val": [], "test": []}
-    any_split = any(split for _, _, split in replayable)
+    any_split = any(split not in (None, "live") for _, _, split in replayable)
     for rid, row, split in replayable:
-        where = split if any_split and split else _split_of(rid, seed)
+        live = split == "live"
+        where = (split or "train") if any_split and not live else _split_of(rid, seed)
         parts[where].append(row)
     parts["train"].extend(fit_only)
     n = len(items)

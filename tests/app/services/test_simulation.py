@@ -131,7 +131,7 @@ def test_live_respondents_who_answered_every_question_are_simulated(
             _live(db, study, {"x": "B", "a": "B", "b": "B", "t": "B"})
         items = study_items(study, session=db)
         replayable, fit_only = simulation_respondents(study.id, items, session=db)
-        assert len(replayable) == 12 and all(split is None for _, _, split in replayable)
+        assert len(replayable) == 12 and all(split == "live" for _, _, split in replayable)
         assert replayable[-1][1] == [1, 1, 1, 1]
         assert fit_only == [[0, 0, -1, 1]] * 3
         assert unavailable_reason(study, session=db) is None
