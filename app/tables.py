@@ -278,6 +278,21 @@ def external_id_problem(external_id: str) -> str | None:
     return None
 
 
+IMPORTED_ID_PREFIX = "import-"
+
+
+def imported_external_id(raw: str) -> str:
+    """The external id an imported respondent is stored with: ``raw``, or
+    ``import-<raw>`` when ``raw`` has the form ``r<number>`` that :func:`respondent_label`
+    gives live respondents without an external id (``r5468`` could otherwise name an
+    imported respondent and, once the study has that many, a live one in the exports).
+
+    >>> imported_external_id("r5468"), imported_external_id("R_12"), imported_external_id("17")
+    ('import-r5468', 'R_12', '17')
+    """
+    return IMPORTED_ID_PREFIX + raw if re.fullmatch(r"r[0-9]+", raw) else raw
+
+
 class ElicitationSession(SQLModel, table=True):
     """One respondent's run through a study.
 

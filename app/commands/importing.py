@@ -47,4 +47,6 @@ def _import(args: argparse.Namespace) -> int:
         f"{result.n_respondents:,} respondents, {result.n_answers:,} answers "
         f"in {result.seconds:.1f} s"
     )
+    if result.notice():
+        print(result.notice())
     return 0

@@ -37,6 +37,7 @@ from app.tables import (
     RespondentSource,
     Study,
     StudyStatus,
+    imported_external_id,
 )
 from app.textguard import bad_character, clip, unsafe_in_name
 from elicitation.datasets import (
@@ -63,6 +64,19 @@ class ImportResult:
     n_respondents: int
     n_answers: int
     seconds: float
+    renamed_ids: int = 0
+    """Respondent ids of the form ``r<number>`` stored as ``import-r<number>``
+    (:func:`app.tables.imported_external_id`)."""
+
+    def notice(self) -> str:
+        """What the study page says after the import ("" when nothing needs saying)."""
+        if not self.renamed_ids:
+            return ""
+        return (
+            f"{self.renamed_ids:,} imported respondent id{'' if self.renamed_ids == 1 else 's'} "
+            "of the form r<number> (the form of the ids priorly gives respondents without "
+            "one) stored with the prefix import- (r12 is import-r12)"
+        )
 
 
 _TRANSLITERATE = str.maketrans(
@@ -354,16 +368,26 @@ def _write(
     letters = [item.letters for item in ds.codebook]
     now = study.created_at
     respondent_rows = []
-    n_answers = 0
+    n_answers = renamed = 0
+    taken = set(ds.respondent_ids)
     for rid, row in zip(ds.respondent_ids, ds.responses.tolist(), strict=True):
         if not respondents:
             break
         answers = {keys[j]: letters[j][row[j]] for j in answer_cols if row[j] >= 0}
         n_answers += len(answers)
+        stored = imported_external_id(rid)
+        if stored != rid:
+            if stored in taken:
+                raise DatasetError(
+                    RESPONSES_FILE,
+                    f"respondent id {rid!r} has the form r<number>, stored as {stored!r}, "
+                    "which another respondent already has: rename one of them",
+                )
+            renamed += 1
         respondent_rows.append(
             {
                 "study_id": study_id,
-                "external_id": rid,
+                "external_id": stored,
                 "attributes": {keys[j]: letters[j][row[j]] for j in attr_cols if row[j] >= 0},
                 "answers": answers,
                 "panel_params": None,
@@ -381,4 +405,5 @@ def _write(
         "n_items": len(ds.codebook),
         "n_respondents": len(respondent_rows),
         "n_answers": n_answers,
+        "renamed_ids": renamed,
     }

@@ -175,9 +175,10 @@ def _rename(d: Path, old: str, new: str) -> None:
 def test_an_item_keyed_like_an_export_column_imports_and_exports_apart(
     sqlite_engine: Engine, small_dataset_factory: Callable[..., Path]
 ) -> None:
-    """A survey's own item ``status`` and respondent id ``r12`` import as they are (a
-    benchmark imports surveys it has never seen); the wide CSV names the item's column
-    ``status_2`` after the meta column ``status`` and keeps its answers there."""
+    """A survey's own item ``status`` imports as it is (a benchmark imports surveys it
+    has never seen); the wide CSV names the item's column ``status_2`` after the meta
+    column ``status`` and keeps its answers there. A respondent id ``r12``, the form of
+    the ids live respondents without one get, is stored as ``import-r12`` and said so."""
     from app.services.export import csv_wide
 
     d = small_dataset_factory("ces", 10, "clash")
@@ -195,10 +196,23 @@ def test_an_item_keyed_like_an_export_column_imports_and_exports_apart(
     assert header.count("status") == 1 and "status_2" in header
     col = header.index("status_2")
     ids = [r[0] for r in lines[1:]]
-    assert "r12" in ids
+    assert "import-r12" in ids and "r12" not in ids
+    assert result.renamed_ids == 1 and "stored with the prefix import-" in result.notice()
     by_id = {r[0]: r[col] for r in lines[1:]}
-    original = {("r12" if k == rows[4][0] else k): v for k, v in answers.items()}
+    original = {("import-r12" if k == rows[4][0] else k): v for k, v in answers.items()}
     assert by_id == original
+
+
+def test_an_id_renamed_on_import_may_not_meet_another(
+    sqlite_engine: Engine, small_dataset_factory: Callable[..., Path]
+) -> None:
+    d = small_dataset_factory("ces", 10, "clash2")
+    rows = list(csv.reader((d / "responses.csv").open(newline="")))
+    _rename(d, rows[4][0], "r12")
+    _rename(d, rows[5][0], "import-r12")
+    with Session(sqlite_engine) as s, pytest.raises(DatasetError, match="already has"):
+        import_dataset(d, session=s, study_name="clash2")
+    assert _counts(sqlite_engine)["respondent"] == 0
 
 
 BAD_INPUTS: list[tuple[Callable[[Path], None], str]] = [

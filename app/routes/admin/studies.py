@@ -13,6 +13,7 @@ from app.auth import CurrentResearcher
 from app.deps import SessionDep, SettingsDep
 from app.routes.admin.common import FormDep, PageDep, user_error_message
 from app.services import designer
+from app.services.importer import ImportResult
 from app.services.studies import visible_study_summaries
 from app.settings import Settings
 
@@ -93,7 +94,15 @@ async def import_shipped(
         )
     except Exception as exc:
         return _import_page(page, settings, error=user_error_message(exc))
-    return page.redirect("admin_study", slug=result.slug)
+    return _imported(page, result)
+
+
+def _imported(page: PageDep, result: ImportResult) -> Response:
+    """To the new study's page, with what the import says (renamed ids), if anything."""
+    notice = result.notice()
+    return page.redirect(
+        "admin_study", slug=result.slug, query={"notice": notice} if notice else None
+    )
 
 
 UPLOAD_FIELDS = ("responses.csv", "codebook.jsonl", "dataset.json", "user_split.json", "runs.csv")
@@ -120,7 +129,7 @@ async def import_upload(
             result = designer.import_stored_upload(
                 token, owner=researcher, session=session, study_name=form.text("name")
             )
-            return page.redirect("admin_study", slug=result.slug)
+            return _imported(page, result)
         limit = designer.MAX_UPLOAD_BYTES
         files = {  # the files chosen together, then any chosen one by one (these win)
             **await form.named_files("files", UPLOAD_FIELDS, max_bytes=limit),
@@ -128,7 +137,7 @@ async def import_upload(
         }
         if form.text("action") == "import":
             result = designer.import_upload(files, fields, owner=researcher, session=session)
-            return page.redirect("admin_study", slug=result.slug)
+            return _imported(page, result)
         preview = designer.preview_upload(files, fields, owner=researcher)
     except Exception as exc:
         return _import_page(page, settings, error=user_error_message(exc), fields=fields)
