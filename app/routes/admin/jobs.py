@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, SessionDep, SettingsDep
+from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep
 from app.services import job_views, jobs, learning
 from app.services.simulation import SimulationOptions
@@ -39,6 +40,11 @@ async def start_job(
 ) -> Response:
     kind = form.text("kind")
     payload: dict[str, Any] = {}
+    if kind == "persona_generation":
+        raise InvalidInputError(
+            "kind: persona generation starts on the study's Personas page, which checks "
+            "the language model and the persona dictionary first"
+        )
     if kind == "simulation":
         for name in SIMULATION_FIELDS:
             value = form.opt_int(name)

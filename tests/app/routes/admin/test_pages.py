@@ -200,3 +200,20 @@ def test_a_rejected_auto_fit_shows_the_candidates_it_compared(
     assert versions.count("candidates compared") == 1  # the rejected auto fit only
     assert "0.5123" in versions and "0.4567" in versions
     assert 'id="model-choice"' not in page  # the active fit is not an auto fit
+
+
+def test_persona_generation_starts_only_from_the_personas_page(
+    client: TestClient, ces_study: Study, db: Session
+) -> None:
+    """The Jobs form does not start it: the Personas page checks the language model and
+    the dictionary first, and the job would run with defaults nobody chose."""
+    from sqlmodel import select
+
+    login(client, "alice@example.org")
+    r = client.post(
+        f"/admin/studies/{ces_study.slug}/jobs",
+        data={"kind": "persona_generation", "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert r.status_code == 422 and "starts on the study&#39;s Personas page" in r.text
+    assert db.exec(select(Job)).all() == []
