@@ -546,7 +546,6 @@ async def consent(
             for k, v in form.multi_items()
             if str(k).startswith(PANEL_FIELD_PREFIX)
         )
-        svc.clean_panel_params(panel)
     except InvalidInputError as exc:
         return message_page(request, templates, "Invalid link", exc.message, 422, study)
     settings_ = svc.study_settings(study)
@@ -559,6 +558,8 @@ async def consent(
             ask_attributes=settings_.ask_attributes,
             earlier_starts=earlier,
         )
+    except InvalidInputError as exc:  # the link parameters (svc.clean_panel_params)
+        return message_page(request, templates, "Invalid link", exc.message, 422, study)
     except PriorlyError as exc:
         return message_page(request, templates, "Cannot start the survey", exc.message, 409, study)
     response = _see(str(request.url_for("respondent_question", slug=slug)))

@@ -72,8 +72,6 @@ from app.tables import (
     Job,
     ModelStatus,
     PersonaDistribution,
-    Respondent,
-    RespondentSource,
     Study,
     StudyPersona,
 )
@@ -120,31 +118,16 @@ def historical_matrix(
     study_id: int, items: Sequence[Item], *, session: Session
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The imported respondents as response matrices ``(train [N, I], val [N_val, I])``,
-    each in respondent id order.
+    each in respondent id order (:func:`app.services.learning.imported_rows`; ``val``
+    those of split ``val``).
 
     Cells are option indices in ``item.options`` order, ``-1`` where missing. Letters that
     are not an option of the item (possible only if the codebook was edited after the
     import) are treated as missing.
     """
-    col = {it.key: j for j, it in enumerate(items)}
-    letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
-    rows = session.exec(
-        select(Respondent.attributes, Respondent.answers, Respondent.split)
-        .where(
-            Respondent.study_id == study_id,
-            Respondent.source == RespondentSource.import_.value,
-        )
-        .order_by(Respondent.id)  # type: ignore[arg-type]
-    ).all()
     train: list[list[int]] = []
     val: list[list[int]] = []
-    for attributes, answers, split in rows:
-        row = [-1] * len(items)
-        for mapping in (attributes or {}, answers or {}):
-            for key, letter in mapping.items():
-                j = col.get(key)
-                if j is not None:
-                    row[j] = letter_index[j].get(letter, -1)
+    for _, row, split in learning.imported_rows(study_id, items, session=session):
         (val if split == "val" else train).append(row)
     n = len(items)
     as_t = lambda r: torch.tensor(r, dtype=torch.long).reshape(-1, n)  # noqa: E731

@@ -417,7 +417,8 @@ def safe_cell(value: Any) -> Any:
     return value
 
 
-def _csv_line(values: list[Any]) -> str:
+def csv_line(values: list[Any]) -> str:
+    """One CSV line (newline-terminated) of ``values``, each through :func:`safe_cell`."""
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerow([safe_cell(v) for v in values])
     return buf.getvalue()
@@ -502,14 +503,14 @@ def csv_wide(
     panel = panel_keys(study, session=session)
     extra = [f"{k}{s}" for k in keys for s in (PRED_SUFFIX, PROB_SUFFIX)] if predictions else []
     header = [*META_COLUMNS, *(PANEL_PREFIX + k for k in panel), *keys, *extra]
-    yield "\ufeff" + _csv_line(unique_columns(header))
+    yield "\ufeff" + csv_line(unique_columns(header))
 
     def start(r: ExportRow) -> list[Any]:
         return [*_meta(r), *[r.panel.get(k, "") for k in panel]]
 
     if not predictions:
         for r in iter_rows(study, session=session, include_imported=include_imported):
-            yield _csv_line([*start(r), *[r.cells.get(k, "") for k in keys]])
+            yield csv_line([*start(r), *[r.cells.get(k, "") for k in keys]])
         return
     from app.services.predictions import ANSWERED  # loaded with the predictions (torch)
 
@@ -519,7 +520,7 @@ def csv_wide(
         for k in keys:
             p = by_key.get(k)
             cells += [p.letter, _prob(p.probability)] if p is not None else ["", ""]
-        yield _csv_line([*start(r), *[r.cells.get(k, "") for k in keys], *cells])
+        yield csv_line([*start(r), *[r.cells.get(k, "") for k in keys], *cells])
 
 
 LONG_COLUMNS = (
@@ -574,7 +575,7 @@ def csv_long(study: Study, *, session: Session, predictions: bool = False) -> It
         if predictions:
             kind = "predicted" if p is not None else "skipped" if option is None else "answered"
             values += [kind, _prob(p) if p is not None else ""]
-        return _csv_line(values)
+        return csv_line(values)
 
     def given(person: _Person) -> Iterator[str]:
         resp, first = person.respondent, person.sessions[0]
@@ -590,7 +591,7 @@ def csv_long(study: Study, *, session: Session, predictions: bool = False) -> It
                 yield line(resp, a.session_id, asked, a.option, a.created_at)
 
     header = [*LONG_COLUMNS, *LONG_PREDICTION_COLUMNS] if predictions else list(LONG_COLUMNS)
-    yield "\ufeff" + _csv_line(header)
+    yield "\ufeff" + csv_line(header)
     if not predictions:
         for person in _people(study, session):
             yield from given(person)
@@ -900,12 +901,12 @@ def csv_predictions(study: Study, *, session: Session) -> Iterator[str]:
     (:data:`PREDICTION_COLUMNS`).
     """
     rows = iter_predictions(study, session=session)
-    yield "\ufeff" + _csv_line(list(PREDICTION_COLUMNS))
+    yield "\ufeff" + csv_line(list(PREDICTION_COLUMNS))
     for r in rows:
         for t in r.targets:
             best = t.predicted
             for k, (letter, _label_text) in enumerate(t.options):
-                yield _csv_line(
+                yield csv_line(
                     [
                         r.respondent_id,
                         r.session_id,

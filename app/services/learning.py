@@ -182,16 +182,45 @@ def live_rows(study_id: int, items: Sequence[Item], *, session: Session) -> dict
     return out
 
 
+def imported_rows(
+    study_id: int, items: Sequence[Item], *, session: Session
+) -> list[tuple[int, list[int], str | None]]:
+    """``(respondent id, row, dataset split)`` of the study's imported respondents, id
+    order: row ``j`` is the option index of item ``items[j]`` (``-1`` where missing) from
+    their attributes and stored answers; letters that are not an option are missing.
+
+    Example: items ``(x, a)`` with options ``A, B``; an imported respondent with ``x = B``
+    and no answer to ``a`` has the row ``[1, -1]``.
+    """
+    col_of = {it.key: j for j, it in enumerate(items)}
+    letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
+    out: list[tuple[int, list[int], str | None]] = []
+    for rid, attributes, answers, split in session.exec(
+        select(Respondent.id, Respondent.attributes, Respondent.answers, Respondent.split)
+        .where(
+            Respondent.study_id == study_id,
+            Respondent.source == RespondentSource.import_.value,
+        )
+        .order_by(col(Respondent.id))
+    ).all():
+        row = [-1] * len(items)
+        for mapping in (attributes or {}, answers or {}):
+            for key, letter in mapping.items():
+                j = col_of.get(key)
+                if j is not None:
+                    row[j] = letter_index[j].get(letter, -1)
+        out.append((int(rid or 0), row, split))
+    return out
+
+
 def study_training_data(study_id: int, items: Sequence[Item], *, session: Session) -> TrainingData:
     """The study's imported and live respondents as :class:`TrainingData`.
 
     A live respondent counts when it has a non-preview session and at least one observed
     cell (an attribute or an answered question); its row holds its attributes and the
-    answered (not skipped) questions of its sessions. Letters that are not an option of
-    the item are treated as missing.
+    answered (not skipped) questions of its sessions (:func:`imported_rows`,
+    :func:`live_rows`).
     """
-    col_of = {it.key: j for j, it in enumerate(items)}
-    letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
     n = len(items)
     rows: dict[Part, list[list[int]]] = {"train": [], "selection": [], "holdout": []}
     counts = {p: {"imported": 0, "live": 0} for p in rows}
@@ -201,25 +230,8 @@ def study_training_data(study_id: int, items: Sequence[Item], *, session: Sessio
             rows[part].append(row)
             counts[part][source] += 1
 
-    def fill(row: list[int], mapping: dict[str, str] | None) -> None:
-        for key, letter in (mapping or {}).items():
-            j = col_of.get(key)
-            if j is not None:
-                row[j] = letter_index[j].get(letter, -1)
-
-    imported = session.exec(
-        select(Respondent.id, Respondent.attributes, Respondent.answers, Respondent.split)
-        .where(
-            Respondent.study_id == study_id,
-            Respondent.source == RespondentSource.import_.value,
-        )
-        .order_by(col(Respondent.id))
-    ).all()
-    for rid, attributes, answers, split in imported:
-        row = [-1] * n
-        fill(row, attributes)
-        fill(row, answers)
-        add(respondent_part(study_id, rid or 0, split), "imported", row)
+    for rid, row, split in imported_rows(study_id, items, session=session):
+        add(respondent_part(study_id, rid, split), "imported", row)
 
     for rid, row in live_rows(study_id, items, session=session).items():
         add(respondent_part(study_id, rid, None), "live", row)

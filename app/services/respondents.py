@@ -33,6 +33,7 @@ from app.tables import (
     SessionStatus,
     Study,
     as_utc,
+    respondent_label,
     utcnow,
 )
 
@@ -71,6 +72,11 @@ class LiveRespondentRow:
     def panel(self) -> str:
         """The link parameters as one line (:func:`app.services.export.panel_text`)."""
         return export.panel_text(self.panel_params)
+
+    @property
+    def label(self) -> str:
+        """The id the exports give it (:func:`app.tables.respondent_label`)."""
+        return respondent_label(self.external_id, self.id)
 
 
 def _status_word(sess: ElicitationSession, cutoff: datetime) -> str:

@@ -1,12 +1,11 @@
 """Tracking and closing a group round: per member whether they answered, the round's
-answer counts, its links as CSV, and closing it (unanswered members become non-response).
+answer counts, its links and results as CSV, and closing it (unanswered members become non-response).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import func, update
 from sqlalchemy.engine import Engine
@@ -15,7 +14,7 @@ from sqlmodel import Session, col, select
 from app import session as svc
 from app.errors import ConflictError, NotFoundError
 from app.schemas import StudySettings
-from app.services.export import panel_text, safe_cell
+from app.services.export import csv_line, panel_text
 from app.services.group_rounds import (
     answers_by_session,
     link_token,
@@ -48,11 +47,10 @@ class MemberRow:
     expected_gain: float
     status: str  # answered / skipped / waiting / no_answer
     answer: str | None  # the option's label
-    answered_at: str | None
+    answered_at: datetime | None
     link: str
     panel: str = ""  # the link parameters the member arrived with (export.panel_text)
     option: str | None = None  # the option's letter
-    answered_iso: str = ""  # answered_at as ISO 8601 with its UTC offset (the exports')
 
 
 @dataclass(frozen=True)
@@ -112,11 +110,10 @@ def round_view(
                 expected_gain=m.expected_gain,
                 status=status,
                 answer=labels.get(a.option or "", a.option) if a and a.option else None,
-                answered_at=a.created_at.strftime("%Y-%m-%d %H:%M:%S UTC") if a else None,
+                answered_at=a.created_at if a else None,
                 link=link_base + link_token(secret, rnd.id or 0, m.respondent_id),
                 panel=panel_text(r.panel_params) if r is not None else "",
                 option=a.option if a else None,
-                answered_iso=(iso_utc(a.created_at) or "") if a else "",
             )
         )
     count = {
@@ -139,13 +136,12 @@ def links_csv(view: RoundView) -> str:
     """CSV of a round's members: ``respondent, respondent_id, expected_gain, status, link,
     panel_params`` (the link parameters the member arrived with, e.g.
     ``PROLIFIC_PID=5f3a``, for a mail merge keyed by the panel's ids)."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["respondent", "respondent_id", "expected_gain", "status", "link", "panel_params"])
-    for m in view.members:
-        row = [m.label, m.respondent_id, f"{m.expected_gain:.6f}", m.status, m.link, m.panel]
-        w.writerow([safe_cell(v) for v in row])  # no spreadsheet formula (OWASP)
-    return buf.getvalue()
+    header = ["respondent", "respondent_id", "expected_gain", "status", "link", "panel_params"]
+    rows = (
+        [m.label, m.respondent_id, f"{m.expected_gain:.6f}", m.status, m.link, m.panel]
+        for m in view.members
+    )  # csv_line: no spreadsheet formula (OWASP)
+    return "".join(csv_line(r) for r in (header, *rows))
 
 
 ANSWER_COLUMNS = (
@@ -172,11 +168,8 @@ def answers_csv(view: RoundView) -> str:
 
     Example row: ``1,330a,r12,12,answered,A,Support,2026-12-04T18:55:27+00:00,0.031,``.
     """
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(ANSWER_COLUMNS)
-    for m in view.members:
-        row = [
+    rows = (
+        [
             view.round.number,
             view.question_key,
             m.label,
@@ -184,12 +177,13 @@ def answers_csv(view: RoundView) -> str:
             m.status,
             m.option or "",
             m.answer or "",
-            m.answered_iso,
+            iso_utc(m.answered_at) or "",
             f"{m.expected_gain:.6f}",
             m.panel,
         ]
-        w.writerow([safe_cell(v) for v in row])
-    return buf.getvalue()
+        for m in view.members
+    )
+    return "".join(csv_line(r) for r in (list(ANSWER_COLUMNS), *rows))
 
 
 def close_round(study: Study, number: int, *, engine: Engine) -> GroupRound:

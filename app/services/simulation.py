@@ -239,26 +239,8 @@ def simulation_respondents(
     is replayable, one with only ``a = A, t = A`` (asked ``a``, then ``t`` as calibration)
     is fit only.
     """
-    col = {it.key: j for j, it in enumerate(items)}
-    letter_index = [{opt[0]: k for k, opt in enumerate(it.options)} for it in items]
     questions = [j for j, it in enumerate(items) if it.role == ItemRole.question.value]
-    rows = session.exec(
-        select(Respondent.id, Respondent.attributes, Respondent.answers, Respondent.split)
-        .where(
-            Respondent.study_id == study_id,
-            Respondent.source == RespondentSource.import_.value,
-        )
-        .order_by(Respondent.id)  # type: ignore[arg-type]
-    ).all()
-    replayable: list[tuple[int, list[int], str | None]] = []
-    for rid, attributes, given, split in rows:
-        row = [MISSING] * len(items)
-        for mapping in (attributes or {}, given or {}):
-            for key, letter in mapping.items():
-                j = col.get(key)
-                if j is not None:
-                    row[j] = letter_index[j].get(letter, MISSING)
-        replayable.append((int(rid or 0), row, split))
+    replayable = learning.imported_rows(study_id, items, session=session)
     fit_only: list[list[int]] = []
     for rid, row in learning.live_rows(study_id, items, session=session).items():
         if questions and all(row[j] >= 0 for j in questions):

@@ -154,8 +154,9 @@ def start_session(
             with the respondent, shown to the researcher as a repeated start).
 
     Raises:
-        StudyClosedError, ExternalIdTakenError, InvalidAttributesError;
-        ModelPreparingError (409: no model yet, a fit job was queued: retry later).
+        StudyClosedError, ExternalIdTakenError, InvalidAttributesError; InvalidInputError
+        (an external id or link parameter :func:`check_start` refuses); ModelPreparingError
+        (409: no model yet, a fit job was queued: retry later).
     """
     params = check_start(study, external_id, panel_params, allow_draft)
     with write_slots():
