@@ -404,8 +404,10 @@ async def verify_csrf(request: Request) -> None:
         content_type = request.headers.get("content-type", "")
         if content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
             form = await request.form()
-            value = form.get(CSRF_FIELD)
-            sent = value if isinstance(value, str) else ""
+            values = form.getlist(CSRF_FIELD)
+            if len(values) > 1:
+                raise CsrfError(f"the form's {CSRF_FIELD} field is given {len(values)} times")
+            sent = values[0] if values and isinstance(values[0], str) else ""
     # compare_digest takes str only when ASCII; a token is URL-safe base64
     if not expected or not sent.isascii() or not sent or not hmac.compare_digest(expected, sent):
         raise CsrfError("the form is missing its security token or it expired: reload the page")

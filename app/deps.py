@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from jinja2_fragments.fastapi import Jinja2Blocks
+from pydantic import BeforeValidator
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -67,6 +68,19 @@ TemplatesDep = Annotated[Jinja2Blocks, Depends(get_templates)]
 MAX_DB_ID = 2**31 - 1
 """The largest id a row can have: id columns are 32-bit integers (PostgreSQL ``integer``)."""
 
-DbId = Annotated[int, Path(ge=1, le=MAX_DB_ID, description="a row's id, 1 to 2^31 - 1")]
-"""A row's id (or a group round's number) in a path: outside 1 to 2^31 - 1 the request is
-answered 422 (``loc: ["path", name]``, the bound in ``msg``) before any query runs."""
+
+def plain_number(value: object) -> object:
+    """Refuse an id written with spaces around it (``"3 "``), which ``int`` would take."""
+    if isinstance(value, str) and value != value.strip():
+        raise ValueError("an id is digits only, without spaces around it")
+    return value
+
+
+DbId = Annotated[
+    int,
+    BeforeValidator(plain_number),
+    Path(ge=1, le=MAX_DB_ID, description="a row's id, 1 to 2^31 - 1"),
+]
+"""A row's id (or a group round's number) in a path: outside 1 to 2^31 - 1, or with
+spaces around it, the request is answered 422 (``loc: ["path", name]``, the reason in
+``msg``) before any query runs."""

@@ -30,6 +30,7 @@ from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware, path_regex
 from app.middleware import (
     ApiKeyUseMiddleware,
+    HeadAsGetMiddleware,
     HostileInputMiddleware,
     SecurityHeadersMiddleware,
     install_log_redaction,
@@ -74,7 +75,7 @@ async def _api_fallback(path: str, request: Request) -> Response:
 
     Registered after every API route, for every method, so it is reached only when no route
     takes the request: ``OPTIONS`` gets 204 with ``Allow`` listing the methods the API's
-    routes accept on this path; another method on a path that has routes gets 405
+    routes accept on this path (``HEAD`` wherever ``GET`` is); another method on a path that has routes gets 405
     ``method_not_allowed`` with ``Allow``; a path without routes gets 404 ``not_found``.
     Example: ``GET /api/v1/sessions`` (only ``POST`` on ``/studies/{slug}/sessions``) is 404.
     """
@@ -86,6 +87,8 @@ async def _api_fallback(path: str, request: Request) -> Response:
         if path_format.startswith("/api/v1/") and path_regex(path_format).match(request.url.path):
             methods |= set(getattr(route, "methods", None) or ())
     methods.discard("OPTIONS")
+    if "GET" in methods:
+        methods.add("HEAD")  # HeadAsGetMiddleware
     where = f"{request.method} {clip(request.url.path)}"
     if not methods:
         return JSONResponse({"code": "not_found", "message": f"no such API path: {where}"}, 404)
@@ -202,6 +205,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_text_guard()  # no NUL / lone surrogate reaches a statement (app/textguard.py)
     # 422 for a NUL character or a lone surrogate in the path, query, form or JSON body.
     app.add_middleware(HostileInputMiddleware)
+    # HEAD anywhere is answered as GET without the body (monitors, link previews).
+    app.add_middleware(HeadAsGetMiddleware)
     # When each API key was last used (a conditional write at most once a minute per key).
     app.add_middleware(ApiKeyUseMiddleware)
     # Per-credential limit on /api/v1 calls (429), counters in Redis or the database.

@@ -9,6 +9,8 @@ input, security headers.
   headers on every answer.
 * :class:`ApiKeyUseMiddleware`: records when each API key was last used (the admin's key
   list shows it).
+* :class:`HeadAsGetMiddleware`: ``HEAD`` on any page answers what ``GET`` would, without
+  the body.
 
 Keeping secrets out of log lines.
 
@@ -351,6 +353,35 @@ class SecurityHeadersMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class HeadAsGetMiddleware:
+    """Answer ``HEAD`` as ``GET`` without the body, on every path (pure ASGI, RFC 9110 9.3.2).
+
+    The routes declare ``GET`` only; a ``HEAD`` (an uptime monitor, a link checker, a
+    mail client previewing a survey link) is routed as ``GET``, and the answer keeps its
+    status and headers (``Content-Length`` included) while its body is dropped. Example:
+    ``HEAD /s/ces`` is 200 with the consent page's headers and no body, where it was 405.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        finished = False
+
+        async def send_without_body(message: Message) -> None:
+            nonlocal finished
+            if message["type"] != "http.response.body":
+                await send(message)
+            elif not finished:
+                finished = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        await self.app({**scope, "method": "GET"}, receive, send_without_body)
 
 
 class ApiKeyUseMiddleware:

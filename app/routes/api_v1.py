@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError as SAOperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import ratelimit
 from app import session as svc
 from app.auth import can_see_study
-from app.deps import EngineDep, SessionDep
+from app.deps import EngineDep, SessionDep, plain_number
 from app.errors import (
     ConfigurationError,
     ConflictError,
@@ -401,6 +401,7 @@ def _bearer(authorization: str | None) -> str:
 
 SessionIdPath = Annotated[
     int,
+    BeforeValidator(plain_number),
     Path(ge=1, le=2**31 - 1, description="the session's id (a positive 32-bit integer)"),
 ]
 """A session id in a path. Ids are 32-bit INTEGER columns (PostgreSQL): a larger number is

@@ -11,10 +11,11 @@ from app.deps import EngineDep
 router = APIRouter()
 
 
-@router.api_route("/healthz", methods=["GET", "HEAD"], name="healthz")
+@router.get("/healthz", name="healthz")
 def healthz(request: Request, engine: EngineDep) -> JSONResponse:
     """``200 {"status": "ok", "database": "ok"}``, or 503 with the database's problem;
-    ``HEAD`` answers the same status without the body (uptime monitors)."""
+    ``HEAD`` answers the same status without the body (uptime monitors;
+    :class:`app.middleware.HeadAsGetMiddleware`)."""
     database = check_database(engine, request.app.state.schema_head)
     ok = database == "ok"
     return JSONResponse(

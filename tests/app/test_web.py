@@ -33,6 +33,20 @@ def test_healthz_ok(migrated_sqlite_url: str) -> None:
     assert head.status_code == 200 and head.content == b""
 
 
+def test_head_is_get_without_body(migrated_sqlite_url: str) -> None:
+    """HEAD on any page has GET's status and headers and no body (not 405)."""
+    with TestClient(create_app(Settings(database_url=migrated_sqlite_url))) as client:
+        for path in ("/admin/login", "/static/css/admin.css", "/api/v1/studies", "/s/nope"):
+            get, head = client.get(path), client.head(path)
+            assert head.status_code == get.status_code != 405, path
+            assert head.content == b"", path
+            assert head.headers["content-type"] == get.headers["content-type"], path
+            if "content-length" in get.headers:
+                assert head.headers["content-length"] == get.headers["content-length"], path
+        allow = client.options("/api/v1/studies").headers["allow"]
+    assert {m.strip() for m in allow.split(",")} >= {"GET", "HEAD"}
+
+
 def test_healthz_unmigrated(sqlite_url: str) -> None:
     with TestClient(create_app(Settings(database_url=sqlite_url))) as client:
         r = client.get("/healthz")

@@ -191,9 +191,12 @@ def test_api_fuzz(api: Api) -> None:
     assert not failures, "\n\n".join(failures)
 
 
-@pytest.mark.parametrize("session_id", ["565748284166", str(2**63), "0", "-1", "1e3", "x"])
+@pytest.mark.parametrize(
+    "session_id", ["565748284166", str(2**63), "0", "-1", "1e3", "x", "1%20", "%201"]
+)
 def test_out_of_range_session_id_is_422_not_500(api: Api, session_id: str) -> None:
-    """Found by the fuzzer: an id beyond the 32-bit INTEGER column was a 500 on PostgreSQL."""
+    """Found by the fuzzer: an id beyond the 32-bit INTEGER column was a 500 on PostgreSQL.
+    An id with a space around it (``1%20``) is refused too, not read as ``1``."""
     for method, suffix in (("GET", ""), ("POST", "/answers"), ("DELETE", "")):
         r = httpx.request(
             method,

@@ -141,6 +141,7 @@ def test_malformed_ids_and_unknown_items_get_pages_not_json(world: HostileWorld)
         for path, name in (
             (f"/admin/studies/{live.slug}/jobs/abc", "job_id"),
             (f"/admin/studies/{live.slug}/respondents/x", "respondent_id"),
+            (f"/admin/studies/{live.slug}/jobs/1%20", "job_id"),
         ):
             r = admin.get(path)
             assert r.status_code == 422, (path, r.status_code)
@@ -434,9 +435,15 @@ def test_csrf_token_is_bound_to_the_login(world: HostileWorld) -> None:
             cookies={"priorly_session": session_cookie, "priorly_csrf": planted},
         )
         assert r.status_code == 403, r.text
-        ok = admin.post(
-            "/admin/keys", data={"name": "real", "csrf_token": admin.cookies["priorly_csrf"]}
+        token = admin.cookies["priorly_csrf"]
+        # the valid token beside another one is refused too, naming the repeated field
+        twice = httpx.post(
+            f"{world.server.base}/admin/keys",
+            data={"name": "x", "csrf_token": [token, planted]},
+            cookies=dict(admin.cookies),
         )
+        assert twice.status_code == 403 and "csrf_token field is given 2 times" in twice.text
+        ok = admin.post("/admin/keys", data={"name": "real", "csrf_token": token})
         assert ok.status_code == 200, ok.text
 
 
@@ -578,14 +585,24 @@ def test_long_slug_is_not_echoed_and_options_lists_methods(world: HostileWorld) 
         assert "x" * 1000 not in r.text and len(r.text) < 20_000
     r = httpx.options(f"{base}/api/v1/sessions/1")
     assert r.status_code == 204
-    assert {m.strip() for m in r.headers["allow"].split(",")} == {"GET", "DELETE", "OPTIONS"}
+    assert {m.strip() for m in r.headers["allow"].split(",")} == {
+        "GET",
+        "HEAD",
+        "DELETE",
+        "OPTIONS",
+    }
     r = httpx.options(f"{base}/api/v1/sessions/1/answers")
     assert {m.strip() for m in r.headers["allow"].split(",")} == {"POST", "OPTIONS"}
     # what no route takes is answered in the API's error format: 405 with Allow for a
     # method the path does not have, 404 for a path without routes (also with a long path)
     r = httpx.put(f"{base}/api/v1/sessions/1", json={})
     assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
-    assert {m.strip() for m in r.headers["allow"].split(",")} == {"GET", "DELETE", "OPTIONS"}
+    assert {m.strip() for m in r.headers["allow"].split(",")} == {
+        "GET",
+        "HEAD",
+        "DELETE",
+        "OPTIONS",
+    }
     assert "PUT /api/v1/sessions/1: this path allows" in r.json()["message"]
     for method, path in (
         ("GET", "/api/v1/sessions"),
