@@ -40,11 +40,16 @@ class AuthenticationError(PriorlyError):
 
 
 def normalise_email(email: str) -> str:
-    """``email`` stripped and lower-cased; :class:`InvalidInputError` if it is not one."""
+    """``email`` stripped and lower-cased; :class:`InvalidInputError` if it is not one, or
+    if it holds a control or bidirectional control character (which would make an address
+    look like another one in the admin's lists)."""
     value = email.strip().lower()
     max_len = Researcher.__table__.c.email.type.length  # type: ignore[attr-defined]
     if not _EMAIL_RE.match(value) or len(value) > max_len:
         raise InvalidInputError(f"not a valid email address: {email!r}")
+    problem = unsafe_in_name(value)
+    if problem:
+        raise InvalidInputError(f"the email address contains {problem}")
     return value
 
 

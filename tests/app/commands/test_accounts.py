@@ -29,6 +29,8 @@ def test_user_and_apikey_commands(cli_db: str, capsys: pytest.CaptureFixture[str
     assert "already exists" in capsys.readouterr().err
     assert main(["user", "create", "--email", "not-an-email"]) == 2
     assert "not a valid email" in capsys.readouterr().err
+    assert main(["user", "create", "--email", "ada\u202e@example.org"]) == 2
+    assert "bidirectional control character (U+202E) at position 3" in capsys.readouterr().err
     assert main(["apikey", "create", "--email", "nobody@example.org"]) == 2
     assert "no researcher with email" in capsys.readouterr().err
 
