@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from fastapi import Depends, Request
 from fastapi.responses import RedirectResponse, Response
@@ -86,6 +87,22 @@ class Page:
     def htmx(self) -> bool:
         """Whether htmx sent the request (it swaps a block of the page, not the page)."""
         return bool(self.request.headers.get("hx-request"))
+
+    def reload(self) -> Response:
+        """Tell htmx to load the page it is on again, without its one-time ``notice``.
+
+        The page's address comes from htmx's ``HX-Current-URL`` header; only its path and
+        query are used, and only for an admin page (anything else: ``HX-Refresh``).
+        Example: on ``/admin/studies/s/personas?notice=job+%235+started`` the answer is
+        ``HX-Redirect: /admin/studies/s/personas``, so a finished or cancelled job no
+        longer sits under "job #5 started".
+        """
+        current = urlsplit(self.request.headers.get("hx-current-url", ""))
+        if not current.path.startswith("/admin/"):
+            return Response(status_code=200, headers={"HX-Refresh": "true"})
+        query = urlencode([(k, v) for k, v in parse_qsl(current.query) if k != "notice"])
+        target = current.path + (f"?{query}" if query else "")
+        return Response(status_code=200, headers={"HX-Redirect": target})
 
 
 PageDep = Annotated[Page, Depends(Page)]

@@ -64,17 +64,23 @@ def job_partial(
 ) -> Response:
     """The job's row: polls itself every second while the job is queued or running. With
     ``refresh=1`` (the personas page, whose counts the job changes) the poll that sees the
-    job finish reloads the page instead (``HX-Refresh``)."""
+    job finish reloads the page instead (:meth:`Page.reload`)."""
     row = job_views.study_job_row(study, job_id, session=session)
     if refresh == "1" and not row["active"]:
-        return Response(status_code=200, headers={"HX-Refresh": "true"})
+        return page.reload()
     ctx = {"study": study, **row, "refresh_on_finish": refresh == "1"}
     return page.render("admin/job.html", ctx, block="job")
 
 
 @router.post("/studies/{slug}/jobs/{job_id}/cancel")
-def cancel_job(job_id: DbId, page: PageDep, study: VisibleStudy, session: SessionDep) -> Response:
+def cancel_job(
+    job_id: DbId, page: PageDep, study: VisibleStudy, session: SessionDep, refresh: str = ""
+) -> Response:
+    """Cancel the job; its row shows it cancelled, or with ``refresh=1`` the page reloads
+    (as when the job finishes)."""
     row = job_views.cancel_study_job(study, job_id, session=session)
+    if refresh == "1":
+        return page.reload()
     return page.render("admin/job.html", {"study": study, **row}, block="job")
 
 

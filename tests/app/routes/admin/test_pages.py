@@ -31,9 +31,41 @@ def test_job_partial_polls_until_done_and_cancel(
     assert r.status_code == 200 and 'data-status="cancelled"' in r.text
     assert "hx-get" not in r.text  # finished jobs stop polling
     assert client.post(url + "/cancel", headers={"X-CSRF-Token": csrf(client)}).status_code == 409
-    # the poll that sees it finished reloads the personas page (its counts changed)
-    done = client.get(url + "?refresh=1", headers={"HX-Request": "true"})
-    assert done.status_code == 200 and done.headers["HX-Refresh"] == "true"
+    # the poll that sees it finished reloads the personas page (its counts changed),
+    # without the one-time notice the job's start put in its address
+    personas = f"/admin/studies/{ces_study.slug}/personas"
+    on_page = {"HX-Request": "true", "HX-Current-URL": f"http://testserver{personas}"}
+    started = {**on_page, "HX-Current-URL": on_page["HX-Current-URL"] + "?notice=job+started&x=1"}
+    done = client.get(url + "?refresh=1", headers=started)
+    assert done.status_code == 200 and done.headers["HX-Redirect"] == f"{personas}?x=1"
+    done = client.get(url + "?refresh=1", headers=on_page)
+    assert done.headers["HX-Redirect"] == personas
+    elsewhere = {"HX-Request": "true", "HX-Current-URL": "https://evil.example/phish"}
+    done = client.get(url + "?refresh=1", headers=elsewhere)
+    assert "HX-Redirect" not in done.headers and done.headers["HX-Refresh"] == "true"
+
+
+def test_cancel_from_the_personas_page_reloads_it(
+    client: TestClient, ces_study: Study, db: Session
+) -> None:
+    """A job cancelled from a page that reloads on finish reloads it, notice dropped."""
+    job = Job(kind="persona_generation", study_id=ces_study.id, payload={})
+    db.add(job)
+    db.commit()
+    login(client, "alice@example.org")
+    url = f"/admin/studies/{ces_study.slug}/jobs/{job.id}"
+    personas = f"/admin/studies/{ces_study.slug}/personas"
+    page = client.get(personas).text
+    assert f'hx-post="{url}/cancel?refresh=1"' in page
+    headers = {
+        "HX-Request": "true",
+        "X-CSRF-Token": csrf(client),
+        "HX-Current-URL": f"http://testserver{personas}?notice=persona+generation+started",
+    }
+    r = client.post(url + "/cancel?refresh=1", headers=headers)
+    assert r.status_code == 200 and r.headers["HX-Redirect"] == personas
+    db.refresh(job)
+    assert job.status == "cancelled"
 
 
 def test_running_fit_job_shows_its_restart_and_percentage(
