@@ -38,7 +38,9 @@ from models.cape_profile import ItemText, preference_profile
 
 
 def session_profile(study: Study, sess: ElicitationSession, *, session: Session) -> dict[str, Any]:
-    """The session's preference profile as a JSON-ready dict.
+    """The session's preference profile as a JSON-ready dict, under the model that
+    predicts the respondent (:func:`session_predictions`): the session's own while it is in
+    progress, the study's active model once it is finished (or for a preview).
 
     Returns:
         ``{"session_id", "answers", "model_family", "criteria": [...], "items": [...],
@@ -55,8 +57,9 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
         NoModelError: the study has no fitted belief model.
         SessionNotFoundError: the session was erased after the caller read it (404).
     """
+    _n, predicted = session_predictions(study, sess, session=session)
     rt = load_runtime(study, session=session, fit_if_missing=False)
-    rt = session_runtime(rt, study, sess.model_id, session=session)  # the session's model
+    rt = session_runtime(rt, study, predicted.model_id, session=session)
     respondent, answers = respondent_and_answers(session, sess)
     state = replay(rt, respondent, answers)
     criterion_ids = set(
@@ -92,7 +95,6 @@ def session_profile(study: Study, sess: ElicitationSession, *, session: Session)
         "model_family": rt.model.family,
         **profile.to_dict(),
     }
-    _n, predicted = session_predictions(study, sess, session=session)
     out["predicted"] = [p.to_dict() for p in predicted.unanswered]
     notice = (rt.model.metrics or {}).get("notice")
     if notice:  # e.g. a persona or uniform prior because the study has no history yet

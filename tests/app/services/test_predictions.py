@@ -21,6 +21,7 @@ from app.services.predictions import (
     predict_respondents,
     session_models,
 )
+from app.services.profile import session_profile
 from app.tables import Answer, ElicitationSession, Item, Researcher
 from tests.support.admin import login
 from tests.support.tiny_model import NEW, OLD, TinyStudy, by_hand, make_tiny_study
@@ -101,6 +102,25 @@ def test_a_finished_respondent_is_predicted_by_the_active_model(
     assert (result.model_id, result.model_from_session) == (tiny.new_id, False)
     want = by_hand(NEW, {"x": "B", "a": "A"})["t"]
     assert result.get("t").probabilities == pytest.approx((want, 1 - want), abs=1e-12)
+
+
+@pytest.mark.parametrize("status", ["active", "completed"])
+def test_the_profile_uses_the_model_of_the_predictions(
+    tiny: TinyStudy, db: Session, status: str
+) -> None:
+    """The API profile's items and its ``predicted`` list come from one model: r1's
+    session's (old) model while it is in progress, the active (new) one once finished."""
+    sess = db.get(ElicitationSession, tiny.sessions["r1"])
+    assert sess is not None
+    sess.status = status
+    db.add(sess)
+    db.commit()
+    prof = session_profile(tiny.study, sess, session=db)
+    want = by_hand(OLD if status == "active" else NEW, {"x": "B", "a": "A"})["t"]
+    (t,) = [e for e in prof["items"] if e["item"] == "t"]
+    assert t["distribution"] == pytest.approx([want, 1 - want], abs=1e-12)
+    (pred,) = prof["predicted"]
+    assert pred["item"] == "t" and pred["probability"] == pytest.approx(max(want, 1 - want))
 
 
 def _csv(raw: str | bytes) -> pd.DataFrame:
