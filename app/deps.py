@@ -9,6 +9,7 @@ call under load, docs/respondents.md)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Annotated, Any
 
@@ -69,10 +70,22 @@ MAX_DB_ID = 2**31 - 1
 """The largest id a row can have: id columns are 32-bit integers (PostgreSQL ``integer``)."""
 
 
+PLAIN_NUMBER = re.compile(r"0|[1-9][0-9]*")
+"""A whole number as a path or query parameter writes it: digits, no leading zero."""
+
+
 def plain_number(value: object) -> object:
-    """Refuse an id written with spaces around it (``"3 "``), which ``int`` would take."""
-    if isinstance(value, str) and value != value.strip():
-        raise ValueError("an id is digits only, without spaces around it")
+    """Refuse a number in a path or query that ``int`` would take but that is written
+    otherwise than in plain digits: ``"3 "``, ``"+3"``, ``"03"``, ``"3.0"``, ``"3_0"`` (read
+    as 30). A value that is not text is left to the type's own check.
+
+    >>> plain_number("30")
+    '30'
+    """
+    if isinstance(value, str) and not PLAIN_NUMBER.fullmatch(value):
+        raise ValueError(
+            "write a whole number in plain digits (no sign, spaces, leading zero, dot or _)"
+        )
     return value
 
 

@@ -58,10 +58,11 @@ def iso_utc(ts: datetime | None) -> str | None:
     """``ts`` as ISO 8601 in UTC with its offset, the same on every database
     (:func:`as_utc`).
 
-    Example: ``iso_utc(datetime(2026, 12, 4, 18, 55, 27))`` is
-    ``"2026-12-04T18:55:27+00:00"``; ``iso_utc(None)`` is ``None``.
+    Always with microseconds, so that every time has one shape (a fixed-format parser
+    reads them all). Example: ``iso_utc(datetime(2026, 12, 4, 18, 55, 27))`` is
+    ``"2026-12-04T18:55:27.000000+00:00"``; ``iso_utc(None)`` is ``None``.
     """
-    return None if ts is None else as_utc(ts).isoformat()
+    return None if ts is None else as_utc(ts).isoformat(timespec="microseconds")
 
 
 def as_utc(ts: datetime) -> datetime:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Security
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
-from app.deps import SessionDep
+from app.deps import SessionDep, plain_number
 from app.routes.api_docs import BEARER
 from app.routes.api_v1 import _ERRORS, ApiResearcher, ApiRoute, OptionOut, get_owned_study
 from app.services import results
@@ -40,6 +40,7 @@ Cursor = Annotated[
 
 
 def _limit(listing: results.Listing) -> Any:
+    """``?limit=`` of a listing: 1 to its ``max_limit``, in plain digits (:func:`plain_number`)."""
     return Query(
         ge=1,
         le=listing.max_limit,
@@ -211,15 +212,15 @@ def get_study(study: OwnedStudy, session: SessionDep) -> dict[str, Any]:
 @router.get(
     "/studies/{slug}/responses",
     response_model=ResponsesPage,
-    summary="A page of the study's responses (one row per live session, with labels)",
-    description="The rows of the wide CSV export, in session id order, each answer with "
-    "its option label. Follow next_cursor until it is null.",
+    summary="A page of the study's responses (one row per live respondent, with labels)",
+    description="The rows of the wide CSV export, in respondent order (database ids), each "
+    "answer with its option label. Follow next_cursor until it is null.",
 )
 def list_responses(
     study: OwnedStudy,
     session: SessionDep,
     cursor: Cursor = None,
-    limit: Annotated[int | None, _limit(results.RESPONSES)] = None,
+    limit: Annotated[int | None, BeforeValidator(plain_number), _limit(results.RESPONSES)] = None,
 ) -> dict[str, Any]:
     page = results.responses_page(study, session=session, cursor=cursor, limit=limit)
     return {"study": study.slug, "responses": page.rows, "next_cursor": page.next_cursor}
@@ -238,7 +239,7 @@ def list_predictions(
     study: OwnedStudy,
     session: SessionDep,
     cursor: Cursor = None,
-    limit: Annotated[int | None, _limit(results.PREDICTIONS)] = None,
+    limit: Annotated[int | None, BeforeValidator(plain_number), _limit(results.PREDICTIONS)] = None,
 ) -> dict[str, Any]:
     page = results.predictions_page(study, session=session, cursor=cursor, limit=limit)
     return {"study": study.slug, "predictions": page.rows, "next_cursor": page.next_cursor}

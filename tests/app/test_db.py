@@ -84,3 +84,15 @@ def test_delete_imported_study_cascades(engine: Engine, small_dataset: Path) -> 
         s.commit()
         assert s.exec(select(func.count()).select_from(Respondent)).one() == 0
         assert s.exec(select(func.count()).select_from(Item)).one() == 0
+
+
+def test_iso_utc_has_one_shape() -> None:
+    """Every time is written with microseconds and the UTC offset, a whole second too."""
+    from datetime import datetime, timedelta, timezone
+
+    from app.tables import iso_utc
+
+    assert iso_utc(datetime(2026, 12, 4, 18, 55, 27)) == "2026-12-04T18:55:27.000000+00:00"
+    east = datetime(2026, 12, 4, 20, 55, 27, 5, tzinfo=timezone(timedelta(hours=2)))
+    assert iso_utc(east) == "2026-12-04T18:55:27.000005+00:00"
+    assert iso_utc(None) is None

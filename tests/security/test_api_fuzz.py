@@ -192,11 +192,13 @@ def test_api_fuzz(api: Api) -> None:
 
 
 @pytest.mark.parametrize(
-    "session_id", ["565748284166", str(2**63), "0", "-1", "1e3", "x", "1%20", "%201"]
+    "session_id",
+    ["565748284166", str(2**63), "0", "-1", "1e3", "x", "1%20", "%201", "01", "+1", "1.0", "1_0"],
 )
 def test_out_of_range_session_id_is_422_not_500(api: Api, session_id: str) -> None:
     """Found by the fuzzer: an id beyond the 32-bit INTEGER column was a 500 on PostgreSQL.
-    An id with a space around it (``1%20``) is refused too, not read as ``1``."""
+    An id that ``int`` reads but that is not plain digits (``1%20``, ``+1``, ``1_0`` read as
+    10) is refused too."""
     for method, suffix in (("GET", ""), ("POST", "/answers"), ("DELETE", "")):
         r = httpx.request(
             method,

@@ -296,6 +296,9 @@ def _cursor(raw: str) -> str:
         ("limit", "0", False),
         ("limit", "501", False),
         ("limit", "ten", False),
+        ("limit", "1.0", False),  # int() would take these: refused as not plain digits
+        ("limit", "1_0", False),
+        ("limit", " 1", False),
     ],
 )
 def test_bad_cursor_or_limit_is_422_naming_it(
