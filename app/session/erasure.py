@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func
+from sqlalchemy import delete
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -52,6 +52,10 @@ def erase_respondent_id(respondent_id: int, *, study_id: int, engine: Engine) ->
     """Delete the live respondent ``respondent_id`` of study ``study_id`` with every
     session, answer, decision and state, leaving an :class:`app.tables.ErasureRecord`.
 
+    Two erasures of one respondent at once: one deletes and records it, the other finds
+    nothing to delete (the respondent row's delete counts 0 rows) and raises, so one
+    erasure is recorded once.
+
     Raises:
         SessionNotFoundError: no such respondent in the study (already erased, another
             study's, or an imported respondent, which belongs to the dataset).
@@ -68,17 +72,15 @@ def erase_respondent_id(respondent_id: int, *, study_id: int, engine: Engine) ->
             select(ElicitationSession).where(ElicitationSession.respondent_id == respondent.id)
         ).all()
         ids = [s.id for s in sessions]
-        n_answers = int(
-            db.exec(
-                select(func.count()).select_from(Answer).where(Answer.session_id.in_(ids))  # type: ignore[attr-defined]
-            ).one()
-        )
         n_completed = sum(1 for s in sessions if s.status == SessionStatus.completed.value)
         # explicit deletes, children first (not relying on ON DELETE CASCADE being enforced)
         db.exec(delete(SelectionDecision).where(SelectionDecision.session_id.in_(ids)))  # type: ignore[call-overload,attr-defined]
-        db.exec(delete(Answer).where(Answer.session_id.in_(ids)))  # type: ignore[call-overload,attr-defined]
+        n_answers = db.exec(delete(Answer).where(Answer.session_id.in_(ids))).rowcount  # type: ignore[call-overload,attr-defined]
         db.exec(delete(ElicitationSession).where(ElicitationSession.id.in_(ids)))  # type: ignore[call-overload,union-attr]
-        db.exec(delete(Respondent).where(Respondent.id == respondent.id))  # type: ignore[call-overload,arg-type]
+        gone = db.exec(delete(Respondent).where(Respondent.id == respondent.id)).rowcount  # type: ignore[call-overload,arg-type]
+        if gone != 1:  # a concurrent erasure deleted it first: that one is the erasure
+            db.rollback()
+            raise SessionNotFoundError(f"no live respondent {respondent_id} in this study")
         db.add(
             ErasureRecord(
                 study_id=respondent.study_id,
