@@ -105,6 +105,18 @@ def question_view(item: ItemInfo, number: int) -> QuestionView:
     )
 
 
+def closed_reason(sess: ElicitationSession) -> str | None:
+    """The stop reason of a session closed with a question pending: ``"abandoned"`` (a
+    group round closed before its member answered) or ``"finished"`` (completed by its
+    client, :func:`app.session.finish_session`); None for an active session. (A session
+    completed by the stopping rule has no question pending: its last decision is the stop.)"""
+    if sess.status == SessionStatus.abandoned.value:
+        return "abandoned"
+    if sess.status == SessionStatus.completed.value:
+        return "finished"
+    return None
+
+
 def view_at(
     rt: StudyRuntime,
     sess: ElicitationSession,
@@ -122,10 +134,8 @@ def view_at(
     closed = None
     if position == sess.state_version:
         pending = decision is None or decision.item_id is not None
-        if sess.status == SessionStatus.abandoned.value:
-            closed = "abandoned"
-        elif sess.status == SessionStatus.completed.value and pending:
-            closed = "finished"
+        if pending or sess.status == SessionStatus.abandoned.value:
+            closed = closed_reason(sess)
     if closed is not None:
         return replace(plain_view(rt, sess.id or 0, None, closed, position), status=sess.status)
     if decision is None:
@@ -345,8 +355,11 @@ def explanation(study: Study, sess: ElicitationSession, *, session: Session) -> 
         if gone:  # erased after the caller's authorization read it
             raise SessionNotFoundError(f"no session {sess.id}")
         raise NotCurrentQuestionError("no question has been chosen in this session yet")
-    item_key = None
-    if row.item_id is not None:
+    item_key, stop_reason = None, row.stop_reason
+    closed = closed_reason(sess)
+    if closed is not None and row.item_id is not None and row.position == sess.state_version:
+        stop_reason = closed  # its question was never answered: the session view's stop
+    elif row.item_id is not None:
         item = session.get(Item, row.item_id)
         item_key = item.key if item is not None else None
     detail = dict(row.scores or {})
@@ -354,7 +367,7 @@ def explanation(study: Study, sess: ElicitationSession, *, session: Session) -> 
     return {
         "position": row.position,
         "item": item_key,
-        "stop_reason": row.stop_reason,
+        "stop_reason": stop_reason,
         "criterion": row.criterion,
         "scores": dict(sorted(scores.items(), key=lambda kv: -kv[1])),
         **{k: v for k, v in detail.items() if k != "model_id"},

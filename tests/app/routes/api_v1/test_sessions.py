@@ -497,11 +497,17 @@ def test_a_client_finishes_a_session_early(client: Any, live: LiveStudy) -> None
     sid, token = created["session_id"], created["token"]
     view = answer_first_options(client, created, 2, "f")
     pending = view["question"]["item"]
+    before = client.get(f"/api/v1/sessions/{sid}/explanation", headers=bearer(token)).json()
+    assert (before["item"], before["stop_reason"]) == (pending, None)
     done = client.post(f"/api/v1/sessions/{sid}/finish", headers=bearer(token))
     assert done.status_code == 200, done.text
     body = done.json()
     assert (body["status"], body["phase"], body["question"]) == ("completed", "done", None)
     assert body["stop_reason"] == "finished" and body["questions_answered"] == 2
+    # the explanation agrees: the pending question was never asked to an end
+    why = client.get(f"/api/v1/sessions/{sid}/explanation", headers=bearer(token)).json()
+    assert (why["item"], why["stop_reason"], why["position"]) == (None, "finished", 2)
+    assert why["scores"] == before["scores"]
     again = client.post(f"/api/v1/sessions/{sid}/finish", headers=bearer(live.owner_key))
     assert again.status_code == 200 and again.json() == body
     late = client.post(
