@@ -20,7 +20,9 @@ no email, IP address or credential is stored in clear.
   with a 2xx (or issued it: a new session's token); until then, and for every made-up
   value, the call counts against the address with the address's limit, and no counter
   is ever made for an unverified value (a client sending a new random credential each
-  time is limited like one without any);
+  time is limited like one without any); a real credential whose first call finds its
+  address over the limit (others behind the same address sent made-up ones) is looked up
+  (:func:`known_credential`) and gets its own counter instead of the refusal;
   more than ``api_rate_limit_per_minute`` calls in a minute per API key, or
   ``session_rate_limit_per_minute`` per session token (or address), get 429 with
   ``Retry-After`` and the JSON error ``{"code": "rate_limited", "message": ...}``.
@@ -58,8 +60,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ConfigurationError, PriorlyError
-from app.services.apikeys import KEY_PREFIX
-from app.tables import RateLimitCounter
+from app.services.apikeys import KEY_PREFIX, hash_key
+from app.session.tokens import hash_token
+from app.tables import ApiKey, ElicitationSession, RateLimitCounter
 
 log = logging.getLogger("priorly.ratelimit")
 
@@ -542,14 +545,26 @@ class ApiRateLimitMiddleware:
             else:
                 result = await counter.bump(key) if limit > 0 else None
                 if result is None:  # not verified: the address's counter and limit
-                    limit = self.session_limit
+                    own_limit, limit = limit, self.session_limit
                     result = await counter.hit(address) if limit > 0 else None
                     after = "verify"
+                    if (
+                        result is not None
+                        and result[0] > limit
+                        and own_limit > 0
+                        and await to_thread.run_sync(known_credential, state.engine, credential)
+                    ):  # a real credential behind a busy address: counted on its own
+                        await counter.register(key)
+                        limit, after = own_limit, ""
+                        result = await counter.bump(key)
         except (SQLAlchemyError, OSError, *_DBAPI_ERRORS, *_REDIS_ERRORS) as exc:
             log.warning("rate limiter unavailable, call let through: %s", type(exc).__name__)
             result, after = None, ""
         if result is not None and result[0] > limit:
-            await rate_limited_response(result[1], limit)(scope, receive, send)
+            by_address = after == "verify" or not credential
+            await rate_limited_response(result[1], limit, by_address=by_address)(
+                scope, receive, send
+            )
             return
         if not after:
             await self.app(scope, receive, send)
@@ -578,6 +593,28 @@ class ApiRateLimitMiddleware:
                         self._blocked[address] = expires
         except (SQLAlchemyError, OSError, *_DBAPI_ERRORS, *_REDIS_ERRORS) as exc:
             log.warning("rate limiter unavailable after the call: %s", type(exc).__name__)
+
+
+def known_credential(engine: Engine, credential: str) -> bool:
+    """Whether ``credential`` is an API key that is not revoked or a session's token (one
+    indexed lookup of its hash), for :class:`ApiRateLimitMiddleware`."""
+    if len(credential) > 200:
+        return False
+    with engine.connect() as conn:
+        if credential.startswith(KEY_PREFIX):
+            found = conn.execute(
+                select(ApiKey.id).where(  # type: ignore[call-overload]
+                    ApiKey.key_hash == hash_key(credential),
+                    ApiKey.revoked_at.is_(None),  # type: ignore[union-attr]
+                )
+            ).first()
+        else:
+            found = conn.execute(
+                select(ElicitationSession.id).where(  # type: ignore[call-overload]
+                    ElicitationSession.token_hash == hash_token(credential)
+                )
+            ).first()
+    return found is not None
 
 
 class ApiCounter:
@@ -648,16 +685,17 @@ async def register_new_credential(state: Any, credential: str) -> None:
         log.warning("rate limiter unavailable: %s", type(exc).__name__)
 
 
-def rate_limited_response(expires: float, limit: int) -> Response:
+def rate_limited_response(expires: float, limit: int, *, by_address: bool = False) -> Response:
     """The 429 of an API call over ``limit`` in a window ending at ``expires``
     (``time.time()``): the JSON error with ``Retry-After`` in whole seconds (sent by the
-    middleware, and returned by the answer route that counts its own calls)."""
+    middleware, and returned by the answer route that counts its own calls). With
+    ``by_address`` the count was the client address's (no credential, or an unknown one)."""
     retry_after = max(1, math.ceil(expires - time.time()))
+    whose = "from this address without a known credential" if by_address else "with this credential"
     body = json.dumps(
         {
             "code": ERROR_CODE,
-            "message": f"more than {limit} calls per minute with this credential: "
-            f"retry in {retry_after} s",
+            "message": f"more than {limit} calls per minute {whose}: retry in {retry_after} s",
         }
     ).encode("utf-8")
     return Response(

@@ -315,7 +315,8 @@ def _counter_rows(url: str) -> set[str]:
 def test_made_up_credentials_share_the_address_limit(world: HostileWorld, tmp_path: Path) -> None:
     """100 calls, each with a new made-up bearer value (API-key-like, token-like, on the
     answer call too): after the address's limit they get 429, and no counter is made for
-    any of them. A real session's token keeps its own counter (still answered)."""
+    any of them. A real session's token keeps its own counter (still answered), and a new
+    real API key's first call is looked up and answered, not refused with the address."""
     import secrets
 
     from app.ratelimit import counter_key
@@ -355,8 +356,24 @@ def test_made_up_credentials_share_the_address_limit(world: HostileWorld, tmp_pa
             statuses.append(r.status_code)
         assert statuses.count(429) >= 100 - LOW_LIMIT - 1, statuses
         assert set(statuses) <= {401, 429}, statuses
+        refused = httpx.get(
+            f"{srv.base}/api/v1/sessions/{sess['session_id']}",
+            headers={"Authorization": f"Bearer {made_up[0]}"},
+        )
+        assert refused.status_code == 429
+        assert "from this address without a known credential" in refused.json()["message"]
         rows = _counter_rows(live.url)
         assert not rows & {counter_key("api", c) for c in made_up}
+        # a new real API key's first call from the busy address is answered, on its own counter
+        from app.services.apikeys import create_api_key
+
+        with live.session() as db:
+            fresh = create_api_key("owner@example.org", session=db, name="fresh").key
+        first = httpx.get(
+            f"{srv.base}/api/v1/studies", headers={"Authorization": f"Bearer {fresh}"}
+        )
+        assert first.status_code == 200, first.text
+        assert counter_key("api", fresh) in _counter_rows(live.url)
         # the real respondent, from the same address, still has its own counter
         mine = httpx.get(
             f"{srv.base}/api/v1/sessions/{sess['session_id']}",
