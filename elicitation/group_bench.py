@@ -121,7 +121,9 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # respondents, with each imputation (``eig_eig_pool``: with the pool)
     **_imputation_family("eig_eig", "eig_budget", "eig"),
     # ``eig_eig_pool`` with the mixture weights re-fitted to the group
-    # (:func:`elicitation.group.adapt_mixture_prior`)
+    # (:func:`elicitation.group.adapt_mixture_prior`), its pool weight chosen once on
+    # validation (no ``online_pool``); not the product's ``default`` (method names are the
+    # benchmark's interface, so the name stays)
     "default_adapt": GroupMethod("eig_budget", "eig", "pool", adapt_prior=True),
     "eig_eig_none_adapt": GroupMethod("eig_budget", "eig", "none", adapt_prior=True),
     # the paper's question rule (summed over all members) with EIG respondents and no
