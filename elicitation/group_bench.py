@@ -1,6 +1,6 @@
 """``priorly bench group``: the published group-elicitation protocol (docs/methods.md §3).
 
-Protocol (arXiv 2602.14279, on a canonical dataset with a user split and runs):
+Protocol (docs/methods.md [3], on a canonical dataset with a user split and runs):
 
 * the belief model (a latent class model, :func:`models.latent_class.fit_latent_classes`,
   the number of classes chosen on validation users) and the GNN are fitted on the
@@ -14,7 +14,7 @@ Protocol (arXiv 2602.14279, on a canonical dataset with a user split and runs):
   accuracy, Brier summed over options, perplexity ``exp(mean log loss)``; the result is
   the mean over the runs.
 
-Methods (:data:`GROUP_METHODS`): the paper's baselines and method with our predictor,
+Methods (:data:`GROUP_METHODS`): [3]'s baselines and method with our predictor,
 the product's ``default`` (the pool of the belief model and the GNN at the weight with
 the highest lower confidence bound on its gain, re-chosen online), the stacked pools
 (``*_stack``, ``*_stack_lcb``), and variants of the question, respondent and imputation
