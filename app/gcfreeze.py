@@ -1,7 +1,8 @@
 """Keep the cyclic garbage collector's full collections short in a serving process.
 
-A web process holds a few million long-lived objects (torch, SQLAlchemy, the app, the
-fitted models) that never become garbage. CPython's full (generation 2) collection
+A web process holds hundreds of thousands of long-lived objects (about 310,000 in the
+load test of docs/respondents.md: torch, SQLAlchemy, the app, the fitted models) that
+never become garbage. CPython's full (generation 2) collection
 traverses every tracked object, so in a worker serving ~100 answers/s one such collection
 stalls the whole process for ~0.3 s, and every request in flight waits for it: measured
 in the load test (docs/respondents.md), four full collections a minute per worker made

@@ -62,11 +62,11 @@ class GNNConfig:
         patience: stop after this many epochs without a better validation cross-entropy.
         seed: seeds initialisation, dropout and masks (a run is reproducible).
         num_threads: ``torch.set_num_threads`` during training (``None``: leave as is).
-        partial_mask: how the middle third of the members is masked: ``"half"`` (the
-            paper: each loses half of its answers) or ``"uniform"`` (each keeps a
-            uniformly drawn share ``s ~ U(0, 1)`` of its answers, so that members with
-            one or two answers, the usual state in early group rounds, are seen in
-            training; with ``"half"`` a member with a single observed answer is out of
+        partial_mask: how the middle third of the members is masked: ``"half"`` (the group
+            paper, docs/methods.md [3]: each loses half of its answers) or ``"uniform"``
+            (each keeps a uniformly drawn share ``s ~ U(0, 1)`` of its answers, so that
+            members with one or two answers, the usual state in early group rounds, are seen
+            in training; with ``"half"`` a member with a single observed answer is out of
             the training distribution, see docs/group.md).
     """
 

@@ -36,7 +36,7 @@ the double counting of correlated evidence), ``eta`` and ``lam`` are chosen on t
 validation log-likelihood of hidden answers given observed ones. Everything is a sum of
 precomputed rows, so an update is one gather and add, batched over respondents.
 
-Reference: CAPE, cold-start preference elicitation with priors (arXiv 2602.15012).
+Reference: CAPE, cold-start preference elicitation with priors (docs/methods.md [2]).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ Offline fit (Pyro, SVI). ``W`` and ``b`` have weak Normal priors and an ``AutoDe
 (MAP estimates). ``z`` is **marginalised, not amortised**: each SVI step estimates every
 respondent's marginal likelihood with ``S`` fresh prior samples,
 ``log p(y_u) ~ log (1/S) sum_s p(y_u | z_s)`` (an importance-weighted lower bound with the
-prior as proposal, Burda et al. 2016), entered with ``pyro.factor`` in a subsampled
-respondent plate. Unanswered items simply contribute nothing. A tqdm bar shows progress.
+prior as proposal, Burda et al. 2016, docs/methods.md [5]), entered with ``pyro.factor``
+in a subsampled respondent plate. Unanswered items simply contribute nothing. A tqdm bar
+shows progress.
 
 Online (no gradient steps, parameters frozen). A fixed set of ``S`` quasi-random prior
 samples ``z_1..z_S`` (scrambled Sobol points mapped through the normal quantile, seeded)

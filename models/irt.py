@@ -1,7 +1,7 @@
 """IRT baseline: the 1-D graded response model, calibrated by marginal maximum likelihood.
 
-Graded response model (Samejima 1969), slope-intercept form. For item ``i`` with ``O_i``
-options in scale order and ability ``θ ~ N(0, 1)``:
+Graded response model (Samejima 1969, docs/methods.md [4]), slope-intercept form. For
+item ``i`` with ``O_i`` options in scale order and ability ``θ ~ N(0, 1)``:
 
     P(Y_i >= k | θ) = σ(a_i θ − c_ik),   k = 1 .. O_i − 1,   c_i1 < c_i2 < ...
     P(Y_i = k | θ)  = P(Y_i >= k | θ) − P(Y_i >= k + 1 | θ)
@@ -239,7 +239,7 @@ class GradedResponseModel(PersonaMixture):
         """Fisher information ``I_i(θ) = Σ_k P'_ik(θ)² / P_ik(θ)``: ``[n_theta, n_items]``.
 
         With ``P*_k = σ(a θ − c_k)``, ``P*'_k = a P*_k (1 − P*_k)`` and
-        ``P'_k = P*'_k − P*'_{k+1}`` (Samejima 1969).
+        ``P'_k = P*'_k − P*'_{k+1}`` (Samejima 1969, docs/methods.md [4]).
         """
         idx = self._items(items)
         th = torch.as_tensor(theta, dtype=DTYPE).reshape(-1)

@@ -7,7 +7,7 @@ independently across items given ``θ``:
     p(θ, Y) = p(θ) · Π_i μ[θ, i, Y_i]
 
 so after the answers ``h = {(i, y)}`` the posterior and the predictive are closed form
-(docs/methods.md §1; "Adaptive Querying with AI Persona Priors", arXiv 2605.00696):
+(docs/methods.md §1, after "Adaptive Querying with AI Persona Priors", [1] there):
 
     log p(θ | h) = log p(θ) + Σ_{(i, y) ∈ h} log max(μ[θ, i, y], floor) − log Z
     p(Y_x = k | h) = Σ_θ μ[θ, x, k] · p(θ | h)

@@ -185,8 +185,9 @@ LIVE_COMPRESS_ABOVE = 2_000
 """A persona prior with more personas than this is compressed for the live step."""
 
 LIVE_PROTOTYPES = 500
-"""Prototypes of a compressed live persona prior: the persona paper's 500 (docs/methods.md
-§1.4); a live step on them stays under 2 ms CPU (p99) on one core (docs/personas.md)."""
+"""Prototypes of a compressed live persona prior: the 500 of the persona paper
+(docs/methods.md [1], §1.4); a live step on them stays under 2 ms CPU (p99) on one core
+(docs/personas.md)."""
 
 
 def compress_for_live(
@@ -225,7 +226,7 @@ def compress(
     1. Drop personas with prior ``< min_prior`` (the rest are renormalised).
     2. If at most ``n_prototypes`` remain, return them unchanged (same predictive).
     3. Otherwise prior-weighted k-means under ``metric`` (``"js"``:
-       :func:`js_distance_matrix`, the persona paper's; ``"hellinger"``:
+       :func:`js_distance_matrix`, as in docs/methods.md [1]; ``"hellinger"``:
        :func:`hellinger_distance_matrix`): seeds by prior-weighted k-means++; assign each
        persona to its nearest prototype; each prototype's table is the prior-weighted mean
        of its members' distributions and its prior the sum of its members' priors. Stops

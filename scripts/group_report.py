@@ -16,6 +16,7 @@ report.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -220,16 +221,32 @@ def report(
     return "\n".join(out)
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line: one or more ``FILE[:REF,...]`` arguments (see the module doc)."""
+    parser = argparse.ArgumentParser(
+        prog="scripts/group_report.py",
+        description="Markdown report of `priorly bench group` result files "
+        "(the tables of docs/group.md section 4).",
+    )
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE[:REF,...]",
+        help="a `priorly bench group` result file, optionally followed by a colon and the "
+        "reference accuracies after rounds 0..R, comma-separated "
+        "(e.g. docs/group/ces_10.json:0.785,0.787,0.788,0.789,0.790)",
+    )
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__, file=sys.stderr)
-        return 2
+    args = parse_args(argv)
     totals: dict[str, Leads] = {}
-    for arg in argv:
+    for arg in args.files:
         path, _, ref = arg.partition(":")
         reference = [float(x) for x in ref.split(",")] if ref else None
         print(report(Path(path), reference, totals))
-    if len(argv) > 1:
+    if len(args.files) > 1:
         for label, leads in totals.items():
             print(
                 leads.describe(f"All files, against {label}", "")

@@ -17,6 +17,7 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -172,5 +173,23 @@ def main(folder: Path) -> None:
     print(f"{folder}: {changed} items reordered or relabelled")
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line: the dataset folder, ``datasets/opinionqa`` when omitted."""
+    parser = argparse.ArgumentParser(
+        prog="scripts/opinionqa_scale_order.py",
+        description="Put the OpinionQA codebook's answer options in scale order and recode "
+        "responses.csv to match (in place; running it again changes nothing).",
+    )
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        type=Path,
+        default=Path("datasets/opinionqa"),
+        help="dataset folder holding codebook.jsonl and responses.csv "
+        "(default: datasets/opinionqa)",
+    )
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("datasets/opinionqa"))
+    main(parse_args(sys.argv[1:]).folder)

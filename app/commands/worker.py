@@ -15,7 +15,10 @@ from app.settings import load_settings
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "worker",
-        help="run a job worker (fits, simulations, GNN training) in the foreground",
+        help=(
+            "run a job worker (fits, simulations, GNN training, persona generation) "
+            "in the foreground"
+        ),
         description=(
             "Run a worker of the job queue: a SQLite queue file next to a SQLite database "
             "(or PRIORLY_QUEUE_PATH), or Redis when PRIORLY_REDIS_URL is set (workers on "

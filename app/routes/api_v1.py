@@ -79,7 +79,8 @@ ERROR_CODES: dict[str, str] = {
     "model_fit_failed": "409: the study has no model and its last fit failed: a researcher "
     "must fix the study and refit (retrying does not help)",
     "study_misconfigured": "409: the study's settings cannot run a session",
-    "database_unavailable": "503: the database is unreachable or not migrated",
+    "database_unavailable": "503: the database is unreachable, not migrated, or overloaded "
+    "(no free connection, too many clients): send the same request again shortly",
     "payload_too_large": "413: the request body is larger than the limit (app/limits.py)",
     "rate_limited": "429: too many calls per minute with this credential (see Retry-After)",
     "conflict": "409: the request conflicts with stored data (another kind than the above)",

@@ -29,17 +29,18 @@ The ``fit_model`` job (:mod:`app.jobs.tasks`) calls :func:`fit_study_model`.
 
 **The fixed order.** The criteria ``eig_anchored`` (the default of new studies) and
 ``fixed`` need the study's non-adaptive question order
-(:class:`elicitation.criteria.FixedOrder`: a greedy search under the model's prior, from
-a fraction of a second for a small model to ~42 s of CPU for 86 candidates and 2,058
-personas). It is never computed while a respondent waits: :func:`ensure_fixed_order`
-computes it when the model is fitted (:func:`fit_study_model`, so the ``fit_model`` job)
-and when a study is prepared for fielding (the bundled demo), and stores it in the model
-row's ``metrics["fixed_orders"]`` under :func:`fixed_order_key` (the model's
-``training_hash``, the candidate pool and the target set in study order, and the order's
-parameters), so a change of roles after the fit finds no stored order. The live loop
-(:mod:`app.session`) loads it into the cached study runtime; when it is missing
-the study is served with ``eig`` meanwhile (recorded in every decision) and
-:func:`request_fixed_order` queues a ``fixed_order`` job that computes and stores it.
+(:class:`elicitation.criteria.FixedOrder`: a greedy search under the model's prior, from a
+fraction of a second for a small model to the CPU seconds that docs/benchmarks.md
+(``priorly bench speed``) gives for 86 candidates and 2,058 personas). It is never
+computed while a respondent waits: :func:`ensure_fixed_order` computes it when the model
+is fitted (:func:`fit_study_model`, so the ``fit_model`` job) and when a study is prepared
+for fielding (the bundled demo), and stores it in the model row's
+``metrics["fixed_orders"]`` under :func:`fixed_order_key` (the model's ``training_hash``,
+the candidate pool and the target set in study order, and the order's parameters), so a
+change of roles after the fit finds no stored order. The live loop (:mod:`app.session`)
+loads it into the cached study runtime; when it is missing the study is served with
+``eig`` meanwhile (recorded in every decision) and :func:`request_fixed_order` queues a
+``fixed_order`` job that computes and stores it.
 """
 
 from __future__ import annotations

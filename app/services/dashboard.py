@@ -438,8 +438,10 @@ def replay_population(
 ) -> Population:
     """Replay the sessions ``pairs`` (``[(session id, respondent)]``, newest first) from
     their stored answers with the runtime's model and average their predictions (see
-    :class:`Population`). The costly part of the dashboard (~250 ms for 2,000 sessions):
-    :func:`build_dashboard` calls it through :func:`_cached_population`."""
+    :class:`Population`). The costly part of the dashboard: most of a later dashboard call,
+    which takes 250 ms with 300 live sessions on the CES demo (docs/admin.md, Dashboard;
+    ``scripts/dashboard_bench.py``). :func:`build_dashboard` calls it through
+    :func:`_cached_population`."""
     by_session: dict[int, list[Answer]] = defaultdict(list)
     if pairs:
         oldest = min(sid for sid, _ in pairs)

@@ -5,8 +5,10 @@ the item's ``O_t`` options:
 
 * accuracy: ``1[argmax_k p_k = y]`` (ties go to the lowest option);
 * log loss: ``-log max(p_y, 1e-12)`` (nats);
-* Brier, summed over options (as in the group paper): ``sum_k (p_k - 1[k = y])^2``;
-* Brier, averaged over options (as in the persona paper): the sum divided by ``O_t``.
+* Brier, summed over options (as in the group paper, docs/methods.md [3]):
+  ``sum_k (p_k - 1[k = y])^2``;
+* Brier, averaged over options (as in the persona paper, docs/methods.md [1]): the sum
+  divided by ``O_t``.
 
 Pairs whose true answer is missing are left out; a metric is the mean over the scored
 ``(u, t)`` pairs.

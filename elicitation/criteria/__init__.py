@@ -31,7 +31,7 @@ Example::
     next_item = candidates[best_index(scores)]
 
 References:
-    Adaptive Querying with AI Persona Priors (arXiv 2605.00696), Algorithms 1 and 2;
+    Adaptive Querying with AI Persona Priors (docs/methods.md [1]), Algorithms 1 and 2;
     see ``docs/methods.md`` §1.
 """
 

@@ -29,7 +29,7 @@ class PosteriorEntropy(SelectionCriterion):
     """Expected reduction of the entropy of the latent (persona) posterior.
 
     ``score(x) = H(p(θ | h)) - sum_k p(Y_x = k | h) H(p(θ | h, Y_x = k))``
-    (docs/methods.md §1, an alternative of the paper). Ignores the targets: it learns
+    (docs/methods.md §1, an alternative in [1]). Ignores the targets: it learns
     *who* the respondent is, not specifically what they answer to the targets. Needs
     ``model.latent_posterior(state) -> [K]``; the batched form also needs
     ``model.latent_posterior_batch(states) -> [B, K]``. The posterior after each

@@ -9,7 +9,7 @@ Pieces (each a small family with a registry, like :mod:`elicitation.criteria`):
 
 * question selectors (:data:`QUESTION_SELECTORS`):
   ``random``; ``eig`` — expected information gain about the group's targets summed over
-  all members (optionally a random subsample of them, the paper's 10%):
+  all members (optionally a random subsample of them, docs/methods.md [3]'s 10%):
   ``EIG(x) = sum_v [ H_v - E_{Y_vx} H_v(. | Y_vx) ]`` with ``H_v = sum_t H(p(Y_vt | h_v))``;
   ``eig_budget`` — the same gain counted only for the members that would actually be
   asked: the ``b`` largest ``r_v * EIG_v(x)`` (``b`` = the round's respondent budget,
@@ -23,7 +23,7 @@ Pieces (each a small family with a registry, like :mod:`elicitation.criteria`):
 * imputation of members without an answer to the round's question
   (:data:`IMPUTATIONS`): ``none``; ``self`` — the predictor's own most likely answer
   joins the member's history; ``gnn`` — the GNN's most likely answer joins the history
-  (the paper); ``gnn_only`` — target predictions come from the GNN alone; ``pool`` —
+  ([3]); ``gnn_only`` — target predictions come from the GNN alone; ``pool`` —
   the calibrated log-linear pool ``p ∝ p_belief^(1-w) * p_gnn^w`` of the belief model
   and the GNN, ``w`` fitted on validation members (:func:`fit_pool_weight`); ``stack`` —
   the stacked log-linear pool ``p ∝ p_belief^a * p_gnn^c * p_imputed^d`` of the belief

@@ -70,7 +70,7 @@ def member_eig(
     """Expected information gain of each candidate about each member's targets.
 
     ``EIG_v(x) = sum_t H(p(Y_vt | h_v)) - sum_k p(Y_vx = k | h_v) sum_t H(p(Y_vt | h_v, Y_vx = k))``
-    (nats; the sum of target entropies approximates ``H(U_v)`` as in the paper). With
+    (nats; the sum of target entropies approximates ``H(U_v)`` as in docs/methods.md [3]). With
     ``uncertainty="error"`` the entropy ``H`` is replaced by ``1 - max_k p_k``: the
     gain is then the expected rise in the number of targets whose most likely answer is
     right (the value of the answer under 0-1 loss, >= 0 by Jensen).

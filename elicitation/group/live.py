@@ -26,9 +26,9 @@ Selections (:data:`SELECTIONS`):
   confidence bound on its gain; 0 = the belief model alone); this is ``default`` of
   :data:`elicitation.group_bench.GROUP_METHODS`. Without a GNN: the same selectors with
   the belief model alone (``elook_elook_none``).
-* ``relational``: the paper's ``greedy_relational_gnn`` -- question by the group EIG,
-  members by k-means (k = the round's budget) over GNN member embeddings, the member
-  nearest each centroid, GNN imputation. Needs a GNN.
+* ``relational``: ``greedy_relational_gnn``, the method of docs/methods.md [3] --
+  question by the group EIG, members by k-means (k = the round's budget) over GNN member
+  embeddings, the member nearest each centroid, GNN imputation. Needs a GNN.
 
 Example::
 
@@ -65,7 +65,10 @@ SELECTIONS: dict[str, tuple[GroupMethod, GroupMethod | None]] = {
 
 SELECTION_LABELS = {
     "elook": "expected gain in correct target answers (question and members)",
-    "relational": "relational: k-means over the GNN's member embeddings (the paper's method)",
+    "relational": (
+        "relational: one member for each group of similar members "
+        "(k-means over the GNN's member embeddings)"
+    ),
 }
 
 

@@ -172,10 +172,11 @@ class RandomQuestion(QuestionSelector):
 
 
 class GroupEIGQuestion(QuestionSelector):
-    """Sum over members of ``EIG_v(x)`` (the paper), on a random subsample of members.
+    """Sum over members of ``EIG_v(x)`` (docs/methods.md [3]), on a random subsample of
+    members.
 
     Args:
-        subsample: share of members scored (``1.0`` = all); the paper uses 0.1.
+        subsample: share of members scored (``1.0`` = all); [3] uses 0.1.
     """
 
     def __init__(self, subsample: float = 1.0) -> None:
@@ -313,8 +314,9 @@ that is quadratic in the group (100,000 members at 10%: 10^9 distances per itera
 
 
 class RelationalRespondents(RespondentSelector):
-    """The paper's relational selection: k-means over GNN member embeddings (k = ``n``),
-    then the eligible member nearest each centroid (each member at most once).
+    """The relational selection of docs/methods.md [3]: k-means over GNN member
+    embeddings (k = ``n``), then the eligible member nearest each centroid (each member at
+    most once).
 
     Above :data:`KMEANS_EXACT_MAX` point-centroid pairs the k-means is the two-level
     approximation of :func:`two_level_kmeans_pick` (large groups)."""
