@@ -119,11 +119,14 @@ def fixed_order(ctx: JobContext) -> dict[str, Any]:
 
 
 def simulation(ctx: JobContext) -> dict[str, Any]:
-    """Replay the study's history through its design (see app.services.simulation)."""
+    """Replay the study's history through its design (see app.services.simulation); a
+    cancel requested while it runs ends the job cancelled, without a result."""
     opts = SimulationOptions.from_payload(ctx.payload)
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
-        return run_study_simulation(study, session=db, options=opts, progress=ctx.progress)
+        result = run_study_simulation(study, session=db, options=opts, progress=ctx.progress)
+    ctx.progress(1.0, "simulation done")  # the result is its only effect
+    return result
 
 
 def train_gnn_job(ctx: JobContext) -> dict[str, Any]:
@@ -208,11 +211,12 @@ def plan_group_round(ctx: JobContext) -> dict[str, Any]:
     ``selection``: ``elook`` (default: question and members by the expected gain in
     correct target answers) or ``relational`` (k-means over the GNN's member
     embeddings). The plan is stored in the job's result; nothing else is written (a
-    round is opened from it on the groups page).
+    round is opened from it on the groups page). A cancel requested while it is scored
+    ends the job cancelled, without a plan.
     """
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
-        return plan_next_round(
+        plan = plan_next_round(
             study,
             session=db,
             max_members=int(ctx.payload.get("max_members", 2000)),
@@ -220,6 +224,9 @@ def plan_group_round(ctx: JobContext) -> dict[str, Any]:
             selection=str(ctx.payload.get("selection", "elook")),
             progress=ctx.progress,
         )
+    # the plan is the job's only effect: a cancel during the scoring discards it
+    ctx.progress(1.0, "plan ready")
+    return plan
 
 
 def persona_generation(ctx: JobContext) -> dict[str, Any]:

@@ -267,6 +267,36 @@ def test_plan_group_round_picks_best_question_and_top_respondents(
     assert min(gains) >= r["best_gain_not_chosen"]  # the top 7, not any 7
 
 
+def test_a_plan_cancelled_while_scored_ends_cancelled_without_a_plan(
+    engine: Engine, db: Session, ces_study: Study, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel arrives after the plan's last progress report (while its members are
+    scored): the job ends cancelled, with no plan a round could be opened from."""
+    from app.jobs import tasks
+    from app.services.belief import fit_study_model
+
+    fit_study_model(ces_study, session=db, n_classes=(2,), n_restarts=1)
+    job = Job(kind="plan_group_round", study_id=ces_study.id, payload={"max_members": 30})
+    db.add(job)
+    db.commit()
+    real = tasks.plan_next_round
+
+    def plan_then_cancel(*args: object, **kwargs: object) -> object:
+        plan = real(*args, **kwargs)  # type: ignore[arg-type]
+        with Session(engine) as other:  # the researcher's Cancel, from another request
+            row = other.get(Job, job.id)
+            assert row is not None
+            row.cancel_requested = True
+            other.add(row)
+            other.commit()
+        return plan
+
+    monkeypatch.setattr(tasks, "plan_next_round", plan_then_cancel)
+    assert execute_job(engine, job.id or 0) == JobStatus.cancelled.value
+    done = _job(engine, job.id or 0)
+    assert done.status == JobStatus.cancelled.value and done.result is None
+
+
 def test_persona_generation_job_stores_distributions_and_resumes(
     engine: Engine, db: Session, ces_study: Study
 ) -> None:
