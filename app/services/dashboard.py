@@ -62,7 +62,7 @@ from datetime import datetime
 from typing import Any
 
 import torch
-from sqlalchemy import case, func, literal, union_all
+from sqlalchemy import case, func, literal, union, union_all
 from sqlmodel import Session, col, select
 
 from app import session as svc
@@ -78,6 +78,7 @@ from app.tables import (
     Item,
     Respondent,
     RespondentSource,
+    SelectionDecision,
     SessionStatus,
     Study,
 )
@@ -345,22 +346,42 @@ def _distributions(study: Study, session: Session, items: list[Item]) -> list[It
 
 
 def _exposure(study: Study, session: Session, items: list[Item]) -> list[dict[str, Any]]:
-    rows = session.exec(
-        select(col(Answer.item_id), func.count(), func.count(col(Answer.option)))
+    """Per item: ``asked``, the sessions (group round sessions included, previews not) that
+    were posed it, answered or not (a selection decision chose it, or it has an answer),
+    and ``skipped``, its "prefer not to answer" answers."""
+    in_study = (
+        col(ElicitationSession.study_id) == study.id,
+        col(ElicitationSession.is_preview).is_(False),
+    )
+    posed = (
+        select(col(SelectionDecision.session_id), col(SelectionDecision.item_id))
+        .join(ElicitationSession, col(ElicitationSession.id) == col(SelectionDecision.session_id))
+        .where(col(SelectionDecision.item_id).is_not(None), *in_study)
+    )
+    answered = select(col(Answer.session_id), col(Answer.item_id)).join(
+        ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id)
+    )
+    pairs = union(posed, answered.where(*in_study)).subquery()  # one row per session and item
+    asked = {
+        int(i): int(n)
+        for i, n in session.exec(
+            select(pairs.c.item_id, func.count()).group_by(pairs.c.item_id)
+        ).all()
+    }
+    skips = session.exec(
+        select(col(Answer.item_id), func.count())
         .join(ElicitationSession, col(ElicitationSession.id) == col(Answer.session_id))
-        .where(
-            ElicitationSession.study_id == study.id, col(ElicitationSession.is_preview).is_(False)
-        )
+        .where(col(Answer.option).is_(None), *in_study)
         .group_by(col(Answer.item_id))
     ).all()
-    by = {int(i): (int(n), int(k)) for i, n, k in rows}
+    skipped = {int(i): int(n) for i, n in skips}
     return [
         {
             "key": it.key,
             "question": it.question,
             "role": it.role,
-            "asked": by.get(it.id or 0, (0, 0))[0],
-            "skipped": by.get(it.id or 0, (0, 0))[0] - by.get(it.id or 0, (0, 0))[1],
+            "asked": asked.get(it.id or 0, 0),
+            "skipped": skipped.get(it.id or 0, 0),
         }
         for it in items
     ]

@@ -24,7 +24,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain
@@ -542,9 +542,11 @@ LONG_PREDICTION_COLUMNS = ("kind", "probability")
 
 def csv_long(study: Study, *, session: Session, predictions: bool = False) -> Iterator[str]:
     """CSV, one row per live answer, with item text and option label: respondent by
-    respondent (as :func:`iter_rows`), each one's attribute items first (a declined one is
-    :data:`SKIP_MARK`; dated by their first session's start), then their answers in the
-    order given (every session of theirs).
+    respondent (as :func:`iter_rows`: an imported respondent invited to a group round who
+    never answered has no rows), each one's attribute items first (a declined one is
+    :data:`SKIP_MARK`; dated by their first session's start, undated for an imported
+    respondent, whose attributes came with the import), then their answers in the order
+    given (every session of theirs).
 
     With ``predictions``: the columns ``kind`` and ``probability``, and after each
     respondent's answers one ``predicted`` row per item without an answer (never asked,
@@ -580,27 +582,36 @@ def csv_long(study: Study, *, session: Session, predictions: bool = False) -> It
     def given(person: _Person) -> Iterator[str]:
         resp, first = person.respondent, person.sessions[0]
         cells = _attribute_cells(person, attribute_keys)
+        # an imported respondent's attributes came with the import: no live time
+        at = None if resp.source == RespondentSource.import_.value else first.created_at
         for item in attributes:
             if item.key in cells:
                 value = cells[item.key]
                 option = None if value == SKIP_MARK else value
-                yield line(resp, first.id, item, option, first.created_at)
+                yield line(resp, first.id, item, option, at)
         for a in person.answers:
             asked = by_id.get(a.item_id)
             if asked is not None:
                 yield line(resp, a.session_id, asked, a.option, a.created_at)
 
+    def live(people: Iterable[_Person]) -> Iterator[_Person]:
+        """The respondents with something live (as :func:`iter_rows`): not an imported
+        respondent invited to a group round who never answered."""
+        for person in people:
+            if person.answers or person.respondent.source != RespondentSource.import_.value:
+                yield person
+
     header = [*LONG_COLUMNS, *LONG_PREDICTION_COLUMNS] if predictions else list(LONG_COLUMNS)
     yield "\ufeff" + csv_line(header)
     if not predictions:
-        for person in _people(study, session):
+        for person in live(_people(study, session)):
             yield from given(person)
         return
     # the belief models (torch) are loaded only when predictions are asked for
     from app.services import predictions as pred
 
     models = pred.ModelSet(study, session=session)
-    for chunk in _chunks(_people(study, session)):
+    for chunk in _chunks(live(_people(study, session))):
         used = pred.session_models([p.respondent.id or 0 for p in chunk], session=session)
         evidence = []
         for person in chunk:

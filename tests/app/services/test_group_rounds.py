@@ -321,7 +321,7 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     assert _answers(engine, members[3].session_id) == []
     assert respondent.get("http://localhost/g/not-a-token").status_code == 404
     # the dashboard counts round sessions apart: no respondent "started" a survey, but the
-    # round answers are exposure of the round's question (2 answers + 1 skip)
+    # round's 4 members were asked its question (2 answers, 1 skip, 1 no answer)
     from app.services.dashboard import build_dashboard
 
     with Session(engine) as s:
@@ -330,7 +330,7 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         dash = build_dashboard(st, session=s)
     assert dash.counts["started"] == 0 and dash.counts["dropped"] == 0
     row = next(e for e in dash.exposure if e["key"] == r1["question"])
-    assert (row["asked"], row["skipped"]) == (3, 1)
+    assert (row["asked"], row["skipped"]) == (4, 1)
     # the round's results as CSV: one row per member, the answer's letter and label
     got = client.get(f"/admin/studies/{study.slug}/groups/1/answers.csv")
     assert got.status_code == 200 and got.text.startswith("\ufeffround,question,")
@@ -362,6 +362,14 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         silent = everyone[members[3].respondent_id]
         assert (silent.status, silent.session_id, silent.source) == ("imported", None, "import")
         assert len(everyone) == len({r.respondent_pk for r in everyone.values()})
+        # the long CSV has the same people: the silent member has no rows, and the
+        # members' imported attributes carry no live answer time
+        long = list(csv.DictReader(io.StringIO("".join(export.csv_long(st, session=s))[1:])))
+        labels = {r.respondent_pk: r.respondent_id for r in live_rows}
+        assert {r["respondent_id"] for r in long} == set(labels.values())
+        attribute_rows = [r for r in long if r["role"] == "attribute"]
+        assert attribute_rows and {r["answered_at"] for r in attribute_rows} == {""}
+        assert all(r["answered_at"] for r in long if r["role"] != "attribute")
 
     # ---- the next plan uses the answers and the spent budget ----------------------------------
     with Session(engine) as s:
