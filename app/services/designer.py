@@ -293,6 +293,32 @@ def update_settings(study: Study, values: dict[str, Any], *, session: Session) -
     return validated
 
 
+def open_round_number(study: Study, *, session: Session) -> int | None:
+    """The number of the study's open group round, or ``None`` when none is open."""
+    return session.exec(
+        select(GroupRound.number).where(
+            GroupRound.study_id == study.id, GroupRound.status == GroupRoundStatus.open.value
+        )
+    ).first()
+
+
+def status_note(study: Study, *, session: Session) -> str:
+    """What the status form adds to its "study closed" notice while a group round is
+    open ("" otherwise): the round's member links take no answers until the study is
+    published again (they work again then).
+
+    Example: closing with round 2 open adds "; group round 2 is open: its members cannot
+    answer while the study is closed (publish it again to let them)".
+    """
+    number = open_round_number(study, session=session)
+    if number is None or study.status == StudyStatus.published.value:
+        return ""
+    return (
+        f"; group round {number} is open: its members cannot answer while the study is "
+        "closed (publish it again to let them)"
+    )
+
+
 def set_status(study: Study, status: str, *, session: Session) -> Study:
     """Publish (needs items, a question and a consent text) or close a study."""
     if status not in (StudyStatus.published.value, StudyStatus.closed.value):

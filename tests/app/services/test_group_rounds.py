@@ -39,23 +39,9 @@ from app.tables import (
     Study,
 )
 from tests.support.admin import csrf, login
+from tests.support.group_round import group_study as _group_study
 
 LINK = re.compile(r'value="(http://localhost/g/[A-Za-z0-9_-]+)"')
-
-
-def _group_study(db: Session, study: Study, **group: Any) -> Study:
-    from app.services.belief import fit_study_model
-
-    fit_study_model(study, session=db, n_classes=(2,), n_restarts=1)
-    settings = dict(study.settings)
-    settings["group"] = {**settings["group"], **group}
-    study.settings = settings
-    study.consent_text = "You agree to answer one question per round."
-    study.status = "published"
-    db.add(study)
-    db.commit()
-    db.refresh(study)
-    return study
 
 
 def _plan(client: TestClient, engine: Engine, study: Study) -> Job:
