@@ -102,6 +102,10 @@ THANKS = {
 """The thank-you line after a skip, an answer, or a later visit of an answered link."""
 
 
+ALREADY = "You have already answered this question; thank you. You can close this page now."
+"""What a member sees when a different answer is posted after theirs (409, nothing changed)."""
+
+
 def _thanks(
     request: Request, templates: Any, link: round_links.MemberLink, skipped: bool | None = None
 ) -> HTMLResponse:
@@ -202,8 +206,10 @@ async def link_answer(
         return _closed(request, templates, link)
     except svc.InvalidAnswerError as exc:
         return refused(exc.message, 422)
-    except svc.AnswerConflictError as exc:
-        return message_page(request, templates, "Already answered", exc.message, 409, link.study)
+    except svc.AnswerConflictError:
+        # a round session holds one answer: another page (a second device, a stale tab)
+        # posted after it; the stored answer, item keys and sessions are not for members
+        return message_page(request, templates, "Already answered", ALREADY, 409, link.study)
     url = str(request.url_for("group_round_link", token=token))
     url += "?reply=" + ("skipped" if skip else "answered")
     if request.headers.get("HX-Request") == "true":

@@ -87,3 +87,36 @@ def test_a_closed_study_pauses_its_round_links_and_publishing_brings_them_back(
     _set_status(client, study, "closed")
     thanks = member.get(links[0])
     assert thanks.status_code == 200 and "Your reply was recorded" in thanks.text
+
+
+def test_a_second_device_after_the_answer_sees_plain_words(
+    client: TestClient, engine: Engine, db: Session, settings: Settings, ces_study: Study
+) -> None:
+    """The member answers on one device; the page shown earlier on another posts another
+    option: 409 in a respondent's words (no item key, session, or stored option)."""
+    study = group_study(db, ces_study, rounds=1, respondents_per_round=2)
+    rnd, links = open_test_round(engine, settings, study)
+    phone, laptop = (TestClient(client.app, base_url="http://localhost") for _ in range(2))
+    shown = laptop.get(links[0]).text
+    key = re.search(r'name="item" value="([^"]+)"', shown).group(1)  # type: ignore[union-attr]
+    letters = re.findall(r'name="option" value="([^"]+)"', shown)
+    idem = re.search(r'name="idempotency_key" value="([^"]+)"', shown).group(1)  # type: ignore[union-attr]
+    phone_page = phone.get(links[0]).text
+    phone_idem = re.search(r'name="idempotency_key" value="([^"]+)"', phone_page).group(1)  # type: ignore[union-attr]
+    ok = phone.post(
+        links[0], data={"item": key, "option": letters[0], "idempotency_key": phone_idem}
+    )
+    assert ok.status_code == 200 and "Your answer was saved" in ok.text
+    for data in (
+        {"item": key, "option": letters[-1], "idempotency_key": idem},  # the other page
+        {"item": key, "option": letters[-1], "idempotency_key": phone_idem},  # same key
+    ):
+        late = laptop.post(links[0], data=data)
+        assert late.status_code == 409
+        assert "You have already answered this question; thank you." in late.text
+        text = re.sub(r"<[^>]+>", " ", late.text)
+        assert key not in text and "session" not in text and f"({letters[0]})" not in text
+    assert _n_answers(engine, rnd.id or 0) == 1
+    # the same answer again (a retry from the other page) is the thanks, not a conflict
+    again = laptop.post(links[0], data={"item": key, "option": letters[0], "idempotency_key": idem})
+    assert again.status_code == 200 and "Thank you" in again.text
