@@ -89,6 +89,7 @@ def _question_page(
             "notice": None,
             "resume_url": None,
             "answer_url": str(request.url_for("group_round_link", token=token)),
+            "one_question": True,  # no "Question 1 of at most 1"; "Submit answer"
         },
         status_code=status_code,
     )

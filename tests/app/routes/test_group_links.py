@@ -120,3 +120,17 @@ def test_a_second_device_after_the_answer_sees_plain_words(
     # the same answer again (a retry from the other page) is the thanks, not a conflict
     again = laptop.post(links[0], data={"item": key, "option": letters[0], "idempotency_key": idem})
     assert again.status_code == 200 and "Thank you" in again.text
+
+
+def test_the_member_page_asks_one_question_without_a_count(
+    client: TestClient, engine: Engine, db: Session, settings: Settings, ces_study: Study
+) -> None:
+    """No "Question 1 of at most 1" nor progress bar; the button submits the answer."""
+    study = group_study(db, ces_study, rounds=1, respondents_per_round=1)
+    _, links = open_test_round(engine, settings, study)
+    page = TestClient(client.app, base_url="http://localhost").get(links[0])
+    assert page.status_code == 200
+    assert "of at most" not in page.text and "<progress" not in page.text
+    assert ">Submit answer</button>" in page.text and ">Next</button>" not in page.text
+    assert "saved when you press Submit answer" in page.text
+    assert f"<title>{study.name}: your question" in page.text
