@@ -815,8 +815,8 @@ def _check_budget(
     members = round_members([r.id or 0 for r in rounds], session)
     if g.total_answers is not None and len(members) + len(chosen) > g.total_answers:
         raise GroupBudgetError(
-            f"{len(members)} of the {g.total_answers} answers of the group budget are used; "
-            f"this round would ask {len(chosen)} more"
+            f"{len(members)} of the {g.total_answers} round questions of the group budget are used "
+            f"(members invited in all rounds, answered or not); this round asks {len(chosen)} more"
         )
     count: dict[int, int] = {}
     for m in members:

@@ -383,7 +383,8 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         s.add(st)
         s.commit()
     cut = _open(client, study, plan2.id or 0)
-    assert cut.status_code == 409 and "4 of the 6 answers" in cut.text
+    assert cut.status_code == 409 and "4 of the 6 round questions" in cut.text
+    assert "(members invited in all rounds, answered or not)" in cut.text
     with Session(engine) as s:
         st = s.get(Study, study.id)
         assert st is not None
