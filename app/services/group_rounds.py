@@ -765,9 +765,9 @@ def plan_next_round(
     members = rep.members
     if not bool(rep.askable.any()):
         raise GroupBudgetError(
-            f"none of the {len(members)} members can receive a question: a member must "
-            "have answered the survey and be reachable (an external id from an API client "
-            "or a panel, or panel parameters in their survey link)"
+            f"none of the {len(members)} members can receive a question: a live member must "
+            "have answered a survey question and be reachable (an external id or panel "
+            "parameters in their survey link); an imported one must have imported answers"
         )
     cap = rep.budget.max_questions_per_respondent
     under_cap = rep.askable if cap is None else rep.askable & (rep.group.n_asked < cap)

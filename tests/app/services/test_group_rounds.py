@@ -103,6 +103,9 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     page = client.get(f"/admin/studies/{study.slug}/groups")
     assert page.status_code == 200 and 'id="open-round"' in page.text
     assert r1["question"] in page.text
+    # who can be asked, in the imported panel's terms (not "answered the survey")
+    assert "they have answers in the imported data, are reached by the id" in page.text
+    assert "answered the survey" not in page.text
 
     # ---- open round 1 ---------------------------------------------------------------------
     r = _open(client, study, plan1.id or 0)
@@ -581,6 +584,8 @@ def test_plan_asks_only_members_who_answered_and_can_be_reached(
     page = client.get(f"/admin/studies/{study.slug}/groups")
     assert re.search(r'id="n-eligible">2<', page.text), page.text
     assert "ask 2 respondents" in page.text
+    assert "they answered at least one question of the survey (a skip does not count)" in page.text
+    assert "answered the survey" not in page.text
     # the panel's own ids travel with the member: round page, links.csv, exports
     assert _open(client, study, plan.id or 0).status_code == 303
     round_page = client.get(f"/admin/studies/{study.slug}/groups/1")

@@ -854,6 +854,8 @@ def test_the_round_question_cap_says_what_it_counts_and_refuses_less_than_used(
     assert "Total questions asked across rounds (members invited)" in page
     assert "every member invited to a round counts once, whether they answer or not" in page
     assert "Total answers" not in page
+    assert "answered the survey" not in page  # the Panel help says who can be asked
+    assert "those who answered at least one survey question and can be reached" in page
     groups = client.get(base + "/groups/1").text
     assert "questions asked in all rounds (members invited, answered or not)" in groups
     form = {
