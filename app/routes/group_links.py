@@ -5,7 +5,11 @@ here); the answer goes through :func:`app.services.round_links.answer_round`, i.
 respondent answer path of :mod:`app.session`; a posted ``item`` other than the link's
 question is refused (409, the question page again). A plain POST answers with a 303
 to the link's page; with htmx (``HX-Request``) with an ``HX-Redirect`` to it. A closed
-round refuses answers with 409 and says so; an unknown link is a 404 page.
+round refuses answers with 409 and says so; so does a study that is not published (closed
+by its researcher while the round is open: the link is still genuine, and works again once
+the study is published again); an unknown link is a 404 page. A member who has answered
+sees "thank you" in every case, also on a second device whose page was shown before the
+answer (its post is refused with a respondent's words, nothing stored).
 """
 
 from __future__ import annotations
@@ -34,6 +38,19 @@ def _closed(request: Request, templates: Any, link: round_links.MemberLink) -> H
         "This round is closed",
         f"Round {link.round_number} of this survey is closed: answers are no longer accepted. "
         "Thank you for your interest.",
+        409,
+        link.study,
+    )
+
+
+def _paused(request: Request, templates: Any, link: round_links.MemberLink) -> HTMLResponse:
+    """409: the link is genuine but its study is not published (the researcher closed it)."""
+    return message_page(
+        request,
+        templates,
+        "Survey paused",
+        "This survey is not accepting answers at the moment. Your link is still valid: "
+        "please try again later.",
         409,
         link.study,
     )
@@ -72,6 +89,7 @@ def _question_page(
             "notice": None,
             "resume_url": None,
             "answer_url": str(request.url_for("group_round_link", token=token)),
+            "one_question": True,  # no "Question 1 of at most 1"; "Submit answer"
         },
         status_code=status_code,
     )
@@ -85,6 +103,10 @@ THANKS = {
 """The thank-you line after a skip, an answer, or a later visit of an answered link."""
 
 
+ALREADY = "You have already answered this question; thank you. You can close this page now."
+"""What a member sees when a different answer is posted after theirs (409, nothing changed)."""
+
+
 def _thanks(
     request: Request, templates: Any, link: round_links.MemberLink, skipped: bool | None = None
 ) -> HTMLResponse:
@@ -93,12 +115,17 @@ def _thanks(
 
 
 def get_member_link(token: str, session: SessionDep) -> round_links.MemberLink | None:
-    """The member link ``/g/{token}`` of a published study, else ``None``."""
+    """The member link ``/g/{token}``, whatever its study's status, else ``None``
+    (the pages check the status: :func:`_is_paused`)."""
     try:
-        link = round_links.member_by_token(token, session=session)
+        return round_links.member_by_token(token, session=session)
     except PriorlyError:
         return None
-    return link if link.study.status == StudyStatus.published.value else None
+
+
+def _is_paused(link: round_links.MemberLink) -> bool:
+    """Whether the link's study takes no answers now (not published: closed)."""
+    return link.study.status != StudyStatus.published.value
 
 
 MemberLinkDep = Annotated[round_links.MemberLink | None, Depends(get_member_link)]
@@ -108,13 +135,16 @@ MemberLinkDep = Annotated[round_links.MemberLink | None, Depends(get_member_link
 def link_page(
     token: str, request: Request, link: MemberLinkDep, session: SessionDep, templates: TemplatesDep
 ) -> Response:
-    """The round question, or "thank you" once answered, or "closed"."""
+    """The round question, or "thank you" once answered, or "paused" (the study is
+    closed), or "closed" (the round is)."""
     if link is None:
         return _unknown(request, templates)
     view = round_links.link_view(link, session=session)
     if view.n_posed >= 1:
         reply = request.query_params.get("reply")  # set by the redirect after the POST
         return _thanks(request, templates, link, {"skipped": True, "answered": False}.get(reply))
+    if _is_paused(link):
+        return _paused(request, templates, link)
     if not link.round_open or view.question is None:
         return _closed(request, templates, link)
     return _question_page(request, templates, link, view, token)
@@ -135,11 +165,14 @@ async def link_answer(
     form = await request.form()
 
     def refused(error: str, status_code: int) -> HTMLResponse:
-        """Nothing stored: "thank you" when the member has answered already, "closed"
-        when the round is, else the question again with ``error``."""
+        """Nothing stored: "thank you" when the member has answered already, "paused"
+        when the study is closed, "closed" when the round is, else the question again
+        with ``error``."""
         view = round_links.link_view(link, session=session)
         if view.n_posed >= 1:
             return _thanks(request, templates, link)
+        if _is_paused(link):
+            return _paused(request, templates, link)
         if not link.round_open or view.question is None:
             return _closed(request, templates, link)
         return _question_page(
@@ -161,6 +194,8 @@ async def link_answer(
         )
     if not skip and not option:
         return refused("Please choose an answer.", 422)
+    if _is_paused(link):
+        return refused("", 409)  # "thank you" or "paused": nothing is stored
     try:
         round_links.answer_round(
             link,
@@ -172,8 +207,10 @@ async def link_answer(
         return _closed(request, templates, link)
     except svc.InvalidAnswerError as exc:
         return refused(exc.message, 422)
-    except svc.AnswerConflictError as exc:
-        return message_page(request, templates, "Already answered", exc.message, 409, link.study)
+    except svc.AnswerConflictError:
+        # a round session holds one answer: another page (a second device, a stale tab)
+        # posted after it; the stored answer, item keys and sessions are not for members
+        return message_page(request, templates, "Already answered", ALREADY, 409, link.study)
     url = str(request.url_for("group_round_link", token=token))
     url += "?reply=" + ("skipped" if skip else "answered")
     if request.headers.get("HX-Request") == "true":

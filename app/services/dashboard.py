@@ -35,7 +35,9 @@ respondents (``respondent.source = 'import'``) have no sessions and are counted 
   described by its most distinctive answers (:func:`models.distinctive.distinctive_answers`:
   largest ``μ[c, i, o] / p(o | i)``), e.g. ``Strongly agree on 'X' (82 % vs 31 % overall)``.
 * **budget used**: answers collected, mean questions per completed respondent against
-  ``max_questions``, and the group answer budget when one is set.
+  ``max_questions``, and, when the group budget caps the round questions
+  (``total_answers``), the round questions asked so far (members invited to rounds,
+  answered or not: :func:`app.services.designer.round_questions_asked`).
 
 Every figure but the predictions is one aggregate SQL query. At most :data:`MAX_SESSIONS`
 most recent sessions are replayed for the predictions (their answers in one query); the
@@ -69,6 +71,7 @@ from app import session as svc
 from app.errors import InvalidInputError, NotFoundError
 from app.schemas import StudySettings
 from app.services import plots
+from app.services.designer import round_questions_asked
 from app.services.respondents import drop_cutoff
 from app.tables import (
     Answer,
@@ -604,11 +607,7 @@ def build_dashboard(study: Study, *, session: Session, now: datetime | None = No
             round(int(completed_answers) / counts["completed"], 2) if counts["completed"] else None
         ),
         "total_answers": settings.group.total_answers,
-        "total_used": (
-            round(n_answers / settings.group.total_answers, 3)
-            if settings.group.total_answers
-            else None
-        ),
+        "round_questions_asked": round_questions_asked(study, session=session),
     }
     dash = Dashboard(
         counts=counts,

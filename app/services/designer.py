@@ -40,6 +40,7 @@ from app.tables import (
     Answer,
     ElicitationSession,
     GroupRound,
+    GroupRoundMember,
     GroupRoundStatus,
     Item,
     ItemRole,
@@ -190,7 +191,7 @@ SETTING_LABELS = {
     "group.rounds": "Rounds",
     "group.respondents_per_round": "Respondents per round",
     "group.respondents_share": "Share of the panel per round",
-    "group.total_answers": "Total answers",
+    "group.total_answers": "Total questions asked across rounds (members invited)",
     "group.max_questions_per_respondent": "Round questions per respondent (all rounds)",
     "group.panel": "Panel",
 }
@@ -263,7 +264,9 @@ def update_settings(study: Study, values: dict[str, Any], *, session: Session) -
     """Validate and store the criterion, budgets and group settings.
 
     ``values`` is the nested :class:`StudySettings` shape; a validation error names the
-    field by its label on the study page (:data:`SETTING_LABELS`). Calibration questions
+    field by its label on the study page (:data:`SETTING_LABELS`). A new cap on the round
+    questions (``group.total_answers``) below what the rounds already asked is refused
+    (:func:`_check_group_cap`). Calibration questions
     leave one adaptive question at least: more than ``max_questions - 1`` are stored as
     ``max_questions - 1`` (:func:`calibration_note` says so).
     """
@@ -271,6 +274,7 @@ def update_settings(study: Study, values: dict[str, Any], *, session: Session) -
         validated = StudySettings.model_validate(values)
     except ValidationError as exc:
         raise InvalidInputError(_settings_error(exc)) from None
+    _check_group_cap(study, validated.group.total_answers, session=session)
     most = validated.budgets.max_questions - 1
     if validated.calibration_items > most:
         validated = validated.model_copy(update={"calibration_items": most})
@@ -291,6 +295,68 @@ def update_settings(study: Study, values: dict[str, Any], *, session: Session) -
     session.commit()
     session.refresh(study)
     return validated
+
+
+def open_round_number(study: Study, *, session: Session) -> int | None:
+    """The number of the study's open group round, or ``None`` when none is open."""
+    return session.exec(
+        select(GroupRound.number).where(
+            GroupRound.study_id == study.id, GroupRound.status == GroupRoundStatus.open.value
+        )
+    ).first()
+
+
+def round_questions_asked(study: Study, *, session: Session) -> int:
+    """The round questions the study's group rounds have asked: one per member of each
+    round (open or closed), answered or not; what the setting ``group.total_answers``
+    ("Total questions asked across rounds") caps, as :class:`elicitation.group.GroupBudget`
+    counts it."""
+    return int(
+        session.exec(
+            select(func.count())
+            .select_from(GroupRoundMember)
+            .join(GroupRound, col(GroupRound.id) == col(GroupRoundMember.round_id))
+            .where(GroupRound.study_id == study.id)
+        ).one()
+    )
+
+
+def _check_group_cap(study: Study, cap: int | None, *, session: Session) -> None:
+    """Refuse a new cap on the round questions below what the rounds have already asked
+    (a stored cap, even one already passed, is kept when the form sends it unchanged).
+
+    Example: a cap of 100 after rounds that asked 2,000 members raises
+    ``InvalidInputError("Total questions asked across rounds (members invited): 100 is
+    less than the 2,000 round questions already asked (members invited, answered or not);
+    enter at least 2,000, or leave it empty for no cap")``.
+    """
+    stored = StudySettings.model_validate(study.settings or {}).group.total_answers
+    if cap is None or cap == stored:
+        return
+    used = round_questions_asked(study, session=session)
+    if cap < used:
+        raise InvalidInputError(
+            f"{SETTING_LABELS['group.total_answers']}: {cap:,} is less than the {used:,} round "
+            f"questions already asked (members invited, answered or not); enter at least "
+            f"{used:,}, or leave it empty for no cap"
+        )
+
+
+def status_note(study: Study, *, session: Session) -> str:
+    """What the status form adds to its "study closed" notice while a group round is
+    open ("" otherwise): the round's member links take no answers until the study is
+    published again (they work again then).
+
+    Example: closing with round 2 open adds "; group round 2 is open: its members cannot
+    answer while the study is closed (publish it again to let them)".
+    """
+    number = open_round_number(study, session=session)
+    if number is None or study.status == StudyStatus.published.value:
+        return ""
+    return (
+        f"; group round {number} is open: its members cannot answer while the study is "
+        "closed (publish it again to let them)"
+    )
 
 
 def set_status(study: Study, status: str, *, session: Session) -> Study:

@@ -765,9 +765,9 @@ def plan_next_round(
     members = rep.members
     if not bool(rep.askable.any()):
         raise GroupBudgetError(
-            f"none of the {len(members)} members can receive a question: a member must "
-            "have answered the survey and be reachable (an external id from an API client "
-            "or a panel, or panel parameters in their survey link)"
+            f"none of the {len(members)} members can receive a question: a live member must "
+            "have answered a survey question and be reachable (an external id or panel "
+            "parameters in their survey link); an imported one must have imported answers"
         )
     cap = rep.budget.max_questions_per_respondent
     under_cap = rep.askable if cap is None else rep.askable & (rep.group.n_asked < cap)
@@ -815,8 +815,8 @@ def _check_budget(
     members = round_members([r.id or 0 for r in rounds], session)
     if g.total_answers is not None and len(members) + len(chosen) > g.total_answers:
         raise GroupBudgetError(
-            f"{len(members)} of the {g.total_answers} answers of the group budget are used; "
-            f"this round would ask {len(chosen)} more"
+            f"{len(members)} of the {g.total_answers} round questions of the group budget are used "
+            f"(members invited in all rounds, answered or not); this round asks {len(chosen)} more"
         )
     count: dict[int, int] = {}
     for m in members:

@@ -37,7 +37,9 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
     (:func:`active_model_row`), ``serving`` (:func:`serving_summary`), ``model_versions``
     (:func:`app.services.learning.model_versions`), ``refit_job`` (the fit job queued or
     running, if any), ``refit_waiting`` (what a queued one waits behind, in words:
-    :func:`app.services.job_views.waiting_words`) and, for a published study whose prior is uniform, ``prior_warning``
+    :func:`app.services.job_views.waiting_words`), ``open_round`` (the number of the open
+    group round, or ``None``), ``rounds_asked`` (the round questions asked so far:
+    :func:`app.services.designer.round_questions_asked`) and, for a published study whose prior is uniform, ``prior_warning``
     (:func:`app.services.personas.uniform_prior_warning`)."""
     settings = StudySettings.model_validate(study.settings or {})
     refit_job = learning.active_fit_job(study.id or 0, session=session)
@@ -68,6 +70,8 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         "refit_waiting": job_views.waiting_words(*ahead[refit_job.id or 0])
         if refit_job and refit_job.id in ahead
         else "",
+        "open_round": designer.open_round_number(study, session=session),
+        "rounds_asked": designer.round_questions_asked(study, session=session),
         "prior_warning": (
             uniform_prior_warning(study, session=session)
             if study.status == StudyStatus.published.value

@@ -362,14 +362,16 @@ class GroupElicitation:
             ``(question, respondents [n], question_scores [C])``.
 
         Raises:
-            BudgetError: no rounds or answers are left.
+            BudgetError: no rounds or questions (members asked, :attr:`GroupBudget.total_answers`) are left.
             GroupError: no candidate question is left.
         """
         if self.rounds_left() <= 0:
             raise BudgetError("no rounds are left in the budget")
         n = self.round_budget()
         if n <= 0:
-            raise BudgetError("no answers are left in the total budget")
+            raise BudgetError(
+                "no questions are left in the total budget (members asked, all rounds)"
+            )
         left = [c for c in self.candidates if c not in self.asked_items]
         ctx = self.context() if ctx is None else ctx
         question, scores = self._qsel.select(ctx, left, n)

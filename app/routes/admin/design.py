@@ -305,7 +305,7 @@ async def study_status(
 ) -> Response:
     def change() -> str:
         designer.set_status(study, form.text("status"), session=session)
-        return f"study {study.status}"
+        return f"study {study.status}" + designer.status_note(study, session=session)
 
     return _study_form(page, study, session, change, section="status")
 

@@ -39,23 +39,9 @@ from app.tables import (
     Study,
 )
 from tests.support.admin import csrf, login
+from tests.support.group_round import group_study as _group_study
 
 LINK = re.compile(r'value="(http://localhost/g/[A-Za-z0-9_-]+)"')
-
-
-def _group_study(db: Session, study: Study, **group: Any) -> Study:
-    from app.services.belief import fit_study_model
-
-    fit_study_model(study, session=db, n_classes=(2,), n_restarts=1)
-    settings = dict(study.settings)
-    settings["group"] = {**settings["group"], **group}
-    study.settings = settings
-    study.consent_text = "You agree to answer one question per round."
-    study.status = "published"
-    db.add(study)
-    db.commit()
-    db.refresh(study)
-    return study
 
 
 def _plan(client: TestClient, engine: Engine, study: Study) -> Job:
@@ -117,6 +103,9 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     page = client.get(f"/admin/studies/{study.slug}/groups")
     assert page.status_code == 200 and 'id="open-round"' in page.text
     assert r1["question"] in page.text
+    # who can be asked, in the imported panel's terms (not "answered the survey")
+    assert "they have answers in the imported data, are reached by the id" in page.text
+    assert "answered the survey" not in page.text
 
     # ---- open round 1 ---------------------------------------------------------------------
     r = _open(client, study, plan1.id or 0)
@@ -243,7 +232,7 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     assert "Your answer was saved" in respondent.get(ok.headers["location"]).text
     assert "Your reply was recorded" in respondent.get(links[0]).text  # a later visit
     changed = respondent.post(links[0], data={"option": letters[-1], "idempotency_key": "k2"})
-    assert changed.status_code == 409
+    assert changed.status_code == 409 and "You have already answered this question" in changed.text
     # a bad option after the answer: thanks again, not "closed" (the round is open)
     bad = respondent.post(links[0], data={"option": "Z?", "idempotency_key": "k2b"})
     assert bad.status_code == 200 and "Your reply was recorded" in bad.text
@@ -405,7 +394,8 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         s.add(st)
         s.commit()
     cut = _open(client, study, plan2.id or 0)
-    assert cut.status_code == 409 and "4 of the 6 answers" in cut.text
+    assert cut.status_code == 409 and "4 of the 6 round questions" in cut.text
+    assert "(members invited in all rounds, answered or not)" in cut.text
     with Session(engine) as s:
         st = s.get(Study, study.id)
         assert st is not None
@@ -602,6 +592,8 @@ def test_plan_asks_only_members_who_answered_and_can_be_reached(
     page = client.get(f"/admin/studies/{study.slug}/groups")
     assert re.search(r'id="n-eligible">2<', page.text), page.text
     assert "ask 2 respondents" in page.text
+    assert "they answered at least one question of the survey (a skip does not count)" in page.text
+    assert "answered the survey" not in page.text
     # the panel's own ids travel with the member: round page, links.csv, exports
     assert _open(client, study, plan.id or 0).status_code == 303
     round_page = client.get(f"/admin/studies/{study.slug}/groups/1")

@@ -74,7 +74,7 @@ def test_per_member_and_total_caps(gnn_view: GNNView, respondents: str) -> None:
         ge.apply(q, who, truth[who, q])
         sizes.append(len(who))
     assert sizes == [15, 15, 5]  # the total of 35 caps the last round
-    with pytest.raises(BudgetError, match="no answers are left"):
+    with pytest.raises(BudgetError, match="no questions are left in the total budget"):
         ge.plan()
 
 

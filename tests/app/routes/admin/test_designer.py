@@ -830,3 +830,61 @@ def test_an_answered_study_keeps_its_items_and_says_what_an_edit_changes(
     assert f"item {q.key} saved; its 1 earlier answer (kept by option letter)" in r.text
     r = client.post(url, data={"question": "Reworded?", "csrf_token": csrf(client)})
     assert f"item {q.key} saved" in r.text and "earlier answer" not in r.text  # no change
+
+
+def test_the_round_question_cap_says_what_it_counts_and_refuses_less_than_used(
+    client: TestClient,
+    engine: Any,
+    db: Session,
+    settings: Settings,
+    ces_study: Study,
+    alice: Researcher,
+) -> None:
+    """ "Total questions asked across rounds" (the stored ``group.total_answers``) counts
+    the members invited to rounds, answered or not: a new value below what the rounds
+    asked is refused (422, the field named, nothing stored); the form, the rounds page and
+    the open's refusal say what it counts."""
+    from tests.support.group_round import group_study, open_test_round
+
+    study = group_study(db, ces_study, rounds=3, respondents_per_round=4, total_answers=50)
+    open_test_round(engine, settings, study)  # 4 members invited, none answered
+    login(client, "alice@example.org")
+    base = f"/admin/studies/{study.slug}"
+    page = client.get(base).text
+    assert "Total questions asked across rounds (members invited)" in page
+    assert "every member invited to a round counts once, whether they answer or not" in page
+    assert "Total answers" not in page
+    assert "answered the survey" not in page  # the Panel help says who can be asked
+    assert "those who answered at least one survey question and can be reached" in page
+    groups = client.get(base + "/groups/1").text
+    assert "questions asked in all rounds (members invited, answered or not)" in groups
+    form = {
+        "criterion": study.settings["criterion"],
+        "max_questions": "3",
+        "min_questions": "1",
+        "rounds": "3",
+        "respondents_per_round": "4",
+        "max_questions_per_respondent": "1",
+        "csrf_token": csrf(client),
+    }
+    low = client.post(base + "/settings", data={**form, "total_answers": "3"})
+    assert low.status_code == 422
+    assert (
+        "Total questions asked across rounds (members invited): 3 is less than the 4 round "
+        "questions already asked (members invited, answered or not); enter at least 4"
+    ) in low.text
+    db.refresh(study)
+    assert study.settings["group"]["total_answers"] == 50
+    for ok in ("4", "", "50"):  # the rounds' count, no cap, a larger cap
+        r = client.post(base + "/settings", data={**form, "total_answers": ok})
+        assert r.status_code == 200, r.text
+        db.refresh(study)
+        assert study.settings["group"]["total_answers"] == (int(ok) if ok else None)
+    # the dashboard counts the same (not the survey's answers)
+    dash = client.get(base + "/dashboard").text
+    assert "4 / 50</span> group round questions asked (members invited" in dash
+    # a stored cap already passed is kept when the form sends it unchanged (other edits)
+    study.settings = {**study.settings, "group": {**study.settings["group"], "total_answers": 2}}
+    db.add(study)
+    db.commit()
+    assert client.post(base + "/settings", data={**form, "total_answers": "2"}).status_code == 200
