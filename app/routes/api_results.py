@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Security
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BeforeValidator, Field
 
 from app.deps import SessionDep, plain_number
 from app.routes.api_docs import BEARER
-from app.routes.api_v1 import _ERRORS, ApiResearcher, ApiRoute, OptionOut, get_owned_study
+from app.routes.api_v1 import _ERRORS, ApiOut, ApiResearcher, ApiRoute, OptionOut, get_owned_study
 from app.services import results
 from app.services.studies import visible_study_summaries
 from app.tables import Study
@@ -51,7 +51,7 @@ def _limit(listing: results.Listing) -> Any:
 # ----- schemas ------------------------------------------------------------------------------
 
 
-class StudyHeadOut(BaseModel):
+class StudyHeadOut(ApiOut):
     slug: str = Field(examples=["ces"])
     name: str
     status: str = Field(examples=["published"], description="draft, published or closed")
@@ -62,11 +62,11 @@ class StudyOut(StudyHeadOut):
     respondents: int = Field(description="respondents, live and imported")
 
 
-class StudiesOut(BaseModel):
+class StudiesOut(ApiOut):
     studies: list[StudyOut] = Field(description="newest first")
 
 
-class ItemOut(BaseModel):
+class ItemOut(ApiOut):
     key: str = Field(examples=["gender4"])
     role: str = Field(
         examples=["attribute"],
@@ -90,14 +90,14 @@ RESPONDENT_PK = (
 )
 
 
-class ResponseAnswerOut(BaseModel):
+class ResponseAnswerOut(ApiOut):
     item: str = Field(examples=["330a"])
     role: str = Field(examples=["question"])
     option: str | None = Field(description="the option letter; null when skipped")
     label: str | None = Field(description="the option's label; null when skipped")
 
 
-class ResponseOut(BaseModel):
+class ResponseOut(ApiOut):
     respondent_id: str = Field(description="the external id, else r<id> (as in the exports)")
     respondent: int = Field(description=RESPONDENT_PK)
     session_id: int
@@ -119,13 +119,13 @@ class ResponseOut(BaseModel):
     answers: list[ResponseAnswerOut] = Field(description="in the study's item order")
 
 
-class ResponsesPage(BaseModel):
+class ResponsesPage(ApiOut):
     study: str
     responses: list[ResponseOut]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
 
 
-class _PredictionOut(BaseModel):
+class _PredictionOut(ApiOut):
     item: str
     distribution: dict[str, float] = Field(examples=[{"A": 0.72, "B": 0.28}])
     predicted: str = Field(description="the most probable option's letter")
@@ -146,7 +146,7 @@ class ItemPredictionOut(_PredictionOut):
     probability: float = Field(description="the most probable option's probability")
 
 
-class RespondentPredictionsOut(BaseModel):
+class RespondentPredictionsOut(ApiOut):
     respondent_id: str = Field(description="the external id, else r<id> (as in the exports)")
     respondent: int = Field(description=RESPONDENT_PK)
     session_id: int = Field(description="the respondent's first session")
@@ -165,7 +165,7 @@ class RespondentPredictionsOut(BaseModel):
     )
 
 
-class PredictionsPage(BaseModel):
+class PredictionsPage(ApiOut):
     study: str
     predictions: list[RespondentPredictionsOut]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page")

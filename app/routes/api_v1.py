@@ -170,14 +170,23 @@ class ApiRoute(APIRoute):
         return route
 
 
-class ErrorOut(BaseModel):
-    code: str = Field(examples=["answer_conflict"])
+class ApiOut(BaseModel):
+    """A reply's schema: every field is listed as required in the OpenAPI document, since
+    every reply has it (a field with a default is still always sent, null or not), so a
+    generated client does not make it optional."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+class ErrorOut(ApiOut):
+    code: str = Field(examples=["answer_conflict"], json_schema_extra={"enum": sorted(ERROR_CODES)})
     message: str = Field(examples=["item '330a' was already answered in this session (A)"])
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut, "description": "missing or invalid credentials"},
     404: {"model": ErrorOut, "description": "not found, or not yours"},
+    405: {"model": ErrorOut, "description": "the path has no call with this method (see Allow)"},
     409: {"model": ErrorOut, "description": "conflict"},
     422: {"model": ErrorOut, "description": "invalid input"},
     413: {"model": ErrorOut, "description": "request body larger than the limit"},
@@ -191,12 +200,12 @@ router = APIRouter(prefix="/api/v1", tags=["sessions"], route_class=ApiRoute, re
 # ----- schemas ------------------------------------------------------------------------------
 
 
-class OptionOut(BaseModel):
+class OptionOut(ApiOut):
     letter: str = Field(examples=["A"])
     label: str = Field(examples=["Support"])
 
 
-class QuestionOut(BaseModel):
+class QuestionOut(ApiOut):
     item: str = Field(description="the item key", examples=["330a"])
     text: str = Field(examples=["Do you support or oppose ...?"])
     options: list[OptionOut]
@@ -204,7 +213,7 @@ class QuestionOut(BaseModel):
     topic: str | None = None
 
 
-class SessionOut(BaseModel):
+class SessionOut(ApiOut):
     """Where a session stands: the question waiting for an answer, or completion."""
 
     session_id: int
@@ -230,7 +239,7 @@ class SessionCreated(SessionOut):
     resume_url: str = Field(description="the browser link that resumes this session")
 
 
-class AnswerOut(BaseModel):
+class AnswerOut(ApiOut):
     item: str
     option: str | None
     answered_at: str
@@ -280,7 +289,7 @@ class AnswerIn(BaseModel):
     )
 
 
-class PredictionOut(BaseModel):
+class PredictionOut(ApiOut):
     item: str
     role: str = Field(examples=["target"])
     question: str
@@ -293,7 +302,7 @@ class PredictionOut(BaseModel):
     distribution: dict[str, float] = Field(examples=[{"A": 0.72, "B": 0.28}])
 
 
-class PersonaOut(BaseModel):
+class PersonaOut(ApiOut):
     persona: int = Field(description="the persona's index in the model (from 0)")
     label: str = Field(
         description="its name: a persona dictionary's label, else 'class N' with N = "
@@ -302,7 +311,7 @@ class PersonaOut(BaseModel):
     weight: float = Field(description="posterior weight")
 
 
-class PredictedAnswerOut(BaseModel):
+class PredictedAnswerOut(ApiOut):
     item: str = Field(examples=["330a"])
     role: str = Field(examples=["target"], description="question, target or attribute")
     question: str
@@ -315,7 +324,7 @@ class PredictedAnswerOut(BaseModel):
     distribution: dict[str, float] = Field(examples=[{"A": 0.72, "B": 0.28}])
 
 
-class PredictionsOut(BaseModel):
+class PredictionsOut(ApiOut):
     answers: int = Field(
         description="the respondent's answer rows (skips included); the predictions are "
         "also conditioned on the attributes they gave, which are not counted here"
@@ -335,11 +344,11 @@ class PredictionsOut(BaseModel):
     )
 
 
-class ProfileOut(BaseModel):
+class ProfileOut(ApiOut):
     """A session's preference profile; ``model_notice`` (a string) is added when the model
     is a fallback prior (e.g. a persona prior before any history)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
 
     session_id: int
     answers: int
@@ -354,8 +363,8 @@ class ProfileOut(BaseModel):
     )
 
 
-class ExplanationOut(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class ExplanationOut(ApiOut):
+    model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
 
     position: int = Field(description="questions posed before this choice")
     item: str | None = Field(description="the chosen item, or null when the session stopped")
@@ -370,7 +379,7 @@ class ExplanationOut(BaseModel):
     best_gain: float | None = None
 
 
-class ErasedOut(BaseModel):
+class ErasedOut(ApiOut):
     erased: bool = True
     respondent_id: int
     sessions: int

@@ -11,7 +11,7 @@ from app.services.survey_links import open_surveys
 router = APIRouter()
 
 
-@router.get("/", response_class=HTMLResponse, name="home")
+@router.get("/", response_class=HTMLResponse, name="home", include_in_schema=False)
 def home(request: Request, session: SessionDep, templates: TemplatesDep) -> Response:
     """The public home page: the open surveys' titles with their links, nothing else."""
     surveys = open_surveys(session=session)

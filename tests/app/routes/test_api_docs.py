@@ -23,6 +23,7 @@ import pytest
 from sqlmodel import Session, select
 
 from app.routes.api_docs import first_session_script
+from app.routes.api_v1 import ERROR_CODES
 from app.tables import Answer, ElicitationSession, Respondent
 from tests.support.data import DATASETS_DIR, REPO_ROOT, write_small_dataset
 from tests.support.live_study import LiveStudy, make_live_study, uvicorn_server
@@ -108,6 +109,25 @@ def test_openapi_declares_the_bearer_scheme_on_every_api_call(
     for path in ("/api/v1/studies", "/api/v1/studies/{slug}/responses"):
         assert path in spec["paths"]
     assert not any(p.startswith("/api/docs") for p in spec["paths"])
+    assert "/" not in spec["paths"]  # the home page is HTML, not an API call
+    # one operation id per operation (a HEAD route beside a GET repeated one)
+    ids = [op["operationId"] for item in spec["paths"].values() for op in item.values()]
+    assert len(ids) == len(set(ids))
+    # a field every reply has is required, so a generated client does not make it optional
+    schemas = spec["components"]["schemas"]
+    for name, field in (
+        ("SessionOut", "stop_reason"),
+        ("SessionCreated", "stop_reason"),
+        ("PredictionsOut", "model_id"),
+        ("PredictionsOut", "predicted"),
+        ("RespondentPredictionsOut", "items"),
+        ("ErasedOut", "erased"),
+        ("ProfileOut", "predicted"),
+    ):
+        assert field in schemas[name]["required"], (name, field)
+    # the error codes are the documented ones, and 405 is declared with them
+    assert schemas["ErrorOut"]["properties"]["code"]["enum"] == sorted(ERROR_CODES)
+    assert "405" in spec["paths"]["/api/v1/sessions/{session_id}"]["get"]["responses"]
 
 
 def _page_script(page: str) -> str:
