@@ -29,6 +29,7 @@ from app.errors import PriorlyError, validation_message
 from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware, path_regex
 from app.middleware import (
+    ApiCorsMiddleware,
     ApiKeyUseMiddleware,
     HeadAsGetMiddleware,
     HostileInputMiddleware,
@@ -223,6 +224,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     # The client address behind PRIORLY_TRUSTED_PROXIES: from X-Forwarded-For.
     app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=_trusted(settings.trusted_proxies))
+    # Browser pages of PRIORLY_API_CORS_ORIGINS may call the API (preflight, allow-origin).
+    origins = [o.strip() for o in settings.api_cors_origins.split(",") if o.strip()]
+    if origins:
+        app.add_middleware(ApiCorsMiddleware, origins=origins)
     # Outside everything: CSP, framing, nosniff, referrer (and HSTS in prod) on every answer.
     app.add_middleware(SecurityHeadersMiddleware, hsts=settings.env == "prod")
     return app

@@ -9,6 +9,7 @@ input, security headers.
   headers on every answer.
 * :class:`ApiKeyUseMiddleware`: records when each API key was last used (the admin's key
   list shows it).
+* :class:`ApiCorsMiddleware`: CORS for ``/api/v1`` from the origins the deployment names.
 * :class:`HeadAsGetMiddleware`: ``HEAD`` on any page answers what ``GET`` would, without
   the body.
 
@@ -35,6 +36,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from anyio import to_thread
+from starlette.middleware.cors import CORSMiddleware
 
 from app.ratelimit import bearer_credential
 from app.services.apikeys import (
@@ -353,6 +355,36 @@ class SecurityHeadersMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class ApiCorsMiddleware:
+    """CORS on ``/api/v1`` only, for the origins of ``PRIORLY_API_CORS_ORIGINS`` (pure ASGI
+    around Starlette's :class:`~starlette.middleware.cors.CORSMiddleware`).
+
+    A browser page of an allowed origin may call the API with ``Authorization`` and
+    ``Content-Type`` headers (GET, POST, DELETE) and read ``Retry-After``; no cookie is
+    ever allowed, and the admin and survey pages get no CORS header. Example: with
+    ``origins=["https://app.example.com"]`` the preflight ``OPTIONS /api/v1/sessions/1``
+    from that origin is 200 with ``Access-Control-Allow-Origin: https://app.example.com``.
+    """
+
+    def __init__(self, app: ASGIApp, *, origins: list[str]) -> None:
+        self.app = app
+        self.cors = CORSMiddleware(
+            app,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+            expose_headers=["Retry-After"],
+            allow_credentials=False,
+            max_age=600,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and str(scope.get("path", "")).startswith("/api/v1/"):
+            await self.cors(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 class HeadAsGetMiddleware:

@@ -93,6 +93,11 @@ class Settings(BaseSettings):
             only. Behind a balancer at 10.0.0.5: ``PRIORLY_TRUSTED_PROXIES=10.0.0.5``.
             Never ``*`` on a server clients can reach directly (anyone could then choose
             their address).
+        api_cors_origins: comma-separated origins (``https://app.example.com``) whose web
+            pages may call ``/api/v1`` from the browser (CORS: the preflight and the
+            ``Access-Control-Allow-Origin`` header, ``Authorization`` and ``Content-Type``
+            allowed, no cookies). Default: none, the API is for servers. ``*`` allows
+            every origin (the credentials are bearer values, never cookies).
         step_memo_size: answer steps (state and answer -> new state and next question)
             each process keeps per study design and reuses for respondents who gave the
             same answers (``app.session.StepMemo``); 0 turns it off.
@@ -127,6 +132,8 @@ class Settings(BaseSettings):
     respondent_start_rate_limit_per_minute: int = Field(default=30, ge=0)
     # Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (app/main.py).
     trusted_proxies: str = "127.0.0.1"
+    # Origins whose pages may call /api/v1 from a browser (app/main.py, CORS).
+    api_cors_origins: str = ""
     # Answer steps reused across respondents (app/session/).
     step_memo_size: int = Field(default=2048, ge=0)
 

@@ -126,3 +126,31 @@ def test_an_address_that_is_no_page_is_a_page_on_the_survey_and_admin_sides(
         assert "Page not found" in page.text and "check the link you were given" in page.text
     assert admin.status_code == 404 and "there is no admin page at this address" in admin.text
     assert api.status_code == 404 and api.json()["code"] == "not_found"
+
+
+def test_api_cors_for_the_configured_origins(migrated_sqlite_url: str) -> None:
+    """PRIORLY_API_CORS_ORIGINS: a page of that origin may call /api/v1 (preflight and
+    allow-origin, no cookies); another origin and the admin pages get no CORS header."""
+    settings = Settings(database_url=migrated_sqlite_url, api_cors_origins="https://app.example")
+    preflight = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    with TestClient(create_app(settings)) as client:
+        r = client.options("/api/v1/sessions/1/answers", headers=preflight)
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        assert "access-control-allow-credentials" not in r.headers
+        call = client.get("/api/v1/studies", headers={"Origin": "https://app.example"})
+        assert call.status_code == 401  # no credential: the API's answer, readable by the page
+        assert call.headers["access-control-allow-origin"] == "https://app.example"
+        assert "retry-after" in call.headers["access-control-expose-headers"].lower()
+        other = client.get("/api/v1/studies", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+        admin = client.get("/admin/login", headers={"Origin": "https://app.example"})
+        assert "access-control-allow-origin" not in admin.headers
+    with TestClient(create_app(Settings(database_url=migrated_sqlite_url))) as client:
+        r = client.get("/api/v1/studies", headers={"Origin": "https://app.example"})
+        assert "access-control-allow-origin" not in r.headers  # off by default
