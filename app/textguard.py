@@ -56,11 +56,13 @@ def bad_character(value: str) -> str | None:
     return f"{what} (U+{ord(char):04X}) at position {found.start()}"
 
 
-NAME_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+NAME_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u200b\u2060\ufeff]")
 """Characters refused in one-line names and ids (a study or API key name, an item key,
 an external id): control characters (C0, DEL, C1: a terminal or a CSV row would act on
-them) and the bidirectional embeddings, overrides and isolates U+202A-U+202E,
-U+2066-U+2069 (they make a name display as another)."""
+them), the bidirectional embeddings, overrides and isolates U+202A-U+202E,
+U+2066-U+2069 (they make a name display as another), and the invisible zero-width space
+U+200B, word joiner U+2060 and byte order mark U+FEFF (``"a\u200bb"`` displays as
+``"ab"``; the zero-width joiners U+200C/U+200D, part of emoji and of some scripts, stay)."""
 
 
 def unsafe_in_name(value: str) -> str | None:
@@ -71,12 +73,19 @@ def unsafe_in_name(value: str) -> str | None:
     'a bidirectional control character (U+202E) at position 4'
     >>> unsafe_in_name("a\x1b[2J")
     'a control character (U+001B) at position 1'
+    >>> unsafe_in_name("\u200b")
+    'an invisible character (U+200B) at position 0'
     """
     found = NAME_UNSAFE.search(value)
     if found is None:
         return None
     char = found.group()
-    what = "a bidirectional control character" if char >= "\u202a" else "a control character"
+    if char in "\u200b\u2060\ufeff":
+        what = "an invisible character"
+    elif char >= "\u202a":
+        what = "a bidirectional control character"
+    else:
+        what = "a control character"
     return f"{what} (U+{ord(char):04X}) at position {found.start()}"
 
 

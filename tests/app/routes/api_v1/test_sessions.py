@@ -373,7 +373,12 @@ def test_authorization(client: Any, live: LiveStudy) -> None:
     assert dup2.status_code == 409 and dup2.json()["code"] == "external_id_taken"
     first = dup.json()["session_id"]
     assert f"its session is {first} (GET /api/v1/sessions/{first}" in dup2.json()["message"]
-    for bad, code in (("ev\u202eil", "U+202E"), ("a\x1b[2J", "U+001B"), ("a\r\nb", "U+000D")):
+    for bad, code in (
+        ("ev\u202eil", "U+202E"),
+        ("a\x1b[2J", "U+001B"),
+        ("a\r\nb", "U+000D"),
+        ("\u200b", "invisible character (U+200B)"),  # displays as an empty id
+    ):
         r = client.post(url, json={"external_id": bad}, headers=bearer(live.owner_key))
         assert r.status_code == 422 and "external_id contains" in r.json()["message"], r.text
         assert code in r.json()["message"]
@@ -382,7 +387,7 @@ def test_authorization(client: Any, live: LiveStudy) -> None:
     for bad, why in (("r5373", "has the form r<number>"), (" ext-1 ", "begins or ends with a")):
         r = client.post(url, json={"external_id": bad}, headers=bearer(live.owner_key))
         assert r.status_code == 422 and why in r.json()["message"], r.text
-    for fine in ("R_5373", "r5373x"):
+    for fine in ("R_5373", "r5373x", "\U0001f468\u200d\U0001f469"):  # an emoji's joiner is fine
         r = client.post(url, json={"external_id": fine}, headers=bearer(live.owner_key))
         assert r.status_code == 201, r.text
     with live.session() as db:
