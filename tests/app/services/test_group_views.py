@@ -76,3 +76,21 @@ def test_the_title_names_the_model_the_figures_come_from() -> None:
     assert estimate_label(True, [0.0, 0.2]) == "belief model pooled with the GNN (weight 0–0.2)"
     text = _text(distribution_svg(_history([0.0, 0.0])))
     assert "GNN's pool weight is 0" in text and "belief model and GNN" not in text
+
+
+def test_a_used_or_stale_plan_is_said_in_one_line() -> None:
+    """Plan #7 opened as round 2; plan #8 made before round 2 was opened (stale); plan #9
+    current; a plan made without a GNN that has been trained since."""
+    from app.services.group_views import plan_status
+    from app.tables import GroupRound, Job
+
+    rounds = [GroupRound(number=1, plan_job_id=5), GroupRound(number=2, plan_job_id=7)]
+    opened = plan_status(Job(id=7, result={"rounds_done": 1}), rounds, gnn_trained=False)
+    assert opened == {"opened_as": 2, "stale": False, "gnn_since": False}
+    stale = plan_status(Job(id=8, result={"rounds_done": 1}), rounds, gnn_trained=False)
+    assert stale["opened_as"] is None and stale["stale"] is True
+    current = plan_status(
+        Job(id=9, result={"rounds_done": 2, "gnn_model_id": None}), rounds, gnn_trained=True
+    )
+    assert current == {"opened_as": None, "stale": False, "gnn_since": True}
+    assert plan_status(None, rounds, gnn_trained=True)["opened_as"] is None
