@@ -28,8 +28,8 @@ from app.services import group_rounds, group_views, round_tracking
 from app.services.belief import fit_study_model
 from app.services.importer import import_dataset
 from app.session import load_runtime
-from app.templating import make_templates
 from app.tables import Answer, GroupRoundMember, Job, Respondent, Study
+from app.templating import make_templates
 
 SECRET = "timing-secret-" * 3
 
