@@ -7,7 +7,8 @@ exist), publishes the study and stores a finished round plan that asks the first
 question of the first ``--members`` imported respondents (the planner itself is timed by
 ``priorly bench group-speed``). Then times, through the product's own functions:
 ``open_round`` (sessions, decisions, memberships, one transaction), ``round_view`` (the
-track table's rows), and ``close_round`` after ``--answered`` members have an answer
+track table's rows), the round page's refresh (``round_page`` and its ``track`` block, what
+htmx swaps in every 2 s once an answer arrived; its size in bytes), and ``close_round`` after ``--answered`` members have an answer
 (outcomes, abandoned sessions, and each answered session stopped after its question).
 Prints one JSON line.
 """
@@ -23,13 +24,26 @@ from pathlib import Path
 from sqlmodel import Session, col, select
 
 from app.db import make_engine, upgrade
-from app.services import group_rounds, round_tracking
+from app.services import group_rounds, group_views, round_tracking
 from app.services.belief import fit_study_model
 from app.services.importer import import_dataset
 from app.session import load_runtime
 from app.tables import Answer, GroupRoundMember, Job, Respondent, Study
+from app.templating import make_templates
 
 SECRET = "timing-secret-" * 3
+
+
+def _time_partial(study: Study, number: int, db: Session) -> tuple[float, int]:
+    """Seconds and bytes of one refresh of round ``number``'s page: the page's context
+    (:func:`app.services.group_views.round_page`) and its ``track`` block rendered."""
+    from jinja2_fragments import render_block
+
+    env = make_templates().env
+    t0 = time.perf_counter()
+    ctx = group_views.round_page(study, number, session=db, secret=SECRET, link_base="/g/")
+    html = render_block(env, "admin/group_round.html", "track", csrf_token="x", **ctx)
+    return time.perf_counter() - t0, len(html.encode())
 
 
 def main() -> None:
@@ -104,6 +118,7 @@ def main() -> None:
             item = rnd.item_id or 0
             db.add_all(Answer(session_id=m.session_id, item_id=item, option="A") for m in members)
             db.commit()
+            t_partial, partial_bytes = _time_partial(study, rnd.number, db)
         t0 = time.perf_counter()
         round_tracking.close_round(study, rnd.number, engine=engine)
         t_close = time.perf_counter() - t0
@@ -115,6 +130,8 @@ def main() -> None:
                 "answered": len(members),
                 "open_seconds": round(t_open, 2),
                 "round_view_seconds": round(t_view, 2),
+                "refresh_seconds": round(t_partial, 2),
+                "refresh_bytes": partial_bytes,
                 "close_seconds": round(t_close, 2),
             }
         )

@@ -57,7 +57,7 @@ from sqlmodel import Session, col, func, select
 from app import session as svc
 from app.errors import ConflictError, InvalidInputError, NotFoundError
 from app.schemas import StudySettings
-from app.services.belief import historical_matrix
+from app.services.belief import NoModelError, historical_matrix
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -86,6 +86,7 @@ from elicitation.group import (
     GroupState,
     PlannerModels,
     RoundPlan,
+    live_method,
     plan_round,
     replay,
     validation_pool,
@@ -96,6 +97,7 @@ ROUND_CRITERION = "group_round"
 """The ``criterion`` of a round session's decisions (the question was chosen for the group)."""
 ONE_QUESTION_STOP = "group round: one question per link"
 DEFAULT_MAX_MEMBERS = 2000
+FIT_FIRST = 'fit the belief model first: run "Fit the belief model" on the Jobs tab'
 
 MIN_VALIDATION_MEMBERS = 10
 """The fewest validation members on which the study's GNN is checked before it is used."""
@@ -318,7 +320,7 @@ def gnn_validation_note(w: float, pool: dict[str, Any]) -> str:
 
     Example: ``w = 0``, ``w_best_mean = 0`` (every positive weight loses log score): "on the
     403 validation members the GNN predicts worse than the belief model at every weight
-    tried: its weight is 0, ...".
+    tried: its starting weight is 0, ...".
     """
     if w > 0.0:
         return ""
@@ -330,8 +332,8 @@ def gnn_validation_note(w: float, pool: dict[str, Any]) -> str:
             f"of {pool['gain']:.4f} ± {pool['gain_se']:.4f} nats per answer)"
         )
     return (
-        f"on the {pool['members']} validation members the GNN {finding}: its weight is 0, "
-        "so the predictions are the belief model's; the weight is re-chosen with every "
+        f"on the {pool['members']} validation members the GNN {finding}: its starting "
+        "weight is 0 (the belief model's predictions); the weight is re-chosen with every "
         "round's answers"
     )
 
@@ -540,7 +542,12 @@ def replay_group(
         InvalidInputError: no targets, or no respondents to form a panel.
         ConflictError: a round's question is no longer an item of the active model.
     """
-    rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    try:
+        rt = svc.load_runtime(study, session=session, fit_if_missing=False)
+    except NoModelError:
+        raise NoModelError(
+            f"study {study.slug!r} has no fitted belief model: {FIT_FIRST}"
+        ) from None
     if not rt.targets:
         raise InvalidInputError("choose at least one target item before planning a round")
     settings = StudySettings.model_validate(study.settings or {})
@@ -598,7 +605,7 @@ def replay_group(
     )
 
 
-def _target_predictions(rt: svc.StudyRuntime, group: GroupElicitation) -> list[dict[str, Any]]:
+def target_predictions(rt: svc.StudyRuntime, group: GroupElicitation) -> list[dict[str, Any]]:
     """Per target: the panel's imputed distribution and its uncertainty.
 
     With ``p[v, t, o]`` the predictions of :meth:`GroupElicitation.predict_targets`
@@ -625,39 +632,14 @@ def _target_predictions(rt: svc.StudyRuntime, group: GroupElicitation) -> list[d
     return out
 
 
-def distribution_history(study: Study, *, session: Session) -> dict[str, Any]:
-    """The panel's imputed distribution of every target before round 1 and after each
-    closed round (:func:`_target_predictions`), with the study's models.
-
-    Returns ``{"rounds": [0, 1, ...], "targets": [{"item", "question", "labels",
-    "mean": [[O] per round], "se": [[O] per round]}], "uses_gnn": bool}``.
-    """
-    rep = replay_group(study, session=session)
-    state = rep.state
-    ge = replay(
-        rep.models,
-        GroupState(state.observed, state.candidates, state.targets, askable=state.askable),
-        rep.budget,
-    )
-    steps = [_target_predictions(rep.rt, ge)]
-    for rnd in state.rounds:
-        ge.apply(rnd.question, rnd.asked, rnd.answers)
-        steps.append(_target_predictions(rep.rt, ge))
-    targets = [
-        {
-            "item": first["item"],
-            "question": first["question"],
-            "labels": first["labels"],
-            "mean": [step[t]["mean"] for step in steps],
-            "se": [step[t]["se"] for step in steps],
-        }
-        for t, first in enumerate(steps[0])
-    ]
-    return {
-        "rounds": list(range(len(steps))),
-        "targets": targets,
-        "uses_gnn": rep.models.gnn is not None,
-    }
+def panel_estimate(rep: GroupReplay) -> GroupElicitation:
+    """The study's estimate of the panel after its closed rounds, whatever selection
+    planned them: the default selection's replay (the belief model, pooled with the GNN at
+    the weight chosen online when the study has one), so that every plan's predicted
+    targets and the groups page's chart are the same figures."""
+    if rep.group.method == live_method("elook", rep.models):
+        return rep.group
+    return replay(rep.models, rep.state, rep.budget)
 
 
 def _plan_result(
@@ -675,6 +657,7 @@ def _plan_result(
     pairs = sorted(
         zip(plan.left, plan.question_scores.tolist(), strict=True), key=lambda cs: -float(cs[1])
     )
+    estimate = panel_estimate(rep)  # relational: not its own GNN-imputed predictions
     others = rep.askable.clone()
     others[who] = False
     m = plan.method
@@ -709,10 +692,10 @@ def _plan_result(
         "uses_gnn": plan.uses_gnn,
         "gnn_model_id": rep.info.get("gnn_model_id"),
         "gnn_note": rep.info.get("gnn_note", ""),
-        "pool_weight": plan.pool_weight,
+        "pool_weight": estimate.pool_weight if estimate.method.imputation == "pool" else 0.0,
         "pool_val_gain": rep.info.get("pool_val_gain"),
         "pool_val_gain_se": rep.info.get("pool_val_gain_se"),
-        "predictions": _target_predictions(rt, group),
+        "predictions": target_predictions(rt, estimate),
     }
 
 
@@ -741,8 +724,10 @@ def plan_next_round(
     reachable, and asked fewer round questions than ``max_questions_per_respondent``),
     ``rounds_done``, ``rounds_total``, ``answers_used``, ``total_answers``, ``selection``,
     ``selection_label``, ``method``, ``uses_gnn``, ``gnn_model_id``, ``gnn_note``,
-    ``pool_weight``, ``predictions`` (per target, the panel's mean predicted distribution
-    after the closed rounds with its uncertainty).
+    ``pool_weight`` (the GNN's) and ``predictions`` (per target, the panel's mean
+    predicted distribution after the closed rounds with its uncertainty), both of
+    :func:`panel_estimate` whatever the selection. ``expected_gain`` is the same figure
+    for both selections (what ``elook`` ranks by; relational selection ranks by none).
 
     Raises:
         ConflictError: a round is open (close it first).

@@ -103,10 +103,11 @@ async def open_group_round(
 
 
 @router.get("/studies/{slug}/groups/distribution.svg", name="admin_group_distribution")
-def group_distribution(study: VisibleStudy, session: SessionDep) -> Response:
-    """The imputed group distribution of each target, round by round (SVG)."""
+def group_distribution(study: VisibleStudy, session: SessionDep, layout: str = "") -> Response:
+    """The imputed group distribution of each target, round by round (SVG); ``layout=narrow``:
+    one panel a row, drawn for a phone's width (the page picks it by media query)."""
     return Response(
-        group_views.group_distribution_svg(study, session=session),
+        group_views.group_distribution_svg(study, session=session, narrow=layout == "narrow"),
         media_type="image/svg+xml",
         headers={"Cache-Control": "private, no-cache"},
     )

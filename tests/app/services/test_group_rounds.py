@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -23,7 +24,14 @@ from sqlmodel import Session, col, func, select
 from app import session as svc
 from app.errors import ConflictError
 from app.jobs.runner import execute_job
-from app.services import designer, export, group_rounds, round_links, round_tracking
+from app.services import (
+    designer,
+    export,
+    group_rounds,
+    group_views,
+    round_links,
+    round_tracking,
+)
 from app.settings import Settings
 from app.tables import (
     Answer,
@@ -130,6 +138,12 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     # a second open of the same plan is refused: a round is open
     again = _open(client, study, plan1.id or 0)
     assert again.status_code == 409 and "still open" in again.text
+    # the used plan folds to one line that says which round it became
+    page = client.get(f"/admin/studies/{study.slug}/groups").text
+    latest = page.split('id="latest-plan"')[1].split("</section>")[0]
+    assert f"Plan #{plan1.id} was opened as" in latest and ">round 1</a>" in latest
+    assert latest.index("<details>") < latest.index('id="group-predictions"')
+    assert 'class="small stack" id="rounds"' in page  # the phone layout of the rounds table
 
     # ---- links ------------------------------------------------------------------------------
     track = client.get(f"/admin/studies/{study.slug}/groups/1")
@@ -262,7 +276,11 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     assert part.status_code == 200 and "<html" not in part.text
     assert 'hx-trigger="every 2s"' in part.text  # polls while open
     statuses = re.findall(r'<tr data-status="(\w+)">', part.text)
-    assert statuses == ["answered", "skipped", "answered", "waiting"]
+    assert statuses == ["answered", "skipped", "answered", "waiting"]  # answers first, newest first
+    # the badge says what the count says; the round's own numbers come before the budget
+    assert ">preferred not to answer</span>" in part.text and ">skipped</span>" not in part.text
+    assert part.text.index('id="round-stats"') < part.text.index('id="study-budget"')
+    assert re.search(r'id="n-asked">4<', part.text) and "current settings" in part.text
     # gains in expected correct target answers (as on the plan), readable times
     assert "Expected gain (correct target answers)" in part.text and "nats" not in part.text
     assert len(re.findall(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>", part.text)) == 3
@@ -658,6 +676,7 @@ def test_plan_with_the_study_gnn_and_relational_selection(
     assert plain["method"] == "elook_budget / elook / none"
     page = client.get(f"/admin/studies/{study.slug}/groups")
     assert "No group GNN is trained" in page.text
+    assert 'class="warning" id="plan-gnn-note"' in page.text  # not styled as a success
     # relational selection needs the GNN: the job fails with the reason
     r = client.post(
         f"/admin/studies/{study.slug}/groups/plan",
@@ -683,6 +702,8 @@ def test_plan_with_the_study_gnn_and_relational_selection(
         trained = s.get(Job, train.id)
         assert trained is not None and trained.result is not None
         gnn_id = trained.result["fitted_model_id"]
+    page = client.get(f"/admin/studies/{study.slug}/groups")
+    assert 'id="plan-gnn-since"' in page.text  # the plan without it says to plan again
     with_gnn = _plan(client, engine, study).result
     assert with_gnn is not None and with_gnn["uses_gnn"] is True
     assert with_gnn["gnn_model_id"] == gnn_id
@@ -710,15 +731,38 @@ def test_plan_with_the_study_gnn_and_relational_selection(
     assert all(n >= 1 for n in sizes) and sum(sizes) == rel["n_eligible"]
     page = client.get(f"/admin/studies/{study.slug}/groups")
     assert "k-means over the GNN" in page.text and "stands for" in page.text
-    # no gain column: relational selection does not rank members by gain
+    # the members' expected gains are real figures (not all 0): shown, marked as not
+    # what chose them, and the same in the round's answers.csv
+    gains = [p["expected_gain"] for p in rel["respondents"]]
+    assert any(g > 0 for g in gains)
     members = page.text.split('id="plan-members"')[1].split("</table>")[0]
-    assert "<th>Respondent</th><th>Why</th>" in members and 'class="num"' not in members
-    assert 'id="plan-relational-note"' in page.text
+    assert '<th class="num">Gain</th>' in members and f"{gains[0]:.4f}" in members
+    assert "not used to choose them" in page.text and 'id="plan-relational-note"' in page.text
+    # its imputed targets are the study's estimate, the chart's last point (not the
+    # relational imputation's own), and the page names that model
+    with Session(engine) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        before = group_views.distribution_history(st, session=s)
+    for t, shown in zip(before["targets"], rel["predictions"], strict=True):
+        assert t["mean"][-1] == pytest.approx(shown["mean"], abs=1e-9)
+    label = group_views.estimate_label(True, [rel["pool_weight"]])
+    assert f"Imputed by the {label}" in page.text.replace("&#39;", "'")
+    assert "by the GNN alone" not in page.text
 
-    # open, answer nothing, close; the distribution plot has a point per round
+    # open, every member answers "A", close; the distribution plot has a point per round
     assert _open(client, study, job_id).status_code == 303
     track = client.get(f"/admin/studies/{study.slug}/groups/1").text
-    assert "Expected gain" not in track.split('id="members"')[1]
+    table = track.split('id="members"')[1]
+    assert "Expected gain (correct target answers; not used to choose)" in table
+    assert f"{gains[0]:.4f}" in table
+    with Session(engine) as s:
+        rnd = group_rounds.get_round(study, 1, session=s)
+        s.add_all(
+            Answer(session_id=m.session_id, item_id=rnd.item_id or 0, option="A")
+            for m in group_rounds.round_members([rnd.id or 0], s)
+        )
+        s.commit()
     closed = client.post(
         f"/admin/studies/{study.slug}/groups/1/close",
         data={"csrf_token": csrf(client)},
@@ -728,9 +772,25 @@ def test_plan_with_the_study_gnn_and_relational_selection(
     with Session(engine) as s:
         st = s.get(Study, study.id)
         assert st is not None
-        hist = group_rounds.distribution_history(st, session=s)
+        hist = group_views.distribution_history(st, session=s)
+        own = group_rounds.replay_group(st, session=s, selection="relational").group
+        own_mean = own.predict_targets().mean(0)  # the relational imputation's own figures
     assert hist["rounds"] == [0, 1] and hist["uses_gnn"] is True
     assert all(len(t["mean"]) == 2 for t in hist["targets"])
+    # after answers, a relational plan still shows the chart's figures, not its own
+    r = client.post(
+        f"/admin/studies/{study.slug}/groups/plan",
+        data={"selection": "relational", "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    job2 = int(r.headers["location"].rsplit("job=", 1)[1])
+    assert execute_job(engine, job2) == JobStatus.succeeded.value
+    with Session(engine) as s:
+        rel2 = (s.get(Job, job2) or Job()).result or {}
+    for t, (h, shown) in enumerate(zip(hist["targets"], rel2["predictions"], strict=True)):
+        assert h["mean"][-1] == pytest.approx(shown["mean"], abs=1e-9)
+        k = len(shown["mean"])
+        assert own_mean[t, :k].tolist() != pytest.approx(shown["mean"], abs=1e-6)
     svg = client.get(f"/admin/studies/{study.slug}/groups/distribution.svg")
     assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml")
     assert "<svg" in svg.text and "closed rounds" in svg.text
@@ -848,3 +908,102 @@ def test_the_panel_setting_keeps_an_imported_panel_after_a_test_response(
         assert st is not None
         members = group_rounds.replay_group(st, session=s).members
     assert all(m.source == "import" for m in members)
+    # and the rounds page says so: which panel round 1 fixed, and that the setting differs
+    page = client.get(f"/admin/studies/{study.slug}/groups").text
+    fixed = page.split('id="panel-fixed"')[1].split("</p>")[0]
+    assert "<strong>imported respondents</strong>" in fixed
+    assert "setting now says live respondents; it applies only before round 1" in fixed
+
+
+def test_planning_needs_targets_and_a_fitted_model(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    """Without a fitted belief model, or without a target item, the rounds page disables
+    its Plan button with the reason; a plan started anyway (from the Jobs tab) fails
+    saying how to fit the model."""
+    login(client, "alice@example.org")
+    page = client.get(f"/admin/studies/{ces_study.slug}/groups").text
+    assert 'disabled aria-describedby="plan-unavailable"' in page
+    why = page.split('id="plan-unavailable"')[1].split("</p>")[0]
+    assert "Fit the belief model" in why and "Jobs tab" in why
+    plan = _plan(client, engine, ces_study)
+    assert plan.status == JobStatus.failed.value
+    assert 'fit the belief model first: run "Fit the belief model" on the Jobs tab' in (
+        plan.error or ""
+    )
+
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=2)
+    page = client.get(f"/admin/studies/{study.slug}/groups").text
+    assert 'id="plan-unavailable"' not in page and 'id="plan-round"' in page
+    designer.set_roles(
+        study,
+        {it.key: "question" for it in db.exec(select(Item).where(Item.study_id == study.id))},
+        session=db,
+    )
+    page = client.get(f"/admin/studies/{study.slug}/groups").text
+    why = page.split('id="plan-unavailable"')[1].split("</p>")[0]
+    assert "Choose at least one target item" in why
+
+
+def test_a_large_round_page_draws_its_first_100_members(
+    client: TestClient, engine: Engine, db: Session, ces_study: Study, alice: Researcher
+) -> None:
+    """A round of 130 members: the page (and each refresh) draws 100 rows, the members
+    who answered first (the newest first), says so and points to the CSVs; the counts
+    and the CSVs cover all 130."""
+    study = _group_study(db, ces_study, rounds=1, respondents_per_round=130)
+    login(client, "alice@example.org")
+    ids = list(
+        db.exec(
+            select(Respondent.id)
+            .where(Respondent.study_id == study.id)
+            .order_by(col(Respondent.id))
+            .limit(130)
+        ).all()
+    )
+    question = svc.load_runtime(study, session=db, fit_if_missing=False).candidates[0].key
+    plan = Job(
+        kind="plan_group_round",
+        study_id=study.id,
+        status="succeeded",
+        result={
+            "question": question,
+            "question_scores": [{"item": question, "score": 1.0}],
+            "n_members": len(ids),
+            "per_round": len(ids),
+            "rounds_done": 0,
+            "panel": "imported",
+            "respondents": [
+                {"respondent_id": i, "respondent": f"r{i}", "expected_gain": 0.01} for i in ids
+            ],
+        },
+    )
+    db.add(plan)
+    db.commit()
+    assert _open(client, study, plan.id or 0).status_code == 303
+    with Session(engine, expire_on_commit=False) as s:
+        rnd = group_rounds.get_round(study, 1, session=s)
+        members = group_rounds.round_members([rnd.id or 0], s)
+        for k, m in enumerate((members[5], members[50], members[120])):  # r120 is the newest
+            s.add(
+                Answer(
+                    session_id=m.session_id,
+                    item_id=rnd.item_id or 0,
+                    option="A",
+                    created_at=datetime(2026, 1, 1, 10, k, tzinfo=UTC),
+                )
+            )
+        s.commit()
+    part = client.get(f"/admin/studies/{study.slug}/groups/1", headers={"HX-Request": "true"})
+    rows = re.findall(r'<tr data-status="(\w+)">', part.text)
+    assert len(rows) == 100 and rows[:3] == ["answered"] * 3 and "answered" not in rows[3:]
+    shown = re.findall(r'aria-label="link of ([^"]+)"', part.text)
+    newest_first = [db.get(Respondent, members[i].respondent_id) for i in (120, 50, 5)]
+    assert len(shown) == 100
+    assert shown[:3] == [group_rounds.member_label(r) for r in newest_first if r is not None]
+    assert "Showing 100 of 130 members" in part.text and "links.csv" in part.text
+    assert re.search(r'id="n-asked">130<', part.text)
+    assert re.search(r'id="n-answered">3<', part.text)
+    assert re.search(r'id="n-waiting">127<', part.text)
+    table = client.get(f"/admin/studies/{study.slug}/groups/1/answers.csv").text
+    assert len(list(csv.DictReader(io.StringIO(table.lstrip("\ufeff"))))) == 130
