@@ -9,9 +9,10 @@ from fastapi.responses import HTMLResponse, Response
 
 from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, EngineDep, SessionDep, SettingsDep
-from app.errors import InvalidInputError
+from app.errors import ConflictError, InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, error_status, user_error_message
 from app.services import group_rounds, group_views, jobs, round_tracking
+from app.tables import GroupRoundStatus
 
 router = APIRouter()
 
@@ -50,25 +51,40 @@ async def plan_group_round(
     settings: SettingsDep,
 ) -> Response:
     """Start the plan job with the chosen respondent selection (``elook`` or
-    ``relational``); an unknown selection is refused here with the known ones."""
+    ``relational``). Refused on the rounds page, with the reason and nothing started: an
+    unknown selection, relational selection without a GNN, a study that cannot plan yet
+    (:func:`group_views.plan_unavailable`), a round still open (a page shown before it was
+    opened: 409)."""
     selection = form.text("selection") or "elook"
-    if selection not in group_rounds.SELECTIONS:
-        raise InvalidInputError(
-            f"selection: unknown respondent selection {selection!r} "
-            f"(known: {', '.join(sorted(group_rounds.SELECTIONS))})"
+    try:
+        if selection not in group_rounds.SELECTIONS:
+            raise InvalidInputError(
+                f"selection: unknown respondent selection {selection!r} "
+                f"(known: {', '.join(sorted(group_rounds.SELECTIONS))})"
+            )
+        if selection == "relational" and (
+            why := group_views.relational_unavailable(study, session=session)
+        ):
+            raise InvalidInputError(f"selection: {why}")
+        if why := group_views.plan_unavailable(study, session=session):
+            raise InvalidInputError(why)
+        rounds = group_rounds.study_rounds(study, session=session)
+        if open_ := [r for r in rounds if r.status == GroupRoundStatus.open.value]:
+            raise ConflictError(
+                f"round {open_[0].number} is open: close it before planning the next"
+            )
+        job = jobs.start_job(
+            "plan_group_round",
+            study,
+            payload={"selection": selection},
+            researcher=researcher,
+            settings=settings,
+            session=session,
         )
-    if selection == "relational" and (
-        why := group_views.relational_unavailable(study, session=session)
-    ):
-        raise InvalidInputError(f"selection: {why}")
-    job = jobs.start_job(
-        "plan_group_round",
-        study,
-        payload={"selection": selection},
-        researcher=researcher,
-        settings=settings,
-        session=session,
-    )
+    except Exception as exc:
+        ctx = {**group_views.groups_overview(study, session=session)}
+        ctx["error"] = user_error_message(exc)
+        return page.render("admin/groups.html", ctx, status=error_status(exc))
     return page.redirect("admin_groups", query={"job": job.id}, slug=study.slug)
 
 
@@ -123,6 +139,7 @@ def group_round_page(
     session: SessionDep,
     settings: SettingsDep,
     since: str = "",
+    notice: str = "",
 ) -> Response:
     """One round: question, budget use and the live member table (htmx polls the
     ``track`` block every 2 s while the round is open, with ``since`` = the fingerprint
@@ -137,6 +154,7 @@ def group_round_page(
         secret=settings.secret_key.get_secret_value(),
         link_base=_link_base(page),
     )
+    ctx["notice"] = notice[:200] or None
     return page.render("admin/group_round.html", ctx, block="track" if page.htmx else None)
 
 
@@ -174,5 +192,15 @@ def group_round_file(
 def close_group_round(
     number: DbId, page: PageDep, study: VisibleStudy, engine: EngineDep
 ) -> Response:
-    round_tracking.close_round(study, number, engine=engine)
+    """Close the round and show it; a round already closed (by another admin, or from a
+    page shown before) is shown with that said, not as an error."""
+    try:
+        round_tracking.close_round(study, number, engine=engine)
+    except ConflictError:
+        return page.redirect(
+            "admin_group_round",
+            slug=study.slug,
+            number=number,
+            query={"notice": f"round {number} was already closed"},
+        )
     return page.redirect("admin_group_round", slug=study.slug, number=number)

@@ -138,6 +138,19 @@ def test_round_plan_open_answer_track_close_and_next_plan(
     # a second open of the same plan is refused: a round is open
     again = _open(client, study, plan1.id or 0)
     assert again.status_code == 409 and "still open" in again.text
+    # so is a plan asked for from a page shown before the round was opened: nothing started
+    with Session(engine) as s:
+        n_jobs = len(s.exec(select(Job)).all())
+    stale_plan = client.post(
+        f"/admin/studies/{study.slug}/groups/plan",
+        data={"selection": "elook", "csrf_token": csrf(client)},
+        follow_redirects=False,
+    )
+    assert stale_plan.status_code == 409, stale_plan.text
+    assert "round 1 is open: close it before planning the next" in stale_plan.text
+    assert 'id="latest-plan"' in stale_plan.text  # the rounds page, with the error
+    with Session(engine) as s:
+        assert len(s.exec(select(Job)).all()) == n_jobs
     # the used plan folds to one line that says which round it became
     page = client.get(f"/admin/studies/{study.slug}/groups").text
     latest = page.split('id="latest-plan"')[1].split("</section>")[0]
@@ -295,6 +308,11 @@ def test_round_plan_open_answer_track_close_and_next_plan(
         follow_redirects=False,
     )
     assert closed.status_code == 303
+    # a second close (another admin's page) shows the round, saying it was closed already
+    twice = client.post(
+        f"/admin/studies/{study.slug}/groups/1/close", data={"csrf_token": csrf(client)}
+    )
+    assert twice.status_code == 200 and "round 1 was already closed" in twice.text
     with Session(engine) as s:
         outcomes = [
             s.get(GroupRoundMember, m.id).outcome  # type: ignore[union-attr]
