@@ -202,14 +202,17 @@ def test_api_rate_limit_per_verified_credential_across_processes(
 
     # Neither key was accepted yet (no 2xx answer: there is no session 1), so both share
     # the client address's counter and limit, counted on both processes; so do made-up
-    # tokens (which get no counter of their own: tests/security/test_hostile_input.py).
+    # tokens (which get no counter of their own: tests/security/test_hostile_input.py),
+    # refused once the address is over its limit, while a real key is then looked up.
     statuses = [server.api_get(key).status_code for server in (a, b, a)]
     assert statuses == [404] * SESSION_LIMIT
-    refused = b.api_get(other_key)
+    refused = b.api_get("not-a-token")
     assert refused.status_code == 429
     assert refused.json()["code"] == "rate_limited"
+    assert "from this address without a known credential" in refused.json()["message"]
     assert 0 < int(refused.headers["retry-after"]) <= 60
-    assert b.api_get("not-a-token").status_code == 429
+    # a real key over the address's limit is looked up and counted on its own instead
+    assert b.api_get(other_key).status_code == 404
     # A verified credential has its own counter and limit (API_LIMIT per key).
     engine = make_engine(servers["url"])  # type: ignore[arg-type]
     ratelimit.register_fast(engine, ratelimit.counter_key("api", key), 60.0, count=0)
