@@ -65,6 +65,9 @@ COOKIE_MAX_AGE_S = 30 * 24 * 3600
 BROWSER_SALT = "priorly.respondent-browser"
 BROWSER_MAX_AGE_S = 365 * 24 * 3600
 PANEL_FIELD_PREFIX = "p_"
+LOST_PARAM = "priorly_lost"
+"""Start-page parameter (never a link parameter): this browser posted a survey form
+without its session cookie, so the page says its answers are not in this browser."""
 ATTRIBUTE_FIELD_PREFIX = "a_"
 
 
@@ -179,12 +182,19 @@ class Visit:
         self, request: Request, templates: Any
     ) -> Response | tuple[Study, ElicitationSession]:
         """``(study, session)``, or the response of a page that cannot be shown: the
-        "not available" page (404) without an open study, the start page (303) without
-        a session."""
+        "not available" page (404) without an open study, the start page without a
+        session (303; for htmx an ``HX-Redirect``, a full page and not a consent page
+        inside the survey card). A form posted without a session (the cookie was lost
+        mid-survey) goes to the start page with :data:`LOST_PARAM`, which says so."""
         if self.study is None:
             return _not_open(request, templates)
         if self.sess is None:
-            return _see(str(request.url_for("respondent_start", slug=self.study.slug)))
+            start = str(request.url_for("respondent_start", slug=self.study.slug))
+            if request.method == "POST":
+                start += f"?{LOST_PARAM}=1"
+            if _is_htmx(request):
+                return Response(headers={"HX-Redirect": start})
+            return _see(start)
         return self.study, self.sess
 
     def page(
@@ -490,12 +500,16 @@ def start_page(
         return Response(headers={"HX-Refresh": "true"})
     if visit.sess is not None:
         return _see(str(request.url_for("respondent_question", slug=slug)))
+    params = request.query_params.multi_items()
     try:
-        panel = svc.clean_panel_params(_single_params(request.query_params.multi_items())) or {}
+        panel = (
+            svc.clean_panel_params(_single_params(p for p in params if p[0] != LOST_PARAM)) or {}
+        )
     except InvalidInputError as exc:
         return message_page(request, templates, "Invalid link", exc.message, 422, study)
+    lost = any(name == LOST_PARAM for name, _ in params)
     return templates.TemplateResponse(
-        request, "pages/respondent_consent.html", {"study": study, "panel": panel}
+        request, "pages/respondent_consent.html", {"study": study, "panel": panel, "lost": lost}
     )
 
 

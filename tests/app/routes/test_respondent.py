@@ -229,6 +229,39 @@ def test_resume_link_and_cookie(client: Any, live: LiveStudy) -> None:
         assert r.status_code == 303
 
 
+def test_a_form_posted_without_the_cookie_goes_to_the_start_page_saying_so(
+    client: Any, live: LiveStudy
+) -> None:
+    """The cookie lost mid-survey: htmx gets an ``HX-Redirect`` (a full page, never the
+    consent page swapped into the survey card), a plain form a 303; the start page says this
+    browser no longer has the answers and points to the resume link."""
+    consent(client, live)
+    page = client.get(f"/s/{live.slug}/q").text
+    assert 'name="page"' in page  # the first page of questions about the respondent
+    client.cookies.clear()
+    start = f"/s/{live.slug}?priorly_lost=1"
+    hx = {"HX-Request": "true"}
+    for path, data in (
+        ("about", {"page": "1", "skip_all": "1"}),
+        ("answer", {"item": "x", "option": "A", "idempotency_key": "lost-1"}),
+    ):
+        r = client.post(f"/s/{live.slug}/{path}", data=data, headers=hx, follow_redirects=False)
+        assert r.status_code == 200 and r.headers["HX-Redirect"].endswith(start), path
+        assert "Before you start" not in r.text
+        r = client.post(f"/s/{live.slug}/{path}", data=data, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].endswith(start), path
+    r = client.get(start)
+    assert r.status_code == 200 and "Before you start" in r.text
+    assert "This browser no longer has your answers" in r.text and "resume link" in r.text
+    assert "priorly_lost" not in r.text  # not carried as a link parameter
+    fresh = client.get(f"/s/{live.slug}", params={"PROLIFIC_PID": "p1"}).text
+    assert "no longer has your answers" not in fresh
+    assert field(fresh, "p_PROLIFIC_PID") == "p1"
+    # a page opened without the cookie (not a form sent) is the plain start page
+    r = client.get(f"/s/{live.slug}/q", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].endswith(f"/s/{live.slug}")
+
+
 def test_decline_stores_nothing_and_unknown_study(client: Any, live: LiveStudy) -> None:
     with live.session() as db:
         before = db.exec(select(func.count()).select_from(Respondent)).one()
