@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.exception_handlers import (
@@ -17,7 +18,7 @@ from fastapi.exception_handlers import (
     request_validation_exception_handler,
 )
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.routing import iter_route_contexts
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -190,8 +191,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _no_such_page(request: Request, exc: StarletteHTTPException) -> Response:
         """An address that is no page (a mistyped survey link): a page for the survey
-        pages, FastAPI's JSON elsewhere (the API answers its own; the admin wraps this)."""
-        if exc.status_code == 404 and request.url.path.startswith(RESPONDENT_PATHS):
+        pages, FastAPI's JSON elsewhere (the API answers its own; the admin wraps this).
+        A survey address opened with a method it does not take (a form's address reopened
+        after an error page: 405) goes to the survey's start page (303), which resumes this
+        browser's session."""
+        path = request.url.path
+        if exc.status_code == 405 and path.startswith("/s/"):
+            slug = quote(path.split("/")[2], safe="")  # the path is decoded: quoted again
+            return RedirectResponse(request.url_for("respondent_start", slug=slug), 303)
+        if exc.status_code == 404 and path.startswith(RESPONDENT_PATHS):
             return respondent_message(
                 request,
                 "Page not found",

@@ -262,6 +262,22 @@ def test_a_form_posted_without_the_cookie_goes_to_the_start_page_saying_so(
     assert r.status_code == 303 and r.headers["location"].endswith(f"/s/{live.slug}")
 
 
+@pytest.mark.parametrize("path", ["consent", "about", "answer"])
+def test_opening_a_post_only_survey_address_goes_to_the_start_page(
+    client: Any, live: LiveStudy, path: str
+) -> None:
+    """GET on a form's address (reopened after an error page) is not a bare 405 JSON: 303 to
+    the start page, which resumes this browser's session."""
+    r = client.get(f"/s/{live.slug}/{path}", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].endswith(f"/s/{live.slug}")
+    consent(client, live)
+    r = client.get(f"/s/{live.slug}/{path}", follow_redirects=True)
+    assert r.status_code == 200 and "A few questions about you" in r.text
+    # another method on a page that only shows: the same
+    r = client.put(f"/s/{live.slug}/q", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].endswith(f"/s/{live.slug}")
+
+
 def test_decline_stores_nothing_and_unknown_study(client: Any, live: LiveStudy) -> None:
     with live.session() as db:
         before = db.exec(select(func.count()).select_from(Respondent)).one()
