@@ -127,12 +127,17 @@ def test_survey_by_keyboard_with_screenshots_and_axe(
                 assert axe_violations(page) == []
                 if width == PHONE["width"]:
                     shot(page, SHOTS, "about-page-1-blank-390")
-            # focus moves (autofocus, after htmx settles) to the first blank question
+            # focus moves (autofocus, after htmx settles) to the first blank question, and
+            # Tab from there to its first option (none chosen)
             page.wait_for_function(
-                "() => document.activeElement && document.activeElement.type === 'radio'"
+                "() => document.activeElement && document.activeElement.tagName === 'LEGEND'"
                 " && document.activeElement.closest('.r-blank') !== null"
             )
-            assert page.evaluate("() => document.activeElement.checked") is False
+            page.keyboard.press("Tab")
+            assert page.evaluate(
+                "() => document.activeElement.type === 'radio' && !document.activeElement.checked"
+                " && document.activeElement.closest('.r-blank') !== null"
+            )
             page.keyboard.press("Enter")
         page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 1} of at most {total}")
         assert axe_violations(page) == []

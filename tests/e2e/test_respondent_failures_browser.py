@@ -3,7 +3,8 @@
 keeps the choice and says what to do, and a retry that goes through clears the message;
 the study closed mid-survey shows its page; the cookie lost mid-survey leads to the start
 page saying so (one page, not a page inside the survey card); during a slow submit the
-options stay as sent and "Saving…" is shown. The server is a real
+options stay as sent and "Saving…" is shown; the focus starts on the question, never on
+an option, and hovering colours no option on a touch screen. The server is a real
 uvicorn process on a SQLite file prepared with a small CES study. Screenshots at 390 px
 go to docs/screenshots/respondent/.
 """
@@ -217,5 +218,54 @@ def test_during_a_slow_submit_the_choice_stays_as_sent(
         assert page.locator("#survey [data-send-status]").inner_text() == ""
         assert page.locator("button.r-secondary").is_enabled()
         assert _sql(db_url, "SELECT option FROM answer WHERE idempotency_key = :k", k=key) == first
+    finally:
+        context.close()
+
+
+FOCUSED_OPTION = "() => document.querySelector('.r-option:has(input:focus)') !== null"
+
+
+def test_the_focus_starts_on_the_question_and_no_option_looks_chosen(
+    server: tuple[str, str, str], browser: Any
+) -> None:
+    """On a full load and after each htmx swap the focus is on the question's heading (no
+    ring around option A); Tab reaches option A, the arrow keys move between options. On a
+    screen without hover (touch) hovering colours no option."""
+    base, slug, _ = server
+    context, page = first_question(browser, base, slug)
+    heading = "() => document.activeElement === document.querySelector('#survey h1.r-qtext')"
+    try:
+        page.wait_for_function(heading)  # after the swap of the skipped questions about you
+        assert not page.evaluate(FOCUSED_OPTION)
+        page.reload()
+        page.wait_for_function(heading)  # the full page
+        assert not page.evaluate(FOCUSED_OPTION)
+        shot(page, SHOTS, "question-390")
+        page.keyboard.press("Tab")
+        assert page.evaluate(
+            "() => document.activeElement === document.querySelector('input[name=option]')"
+        )
+        page.keyboard.press("ArrowDown")
+        assert page.locator("input[name=option] >> nth=1").is_checked()
+        page.keyboard.press("Enter")
+        page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 2} of at most")
+        page.wait_for_function(heading)
+        assert not page.evaluate(FOCUSED_OPTION)
+        # hover: the accent border with a mouse; none on a touch screen (hover: none),
+        # where a tap leaves the hover state on whatever was under the finger
+        for touch in (False, True):
+            other = browser.new_context(viewport=PHONE, has_touch=touch, is_mobile=touch)
+            try:
+                other.add_cookies(context.cookies())
+                tab = other.new_page()
+                tab.goto(f"{base}/s/{slug}/q")
+                assert tab.evaluate("() => matchMedia('(hover: none)').matches") is touch
+                option = tab.locator(".r-option >> nth=1")
+                line = option.evaluate("e => getComputedStyle(e).borderTopColor")
+                option.hover()
+                colour = option.evaluate("e => getComputedStyle(e).borderTopColor")
+                assert (colour == line) is touch, (touch, colour, line)
+            finally:
+                other.close()
     finally:
         context.close()

@@ -526,7 +526,9 @@ def test_questions_about_you_are_paged_worded_counted_and_skipped_once(
     assert re.search(rf'name="a_{first_key}" value="B" checked', r.text)
     assert r.text.count("Not answered yet") == n and 'name="blank_ok"' in r.text
     assert all(f'id="blank-{k}"' in r.text for k in others)
-    assert re.search(rf'name="a_{others[0]}" value="[^"]+" autofocus', r.text)
+    # the focus on the first blank question, not on one of its options
+    assert re.search(rf'aria-describedby="blank-{others[0]}">\s*<legend[^>]* autofocus', r.text)
+    assert not re.search(r"<input[^>]* autofocus", r.text)
     with live.session() as db:
         respondent = db.get(Respondent, sess.respondent_id)
         assert respondent is not None and not respondent.attributes
