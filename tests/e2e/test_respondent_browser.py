@@ -187,6 +187,17 @@ def test_back_button_skip_prompt_decline_and_delete(
         page.wait_for_selector("text=Skip all the remaining questions about you?")
         assert axe_violations(page) == []
         shot(page, SHOTS, "about-skip-prompt-390")
+        # an answer chosen after the prompt, then Enter: "Continue" (the page asks about the
+        # questions left blank), not "skip them all"
+        page.check("fieldset.r-question >> nth=0 >> input[type=radio] >> nth=0")
+        page.focus("fieldset.r-question >> nth=0 >> input[type=radio] >> nth=0")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("text=You did not answer 2 questions on this page.")
+        assert page.locator("text=Skip all the remaining questions about you?").count() == 0
+        page.click("button.r-primary")  # leave them blank: page 2, then the prompt again
+        page.wait_for_selector("text=Questions 4 to 6 of at most")
+        page.click("button.r-primary")
+        page.wait_for_selector("text=Skip all the remaining questions about you?")
         page.click("button[name=skip_all]")
         page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 1} of at most")
         page.check("input[name=option] >> nth=0")

@@ -457,6 +457,10 @@ def test_questions_about_you_are_paged_worded_counted_and_skipped_once(
     # an empty page asks once before skipping everything (nothing stored, no question yet)
     r = client.post(f"/s/{live.slug}/about", data={"page": "1"}, follow_redirects=False)
     assert r.status_code == 200 and "Skip all the remaining questions about you?" in r.text
+    # Enter in a field presses the form's first submit button: "Continue", not "skip them all"
+    first_button = re.search(r"<button[^>]*>([^<]*)</button>", r.text.split("<form", 1)[1])
+    assert first_button is not None and first_button.group(1) == "Continue"
+    assert 'type="submit"' in first_button.group(0) and "name=" not in first_button.group(0)
     sess = session_of(live, client)
     with live.session() as db:
         assert (
