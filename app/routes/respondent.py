@@ -20,7 +20,6 @@ import secrets
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
-from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -33,6 +32,7 @@ from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep, form_str
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
 from app.services.demo import survey_readiness
 from app.services.learned import learned_about
+from app.services.respondent_pages import completion_redirect
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
 from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus
@@ -393,14 +393,6 @@ def _not_open(request: Request, templates: Any) -> HTMLResponse:
         "This survey does not exist or is not open. Please check the link you were given.",
         status_code=404,
     )
-
-
-def _safe_redirect(url: str | None, code: str) -> str | None:
-    """The study's redirect URL with ``{code}`` filled in; only http(s) URLs are used."""
-    if not url:
-        return None
-    filled = url.replace("{code}", quote(code, safe=""))
-    return filled if urlsplit(filled).scheme in ("http", "https") else None
 
 
 def _asked_attributes(rt: svc.StudyRuntime) -> int:
@@ -781,7 +773,7 @@ def done(
         {
             "study": study,
             "code": code,
-            "redirect_url": _safe_redirect(study.redirect_url, code),
+            "redirect_url": completion_redirect(study, sess, code, session=session),
             "learned": learned,
             "preview": sess.is_preview,
         },

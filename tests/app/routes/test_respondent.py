@@ -126,6 +126,25 @@ def test_full_questionnaire_with_plain_forms(client: Any, live: LiveStudy) -> No
     assert "Thank you" in again.text
 
 
+def test_redirect_url_fills_the_respondents_link_parameters(client: Any, live: LiveStudy) -> None:
+    """``{NAME}`` in the redirect URL is the link parameter the respondent arrived with
+    (URL-encoded); one their link did not carry becomes empty."""
+    url = (
+        "https://app.prolific.example/submissions/complete?cc={code}"
+        "&PROLIFIC_PID={PROLIFIC_PID}&s={STUDY_ID}"
+    )
+    with study_fields(live, redirect_url=url):
+        consent(client, live, PROLIFIC_PID="pid ABC/1")
+        about(client, live, {})
+        code = finish(client, live)
+        done = client.get(f"/s/{live.slug}/done").text
+    link = (
+        f"https://app.prolific.example/submissions/complete?cc={code}"
+        "&amp;PROLIFIC_PID=pid%20ABC%2F1&amp;s="
+    )
+    assert f'href="{link}"' in done
+
+
 def test_htmx_partials_and_redirect(client: Any, live: LiveStudy) -> None:
     consent(client, live)
     r = about(client, live, {}, htmx=True)  # all attributes left out

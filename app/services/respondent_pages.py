@@ -1,0 +1,58 @@
+"""What the respondent pages under ``/s/{slug}`` link to and say, beyond their templates:
+the completion page's redirect link with its placeholders filled in.
+
+Example::
+
+    >>> fill_redirect(
+    ...     "https://panel.example/done?cc={code}&pid={PROLIFIC_PID}&x={OTHER}",
+    ...     "3F9A0C21B7",
+    ...     {"PROLIFIC_PID": "pid ABC"},
+    ... )
+    'https://panel.example/done?cc=3F9A0C21B7&pid=pid%20ABC&x='
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from urllib.parse import quote, urlsplit
+
+from sqlmodel import Session
+
+from app.tables import ElicitationSession, Respondent, Study
+
+PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.\-]{1,64})\}")
+"""A placeholder of the redirect URL: ``{NAME}`` with NAME a link parameter's name
+(:data:`app.session.start.PANEL_KEY`, at most 64 characters) or ``code``."""
+
+
+def fill_redirect(url: str | None, code: str, panel: Mapping[str, object] | None) -> str | None:
+    """The redirect URL ``url`` with its placeholders filled in, URL-encoded: ``{code}``
+    with the completion ``code``, ``{NAME}`` with the link parameter ``NAME`` the
+    respondent arrived with (``respondent.panel_params``; the name is case-sensitive), and
+    a ``{NAME}`` the respondent's link did not carry with nothing (``pid={PROLIFIC_PID}``
+    becomes ``pid=``). ``{code}`` is always the completion code, even with a link
+    parameter named ``code``. ``None`` without a URL, or when the filled URL is not
+    http(s)."""
+    if not url:
+        return None
+    params = {str(k): str(v) for k, v in (panel or {}).items()}
+
+    def value(m: re.Match[str]) -> str:
+        name = m.group(1)
+        return quote(code if name == "code" else params.get(name, ""), safe="")
+
+    filled = PLACEHOLDER.sub(value, url)
+    return filled if urlsplit(filled).scheme in ("http", "https") else None
+
+
+def completion_redirect(
+    study: Study, sess: ElicitationSession, code: str, *, session: Session
+) -> str | None:
+    """The completion page's "Continue" link of ``sess``: the study's redirect URL filled
+    in by :func:`fill_redirect` with ``code`` and the respondent's link parameters."""
+    if not study.redirect_url:
+        return None
+    respondent = session.get(Respondent, sess.respondent_id)
+    panel = respondent.panel_params if respondent is not None else None
+    return fill_redirect(study.redirect_url, code, panel)
