@@ -403,3 +403,38 @@ def test_back_after_the_questions_about_you_reloads_the_current_question(
         assert "htmx-history-cache" not in stored, stored  # no copy of the pages kept
     finally:
         context.close()
+
+
+def test_long_words_wrap_and_right_to_left_text_keeps_its_direction(
+    server: tuple[str, str, str], browser: Any
+) -> None:
+    """A 126-letter word in the question or an option label wraps (the phone page stays
+    390 px wide, no zooming out); an Arabic label is laid out right to left (``dir="auto"``
+    on the researcher's texts)."""
+    base, slug, _ = server
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    try:
+        page.goto(f"{base}/s/{slug}")
+        page.click("button[value=accept]")
+        page.wait_for_selector("text=A few questions about you")
+        page.click("button.r-primary")  # nothing chosen: the prompt, then skip them all
+        page.click("button[name=skip_all]")
+        page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 1} of at most")
+        page.evaluate(
+            """() => {
+                const word = 'Donaudampfschifffahrtsgesellschaftskapitaen'.repeat(3);
+                const spans = document.querySelectorAll('.r-option span');
+                spans[0].textContent = word;
+                spans[1].textContent = 'نعم، أوافق.';
+                document.querySelector('.r-qtext').textContent = word;
+            }"""
+        )
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
+        directions = page.evaluate(
+            """() => [...document.querySelectorAll('.r-option span')].slice(0, 2)
+                    .map(e => getComputedStyle(e).direction)"""
+        )
+        assert directions == ["ltr", "rtl"]
+    finally:
+        context.close()

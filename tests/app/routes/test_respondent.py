@@ -297,6 +297,24 @@ def test_pages_escape_study_text(client: Any, live: LiveStudy) -> None:
         assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
 
 
+def test_researchers_texts_take_their_direction_from_their_text(
+    client: Any, live: LiveStudy
+) -> None:
+    """``dir="auto"`` on the study name, the consent text, the questions and the option
+    labels: an Arabic text is laid out right to left, its punctuation in place."""
+    with study_fields(live, consent_text="نص الموافقة."):
+        start = client.get(f"/s/{live.slug}").text
+    assert '<p class="r-study" dir="auto">' in start and '<p dir="auto">نص الموافقة.</p>' in start
+    consent(client, live)
+    about_page = client.get(f"/s/{live.slug}/q").text
+    assert about_page.count('<legend class="r-legend" dir="auto">') == about_page.count("<legend")
+    assert about_page.count('<span dir="auto">') == about_page.count('class="r-option"') > 0
+    about(client, live, {})
+    question = client.get(f"/s/{live.slug}/q").text
+    assert '<h1 class="r-qtext" dir="auto">' in question
+    assert question.count('<span dir="auto">') == question.count('class="r-option"') > 0
+
+
 def n_respondents(live: LiveStudy) -> int:
     with live.session() as db:
         return int(
