@@ -32,7 +32,11 @@ from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep, form_str
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
 from app.services.demo import survey_readiness
 from app.services.learned import learned_about
-from app.services.respondent_pages import completion_redirect
+from app.services.respondent_pages import (
+    INVALID_LINK_TEXT,
+    INVALID_LINK_TITLE,
+    completion_redirect,
+)
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
 from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus
@@ -375,13 +379,26 @@ def message_page(
     text: str,
     status_code: int = 200,
     study: Study | None = None,
+    *,
+    detail: str | None = None,
 ) -> HTMLResponse:
-    """A respondent-facing message page (also used by the group-round links)."""
+    """A respondent-facing message page (also used by the group-round links); ``detail``:
+    a technical line under the text, in small print (what to quote to the study team)."""
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "pages/respondent_message.html",
-        {"title": title, "text": text, "study": study},
+        {"title": title, "text": text, "study": study, "detail": detail},
         status_code=status_code,
+    )
+
+
+def _invalid_link(
+    request: Request, templates: Any, exc: InvalidInputError, study: Study
+) -> HTMLResponse:
+    """The refusal of a link whose parameters cannot be stored (422): what to do, then
+    the parameter at fault in small print."""
+    return message_page(
+        request, templates, INVALID_LINK_TITLE, INVALID_LINK_TEXT, 422, study, detail=exc.message
     )
 
 
@@ -485,7 +502,7 @@ def start_page(
     try:
         panel = svc.clean_panel_params(_single_params(request.query_params.multi_items())) or {}
     except InvalidInputError as exc:
-        return message_page(request, templates, "Invalid link", exc.message, 422, study)
+        return _invalid_link(request, templates, exc, study)
     return templates.TemplateResponse(
         request, "pages/respondent_consent.html", {"study": study, "panel": panel}
     )
@@ -539,7 +556,7 @@ async def consent(
             if str(k).startswith(PANEL_FIELD_PREFIX)
         )
     except InvalidInputError as exc:
-        return message_page(request, templates, "Invalid link", exc.message, 422, study)
+        return _invalid_link(request, templates, exc, study)
     settings_ = svc.study_settings(study)
     session.close()  # see app.routes.api_v1.release: one pooled connection per request at a time
     try:
@@ -551,7 +568,7 @@ async def consent(
             earlier_starts=earlier,
         )
     except InvalidInputError as exc:  # the link parameters (svc.clean_panel_params)
-        return message_page(request, templates, "Invalid link", exc.message, 422, study)
+        return _invalid_link(request, templates, exc, study)
     except PriorlyError as exc:
         return message_page(request, templates, "Cannot start the survey", exc.message, 409, study)
     response = _see(str(request.url_for("respondent_question", slug=slug)))

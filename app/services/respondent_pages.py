@@ -1,5 +1,6 @@
 """What the respondent pages under ``/s/{slug}`` link to and say, beyond their templates:
-the completion page's redirect link with its placeholders filled in.
+the completion page's redirect link with its placeholders filled in, and the words of the
+"invalid link" refusal.
 
 Example::
 
@@ -20,6 +21,15 @@ from urllib.parse import quote, urlsplit
 from sqlmodel import Session
 
 from app.tables import ElicitationSession, Respondent, Study
+
+INVALID_LINK_TITLE = "This link does not work"
+INVALID_LINK_TEXT = (
+    "The survey link you opened is incomplete or was changed, so the survey cannot start "
+    "from it. Please open the link exactly as you received it (copy all of it, or click it "
+    "again in the invitation), or contact the study team."
+)
+"""The refusal of a link whose parameters cannot be stored (a name given twice, too many,
+too long); the page adds the technical reason in small print."""
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.\-]{1,64})\}")
 """A placeholder of the redirect URL: ``{NAME}`` with NAME a link parameter's name

@@ -275,17 +275,20 @@ def test_decline_stores_nothing_and_unknown_study(client: Any, live: LiveStudy) 
 def test_a_bad_link_parameter_is_refused_naming_it(
     client: Any, live: LiveStudy, query: str, form: dict[str, Any], message: str
 ) -> None:
-    """On the consent page (the link) and on its form: 422 "Invalid link" naming the
-    parameter, and nobody is stored."""
+    """On the consent page (the link) and on its form: 422 "This link does not work", what
+    to do in plain words, the parameter at fault in small print; nobody is stored."""
     with live.session() as db:
         before = db.exec(select(func.count()).select_from(Respondent)).one()
     page = client.get(f"/s/{live.slug}?{query}")
-    assert page.status_code == 422 and "Invalid link" in page.text and message in page.text
     posted = client.post(
         f"/s/{live.slug}/consent", data={"choice": "accept", **form}, follow_redirects=False
     )
-    assert posted.status_code == 422 and "Invalid link" in posted.text
-    assert message in posted.text
+    for r in (page, posted):
+        assert r.status_code == 422 and "<h1>This link does not work</h1>" in r.text
+        assert "Please open the link exactly as you received it" in r.text
+        assert "or contact the study team." in r.text
+        detail = re.search(r'<p class="r-detail">Details: ([^<]*)</p>', r.text)
+        assert detail is not None and message in detail.group(1)
     with live.session() as db:
         assert db.exec(select(func.count()).select_from(Respondent)).one() == before
 
