@@ -35,7 +35,9 @@ from app.services.learned import learned_about
 from app.services.respondent_pages import (
     INVALID_LINK_TEXT,
     INVALID_LINK_TITLE,
+    PANEL_FIELD_PREFIX,
     completion_redirect,
+    retry_after_limit,
 )
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
@@ -68,7 +70,6 @@ COOKIE_SALT = "priorly.respondent-session"
 COOKIE_MAX_AGE_S = 30 * 24 * 3600
 BROWSER_SALT = "priorly.respondent-browser"
 BROWSER_MAX_AGE_S = 365 * 24 * 3600
-PANEL_FIELD_PREFIX = "p_"
 ATTRIBUTE_FIELD_PREFIX = "a_"
 
 
@@ -383,11 +384,24 @@ def message_page(
     detail: str | None = None,
 ) -> HTMLResponse:
     """A respondent-facing message page (also used by the group-round links); ``detail``:
-    a technical line under the text, in small print (what to quote to the study team)."""
+    a technical line under the text, in small print (what to quote to the study team).
+
+    A survey page refused for too many requests (429, from the app's handler, which knows
+    no study) is headed with the study's name and gets a "Try again" link
+    (:func:`app.services.respondent_pages.retry_after_limit`)."""
+    retry_url = None
+    if status_code == 429 and study is None and isinstance(request.path_params.get("slug"), str):
+        study, retry_url = retry_after_limit(
+            request.path_params["slug"],
+            request.url.path,
+            getattr(request.state, "refused_form", None) or [],
+            engine=request.app.state.engine,
+            url_for=lambda name, slug: str(request.url_for(name, slug=slug)),
+        )
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "pages/respondent_message.html",
-        {"title": title, "text": text, "study": study, "detail": detail},
+        {"title": title, "text": text, "study": study, "detail": detail, "retry_url": retry_url},
         status_code=status_code,
     )
 

@@ -1,6 +1,6 @@
 """What the respondent pages under ``/s/{slug}`` link to and say, beyond their templates:
-the completion page's redirect link with its placeholders filled in, and the words of the
-"invalid link" refusal.
+the completion page's redirect link with its placeholders filled in, the words of the
+"invalid link" refusal, and where "Try again" leads after too many requests.
 
 Example::
 
@@ -15,12 +15,15 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from urllib.parse import quote, urlsplit
+from collections.abc import Callable, Iterable, Mapping
+from urllib.parse import quote, urlencode, urlsplit
 
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from app.tables import ElicitationSession, Respondent, Study
+from app.errors import NotFoundError
+from app.services.studies import get_study_by_slug
+from app.tables import ElicitationSession, Respondent, Study, StudyStatus
 
 INVALID_LINK_TITLE = "This link does not work"
 INVALID_LINK_TEXT = (
@@ -66,3 +69,42 @@ def completion_redirect(
     respondent = session.get(Respondent, sess.respondent_id)
     panel = respondent.panel_params if respondent is not None else None
     return fill_redirect(study.redirect_url, code, panel)
+
+
+PANEL_FIELD_PREFIX = "p_"
+"""The consent form's fields of the link parameters (``p_PROLIFIC_PID``)."""
+
+
+def retry_after_limit(
+    slug: str,
+    path: str,
+    form: Iterable[tuple[str, str]],
+    *,
+    engine: Engine,
+    url_for: Callable[[str, str], str],
+) -> tuple[Study | None, str | None]:
+    """The published study of ``/s/{slug}`` and the "Try again" address of its page
+    ``path`` refused for too many requests: after "I agree" (``.../consent``, whose refused
+    ``form`` fields are given) the survey link again with its link parameters, after a
+    deletion request the deletion page, else the respondent's current page. ``(None,
+    None)`` when the study is not open. ``url_for(route name, slug)`` makes an address.
+
+    Example: a refused ``POST /s/ces/consent`` with ``p_PROLIFIC_PID=pidABC`` gives
+    ``(study, "http://host/s/ces?PROLIFIC_PID=pidABC")``.
+    """
+    try:
+        with Session(engine) as db:
+            study = get_study_by_slug(slug, session=db)
+    except NotFoundError:
+        return None, None
+    if study.status != StudyStatus.published.value:
+        return None, None
+    if path.endswith("/consent"):
+        params = [
+            (k[len(PANEL_FIELD_PREFIX) :], v) for k, v in form if k.startswith(PANEL_FIELD_PREFIX)
+        ]
+        url = url_for("respondent_start", slug)
+        return study, f"{url}?{urlencode(params)}" if params else url
+    if path.endswith("/delete"):
+        return study, url_for("respondent_delete", slug)
+    return study, url_for("respondent_question", slug)

@@ -293,6 +293,34 @@ def test_a_bad_link_parameter_is_refused_naming_it(
         assert db.exec(select(func.count()).select_from(Respondent)).one() == before
 
 
+def test_too_many_starts_page_names_the_study_and_offers_to_try_again(live: LiveStudy) -> None:
+    """Over the start limit: 429 in plain words under the study's name, and "Try again"
+    reopens the survey link with the link parameters of the refused "I agree"."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+
+    settings = load_settings(
+        database_url=live.url, env="dev", respondent_start_rate_limit_per_minute=1
+    )
+    address = (f"198.51.100.{live.study_id % 200 + 1}", 50000)  # this test's own counter
+    data = {"choice": "accept", "p_PROLIFIC_PID": "pid ABC"}
+    app = create_app(settings)
+    with TestClient(app, client=address) as first, TestClient(app, client=address) as second:
+        started = first.post(f"/s/{live.slug}/consent", data=data, follow_redirects=False)
+        refused = second.post(f"/s/{live.slug}/consent", data=data, follow_redirects=False)
+    assert started.status_code == 303 and refused.status_code == 429
+    page = refused.text
+    with live.session() as db:
+        study = db.get(Study, live.study_id)
+        assert study is not None
+        assert f'<p class="r-study" dir="auto">{study.name}</p>' in page
+    assert "Many people on your network are starting this survey right now." in page
+    assert "Please try again in a minute." in page
+    assert f'href="http://testserver/s/{live.slug}?PROLIFIC_PID=pid+ABC">Try again</a>' in page
+
+
 def test_pages_escape_study_text(client: Any, live: LiveStudy) -> None:
     with study_fields(live, consent_text="<script>alert(1)</script> & more"):
         page = client.get(f"/s/{live.slug}").text
