@@ -37,6 +37,7 @@ from app.services.respondent_pages import (
     INVALID_LINK_TITLE,
     PANEL_FIELD_PREFIX,
     completion_redirect,
+    erased_text,
     retry_after_limit,
 )
 from app.services.studies import get_study_by_slug
@@ -829,7 +830,10 @@ def _delete_page(
     *,
     error: str | None = None,
     status_code: int = 200,
+    code: str = "",
+    confirmed: bool = False,
 ) -> Response:
+    """The deletion page; refused, it keeps the typed ``code`` and the tick box."""
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "pages/respondent_delete.html",
@@ -838,6 +842,8 @@ def _delete_page(
             "has_browser_session": browser_session is not None,
             "shared_code": bool(study.completion_code),
             "error": error,
+            "code": code,
+            "confirmed": confirmed,
         },
         status_code=status_code,
     )
@@ -874,6 +880,7 @@ async def delete_answers(
         return _not_open(request, templates)
     form = await request.form()
     own = _session_from_cookie(request, study, session, settings)
+    code = str(form.get("code", "") or "")[:64]
     if form.get("confirm") != "yes":
         return _delete_page(
             request,
@@ -882,22 +889,25 @@ async def delete_answers(
             own,
             error="Please tick the box to confirm that your answers should be deleted.",
             status_code=422,
+            code=code,
         )
     target: ElicitationSession | None = own
     if form.get("use_browser") is None or own is None:
-        code = str(form.get("code", "") or "")
         target = svc.session_by_completion_code(
             study, code, settings.secret_key.get_secret_value(), session=session
         )
     if target is None:
         error = (
             "This survey gives everyone the same completion code, so it cannot name your "
-            "answers. Please ask the research team to delete them."
+            "answers. Please open this page in the browser you took part in, or contact the "
+            "research team."
             if study.completion_code
             else "No finished survey has this completion code. Please check it: it is "
             "the code shown on the last page (10 letters and digits)."
         )
-        return _delete_page(request, templates, study, own, error=error, status_code=422)
+        return _delete_page(
+            request, templates, study, own, error=error, status_code=422, code=code, confirmed=True
+        )
     session.close()  # one pooled connection per request at a time
     try:
         result = svc.erase_respondent(target, engine=engine)
@@ -907,11 +917,7 @@ async def delete_answers(
         request,
         templates,
         "Your answers were deleted",
-        (
-            f"We deleted everything stored about you in this survey ({result.n_answers} "
-            f"answer{'' if result.n_answers == 1 else 's'}). Only a count that one "
-            "respondent asked for deletion is kept. You can close this page."
-        )
+        erased_text(result)
         if result is not None
         else "These answers were already deleted. You can close this page.",
         study=study,

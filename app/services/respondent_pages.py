@@ -1,6 +1,7 @@
 """What the respondent pages under ``/s/{slug}`` link to and say, beyond their templates:
 the completion page's redirect link with its placeholders filled in, the words of the
-"invalid link" refusal, and where "Try again" leads after too many requests.
+"invalid link" refusal and of a deletion, and where "Try again" leads after too many
+requests.
 
 Example::
 
@@ -23,6 +24,7 @@ from sqlmodel import Session
 
 from app.errors import NotFoundError
 from app.services.studies import get_study_by_slug
+from app.session import ErasureResult
 from app.tables import ElicitationSession, Respondent, Study, StudyStatus
 
 INVALID_LINK_TITLE = "This link does not work"
@@ -108,3 +110,45 @@ def retry_after_limit(
     if path.endswith("/delete"):
         return study, url_for("respondent_delete", slug)
     return study, url_for("respondent_question", slug)
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def erased_text(result: ErasureResult) -> str:
+    """What the deletion page says was deleted, in the words of the page that listed it
+    (the declined page): answers to the survey questions, questions the respondent
+    preferred not to answer, answers to the questions about them.
+
+    Example: 2 answer rows (one a skip) and 8 attributes give "We deleted everything
+    stored about you in this survey: 1 answer to the survey questions, 1 question you
+    preferred not to answer and 8 answers to the questions about you. ..."
+    """
+    parts = [
+        _count(n, one, many)
+        for n, one, many in (
+            (
+                result.n_answers - result.n_skipped,
+                "answer to the survey questions",
+                "answers to the survey questions",
+            ),
+            (
+                result.n_skipped,
+                "question you preferred not to answer",
+                "questions you preferred not to answer",
+            ),
+            (
+                result.n_attributes,
+                "answer to the questions about you",
+                "answers to the questions about you",
+            ),
+        )
+        if n
+    ]
+    listed = ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else "".join(parts)
+    what = f": {listed}." if parts else " (you had not answered any question yet)."
+    return (
+        f"We deleted everything stored about you in this survey{what} Only a count that "
+        "one respondent asked for deletion is kept. You can close this page."
+    )

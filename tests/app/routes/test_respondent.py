@@ -416,6 +416,12 @@ def test_delete_with_completion_code(client: Any, live: LiveStudy) -> None:
         assert (
             wrong.status_code == 422 and "No finished survey has this completion code" in wrong.text
         )
+        # the typed code and the tick box are kept, the focus is on the code
+        assert re.search(r'<input id="code"[^>]* value="0000000000"[^>]* autofocus>', wrong.text)
+        assert re.search(r'name="confirm" value="yes" required checked>', wrong.text)
+        unticked = other.post(f"/s/{live.slug}/delete", data={"code": "0000000000"})
+        assert re.search(r'<input id="code"[^>]* value="0000000000"', unticked.text)
+        assert re.search(r'name="confirm" value="yes" required autofocus>', unticked.text)
         for hostile in ("é", "\u202e" + code):  # non-ASCII: no such code, not a 500
             r = other.post(f"/s/{live.slug}/delete", data={"code": hostile, "confirm": "yes"})
             assert r.status_code == 422 and "No finished survey has this" in r.text
@@ -451,16 +457,38 @@ def test_a_shared_completion_code_is_not_offered_for_deletion(client: Any, live:
         with app_client(live.url) as other:
             page = other.get(f"/s/{live.slug}/delete").text
             assert "the code cannot find your answers" in page and 'name="code"' not in page
+            # no form that cannot work here; the private resume link gives access
+            assert "<form" not in page and 'name="confirm"' not in page
+            assert "If you kept the private link shown during the survey" in page
+        mine = client.get(f"/s/{live.slug}/delete").text  # the browser that took part can
+        assert 'name="use_browser"' in mine and "<form" in mine
 
 
 def test_delete_this_browsers_answers_before_finishing(client: Any, live: LiveStudy) -> None:
+    """The deletion message counts what was deleted as the declined page listed it:
+    answers, questions preferred not to answer, answers to the questions about you."""
     consent(client, live)
-    about(client, live, {})
+    pages = attribute_pages(live)
+    about(client, live, {k: "A" for k in pages[0]})
+    for data in ({"option": None}, {"skip": "1"}):
+        page = client.get(f"/s/{live.slug}/q").text
+        data = {k: v or first_option(page) for k, v in data.items()}
+        data |= {"item": field(page, "item"), "idempotency_key": field(page, "idempotency_key")}
+        client.post(f"/s/{live.slug}/answer", data=data)
     sess = session_of(live, client)
+    n_about = len(pages[0])
+    listed = client.get(f"/s/{live.slug}/declined").text
+    assert "1 answer to the survey questions (1 question you preferred not to answer)" in listed
+    assert f"{n_about} answers to the questions about you" in listed
     page = client.get(f"/s/{live.slug}/delete")
     assert 'name="use_browser"' in page.text and 'name="code"' not in page.text
     r = client.post(f"/s/{live.slug}/delete", data={"use_browser": "1", "confirm": "yes"})
     assert r.status_code == 200 and "Your answers were deleted" in r.text
+    assert (
+        "We deleted everything stored about you in this survey: 1 answer to the survey "
+        f"questions, 1 question you preferred not to answer and {n_about} answers to the "
+        "questions about you." in r.text
+    )
     assert f"priorly_s{live.study_id}=" in r.headers["set-cookie"]
     with live.session() as db:
         assert db.get(Respondent, sess.respondent_id) is None
