@@ -605,8 +605,8 @@ def declined(
         return message_page(
             request,
             templates,
-            "No problem",
-            "You chose not to take part. Nothing was recorded. You can close this page.",
+            "You chose not to take part",
+            "No problem. Nothing was recorded. You can close this page.",
             study=study,
         )
     stored = svc.stored_summary(visit.sess, session=session)

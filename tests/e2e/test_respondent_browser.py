@@ -205,7 +205,7 @@ def test_back_button_skip_prompt_decline_and_delete(
         page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 2} of at most")
         # Back twice to the consent page and decline: what is stored, and how to delete it
         page.goto(f"{base}/s/{slug}/declined")
-        assert page.locator("h1").inner_text() == "You already took part"
+        assert page.locator("h1").inner_text() == "You chose not to take part"
         assert "Nothing was recorded" not in page.inner_text("body")
         assert "1 answer to the survey questions" in page.inner_text("body")
         assert axe_violations(page) == []
@@ -349,7 +349,7 @@ def test_consent_page_left_open_after_finishing_never_starts_a_second_respondent
         assert stale[0].url.endswith(f"/s/{slug}/done")
         assert stale[0].locator(".r-code").inner_text().strip() == code
         stale[1].click("button[value=decline]")
-        stale[1].wait_for_selector("text=You already took part")
+        stale[1].wait_for_selector("text=You chose not to take part")
         body = stale[1].inner_text("body")
         assert "Nothing was recorded" not in body
         assert f"{MAX_QUESTIONS} answers to the survey questions" in body

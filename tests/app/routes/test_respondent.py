@@ -257,6 +257,8 @@ def test_decline_stores_nothing_and_unknown_study(client: Any, live: LiveStudy) 
         follow_redirects=True,
     )
     assert r.status_code == 200 and "Nothing was recorded" in r.text
+    assert "<h1>You chose not to take part</h1>" in r.text
+    assert re.search(r"<title>[^<]+: You chose not to take part</title>", r.text)
     with live.session() as db:
         assert db.exec(select(func.count()).select_from(Respondent)).one() == before
     assert client.get("/s/no-such-study").status_code == 404
@@ -375,6 +377,7 @@ def test_back_to_consent_resumes_never_a_second_respondent(client: Any, live: Li
     # "I do not want to take part" now: says what is stored and how to delete it
     r = client.post(f"/s/{live.slug}/consent", data={"choice": "decline"}, follow_redirects=True)
     assert r.status_code == 200 and "Nothing was recorded" not in r.text
+    assert "<h1>You chose not to take part</h1>" in r.text
     assert "1 answer to the survey questions" in r.text
     assert "1 answer to the questions about you" in r.text
     assert f'href="http://testserver/s/{live.slug}/delete"' in r.text
