@@ -36,6 +36,8 @@ from app.services.respondent_pages import (
     INVALID_LINK_TEXT,
     INVALID_LINK_TITLE,
     PANEL_FIELD_PREFIX,
+    UNREADABLE_ANSWER,
+    UNREADABLE_ANSWERS,
     completion_redirect,
     erased_text,
     retry_after_limit,
@@ -698,8 +700,8 @@ async def about(
     items = pages[number - 1] if pages else []
     try:
         values = {item.key: form_str(form, ATTRIBUTE_FIELD_PREFIX + item.key) for item in items}
-    except InvalidInputError as exc:
-        return page.again(f"Nothing was saved: {exc.message}.", attribute_page=number)
+    except InvalidInputError:
+        return page.again(UNREADABLE_ANSWERS, attribute_page=number)
     skip_all = form.get("skip_all") is not None and rt.allow_skip
     chosen = {k: v for k, v in values.items() if v}
     blank_ok = rt.allow_skip and form.get("blank_ok") is not None
@@ -744,8 +746,8 @@ async def answer(
         skip = form.get("skip") is not None
         option = None if skip else form_str(form, "option")
         idem = form_str(form, "idempotency_key") or None
-    except InvalidInputError as exc:
-        return page.again(f"Nothing was saved: {exc.message}.")
+    except InvalidInputError:
+        return page.again(UNREADABLE_ANSWER)
     if not skip and not option:
         view = page.view()
         return page.again(

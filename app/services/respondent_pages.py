@@ -1,6 +1,6 @@
 """What the respondent pages under ``/s/{slug}`` link to and say, beyond their templates:
 the completion page's redirect link with its placeholders filled in, the words of the
-"invalid link" refusal and of a deletion, and where "Try again" leads after too many
+"invalid link" refusal, of an unreadable answer and of a deletion, and where "Try again" leads after too many
 requests.
 
 Example::
@@ -35,6 +35,16 @@ INVALID_LINK_TEXT = (
 )
 """The refusal of a link whose parameters cannot be stored (a name given twice, too many,
 too long); the page adds the technical reason in small print."""
+
+UNREADABLE_ANSWER = (
+    "Nothing was saved: your answer could not be read. Please choose your answer again."
+)
+UNREADABLE_ANSWERS = (
+    "Nothing was saved: the answers on this page could not be read. Please choose them again."
+)
+"""A posted answer form that no page sends (a field given twice, a file for a text field):
+nothing is stored, and the respondent is not shown which field was wrong (the form,
+not they, made the mistake)."""
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.\-]{1,64})\}")
 """A placeholder of the redirect URL: ``{NAME}`` with NAME a link parameter's name

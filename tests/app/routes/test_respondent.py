@@ -174,13 +174,15 @@ def test_htmx_partials_and_redirect(client: Any, live: LiveStudy) -> None:
         follow_redirects=False,
     )
     assert r.status_code == 422 and "Please choose an answer" in r.text
-    # a crafted form with two answers to one question is refused, naming the field
+    # a crafted form with two answers to one question is refused in plain words (which
+    # field the form got wrong is nothing the respondent can act on)
     r = client.post(
         f"/s/{live.slug}/answer",
         data={"item": field(page.text, "item"), "option": ["A", "B"], "idempotency_key": "y"},
         follow_redirects=False,
     )
-    assert r.status_code == 422 and "option: sent 2 times" in r.text
+    assert r.status_code == 422 and "Nothing was saved: your answer could not be read." in r.text
+    assert "sent 2 times" not in r.text
     sess = session_of(live, client)
     with live.session() as db:
         n = db.exec(
@@ -607,6 +609,22 @@ def test_questions_about_you_are_paged_worded_counted_and_skipped_once(
     with live.session() as db:
         respondent = db.get(Respondent, sess.respondent_id)
         assert respondent is not None and respondent.attributes == {first_key: "B"}
+
+
+def test_public_and_preparing_pages_speak_to_respondents() -> None:
+    """The site's tagline and the "preparing" page in plain words (no jargon, no "the
+    first time")."""
+    from app.tables import Study
+    from app.templating import make_templates
+
+    env = make_templates().env
+    context = {"url_for": lambda *a, **k: "/x", "study": Study(name="S", slug="s")}
+    home = env.get_template("pages/home.html").render(surveys=[], **context)
+    assert '<span class="tagline">short surveys for research</span>' in home
+    assert "Bayesian" not in home and "elicitation" not in home
+    preparing = env.get_template("pages/respondent_preparing.html").render(**context)
+    assert "This survey is being prepared; this page will update by itself." in preparing
+    assert "first time" not in preparing.lower()
 
 
 def test_attribute_wording_from_bare_labels() -> None:
