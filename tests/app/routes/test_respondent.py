@@ -666,7 +666,8 @@ def test_completion_page_shows_what_we_learned_only_when_set(client: Any, live: 
     assert preds, "the study has unasked targets"
     assert "What we learned about you" in html
     sentences = re.findall(
-        r"<li>We think you would answer “([^”]+)” to “([^”]+)” \((\d+)% sure\)", html
+        r"<li>We think you would answer “<bdi>([^<]+)</bdi>” to “<bdi>([^<]+)</bdi>” \((\d+)% sure\)",
+        html,
     )
     assert len(sentences) == len(preds)
     for pred, (label, question, percent) in zip(preds, sentences, strict=True):
@@ -712,7 +713,8 @@ def test_completion_page_shows_the_cape_preference_profile(client: Any, live: Li
             1
             <= len(
                 re.findall(
-                    r"<li>We think you would answer “[^”]+” to “[^”]+” \(\d+% sure\)", section
+                    r"<li>We think you would answer “<bdi>[^<]+</bdi>” to “<bdi>[^<]+</bdi>” \(\d+% sure\)",
+                    section,
                 )
             )
             <= 5
