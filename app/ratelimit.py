@@ -719,20 +719,28 @@ async def respondent_page_limit(request: Request) -> None:
     """Dependency of the survey pages (``/s/...``): per client address, at most
     ``respondent_start_rate_limit_per_minute`` new respondents (``POST .../consent``) and
     ``session_rate_limit_per_minute`` other posts per minute; :class:`RateLimited` (429,
-    ``Retry-After``) beyond. Pages that only show (GET) are not counted. The counters are
+    ``Retry-After``, a message for the respondent) beyond; a refused start keeps its form's
+    text fields in ``request.state.refused_form`` (the 429 page's "Try again" link reopens
+    the survey link with its link parameters). Pages that only show (GET) are not counted. The counters are
     the API limiter's (Redis, else the database), so every process counts the same."""
     if request.method != "POST":
         return
     state = request.app.state
     settings = state.settings
     if request.url.path.endswith("/consent"):
-        kind, limit, what = (
+        kind, limit, message = (
             "resp-start",
             settings.respondent_start_rate_limit_per_minute,
-            "surveys started",
+            "Many people on your network are starting this survey right now. "
+            "Please try again in a minute.",
         )
     else:
-        kind, limit, what = "resp-post", settings.session_rate_limit_per_minute, "answers sent"
+        kind, limit, message = (
+            "resp-post",
+            settings.session_rate_limit_per_minute,
+            "Many answers were sent from your network just now, so this one was not saved. "
+            "Please try again in a minute.",
+        )
     counter = ApiCounter.of(state)
     if limit <= 0 or counter is None:
         return
@@ -742,8 +750,16 @@ async def respondent_page_limit(request: Request) -> None:
         log.warning("rate limiter unavailable, page let through: %s", type(exc).__name__)
         return
     if count > limit:
+        if kind == "resp-start":  # the page's "Try again" reopens the link with these
+            request.state.refused_form = await _form_fields(request)
         wait = max(1, math.ceil(expires - time.time()))
-        raise RateLimited(
-            f"too many {what} from your network address: please try again in {wait} s",
-            retry_after=wait,
-        )
+        raise RateLimited(message, retry_after=wait)
+
+
+async def _form_fields(request: Request) -> list[tuple[str, str]]:
+    """The text fields of the refused form (empty when it cannot be read)."""
+    try:
+        form = await request.form()
+    except Exception:  # a malformed body: the refusal stands, without the fields
+        return []
+    return [(str(k), v) for k, v in form.multi_items() if isinstance(v, str)]

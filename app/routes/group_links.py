@@ -26,6 +26,7 @@ from app.errors import InvalidInputError, PriorlyError
 from app.routes.respondent import NoStoreRoute, message_page
 from app.services import group_rounds as rounds
 from app.services import round_links
+from app.services.respondent_pages import UNREADABLE_ANSWER
 from app.tables import StudyStatus
 
 router = APIRouter(prefix="/g", include_in_schema=False, route_class=NoStoreRoute)
@@ -184,8 +185,8 @@ async def link_answer(
         option = form_str(form, "option")
         idem = form_str(form, "idempotency_key")
         item = form_str(form, "item")
-    except InvalidInputError as exc:
-        return refused(f"Nothing was saved: {exc.message}.", 422)
+    except InvalidInputError:
+        return refused(UNREADABLE_ANSWER, 422)
     if item and item != link.item_key:
         return refused(
             "That answer was for another question, so it was not saved: this link asks the "

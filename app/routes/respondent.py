@@ -20,7 +20,6 @@ import secrets
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
-from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -33,6 +32,16 @@ from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep, form_str
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
 from app.services.demo import survey_readiness
 from app.services.learned import learned_about
+from app.services.respondent_pages import (
+    INVALID_LINK_TEXT,
+    INVALID_LINK_TITLE,
+    PANEL_FIELD_PREFIX,
+    UNREADABLE_ANSWER,
+    UNREADABLE_ANSWERS,
+    completion_redirect,
+    erased_text,
+    retry_after_limit,
+)
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
 from app.tables import ElicitationSession, SessionStatus, Study, StudyStatus
@@ -64,7 +73,6 @@ COOKIE_SALT = "priorly.respondent-session"
 COOKIE_MAX_AGE_S = 30 * 24 * 3600
 BROWSER_SALT = "priorly.respondent-browser"
 BROWSER_MAX_AGE_S = 365 * 24 * 3600
-PANEL_FIELD_PREFIX = "p_"
 LOST_PARAM = "priorly_lost"
 """Start-page parameter (never a link parameter): this browser posted a survey form
 without its session cookie, so the page says its answers are not in this browser."""
@@ -385,13 +393,39 @@ def message_page(
     text: str,
     status_code: int = 200,
     study: Study | None = None,
+    *,
+    detail: str | None = None,
 ) -> HTMLResponse:
-    """A respondent-facing message page (also used by the group-round links)."""
+    """A respondent-facing message page (also used by the group-round links); ``detail``:
+    a technical line under the text, in small print (what to quote to the study team).
+
+    A survey page refused for too many requests (429, from the app's handler, which knows
+    no study) is headed with the study's name and gets a "Try again" link
+    (:func:`app.services.respondent_pages.retry_after_limit`)."""
+    retry_url = None
+    if status_code == 429 and study is None and isinstance(request.path_params.get("slug"), str):
+        study, retry_url = retry_after_limit(
+            request.path_params["slug"],
+            request.url.path,
+            getattr(request.state, "refused_form", None) or [],
+            engine=request.app.state.engine,
+            url_for=lambda name, slug: str(request.url_for(name, slug=slug)),
+        )
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "pages/respondent_message.html",
-        {"title": title, "text": text, "study": study},
+        {"title": title, "text": text, "study": study, "detail": detail, "retry_url": retry_url},
         status_code=status_code,
+    )
+
+
+def _invalid_link(
+    request: Request, templates: Any, exc: InvalidInputError, study: Study
+) -> HTMLResponse:
+    """The refusal of a link whose parameters cannot be stored (422): what to do, then
+    the parameter at fault in small print."""
+    return message_page(
+        request, templates, INVALID_LINK_TITLE, INVALID_LINK_TEXT, 422, study, detail=exc.message
     )
 
 
@@ -403,14 +437,6 @@ def _not_open(request: Request, templates: Any) -> HTMLResponse:
         "This survey does not exist or is not open. Please check the link you were given.",
         status_code=404,
     )
-
-
-def _safe_redirect(url: str | None, code: str) -> str | None:
-    """The study's redirect URL with ``{code}`` filled in; only http(s) URLs are used."""
-    if not url:
-        return None
-    filled = url.replace("{code}", quote(code, safe=""))
-    return filled if urlsplit(filled).scheme in ("http", "https") else None
 
 
 def _asked_attributes(rt: svc.StudyRuntime) -> int:
@@ -506,7 +532,7 @@ def start_page(
             svc.clean_panel_params(_single_params(p for p in params if p[0] != LOST_PARAM)) or {}
         )
     except InvalidInputError as exc:
-        return message_page(request, templates, "Invalid link", exc.message, 422, study)
+        return _invalid_link(request, templates, exc, study)
     lost = any(name == LOST_PARAM for name, _ in params)
     return templates.TemplateResponse(
         request, "pages/respondent_consent.html", {"study": study, "panel": panel, "lost": lost}
@@ -561,7 +587,7 @@ async def consent(
             if str(k).startswith(PANEL_FIELD_PREFIX)
         )
     except InvalidInputError as exc:
-        return message_page(request, templates, "Invalid link", exc.message, 422, study)
+        return _invalid_link(request, templates, exc, study)
     settings_ = svc.study_settings(study)
     session.close()  # see app.routes.api_v1.release: one pooled connection per request at a time
     try:
@@ -573,7 +599,7 @@ async def consent(
             earlier_starts=earlier,
         )
     except InvalidInputError as exc:  # the link parameters (svc.clean_panel_params)
-        return message_page(request, templates, "Invalid link", exc.message, 422, study)
+        return _invalid_link(request, templates, exc, study)
     except PriorlyError as exc:
         return message_page(request, templates, "Cannot start the survey", exc.message, 409, study)
     response = _see(str(request.url_for("respondent_question", slug=slug)))
@@ -595,8 +621,8 @@ def declined(
         return message_page(
             request,
             templates,
-            "No problem",
-            "You chose not to take part. Nothing was recorded. You can close this page.",
+            "You chose not to take part",
+            "No problem. Nothing was recorded. You can close this page.",
             study=study,
         )
     stored = svc.stored_summary(visit.sess, session=session)
@@ -688,8 +714,8 @@ async def about(
     items = pages[number - 1] if pages else []
     try:
         values = {item.key: form_str(form, ATTRIBUTE_FIELD_PREFIX + item.key) for item in items}
-    except InvalidInputError as exc:
-        return page.again(f"Nothing was saved: {exc.message}.", attribute_page=number)
+    except InvalidInputError:
+        return page.again(UNREADABLE_ANSWERS, attribute_page=number)
     skip_all = form.get("skip_all") is not None and rt.allow_skip
     chosen = {k: v for k, v in values.items() if v}
     blank_ok = rt.allow_skip and form.get("blank_ok") is not None
@@ -734,8 +760,8 @@ async def answer(
         skip = form.get("skip") is not None
         option = None if skip else form_str(form, "option")
         idem = form_str(form, "idempotency_key") or None
-    except InvalidInputError as exc:
-        return page.again(f"Nothing was saved: {exc.message}.")
+    except InvalidInputError:
+        return page.again(UNREADABLE_ANSWER)
     if not skip and not option:
         view = page.view()
         return page.again(
@@ -795,7 +821,7 @@ def done(
         {
             "study": study,
             "code": code,
-            "redirect_url": _safe_redirect(study.redirect_url, code),
+            "redirect_url": completion_redirect(study, sess, code, session=session),
             "learned": learned,
             "preview": sess.is_preview,
         },
@@ -820,7 +846,10 @@ def _delete_page(
     *,
     error: str | None = None,
     status_code: int = 200,
+    code: str = "",
+    confirmed: bool = False,
 ) -> Response:
+    """The deletion page; refused, it keeps the typed ``code`` and the tick box."""
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "pages/respondent_delete.html",
@@ -829,6 +858,8 @@ def _delete_page(
             "has_browser_session": browser_session is not None,
             "shared_code": bool(study.completion_code),
             "error": error,
+            "code": code,
+            "confirmed": confirmed,
         },
         status_code=status_code,
     )
@@ -865,6 +896,7 @@ async def delete_answers(
         return _not_open(request, templates)
     form = await request.form()
     own = _session_from_cookie(request, study, session, settings)
+    code = str(form.get("code", "") or "")[:64]
     if form.get("confirm") != "yes":
         return _delete_page(
             request,
@@ -873,22 +905,25 @@ async def delete_answers(
             own,
             error="Please tick the box to confirm that your answers should be deleted.",
             status_code=422,
+            code=code,
         )
     target: ElicitationSession | None = own
     if form.get("use_browser") is None or own is None:
-        code = str(form.get("code", "") or "")
         target = svc.session_by_completion_code(
             study, code, settings.secret_key.get_secret_value(), session=session
         )
     if target is None:
         error = (
             "This survey gives everyone the same completion code, so it cannot name your "
-            "answers. Please ask the research team to delete them."
+            "answers. Please open this page in the browser you took part in, or contact the "
+            "research team."
             if study.completion_code
             else "No finished survey has this completion code. Please check it: it is "
             "the code shown on the last page (10 letters and digits)."
         )
-        return _delete_page(request, templates, study, own, error=error, status_code=422)
+        return _delete_page(
+            request, templates, study, own, error=error, status_code=422, code=code, confirmed=True
+        )
     session.close()  # one pooled connection per request at a time
     try:
         result = svc.erase_respondent(target, engine=engine)
@@ -898,11 +933,7 @@ async def delete_answers(
         request,
         templates,
         "Your answers were deleted",
-        (
-            f"We deleted everything stored about you in this survey ({result.n_answers} "
-            f"answer{'' if result.n_answers == 1 else 's'}). Only a count that one "
-            "respondent asked for deletion is kept. You can close this page."
-        )
+        erased_text(result)
         if result is not None
         else "These answers were already deleted. You can close this page.",
         study=study,

@@ -32,11 +32,18 @@ from app.tables import (
 
 @dataclass(frozen=True)
 class ErasureResult:
-    """What an erasure deleted: the respondent id, its sessions and answers (counts)."""
+    """What an erasure deleted: the respondent id, its sessions and answers (counts).
+
+    ``n_answers`` counts every answer row, "prefer not to answer" included; of these,
+    ``n_skipped`` were "prefer not to answer"; ``n_attributes``: the stored answers to the
+    questions about the respondent (in the respondent row, not answer rows).
+    """
 
     respondent_id: int
     n_sessions: int
     n_answers: int
+    n_skipped: int = 0
+    n_attributes: int = 0
 
 
 def erase_respondent(sess: ElicitationSession, *, engine: Engine) -> ErasureResult:
@@ -73,6 +80,7 @@ def erase_respondent_id(respondent_id: int, *, study_id: int, engine: Engine) ->
         ).all()
         ids = [s.id for s in sessions]
         n_completed = sum(1 for s in sessions if s.status == SessionStatus.completed.value)
+        options = db.exec(select(Answer.option).where(Answer.session_id.in_(ids))).all()  # type: ignore[attr-defined]
         # explicit deletes, children first (not relying on ON DELETE CASCADE being enforced)
         db.exec(delete(SelectionDecision).where(SelectionDecision.session_id.in_(ids)))  # type: ignore[call-overload,attr-defined]
         n_answers = db.exec(delete(Answer).where(Answer.session_id.in_(ids))).rowcount  # type: ignore[call-overload,attr-defined]
@@ -90,7 +98,13 @@ def erase_respondent_id(respondent_id: int, *, study_id: int, engine: Engine) ->
             )
         )
         db.commit()
-        return ErasureResult(respondent.id or 0, len(ids), n_answers)
+        return ErasureResult(
+            respondent.id or 0,
+            len(ids),
+            n_answers,
+            n_skipped=sum(1 for o in options if o is None),
+            n_attributes=len(respondent.attributes or {}),
+        )
 
 
 def session_by_completion_code(

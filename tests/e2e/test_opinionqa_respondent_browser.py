@@ -37,7 +37,9 @@ from tests.support.respondent import about, consent, finish
 N_ROWS = 150
 MAX_QUESTIONS = 3
 LEARNED = "What we learned about you"
-LINE = re.compile(r"<li>We think you would answer “([^”]+)” to “([^”]+)” \((\d+)% sure\)")
+LINE = re.compile(
+    r"<li>We think you would answer “<bdi>([^<]+)</bdi>” to “<bdi>([^<]+)</bdi>” \((\d+)% sure\)"
+)
 
 
 @pytest.fixture(scope="module")

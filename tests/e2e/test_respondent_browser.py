@@ -192,6 +192,17 @@ def test_back_button_skip_prompt_decline_and_delete(
         page.wait_for_selector("text=Skip all the remaining questions about you?")
         assert axe_violations(page) == []
         shot(page, SHOTS, "about-skip-prompt-390")
+        # an answer chosen after the prompt, then Enter: "Continue" (the page asks about the
+        # questions left blank), not "skip them all"
+        page.check("fieldset.r-question >> nth=0 >> input[type=radio] >> nth=0")
+        page.focus("fieldset.r-question >> nth=0 >> input[type=radio] >> nth=0")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("text=You did not answer 2 questions on this page.")
+        assert page.locator("text=Skip all the remaining questions about you?").count() == 0
+        page.click("button.r-primary")  # leave them blank: page 2, then the prompt again
+        page.wait_for_selector("text=Questions 4 to 6 of at most")
+        page.click("button.r-primary")
+        page.wait_for_selector("text=Skip all the remaining questions about you?")
         page.click("button[name=skip_all]")
         page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 1} of at most")
         page.check("input[name=option] >> nth=0")
@@ -199,7 +210,7 @@ def test_back_button_skip_prompt_decline_and_delete(
         page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 2} of at most")
         # Back twice to the consent page and decline: what is stored, and how to delete it
         page.goto(f"{base}/s/{slug}/declined")
-        assert page.locator("h1").inner_text() == "You already took part"
+        assert page.locator("h1").inner_text() == "You chose not to take part"
         assert "Nothing was recorded" not in page.inner_text("body")
         assert "1 answer to the survey questions" in page.inner_text("body")
         assert axe_violations(page) == []
@@ -343,7 +354,7 @@ def test_consent_page_left_open_after_finishing_never_starts_a_second_respondent
         assert stale[0].url.endswith(f"/s/{slug}/done")
         assert stale[0].locator(".r-code").inner_text().strip() == code
         stale[1].click("button[value=decline]")
-        stale[1].wait_for_selector("text=You already took part")
+        stale[1].wait_for_selector("text=You chose not to take part")
         body = stale[1].inner_text("body")
         assert "Nothing was recorded" not in body
         assert f"{MAX_QUESTIONS} answers to the survey questions" in body
@@ -395,5 +406,40 @@ def test_back_after_the_questions_about_you_reloads_the_current_question(
             "() => Object.keys(sessionStorage).concat(Object.keys(localStorage))"
         )
         assert "htmx-history-cache" not in stored, stored  # no copy of the pages kept
+    finally:
+        context.close()
+
+
+def test_long_words_wrap_and_right_to_left_text_keeps_its_direction(
+    server: tuple[str, str, str], browser: Any
+) -> None:
+    """A 126-letter word in the question or an option label wraps (the phone page stays
+    390 px wide, no zooming out); an Arabic label is laid out right to left (``dir="auto"``
+    on the researcher's texts)."""
+    base, slug, _ = server
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    try:
+        page.goto(f"{base}/s/{slug}")
+        page.click("button[value=accept]")
+        page.wait_for_selector("text=A few questions about you")
+        page.click("button.r-primary")  # nothing chosen: the prompt, then skip them all
+        page.click("button[name=skip_all]")
+        page.wait_for_selector(f"text=Question {N_ATTRIBUTES + 1} of at most")
+        page.evaluate(
+            """() => {
+                const word = 'Donaudampfschifffahrtsgesellschaftskapitaen'.repeat(3);
+                const spans = document.querySelectorAll('.r-option span');
+                spans[0].textContent = word;
+                spans[1].textContent = 'نعم، أوافق.';
+                document.querySelector('.r-qtext').textContent = word;
+            }"""
+        )
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
+        directions = page.evaluate(
+            """() => [...document.querySelectorAll('.r-option span')].slice(0, 2)
+                    .map(e => getComputedStyle(e).direction)"""
+        )
+        assert directions == ["ltr", "rtl"]
     finally:
         context.close()

@@ -123,7 +123,7 @@ async def study_settings(
             "criterion": form.text("criterion"),
             "ask_attributes": form.checked("ask_attributes"),
             "belief_model": form.text("belief_model") or "default",
-            "show_learned": stored.show_learned,
+            "show_learned": form.checked("show_learned"),
             "drop_after_minutes": stored.drop_after_minutes if drop_after is None else drop_after,
             "refit_every": stored.refit_every if refit is None else refit,
             "calibration_items": stored.calibration_items if calibration is None else calibration,

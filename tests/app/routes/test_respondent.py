@@ -126,6 +126,25 @@ def test_full_questionnaire_with_plain_forms(client: Any, live: LiveStudy) -> No
     assert "Thank you" in again.text
 
 
+def test_redirect_url_fills_the_respondents_link_parameters(client: Any, live: LiveStudy) -> None:
+    """``{NAME}`` in the redirect URL is the link parameter the respondent arrived with
+    (URL-encoded); one their link did not carry becomes empty."""
+    url = (
+        "https://app.prolific.example/submissions/complete?cc={code}"
+        "&PROLIFIC_PID={PROLIFIC_PID}&s={STUDY_ID}"
+    )
+    with study_fields(live, redirect_url=url):
+        consent(client, live, PROLIFIC_PID="pid ABC/1")
+        about(client, live, {})
+        code = finish(client, live)
+        done = client.get(f"/s/{live.slug}/done").text
+    link = (
+        f"https://app.prolific.example/submissions/complete?cc={code}"
+        "&amp;PROLIFIC_PID=pid%20ABC%2F1&amp;s="
+    )
+    assert f'href="{link}"' in done
+
+
 def test_htmx_partials_and_redirect(client: Any, live: LiveStudy) -> None:
     consent(client, live)
     r = about(client, live, {}, htmx=True)  # all attributes left out
@@ -155,13 +174,15 @@ def test_htmx_partials_and_redirect(client: Any, live: LiveStudy) -> None:
         follow_redirects=False,
     )
     assert r.status_code == 422 and "Please choose an answer" in r.text
-    # a crafted form with two answers to one question is refused, naming the field
+    # a crafted form with two answers to one question is refused in plain words (which
+    # field the form got wrong is nothing the respondent can act on)
     r = client.post(
         f"/s/{live.slug}/answer",
         data={"item": field(page.text, "item"), "option": ["A", "B"], "idempotency_key": "y"},
         follow_redirects=False,
     )
-    assert r.status_code == 422 and "option: sent 2 times" in r.text
+    assert r.status_code == 422 and "Nothing was saved: your answer could not be read." in r.text
+    assert "sent 2 times" not in r.text
     sess = session_of(live, client)
     with live.session() as db:
         n = db.exec(
@@ -287,6 +308,8 @@ def test_decline_stores_nothing_and_unknown_study(client: Any, live: LiveStudy) 
         follow_redirects=True,
     )
     assert r.status_code == 200 and "Nothing was recorded" in r.text
+    assert "<h1>You chose not to take part</h1>" in r.text
+    assert re.search(r"<title>[^<]+: You chose not to take part</title>", r.text)
     with live.session() as db:
         assert db.exec(select(func.count()).select_from(Respondent)).one() == before
     assert client.get("/s/no-such-study").status_code == 404
@@ -305,19 +328,50 @@ def test_decline_stores_nothing_and_unknown_study(client: Any, live: LiveStudy) 
 def test_a_bad_link_parameter_is_refused_naming_it(
     client: Any, live: LiveStudy, query: str, form: dict[str, Any], message: str
 ) -> None:
-    """On the consent page (the link) and on its form: 422 "Invalid link" naming the
-    parameter, and nobody is stored."""
+    """On the consent page (the link) and on its form: 422 "This link does not work", what
+    to do in plain words, the parameter at fault in small print; nobody is stored."""
     with live.session() as db:
         before = db.exec(select(func.count()).select_from(Respondent)).one()
     page = client.get(f"/s/{live.slug}?{query}")
-    assert page.status_code == 422 and "Invalid link" in page.text and message in page.text
     posted = client.post(
         f"/s/{live.slug}/consent", data={"choice": "accept", **form}, follow_redirects=False
     )
-    assert posted.status_code == 422 and "Invalid link" in posted.text
-    assert message in posted.text
+    for r in (page, posted):
+        assert r.status_code == 422 and "<h1>This link does not work</h1>" in r.text
+        assert "Please open the link exactly as you received it" in r.text
+        assert "or contact the study team." in r.text
+        detail = re.search(r'<p class="r-detail">Details: ([^<]*)</p>', r.text)
+        assert detail is not None and message in detail.group(1)
     with live.session() as db:
         assert db.exec(select(func.count()).select_from(Respondent)).one() == before
+
+
+def test_too_many_starts_page_names_the_study_and_offers_to_try_again(live: LiveStudy) -> None:
+    """Over the start limit: 429 in plain words under the study's name, and "Try again"
+    reopens the survey link with the link parameters of the refused "I agree"."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+
+    settings = load_settings(
+        database_url=live.url, env="dev", respondent_start_rate_limit_per_minute=1
+    )
+    address = (f"198.51.100.{live.study_id % 200 + 1}", 50000)  # this test's own counter
+    data = {"choice": "accept", "p_PROLIFIC_PID": "pid ABC"}
+    app = create_app(settings)
+    with TestClient(app, client=address) as first, TestClient(app, client=address) as second:
+        started = first.post(f"/s/{live.slug}/consent", data=data, follow_redirects=False)
+        refused = second.post(f"/s/{live.slug}/consent", data=data, follow_redirects=False)
+    assert started.status_code == 303 and refused.status_code == 429
+    page = refused.text
+    with live.session() as db:
+        study = db.get(Study, live.study_id)
+        assert study is not None
+        assert f'<p class="r-study" dir="auto">{study.name}</p>' in page
+    assert "Many people on your network are starting this survey right now." in page
+    assert "Please try again in a minute." in page
+    assert f'href="http://testserver/s/{live.slug}?PROLIFIC_PID=pid+ABC">Try again</a>' in page
 
 
 def test_pages_escape_study_text(client: Any, live: LiveStudy) -> None:
@@ -325,6 +379,24 @@ def test_pages_escape_study_text(client: Any, live: LiveStudy) -> None:
         page = client.get(f"/s/{live.slug}").text
         assert "<script>alert(1)</script>" not in page
         assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
+
+
+def test_researchers_texts_take_their_direction_from_their_text(
+    client: Any, live: LiveStudy
+) -> None:
+    """``dir="auto"`` on the study name, the consent text, the questions and the option
+    labels: an Arabic text is laid out right to left, its punctuation in place."""
+    with study_fields(live, consent_text="نص الموافقة."):
+        start = client.get(f"/s/{live.slug}").text
+    assert '<p class="r-study" dir="auto">' in start and '<p dir="auto">نص الموافقة.</p>' in start
+    consent(client, live)
+    about_page = client.get(f"/s/{live.slug}/q").text
+    assert about_page.count('<legend class="r-legend" dir="auto">') == about_page.count("<legend")
+    assert about_page.count('<span dir="auto">') == about_page.count('class="r-option"') > 0
+    about(client, live, {})
+    question = client.get(f"/s/{live.slug}/q").text
+    assert '<h1 class="r-qtext" dir="auto">' in question
+    assert question.count('<span dir="auto">') == question.count('class="r-option"') > 0
 
 
 def n_respondents(live: LiveStudy) -> int:
@@ -356,6 +428,7 @@ def test_back_to_consent_resumes_never_a_second_respondent(client: Any, live: Li
     # "I do not want to take part" now: says what is stored and how to delete it
     r = client.post(f"/s/{live.slug}/consent", data={"choice": "decline"}, follow_redirects=True)
     assert r.status_code == 200 and "Nothing was recorded" not in r.text
+    assert "<h1>You chose not to take part</h1>" in r.text
     assert "1 answer to the survey questions" in r.text
     assert "1 answer to the questions about you" in r.text
     assert f'href="http://testserver/s/{live.slug}/delete"' in r.text
@@ -397,6 +470,12 @@ def test_delete_with_completion_code(client: Any, live: LiveStudy) -> None:
         assert (
             wrong.status_code == 422 and "No finished survey has this completion code" in wrong.text
         )
+        # the typed code and the tick box are kept, the focus is on the code
+        assert re.search(r'<input id="code"[^>]* value="0000000000"[^>]* autofocus>', wrong.text)
+        assert re.search(r'name="confirm" value="yes" required checked>', wrong.text)
+        unticked = other.post(f"/s/{live.slug}/delete", data={"code": "0000000000"})
+        assert re.search(r'<input id="code"[^>]* value="0000000000"', unticked.text)
+        assert re.search(r'name="confirm" value="yes" required autofocus>', unticked.text)
         for hostile in ("é", "\u202e" + code):  # non-ASCII: no such code, not a 500
             r = other.post(f"/s/{live.slug}/delete", data={"code": hostile, "confirm": "yes"})
             assert r.status_code == 422 and "No finished survey has this" in r.text
@@ -432,16 +511,38 @@ def test_a_shared_completion_code_is_not_offered_for_deletion(client: Any, live:
         with app_client(live.url) as other:
             page = other.get(f"/s/{live.slug}/delete").text
             assert "the code cannot find your answers" in page and 'name="code"' not in page
+            # no form that cannot work here; the private resume link gives access
+            assert "<form" not in page and 'name="confirm"' not in page
+            assert "If you kept the private link shown during the survey" in page
+        mine = client.get(f"/s/{live.slug}/delete").text  # the browser that took part can
+        assert 'name="use_browser"' in mine and "<form" in mine
 
 
 def test_delete_this_browsers_answers_before_finishing(client: Any, live: LiveStudy) -> None:
+    """The deletion message counts what was deleted as the declined page listed it:
+    answers, questions preferred not to answer, answers to the questions about you."""
     consent(client, live)
-    about(client, live, {})
+    pages = attribute_pages(live)
+    about(client, live, {k: "A" for k in pages[0]})
+    for data in ({"option": None}, {"skip": "1"}):
+        page = client.get(f"/s/{live.slug}/q").text
+        data = {k: v or first_option(page) for k, v in data.items()}
+        data |= {"item": field(page, "item"), "idempotency_key": field(page, "idempotency_key")}
+        client.post(f"/s/{live.slug}/answer", data=data)
     sess = session_of(live, client)
+    n_about = len(pages[0])
+    listed = client.get(f"/s/{live.slug}/declined").text
+    assert "1 answer to the survey questions (1 question you preferred not to answer)" in listed
+    assert f"{n_about} answers to the questions about you" in listed
     page = client.get(f"/s/{live.slug}/delete")
     assert 'name="use_browser"' in page.text and 'name="code"' not in page.text
     r = client.post(f"/s/{live.slug}/delete", data={"use_browser": "1", "confirm": "yes"})
     assert r.status_code == 200 and "Your answers were deleted" in r.text
+    assert (
+        "We deleted everything stored about you in this survey: 1 answer to the survey "
+        f"questions, 1 question you preferred not to answer and {n_about} answers to the "
+        "questions about you." in r.text
+    )
     assert f"priorly_s{live.study_id}=" in r.headers["set-cookie"]
     with live.session() as db:
         assert db.get(Respondent, sess.respondent_id) is None
@@ -506,6 +607,10 @@ def test_questions_about_you_are_paged_worded_counted_and_skipped_once(
     # an empty page asks once before skipping everything (nothing stored, no question yet)
     r = client.post(f"/s/{live.slug}/about", data={"page": "1"}, follow_redirects=False)
     assert r.status_code == 200 and "Skip all the remaining questions about you?" in r.text
+    # Enter in a field presses the form's first submit button: "Continue", not "skip them all"
+    first_button = re.search(r"<button[^>]*>([^<]*)</button>", r.text.split("<form", 1)[1])
+    assert first_button is not None and first_button.group(1) == "Continue"
+    assert 'type="submit"' in first_button.group(0) and "name=" not in first_button.group(0)
     sess = session_of(live, client)
     with live.session() as db:
         assert (
@@ -557,6 +662,22 @@ def test_questions_about_you_are_paged_worded_counted_and_skipped_once(
         assert respondent is not None and respondent.attributes == {first_key: "B"}
 
 
+def test_public_and_preparing_pages_speak_to_respondents() -> None:
+    """The site's tagline and the "preparing" page in plain words (no jargon, no "the
+    first time")."""
+    from app.tables import Study
+    from app.templating import make_templates
+
+    env = make_templates().env
+    context = {"url_for": lambda *a, **k: "/x", "study": Study(name="S", slug="s")}
+    home = env.get_template("pages/home.html").render(surveys=[], **context)
+    assert '<span class="tagline">short surveys for research</span>' in home
+    assert "Bayesian" not in home and "elicitation" not in home
+    preparing = env.get_template("pages/respondent_preparing.html").render(**context)
+    assert "This survey is being prepared; this page will update by itself." in preparing
+    assert "first time" not in preparing.lower()
+
+
 def test_attribute_wording_from_bare_labels() -> None:
     from app.session.runtime import ItemInfo
 
@@ -596,7 +717,8 @@ def test_completion_page_shows_what_we_learned_only_when_set(client: Any, live: 
     assert preds, "the study has unasked targets"
     assert "What we learned about you" in html
     sentences = re.findall(
-        r"<li>We think you would answer “([^”]+)” to “([^”]+)” \((\d+)% sure\)", html
+        r"<li>We think you would answer “<bdi>([^<]+)</bdi>” to “<bdi>([^<]+)</bdi>” \((\d+)% sure\)",
+        html,
     )
     assert len(sentences) == len(preds)
     for pred, (label, question, percent) in zip(preds, sentences, strict=True):
@@ -642,7 +764,8 @@ def test_completion_page_shows_the_cape_preference_profile(client: Any, live: Li
             1
             <= len(
                 re.findall(
-                    r"<li>We think you would answer “[^”]+” to “[^”]+” \(\d+% sure\)", section
+                    r"<li>We think you would answer “<bdi>[^<]+</bdi>” to “<bdi>[^<]+</bdi>” \(\d+% sure\)",
+                    section,
                 )
             )
             <= 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -153,21 +154,30 @@ def test_create_study_items_roles_budgets_texts_publish(
     db.refresh(study)
     assert study.settings["group"]["respondents_per_round"] == 3
     assert study.settings["group"]["respondents_share"] == 0.5
+    # "show respondents what we learned": a tick box of the form, off when not ticked
+    assert study.settings.get("show_learned", False) is False
+    page = dclient.get(base).text
+    assert re.search(r'<input type="checkbox" name="show_learned" +aria-describedby', page)
+    assert "show respondents what we learned about them" in page
+    r = dclient.post(base + "/settings", data={**form, "min_questions": "1", "show_learned": "on"})
+    assert r.status_code == 200
+    db.refresh(study)
+    assert study.settings["show_learned"] is True
+    assert re.search(r'name="show_learned" checked aria-describedby', dclient.get(base).text)
     # the dashboard's "dropped" threshold: a positive whole number of minutes, kept when
-    # the field is left empty; a setting the form does not show (show_learned) is kept
-    study.settings = {**study.settings, "show_learned": True}
-    db.add(study)
-    db.commit()
+    # the field is left empty; a refused form keeps the tick box as posted
     r = dclient.post(
-        base + "/settings", data={**form, "min_questions": "1", "drop_after_minutes": "0"}
+        base + "/settings",
+        data={**form, "min_questions": "1", "drop_after_minutes": "0", "show_learned": "on"},
     )
     assert r.status_code == 422 and "drop_after_minutes" in r.text
+    assert re.search(r'name="show_learned" checked aria-describedby', r.text)
     r = dclient.post(
         base + "/settings", data={**form, "min_questions": "1", "drop_after_minutes": "90"}
     )
     assert r.status_code == 200
     db.refresh(study)
-    assert study.settings["drop_after_minutes"] == 90 and study.settings["show_learned"] is True
+    assert study.settings["drop_after_minutes"] == 90 and study.settings["show_learned"] is False
     assert 'name="drop_after_minutes" min="1" value="90"' in dclient.get(base).text
     # calibration: kept when left empty, a clear error when negative
     assert study.settings["calibration_min_answers"] == 300  # a new study's
