@@ -8,6 +8,7 @@ that is not at the migration head.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import quote
@@ -26,7 +27,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import session as sessions_service
 from app.db import head_revision, make_engine
-from app.errors import PriorlyError, validation_message
+from app.errors import ConfigurationError, PriorlyError, validation_message
 from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware, path_regex
 from app.middleware import (
@@ -105,8 +106,18 @@ async def _api_fallback(path: str, request: Request) -> Response:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the application for ``settings`` (default: :func:`get_settings`)."""
-    settings = settings or get_settings()
+    """Build the application for ``settings`` (default: :func:`get_settings`).
+
+    Without ``settings`` (``uvicorn app.main:create_app --factory``), unusable settings
+    from the environment stop the process with one line and exit status 2, as the
+    ``priorly`` commands do, not a traceback.
+    """
+    if settings is None:
+        try:
+            settings = get_settings()
+        except ConfigurationError as exc:
+            print(f"priorly: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
     sessions_service.configure_step_memo(settings.step_memo_size)
 
     @asynccontextmanager

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -40,6 +41,18 @@ def normalise_database_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (the part between ``user:`` and ``@``) replaced by
+    ``***``, for messages and logs.
+
+    >>> redact_url("redis://:s3cret@10.0.0.2:6379/0")
+    'redis://:***@10.0.0.2:6379/0'
+    >>> redact_url("sqlite:///priorly.db")
+    'sqlite:///priorly.db'
+    """
+    return re.sub(r"^([a-zA-Z][\w+.-]*://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 class Settings(BaseSettings):
@@ -143,7 +156,8 @@ class Settings(BaseSettings):
         value = normalise_database_url(value)
         if not value.startswith(("sqlite", "postgresql")):
             raise ValueError(
-                f"unsupported database URL {value!r} (use sqlite:/// or postgresql+psycopg://)"
+                f"unsupported database URL {redact_url(value)!r} "
+                "(use sqlite:/// or postgresql+psycopg://)"
             )
         return value
 

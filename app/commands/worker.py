@@ -9,7 +9,7 @@ from sqlmodel import Session
 
 from app.db import check_database, head_revision, make_engine
 from app.errors import DatabaseError, InvalidInputError
-from app.settings import load_settings
+from app.settings import load_settings, redact_url
 
 
 def register(subparsers: Any) -> None:
@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
 def _worker(args: argparse.Namespace) -> int:
     # The queue (huey) and the job code (torch, the services) load when the command runs:
     # --help stays fast.
-    from app.jobs.queue import queue_location
+    from app.jobs.queue import check_queue, queue_location
     from app.jobs.worker import run_worker
     from app.services.jobs import requeue_orphans
 
@@ -51,13 +51,14 @@ def _worker(args: argparse.Namespace) -> int:
         status = check_database(engine, head_revision())
         if status != "ok":
             raise DatabaseError(f"database {status}")
+        check_queue(settings)
         with Session(engine) as session:
             requeue_orphans(settings, session=session)
     finally:
         engine.dispose()
     print(
         f"priorly worker: {args.workers} {'process' if args.processes else 'thread'}(s), "
-        f"queue {queue_location(settings)}",
+        f"queue {redact_url(queue_location(settings))}",
         flush=True,
     )
     run_worker(

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine, make_url
 
 from app.db import make_engine
 from app.errors import ConfigurationError
-from app.settings import Settings
+from app.settings import Settings, redact_url
 
 TASK_NAME = "priorly.run_job"
 
@@ -39,6 +39,29 @@ def queue_location(settings: Settings) -> str:
     if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
         return str(Path(url.database).expanduser().resolve().with_name("priorly-queue.db"))
     return str(Path("priorly-queue.db").resolve())
+
+
+def check_queue(settings: Settings) -> None:
+    """Raise :class:`ConfigurationError`, one line naming the queue (its password
+    hidden), when the Redis queue does not answer a PING within 5 s; a SQLite queue file
+    needs no check (it is created on first use).
+
+    A worker calls this before it consumes: without it, a worker whose Redis is down
+    logs a traceback several times a second and never stops.
+    """
+    if not settings.redis_url:
+        return
+    import redis  # the client Huey's Redis storage uses; loaded only for a Redis queue
+
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise ConfigurationError(
+            f"the job queue at {redact_url(settings.redis_url)} does not answer: {exc}"
+        ) from None
+    finally:
+        client.close()
 
 
 Executor = Callable[..., Any]

@@ -145,6 +145,31 @@ def test_process_exit_codes(small_dataset: Path, tmp_path: Path) -> None:
     assert len(secret.stderr.strip().splitlines()) == 1
     assert "PRIORLY_SECRET_KEY" in secret.stderr
 
+    # a worker whose Redis queue does not answer stops with one line (password hidden),
+    # instead of logging a traceback several times a second
+    assert _run(["db", "upgrade"], db_file).returncode == 0
+    down = _run(["worker"], db_file, PRIORLY_REDIS_URL="redis://:s3cretpw@127.0.0.1:1/9")
+    assert down.returncode == 2 and "Traceback" not in down.stderr, down.stderr
+    assert down.stderr.startswith(
+        "priorly: error: the job queue at redis://:***@127.0.0.1:1/9 does not answer"
+    )
+    assert len(down.stderr.strip().splitlines()) == 1 and "s3cretpw" not in down.stderr
+    # the README's uvicorn command with unusable settings: one line and exit 2 too
+    factory = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PRIORLY_ENV": "prod", "PRIORLY_SECRET_KEY": "short"},
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
+    assert factory.returncode == 2 and "Traceback" not in factory.stderr, factory.stderr
+    assert factory.stderr.strip().splitlines()[-1].startswith("priorly: error: ")
+    assert "PRIORLY_SECRET_KEY" in factory.stderr
+    mysql = _run(["db", "upgrade"], db_file, PRIORLY_DATABASE_URL="mysql://u:S3cretPW@h/x")
+    assert mysql.returncode == 2 and "S3cretPW" not in mysql.stderr
+    assert "unsupported database URL 'mysql://u:***@h/x'" in mysql.stderr
+
 
 def test_help_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
