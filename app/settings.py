@@ -111,6 +111,9 @@ class Settings(BaseSettings):
             ``Access-Control-Allow-Origin`` header, ``Authorization`` and ``Content-Type``
             allowed, no cookies). Default: none, the API is for servers. ``*`` allows
             every origin (the credentials are bearer values, never cookies).
+        log_level: the least severe log lines ``priorly serve`` and ``priorly worker``
+            write (``debug``, ``info``, ``warning``, ``error``), each with its time, level
+            and logger (:mod:`app.logs`).
         step_memo_size: answer steps (state and answer -> new state and next question)
             each process keeps per study design and reuses for respondents who gave the
             same answers (``app.session.StepMemo``); 0 turns it off.
@@ -147,6 +150,8 @@ class Settings(BaseSettings):
     trusted_proxies: str = "127.0.0.1"
     # Origins whose pages may call /api/v1 from a browser (app/main.py, CORS).
     api_cors_origins: str = ""
+    # The least severe log lines priorly serve / priorly worker write (app/logs.py).
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Answer steps reused across respondents (app/session/).
     step_memo_size: int = Field(default=2048, ge=0)
 

@@ -16,6 +16,7 @@ import socket
 from typing import Any
 
 from app.errors import ConflictError
+from app.logs import configure_logging, uvicorn_log_config
 from app.settings import load_settings
 
 
@@ -88,6 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         overrides["port"] = args.port
     settings = load_settings(**overrides)
+    configure_logging(settings.log_level)
     # The port first: a busy port fails at once, before anything is written.
     sock = bind_listening_socket(settings.host, settings.port)
     try:
@@ -114,7 +116,13 @@ def _serve(args: argparse.Namespace) -> int:
             worker = start_background_worker(settings, workers=args.workers)
             print(f"job worker: {args.workers} thread(s) in this process")
         print(f"serving on http://{settings.host}:{settings.port}", flush=True)
-        server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info"))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(settings),
+                log_level=settings.log_level,
+                log_config=uvicorn_log_config(settings.log_level),
+            )
+        )
         try:
             server.run(sockets=[sock])
         finally:

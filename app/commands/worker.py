@@ -9,6 +9,7 @@ from sqlmodel import Session
 
 from app.db import check_database, head_revision, make_engine
 from app.errors import DatabaseError, InvalidInputError
+from app.logs import configure_logging
 from app.settings import load_settings, redact_url
 
 
@@ -46,6 +47,7 @@ def _worker(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise InvalidInputError(f"--workers must be >= 1, got {args.workers}")
     settings = load_settings()
+    configure_logging(settings.log_level)
     engine = make_engine(settings.database_url)
     try:
         status = check_database(engine, head_revision())

@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -143,12 +144,16 @@ def execute_job(engine: Engine, job_id: int, *, stale_after_s: float = 60.0) -> 
     )
     beat.start()
     ctx = JobContext(engine, job_id, job.kind, job.study_id, dict(job.payload or {}), me)
+    started = time.monotonic()
+    what = f"job {job_id} ({job.kind}, study {job.study_id})"
+    log.info("%s started, attempt %s", what, job.attempts)
     try:
         result = task_of(job.kind)(ctx)
     except JobCancelled as exc:
         last = str(exc.args[0]) if exc.args and exc.args[0] else ""
         message = f"cancelled; last progress: {last}" if last else "cancelled"
         _finish(engine, job_id, me, status=JobStatus.cancelled.value, message=message)
+        log.info("%s cancelled after %.1f s", what, time.monotonic() - started)
         return JobStatus.cancelled.value
     except JobLost:
         log.warning("job %s was taken over by another worker", job_id)
@@ -160,6 +165,7 @@ def execute_job(engine: Engine, job_id: int, *, stale_after_s: float = 60.0) -> 
             log.error("job %s failed:\n%s", job_id, traceback.format_exc())
             error = f"internal error ({type(exc).__name__}: {exc})"
         _finish(engine, job_id, me, status=JobStatus.failed.value, error=error[:4000])
+        log.warning("%s failed after %.1f s: %s", what, time.monotonic() - started, error[:500])
         return JobStatus.failed.value
     finally:
         stop.set()
@@ -172,6 +178,7 @@ def execute_job(engine: Engine, job_id: int, *, stale_after_s: float = 60.0) -> 
         progress=1.0,
         message="done",
     )
+    log.info("%s succeeded in %.1f s", what, time.monotonic() - started)
     return JobStatus.succeeded.value if done else None
 
 

@@ -198,12 +198,20 @@ def test_cancel_queued_and_running(
     assert execute_job(engine, running.id or 0) == JobStatus.cancelled.value
 
 
-def test_failed_job_stores_the_error(engine: Engine, db: Session, ces_study: Study) -> None:
+def test_failed_job_stores_the_error(
+    engine: Engine, db: Session, ces_study: Study, caplog: pytest.LogCaptureFixture
+) -> None:
     job = Job(kind="simulation", study_id=ces_study.id, payload={"baselines": ["random"]})
     db.add(job)
     db.commit()
-    assert execute_job(engine, job.id or 0) == JobStatus.failed.value
+    with caplog.at_level("INFO", logger="priorly.jobs"):
+        assert execute_job(engine, job.id or 0) == JobStatus.failed.value
     assert "full" in (_job(engine, job.id or 0).error or "")
+    # the worker's log says when the job started and how it ended
+    lines = [r.getMessage() for r in caplog.records if r.name == "priorly.jobs"]
+    what = f"job {job.id} (simulation, study {ces_study.id})"
+    assert f"{what} started, attempt 1" in lines
+    assert any(line.startswith(f"{what} failed after ") and "full" in line for line in lines)
 
 
 @pytest.mark.parametrize("kind", ["nonsense"])
