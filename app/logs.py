@@ -1,6 +1,7 @@
 """Log lines of the priorly processes: one format with the time, the level and the logger.
 
-``priorly serve`` and ``priorly worker`` call :func:`configure_logging` with
+``priorly serve``, ``priorly worker`` and the app built by uvicorn's ``--factory`` call
+:func:`configure_logging` with
 ``PRIORLY_LOG_LEVEL`` (``debug``, ``info`` (default), ``warning``, ``error``); the app's
 loggers (``priorly.*``), the job queue's (``huey``) and uvicorn's (its access lines
 included) then write lines such as::
@@ -18,13 +19,19 @@ import copy
 import logging
 from typing import Any
 
+from app.middleware import RedactPathSecrets
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def configure_logging(level: str) -> None:
     """Send every logger's records at ``level`` or above to standard error as
-    :data:`LOG_FORMAT` (the root logger's one handler)."""
+    :data:`LOG_FORMAT` (the root logger's one handler), with the credentials in paths
+    redacted on that handler (:class:`app.middleware.RedactPathSecrets`: every logger's
+    records pass it, ``priorly.jobs`` included)."""
     logging.basicConfig(format=LOG_FORMAT, level=level.upper(), force=True)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactPathSecrets())
 
 
 def uvicorn_log_config(level: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from app.db import head_revision, make_engine
 from app.errors import ConfigurationError, PriorlyError, validation_message
 from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware, path_regex
+from app.logs import configure_logging
 from app.middleware import (
     ApiCorsMiddleware,
     ApiKeyUseMiddleware,
@@ -110,7 +111,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     Without ``settings`` (``uvicorn app.main:create_app --factory``), unusable settings
     from the environment stop the process with one line and exit status 2, as the
-    ``priorly`` commands do, not a traceback.
+    ``priorly`` commands do, not a traceback; the log lines get their time, level and
+    logger (:func:`app.logs.configure_logging`).
     """
     if settings is None:
         try:
@@ -118,6 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except ConfigurationError as exc:
             print(f"priorly: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+        configure_logging(settings.log_level)
     sessions_service.configure_step_memo(settings.step_memo_size)
 
     @asynccontextmanager

@@ -17,10 +17,12 @@ def test_lines_carry_time_level_and_logger(capsys: pytest.CaptureFixture[str]) -
         configure_logging("warning")
         logging.getLogger("priorly.jobs").info("not shown below the level")
         logging.getLogger("priorly.jobs").warning("job 3 (fit_model, study 1) failed")
+        logging.getLogger("priorly.jobs").warning("GET /s/ces/resume/tok3n-secret-value")
         err = capsys.readouterr().err
     finally:
         root.handlers[:], root.level = before
     assert "not shown" not in err
+    assert "tok3n-secret-value" not in err and "/s/ces/resume/[redacted]" in err
     assert re.search(
         r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING priorly.jobs: job 3 \(fit_model", err, re.M
     ), err
