@@ -40,6 +40,7 @@ from app.middleware import (
     ApiKeyUseMiddleware,
     HeadAsGetMiddleware,
     HostileInputMiddleware,
+    HttpsRequiredMiddleware,
     SecurityHeadersMiddleware,
     install_log_redaction,
 )
@@ -300,6 +301,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_body_bytes=settings.max_body_bytes,
         max_upload_bytes=settings.max_upload_bytes,
     )
+    if settings.env == "prod":
+        # Over plain http (after the proxy headers) the prod cookies cannot work: 400 page.
+        app.add_middleware(HttpsRequiredMiddleware)
     # The client address behind PRIORLY_TRUSTED_PROXIES: from X-Forwarded-For.
     app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=_trusted(settings.trusted_proxies))
     # Browser pages of PRIORLY_API_CORS_ORIGINS may call the API (preflight, allow-origin).
