@@ -3,11 +3,14 @@
 ``create_app(settings)`` builds the app; the database engine is created in the lifespan
 (never at import) and disposed at shutdown. The schema is not created here: run
 ``priorly db upgrade`` (``priorly serve`` does it first); ``/healthz`` reports a database
-that is not at the migration head.
+that is not at the migration head, and any page that meets a database that is down or not
+migrated answers 503 with ``Retry-After`` (:func:`database_unavailable_page`) and one log
+line.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,15 +22,18 @@ from fastapi.exception_handlers import (
     request_validation_exception_handler,
 )
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.routing import iter_route_contexts
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import session as sessions_service
-from app.db import head_revision, make_engine
-from app.errors import ConfigurationError, PriorlyError, validation_message
+from app.db import check_database, head_revision, make_engine
+from app.errors import ConfigurationError, PriorlyError, error_line, validation_message
 from app.gcfreeze import freeze_long_lived
 from app.limits import BodyLimitMiddleware, path_regex
 from app.logs import configure_logging
@@ -36,6 +42,7 @@ from app.middleware import (
     ApiKeyUseMiddleware,
     HeadAsGetMiddleware,
     HostileInputMiddleware,
+    HttpsRequiredMiddleware,
     SecurityHeadersMiddleware,
     install_log_redaction,
 )
@@ -62,6 +69,67 @@ from app.textguard import clip, install_text_guard
 
 RESPONDENT_PATHS = ("/s/", "/g/")
 """The respondents' pages (surveys, group round links): errors are pages, not JSON."""
+
+log = logging.getLogger("priorly")
+
+DATABASE_RETRY_AFTER_S = 30
+"""``Retry-After`` of the 503 answered while the database is down or not migrated."""
+
+UNAVAILABLE_TEXT = "This survey is temporarily unavailable. Please try again in a few minutes."
+"""What a respondent reads while the database is down (no technical detail)."""
+
+MISSING_SCHEMA_STATES = ("42P01", "42703")
+"""PostgreSQL's "undefined table" and "undefined column": a database not migrated."""
+
+
+def missing_schema(exc: BaseException) -> bool:
+    """Whether ``exc`` says a table or column of the code is missing (the database is not
+    migrated): PostgreSQL's SQLSTATE 42P01 / 42703, SQLite's "no such table/column"."""
+    orig = getattr(exc, "orig", None) or exc
+    if getattr(orig, "sqlstate", None) in MISSING_SCHEMA_STATES:
+        return True
+    return str(orig).startswith(("no such table", "no such column"))
+
+
+async def database_unavailable_page(request: Request, exc: Exception) -> Response:
+    """The answer to a database that is unreachable, locked, out of connections or not
+    migrated (the API's :data:`app.routes.api_v1.DB_UNAVAILABLE` errors, a pool timeout, a
+    missing table): 503 with ``Retry-After`` and one warning line naming the cause, e.g.
+    ``database unavailable on GET /s/ces: not migrated (at nothing, code expects 0031; run
+    'priorly db upgrade')``. The respondent's message page on the survey pages, the API's
+    JSON error under ``/api/``, a plain page elsewhere. A missing table while the database
+    is at the migration head is a bug: raised again (500 with its traceback)."""
+    if missing_schema(exc):
+        reason = await run_in_threadpool(
+            check_database, request.app.state.engine, request.app.state.schema_head
+        )
+        if reason == "ok":
+            raise exc
+    elif isinstance(exc, ProgrammingError):
+        raise exc  # a bad statement, not an outage
+    elif isinstance(exc, PoolTimeoutError):
+        reason = "overloaded (no free pooled connection)"
+    else:
+        reason = f"unreachable: {error_line(getattr(exc, 'orig', None) or exc)}"
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, reason)
+    headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+    path = request.url.path
+    if path.startswith(RESPONDENT_PATHS):
+        page = respondent.message_page(
+            request, request.app.state.templates, "Temporarily unavailable", UNAVAILABLE_TEXT, 503
+        )
+        page.headers.update(headers)
+        return page
+    if path.startswith("/api/"):
+        body = {"code": "database_unavailable", "message": "the database is unavailable; retry"}
+        return JSONResponse(body, status_code=503, headers=headers)
+    return HTMLResponse(
+        "<!doctype html><meta charset=utf-8><title>Temporarily unavailable</title>"
+        "<h1>Temporarily unavailable</h1><p>The service cannot reach its database. "
+        "Please try again in a few minutes.</p>",
+        status_code=503,
+        headers=headers,
+    )
 
 
 def _trusted(value: str) -> list[str] | str:
@@ -176,6 +244,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         page.headers.update(headers or {})
         return page
 
+    for db_error in (*api_v1.DB_UNAVAILABLE, PoolTimeoutError, ProgrammingError):
+        app.add_exception_handler(db_error, database_unavailable_page)
+
     @app.exception_handler(RateLimited)
     async def _rate_limited(request: Request, exc: RateLimited) -> Response:
         headers = {"Retry-After": str(exc.retry_after)}
@@ -244,6 +315,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_body_bytes=settings.max_body_bytes,
         max_upload_bytes=settings.max_upload_bytes,
     )
+    if settings.env == "prod":
+        # Over plain http (after the proxy headers) the prod cookies cannot work: 400 page.
+        app.add_middleware(HttpsRequiredMiddleware)
     # The client address behind PRIORLY_TRUSTED_PROXIES: from X-Forwarded-For.
     app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=_trusted(settings.trusted_proxies))
     # Browser pages of PRIORLY_API_CORS_ORIGINS may call the API (preflight, allow-origin).

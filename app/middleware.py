@@ -357,6 +357,57 @@ class SecurityHeadersMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
+HTTPS_ONLY_PATHS = ("/admin/", "/s/", "/g/")
+"""The pages that need cookies (the admin, the surveys, the group round links)."""
+
+HTTPS_REQUIRED_PAGE = (
+    b"<!doctype html><meta charset=utf-8><title>HTTPS required</title>"
+    b"<h1>This server must be reached over HTTPS</h1>"
+    b"<p>It runs with <code>PRIORLY_ENV=prod</code>: its cookies are sent over HTTPS only, "
+    b"so over plain HTTP no login or survey can work. Open this address with "
+    b"<code>https://</code>, or serve it behind a proxy that terminates HTTPS and sends "
+    b"<code>X-Forwarded-Proto: https</code> from an address listed in "
+    b"<code>PRIORLY_TRUSTED_PROXIES</code>.</p>"
+)
+
+
+class HttpsRequiredMiddleware:
+    """In prod (``PRIORLY_ENV=prod``, cookies ``__Host-``/``Secure``): a request to a page
+    that needs cookies (:data:`HTTPS_ONLY_PATHS`, ``/admin``) whose scheme is ``http``
+    after the proxy headers (``scope["scheme"]``) gets 400 with a page saying HTTPS is
+    required, before any route runs (nothing is stored: no respondent, no login).
+    ``/healthz``, ``/api`` (bearer credentials, no cookies), the home page and
+    ``/static`` stay reachable. Pure ASGI; added inside uvicorn's proxy-headers middleware.
+
+    Example: ``GET http://host/s/ces`` directly on uvicorn in prod: 400; the same through
+    a trusted proxy sending ``X-Forwarded-Proto: https``: the survey.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = str(scope.get("path", ""))
+        if (
+            scope["type"] == "http"
+            and scope.get("scheme") == "http"
+            and (path == "/admin" or path.startswith(HTTPS_ONLY_PATHS))
+        ):
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 400,
+                    "headers": [
+                        (b"content-type", b"text/html; charset=utf-8"),
+                        (b"content-length", str(len(HTTPS_REQUIRED_PAGE)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": HTTPS_REQUIRED_PAGE})
+            return
+        await self.app(scope, receive, send)
+
+
 class ApiCorsMiddleware:
     """CORS on ``/api/v1`` only, for the origins of ``PRIORLY_API_CORS_ORIGINS`` (pure ASGI
     around Starlette's :class:`~starlette.middleware.cors.CORSMiddleware`).

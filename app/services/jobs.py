@@ -5,23 +5,28 @@ Imports only the registry of kinds and the queue (:mod:`app.jobs`), never the jo
 The job row is committed before its id is put on the queue, so a worker never sees an id
 without a row; a crash between the two leaves a ``queued`` row that
 :func:`requeue_orphans` (run at ``priorly serve`` / ``priorly worker`` start) queues again.
+A queue that refuses the id (Redis down) marks the row ``failed`` at once and raises
+:class:`QueueUnavailableError` (503): no ``queued`` row is left that nobody will run.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from app.errors import ConflictError, NotFoundError
+from app.errors import ConflictError, NotFoundError, PriorlyError, error_line
 from app.jobs.queue import get_queue
 from app.jobs.registry import check_kind
 from app.settings import Settings
 from app.tables import Job, JobStatus, Researcher, Study, utcnow
 
 ACTIVE = (JobStatus.queued.value, JobStatus.running.value)
+
+log = logging.getLogger(__name__)
 
 
 def start_job(
@@ -39,6 +44,8 @@ def start_job(
         JobAlreadyActiveError: a ``fit_model`` job while the study has one queued or
             running (the database refuses a second: index ``uq_job_one_active_fit``);
             ``.job`` is that job.
+        QueueUnavailableError: the queue refused the job's id (e.g. Redis unreachable);
+            the job is then ``failed`` with that reason, never left ``queued``.
     """
     check_kind(kind)  # unknown kind: InvalidInputError before anything is written
     job = Job(
@@ -62,8 +69,34 @@ def start_job(
             raise
         raise JobAlreadyActiveError(active) from None
     session.refresh(job)
-    get_queue(settings).enqueue(job.id or 0)
+    try:
+        get_queue(settings).enqueue(job.id or 0)
+    except Exception as exc:  # any refusal: a queued row nobody runs would wait forever
+        reason = (
+            f"the job queue is unreachable: {error_line(exc)}; "
+            "start it again when the queue is back"
+        )
+        log.warning("job %s (%s) not queued: %s", job.id, kind, error_line(exc))
+        session.rollback()
+        session.execute(
+            update(Job)
+            .where(col(Job.id) == job.id, col(Job.status) == JobStatus.queued.value)
+            .values(
+                status=JobStatus.failed.value, message="failed", error=reason, finished_at=utcnow()
+            )
+        )
+        session.commit()
+        raise QueueUnavailableError(reason) from exc
     return job
+
+
+class QueueUnavailableError(PriorlyError):
+    """The job queue (Redis, or the SQLite queue file) refused a job: 503, try again later.
+
+    Example message: ``the job queue is unreachable: Error 111 connecting to 127.0.0.1:1.
+    Connection refused.; start it again when the queue is back``."""
+
+    http_status = 503
 
 
 class JobAlreadyActiveError(ConflictError):

@@ -3,8 +3,10 @@ lists only the open surveys, templates autoescape."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
@@ -154,3 +156,40 @@ def test_api_cors_for_the_configured_origins(migrated_sqlite_url: str) -> None:
     with TestClient(create_app(Settings(database_url=migrated_sqlite_url))) as client:
         r = client.get("/api/v1/studies", headers={"Origin": "https://app.example"})
         assert "access-control-allow-origin" not in r.headers  # off by default
+
+
+DOWN_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:1/x"
+"""A PostgreSQL URL on a port where nothing listens: every connection is refused."""
+
+
+@pytest.mark.parametrize("where", ["postgres down", "sqlite unmigrated"])
+def test_pages_answer_503_while_the_database_is_down_or_not_migrated(
+    where: str, sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The home page, a survey and the admin's login answer 503 with ``Retry-After`` (the
+    survey: its message page), never a 500; each logs one line (no traceback) naming the
+    cause. (The login form itself needs no database: 200.)"""
+    url = DOWN_POSTGRES if where == "postgres down" else sqlite_url
+    cause = "unreachable: " if where == "postgres down" else "not migrated ("
+    paths = ("/", "/s/ces", "/admin/login")
+    caplog.set_level(logging.WARNING)
+    app = create_app(Settings(database_url=url))
+    with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as c:
+        answers = {p: c.get(p, follow_redirects=False) for p in paths[:2]}
+        assert c.get("/admin/login").status_code == 200
+        form = {
+            "email": "a@example.org",
+            "password": "x" * 12,
+            "csrf_token": c.cookies["priorly_csrf"],
+        }
+        answers["/admin/login"] = c.post("/admin/login", data=form, follow_redirects=False)
+    for path, r in answers.items():
+        assert r.status_code == 503, (path, r.status_code, r.text[:300])
+        assert r.headers["retry-after"] == "30", path
+    assert "This survey is temporarily unavailable." in answers["/s/ces"].text
+    lines = [r for r in caplog.records if r.getMessage().startswith("database unavailable on")]
+    assert len(lines) == len(paths), [r.getMessage() for r in caplog.records]
+    assert all(cause in r.getMessage() and r.exc_info is None for r in lines)
+    if where == "sqlite unmigrated":
+        assert "run 'priorly db upgrade'" in lines[0].getMessage()
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"

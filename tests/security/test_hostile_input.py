@@ -497,6 +497,48 @@ def test_host_prefixed_cookies_in_prod(tmp_path: Path) -> None:
         assert client.get("/admin/keys", follow_redirects=False).status_code == 200
 
 
+def test_prod_over_plain_http_says_https_is_required(tmp_path: Path) -> None:
+    """``PRIORLY_ENV=prod`` reached over http (no trusted proxy saying https): the admin,
+    the surveys and the group links answer 400 with a page saying HTTPS is required, set
+    no cookie and store nothing; ``/healthz`` and the API stay reachable. Over https, or
+    http behind a trusted proxy sending ``X-Forwarded-Proto: https``, the pages work."""
+    from fastapi.testclient import TestClient
+
+    from app.db import upgrade
+    from app.main import create_app
+    from app.settings import Settings
+
+    url = f"sqlite:///{tmp_path / 'prod.db'}"
+    upgrade(url)
+    settings = Settings(env="prod", secret_key="p" * 40, database_url=url)  # type: ignore[arg-type]
+    app = create_app(settings)
+    with TestClient(app, base_url="http://priorly.example.org") as client:
+        refused = [
+            client.get("/admin/login"),
+            client.get("/admin"),
+            client.post("/admin/login", data={"email": "p@example.org", "password": "x"}),
+            client.get("/s/ces"),
+            client.post("/s/ces/start", data={"consent": "yes"}),
+            client.get("/g/sometoken"),
+        ]
+        healthz = client.get("/healthz")
+        api = client.get("/api/v1/studies")
+    for r in refused:
+        assert r.status_code == 400, (r.request.url, r.status_code)
+        assert "PRIORLY_ENV=prod" in r.text and "X-Forwarded-Proto: https" in r.text
+        assert "set-cookie" not in r.headers
+    assert healthz.status_code == 200
+    assert api.status_code == 401 and api.json()["code"] == "unauthenticated"
+    assert _respondents(url) == 0
+    with TestClient(app, base_url="https://priorly.example.org") as client:
+        assert client.get("/admin/login").status_code == 200
+    proxied = create_app(settings.model_copy(update={"trusted_proxies": "*"}))
+    with TestClient(proxied, base_url="http://priorly.example.org") as client:
+        page = client.get("/admin/login", headers={"X-Forwarded-Proto": "https"})
+        assert page.status_code == 200 and "__Host-priorly_csrf" in page.headers["set-cookie"]
+        assert client.get("/admin/login").status_code == 400  # the proxy did not say https
+
+
 # ----- lower severity -------------------------------------------------------------------------
 
 

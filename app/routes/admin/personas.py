@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, Response
 from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import SessionDep, SettingsDep
 from app.errors import InvalidInputError
-from app.routes.admin.common import FormDep, PageDep, user_error_message
+from app.routes.admin.common import FormDep, PageDep, error_status, user_error_message
 from app.services import job_views, jobs
 from app.services import personas as persona_service
 
@@ -55,12 +55,12 @@ class PersonasPage:
 
     def apply(self, change: Callable[[], str]) -> Response:
         """Run one change: redirect (303) with its notice, or roll back and re-render with
-        the user error (422)."""
+        the user error (422, or its own status: 503 when the job queue is unreachable)."""
         try:
             notice = change()
         except Exception as exc:
             self.session.rollback()
-            return self.render(status=422, error=user_error_message(exc))
+            return self.render(status=error_status(exc), error=user_error_message(exc))
         return self.page.redirect("admin_personas", slug=self.study.slug, query={"notice": notice})
 
 

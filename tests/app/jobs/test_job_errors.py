@@ -21,6 +21,7 @@ from app.errors import (
 from app.jobs.runner import execute_job
 from app.services.designer import set_roles
 from app.services.importer import import_dataset
+from app.settings import Settings
 from app.tables import Job, JobStatus, Researcher, Study
 from elicitation.criteria import get_criterion
 from elicitation.datasets import DatasetError
@@ -143,3 +144,44 @@ def test_each_error_class_maps_to_a_status_and_a_code(
 ) -> None:
     exc = cls("what went wrong")
     assert (exc.http_status, exc.code, str(exc)) == (status, code, "what went wrong")
+
+
+CLOSED_REDIS = "redis://127.0.0.1:1/9"
+"""A Redis URL on a port where nothing listens: every enqueue is refused."""
+
+
+def test_a_job_started_while_the_queue_is_down_fails_at_once_with_a_503(
+    settings: Settings, engine: Engine, alice: Researcher, ces_study: Study
+) -> None:
+    """Redis unreachable when a researcher starts a job (a simulation, "Refit now"): the
+    admin's error page (503) says the queue is unreachable, and the job is ``failed`` with
+    that reason, not left ``queued`` for a worker that will never see it."""
+    from fastapi.testclient import TestClient
+    from sqlmodel import select
+
+    from app.main import create_app
+    from tests.support.admin import csrf, login
+
+    down = settings.model_copy(update={"redis_url": CLOSED_REDIS})
+    slug = ces_study.slug
+    with TestClient(create_app(down), base_url="http://localhost") as client:
+        login(client, "alice@example.org")
+        sim = client.post(
+            f"/admin/studies/{slug}/jobs",
+            data={"kind": "simulation", "csrf_token": csrf(client)},
+            follow_redirects=False,
+        )
+        refit = client.post(
+            f"/admin/studies/{slug}/refit",
+            data={"csrf_token": csrf(client)},
+            follow_redirects=False,
+        )
+    for r in (sim, refit):
+        assert r.status_code == 503, r.text
+        assert "the job queue is unreachable" in r.text and "when the queue is back" in r.text
+    with Session(engine) as db:
+        rows = db.exec(select(Job).where(Job.study_id == ces_study.id)).all()
+    assert sorted(j.kind for j in rows) == ["fit_model", "simulation"]
+    for job in rows:
+        assert job.status == JobStatus.failed.value and job.finished_at is not None
+        assert job.error and job.error.startswith("the job queue is unreachable: ")
