@@ -32,6 +32,8 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(format=LOG_FORMAT, level=level.upper(), force=True)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactPathSecrets())
+    # the migration checks at each start would print alembic's context lines at INFO
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def uvicorn_log_config(level: str) -> dict[str, Any]:
