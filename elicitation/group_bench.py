@@ -121,27 +121,21 @@ GROUP_METHODS: dict[str, GroupMethod] = {
     # respondents, with each imputation (``eig_eig_pool``: with the pool)
     **_imputation_family("eig_eig", "eig_budget", "eig"),
     # ``eig_eig_pool`` with the mixture weights re-fitted to the group
-    # (:func:`elicitation.group.adapt_mixture_prior`), its pool weight chosen once on
-    # validation (no ``online_pool``); not the product's ``default`` (method names are the
-    # benchmark's interface, so the name stays)
+    # (:func:`elicitation.group.adapt_mixture_prior`), pool weight chosen once on validation
     "default_adapt": GroupMethod("eig_budget", "eig", "pool", adapt_prior=True),
     "eig_eig_none_adapt": GroupMethod("eig_budget", "eig", "none", adapt_prior=True),
     # the paper's question rule (summed over all members) with EIG respondents and no
     # imputation
     "greedy_eig": GroupMethod("eig", "eig", "none"),
     # the accuracy gain with one more answer ahead, with the chance the budget gives, over
-    # all second questions (``eacc2``; within 0.0007 of the default at every round,
-    # 0.0004 after round 4: docs/group.md §4)
+    # all second questions (``eacc2``; its figures: docs/group.md §4)
     "eacc2_eacc2_pool": GroupMethod("eacc2_budget", "eacc2", "pool", online_pool=True),
     # the paper's question rule on a 10% member subsample (speed variant)
     "greedy10_random": GroupMethod("eig", "random", "none", subsample=0.1),
     # ``eig_eig_pool`` with the expected rise in target accuracy in place of the
     # information gain (``eacc_budget`` question, ``eacc`` respondents: the value of an
     # answer under 0-1 loss), for the question and respondents or the respondents only;
-    # and without the GNN. ``eacc_eacc_pool`` is ahead of ``eig_eig_pool`` at every round
-    # at 10% on CES (+0.0042 after round 4); elsewhere the two are within noise (after
-    # round 4: OpinionQA 10% -0.0004, CES 50% -0.0008, OpinionQA 50% -0.0002;
-    # docs/group/*.json, docs/group.md §4).
+    # and without the GNN (their figures against ``eig_eig_pool``: docs/group.md §4).
     "eacc_eacc_pool": GroupMethod("eacc_budget", "eacc", "pool", online_pool=True),
     "eig_eacc_pool": GroupMethod("eig_budget", "eacc", "pool", online_pool=True),
     "eacc_eacc_none": GroupMethod("eacc_budget", "eacc", "none"),

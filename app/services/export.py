@@ -24,7 +24,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain
@@ -303,6 +303,12 @@ def _evidence(pred: Any, pk: int, cells: dict[str, str], order: tuple[str, ...],
     )
 
 
+def _has_live(person: _Person) -> bool:
+    """Whether ``person`` has something live: not an imported respondent whose sessions
+    hold no answer (invited to a group round, never answered), which no live export lists."""
+    return bool(person.answers) or person.respondent.source != RespondentSource.import_.value
+
+
 def iter_rows(
     study: Study,
     *,
@@ -332,7 +338,7 @@ def iter_rows(
     attribute_keys = [it.key for it in items if it.role == ItemRole.attribute.value]
     for person in _people(study, session, after=after, only=only):
         resp = person.respondent
-        if resp.source == RespondentSource.import_.value and not person.answers:
+        if not _has_live(person):
             if include_imported:
                 yield _imported_row(resp, items)
             continue
@@ -594,24 +600,19 @@ def csv_long(study: Study, *, session: Session, predictions: bool = False) -> It
             if asked is not None:
                 yield line(resp, a.session_id, asked, a.option, a.created_at)
 
-    def live(people: Iterable[_Person]) -> Iterator[_Person]:
-        """The respondents with something live (as :func:`iter_rows`): not an imported
-        respondent invited to a group round who never answered."""
-        for person in people:
-            if person.answers or person.respondent.source != RespondentSource.import_.value:
-                yield person
-
     header = [*LONG_COLUMNS, *LONG_PREDICTION_COLUMNS] if predictions else list(LONG_COLUMNS)
     yield "\ufeff" + csv_line(header)
     if not predictions:
-        for person in live(_people(study, session)):
+        for person in _people(study, session):
+            if not _has_live(person):
+                continue
             yield from given(person)
         return
     # the belief models (torch) are loaded only when predictions are asked for
     from app.services import predictions as pred
 
     models = pred.ModelSet(study, session=session)
-    for chunk in _chunks(live(_people(study, session))):
+    for chunk in _chunks(p for p in _people(study, session) if _has_live(p)):
         used = pred.session_models([p.respondent.id or 0 for p in chunk], session=session)
         evidence = []
         for person in chunk:

@@ -11,8 +11,7 @@ from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import DbId, EngineDep, SessionDep, SettingsDep
 from app.errors import ConflictError, InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, error_status, user_error_message
-from app.services import group_rounds, group_views, jobs, round_tracking
-from app.tables import GroupRoundStatus
+from app.services import designer, group_rounds, group_views, jobs, round_tracking
 
 router = APIRouter()
 
@@ -68,11 +67,8 @@ async def plan_group_round(
             raise InvalidInputError(f"selection: {why}")
         if why := group_views.plan_unavailable(study, session=session):
             raise InvalidInputError(why)
-        rounds = group_rounds.study_rounds(study, session=session)
-        if open_ := [r for r in rounds if r.status == GroupRoundStatus.open.value]:
-            raise ConflictError(
-                f"round {open_[0].number} is open: close it before planning the next"
-            )
+        if (number := designer.open_round_number(study, session=session)) is not None:
+            raise ConflictError(f"round {number} is open: close it before planning the next")
         job = jobs.start_job(
             "plan_group_round",
             study,
