@@ -303,6 +303,13 @@ class ElicitationSession(SQLModel, table=True):
     says whether the session asked the study's attribute questions (the browser flow): an
     attribute its respondent has no answer to was declined only then (``None``: a session
     stored before this was recorded; the study's ``ask_attributes`` setting decides).
+
+    ``completion_code`` is written when the session completes, in the completing write:
+    the study's fixed completion code at that moment (the code the respondent is shown,
+    however the study's code changes later), ``""`` when the study had none (the session's
+    derived code is shown), ``None`` while the session is not completed and for a session
+    completed before the column was written (the code is computed from the study as it is
+    now). :func:`app.session.tokens.session_completion_code` reads it.
     """
 
     __tablename__ = "elicitation_session"
@@ -320,6 +327,7 @@ class ElicitationSession(SQLModel, table=True):
     completed_at: datetime | None = _ts(nullable=True)
     is_preview: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     asked_attributes: bool | None = None
+    completion_code: str | None = Field(default=None, max_length=100)
     model_id: int | None = None
     """The fitted model whose states this session stores (set with its first decision;
     ``None`` before it). A session keeps it when another model is promoted. No foreign

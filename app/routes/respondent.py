@@ -801,7 +801,8 @@ def done(
     templates: TemplatesDep,
     settings: SettingsDep,
 ) -> Response:
-    """The completion page: the completion code, if configured the redirect link, and
+    """The completion page: the completion code the session got when it completed
+    (:func:`app.session.session_completion_code`), if configured the redirect link, and
     with the study's ``show_learned`` setting what the survey learned about them."""
     got = visit.require_session(request, templates)
     if isinstance(got, Response):
@@ -809,7 +810,7 @@ def done(
     study, sess = got
     if sess.status != SessionStatus.completed.value:
         return _see(str(request.url_for("respondent_question", slug=slug)))
-    code = svc.completion_code(study, sess.id or 0, settings.secret_key.get_secret_value())
+    code = svc.session_completion_code(study, sess, settings.secret_key.get_secret_value())
     learned = (
         learned_about(study, sess, session=session)
         if svc.study_settings(study).show_learned
@@ -824,6 +825,7 @@ def done(
             "redirect_url": completion_redirect(study, sess, code, session=session),
             "learned": learned,
             "preview": sess.is_preview,
+            "code_deletes": svc.found_by_code(study, sess),
         },
     )
 

@@ -51,6 +51,7 @@ from app.session.erasure import (
     ErasureResult,
     erase_respondent,
     erase_respondent_id,
+    found_by_code,
     session_by_completion_code,
 )
 from app.session.errors import (
@@ -104,7 +105,7 @@ from app.session.state import (
     states_equal,
 )
 from app.session.submit import finish_session, submit_answer
-from app.session.tokens import completion_code, hash_token, new_token
+from app.session.tokens import completion_code, hash_token, new_token, session_completion_code
 from app.session.views import (
     ATTRIBUTES_PER_PAGE,
     AnswerRecord,
@@ -165,6 +166,7 @@ __all__ = [
     "erase_respondent",
     "erase_respondent_id",
     "explanation",
+    "found_by_code",
     "get_session_by_token",
     "hash_token",
     "load_runtime",
@@ -181,6 +183,7 @@ __all__ = [
     "respondent_and_answers",
     "session_answers",
     "session_by_completion_code",
+    "session_completion_code",
     "session_view",
     "start_session",
     "store_attribute_page",

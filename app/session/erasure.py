@@ -12,12 +12,12 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from sqlalchemy import delete
+from sqlalchemy import delete, or_
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.session.errors import SessionNotFoundError
-from app.session.tokens import completion_code
+from app.session.tokens import derived_code
 from app.tables import (
     Answer,
     ElicitationSession,
@@ -113,8 +113,10 @@ def session_by_completion_code(
     """The completed session of ``study`` whose derived completion code is ``code``.
 
     ``None`` when no session has it, and always when the study has one fixed code for
-    everyone (it names no respondent). The code is compared case-insensitively, in
-    constant time per session (one HMAC per completed session of the study).
+    everyone now (it names no respondent). Only sessions that were shown their derived code
+    are compared (:func:`found_by_code`: a session that completed under a fixed code since
+    removed shows that code, never its derived one). The code is compared
+    case-insensitively, in constant time per session (one HMAC per compared session).
 
     Example: ``session_by_completion_code(study, "3F9A0C21B7", key, session=db)``.
     """
@@ -125,9 +127,21 @@ def session_by_completion_code(
         select(ElicitationSession).where(
             ElicitationSession.study_id == study.id,
             ElicitationSession.status == SessionStatus.completed.value,
+            or_(
+                col(ElicitationSession.completion_code).is_(None),
+                ElicitationSession.completion_code == "",
+            ),
         )
     ).all()
     for row in rows:
-        if hmac.compare_digest(completion_code(study, row.id or 0, secret), wanted):
+        if hmac.compare_digest(derived_code(study.id or 0, row.id or 0, secret), wanted):
             return row
     return None
+
+
+def found_by_code(study: Study, sess: ElicitationSession) -> bool:
+    """Whether :func:`session_by_completion_code` finds the completed session ``sess`` by
+    the code it shows (:func:`app.session.tokens.session_completion_code`): the study has no
+    fixed code now and ``sess`` was shown its derived code. The completion page promises
+    deletion by the code only then."""
+    return not study.completion_code and not sess.completion_code

@@ -177,6 +177,7 @@ def fast_step(
         "new_status": SessionStatus.completed.value if done else SessionStatus.active.value,
         "now": now,
         "completed_at": now if done else None,
+        "completes": done,
         "item_id": item.id,
         "option": option,
         "idempotency_key": idempotency_key,

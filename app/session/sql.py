@@ -12,6 +12,10 @@ by :func:`driver_sql`; everything else in the app uses the ORM.
   or :data:`UPDATE_IF_UNCHANGED` + :data:`INSERT_ANSWER` + :data:`INSERT_DECISION`;
 * the start's write: :data:`PG_START` or :data:`INSERT_RESPONDENT` +
   :data:`INSERT_SESSION` + :data:`INSERT_FIRST_DECISION`.
+
+A write that completes the session also stores its ``completion_code``: the study's fixed
+code read in that statement, ``''`` without one (:func:`app.session.tokens.code_at_completion`
+for the ORM writes).
 """
 
 from __future__ import annotations
@@ -100,7 +104,10 @@ PG_SNAPSHOT_AND_HISTORY_BY_TOKEN = """
 UPDATE_IF_UNCHANGED = """
     UPDATE elicitation_session
     SET state = :state, state_version = :v1, status = :new_status,
-        updated_at = :now, completed_at = :completed_at
+        updated_at = :now, completed_at = :completed_at,
+        completion_code = CASE WHEN :completes THEN COALESCE(
+            (SELECT st.completion_code FROM study st
+             WHERE st.id = elicitation_session.study_id), '') END
     WHERE id = :sid AND state_version = :v0 AND status = 'active'
 """
 INSERT_ANSWER = """
@@ -119,7 +126,10 @@ PG_WRITE = """
     WITH s AS (
         UPDATE elicitation_session
         SET state = :state, state_version = :v1, status = :new_status,
-            updated_at = :now, completed_at = :completed_at
+            updated_at = :now, completed_at = :completed_at,
+            completion_code = CASE WHEN :completes THEN COALESCE(
+                (SELECT st.completion_code FROM study st
+                 WHERE st.id = elicitation_session.study_id), '') END
         WHERE id = :sid AND state_version = :v0 AND status = 'active'
         RETURNING id
     ), a AS (
@@ -233,9 +243,12 @@ INSERT_RESPONDENT = """
 """
 INSERT_SESSION = """
     INSERT INTO elicitation_session (study_id, respondent_id, token_hash, status, state,
-        state_version, created_at, updated_at, completed_at, model_id, asked_attributes)
+        state_version, created_at, updated_at, completed_at, model_id, asked_attributes,
+        completion_code)
     VALUES (:study_id, :respondent_id, :token_hash, :status, :state, 0, :now, :now,
-        :completed_at, :model_id, :asked_attributes)
+        :completed_at, :model_id, :asked_attributes,
+        CASE WHEN :completes THEN COALESCE(
+            (SELECT st.completion_code FROM study st WHERE st.id = :study_id), '') END)
 """
 INSERT_FIRST_DECISION = """
     INSERT INTO selection_decision
@@ -253,9 +266,12 @@ PG_START = """
         RETURNING id
     ), s AS (
         INSERT INTO elicitation_session (study_id, respondent_id, token_hash, status, state,
-            state_version, created_at, updated_at, completed_at, model_id, asked_attributes)
+            state_version, created_at, updated_at, completed_at, model_id, asked_attributes,
+            completion_code)
         SELECT :study_id, r.id, :token_hash, :status, :state, 0, :now, :now, :completed_at,
-            CAST(:model_id AS integer), :asked_attributes
+            CAST(:model_id AS integer), :asked_attributes,
+            CASE WHEN :completes THEN COALESCE(
+                (SELECT st.completion_code FROM study st WHERE st.id = :study_id), '') END
         FROM r
         RETURNING id, respondent_id
     ), d AS (

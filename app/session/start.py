@@ -38,7 +38,7 @@ from app.session.sql import (
     timestamp_param,
 )
 from app.session.state import dump_state
-from app.session.tokens import hash_token, new_token
+from app.session.tokens import code_at_completion, hash_token, new_token
 from app.session.views import (
     SessionView,
     check_study,
@@ -251,6 +251,7 @@ def plan_start(
         "status": SessionStatus.completed.value if done else SessionStatus.active.value,
         "state": dump_state(state) if first is not None else None,
         "completed_at": now if done else None,
+        "completes": done,
         "has_decision": decision is not None,
         "d_item_id": decision.item_id if decision is not None else None,
         "criterion": decision.criterion if decision is not None else "",
@@ -340,6 +341,7 @@ def _store_first_decision(
     if row.item_id is None:
         sess.status = SessionStatus.completed.value
         sess.completed_at = utcnow()
+        sess.completion_code = code_at_completion(db, sess.study_id)
     db.add(sess)
     db.flush()
     return view_at(rt, sess, row, 0)

@@ -113,3 +113,55 @@ def test_0012_keeps_the_newest_active_fit_of_a_study(db_url: str) -> None:
         ("simulation", "queued"),
         ("simulation", "queued"),
     ]
+
+
+def test_0015_stores_the_code_that_sessions_completed_before_show(db_url: str) -> None:
+    """The sessions completed before the column get the code they show now: the study's
+    fixed code, ``''`` for the derived one; the others stay NULL. The downgrade's SQLite
+    rebuild keeps ``AUTOINCREMENT`` (migration 0014)."""
+    from sqlalchemy import text
+
+    upgrade(db_url, "0014")
+    eng = create_engine(db_url, poolclass=NullPool)
+    sessions = [(1, 1, "completed"), (2, 1, "active"), (3, 2, "completed"), (4, 2, "abandoned")]
+    try:
+        with eng.begin() as conn:
+            for study_id, code in ((1, "FIXED-1"), (2, None)):
+                conn.execute(
+                    text(
+                        "INSERT INTO study (id, slug, name, status, description, consent_text, "
+                        "completion_code, settings, benchmark_runs, created_at) VALUES (:id, "
+                        ":slug, 'S', 'published', '', '', :code, '{}', '[]', CURRENT_TIMESTAMP)"
+                    ),
+                    {"id": study_id, "slug": f"s{study_id}", "code": code},
+                )
+                conn.execute(
+                    text(
+                        "INSERT INTO respondent (id, study_id, attributes, answers, source, "
+                        "created_at) VALUES (:id, :id, '{}', '{}', 'live', CURRENT_TIMESTAMP)"
+                    ),
+                    {"id": study_id},
+                )
+            for sid, study_id, status in sessions:
+                conn.execute(
+                    text(
+                        "INSERT INTO elicitation_session (id, study_id, respondent_id, "
+                        "token_hash, status, state_version, created_at, updated_at) VALUES "
+                        "(:id, :study, :study, :token, :status, 0, CURRENT_TIMESTAMP, "
+                        "CURRENT_TIMESTAMP)"
+                    ),
+                    {"id": sid, "study": study_id, "token": f"t{sid}", "status": status},
+                )
+        upgrade(db_url)
+        with eng.connect() as conn:
+            rows = conn.execute(text("SELECT id, completion_code FROM elicitation_session"))
+            assert dict(rows.all()) == {1: "FIXED-1", 2: None, 3: "", 4: None}
+        downgrade(db_url, "0014")
+        if eng.dialect.name == "sqlite":
+            with eng.connect() as conn:
+                sql = conn.execute(
+                    text("SELECT sql FROM sqlite_master WHERE name = 'elicitation_session'")
+                ).scalar_one()
+            assert "AUTOINCREMENT" in sql and "completion_code" not in sql
+    finally:
+        eng.dispose()
