@@ -60,12 +60,15 @@ class LatentClassFit:
         trace: penalised log-likelihood ``F / N`` before each M-step and after the last
             one (non-decreasing).
         converged: whether the tolerance was reached before ``max_iter``.
+        evidence: ``[K, I]`` answers behind each ``μ[θ, i, :]`` in the last M-step,
+            ``Σ_u γ[u, θ] 1[y_ui ≠ −1]`` (summed over the classes: the item's answer count).
     """
 
     mu: Tensor
     log_prior: Tensor
     trace: list[float] = field(default_factory=list)
     converged: bool = False
+    evidence: Tensor | None = None
 
     @property
     def objective(self) -> float:
@@ -116,23 +119,22 @@ def pseudo_counts(valid: Tensor, alpha: float, base: Tensor | None = None) -> Te
     return alpha * mask.sum(-1, keepdim=True) * b
 
 
-def _m_step(gamma: Tensor, enc: _Encoded, pseudo: Tensor) -> tuple[Tensor, Tensor]:
+def _m_step(gamma: Tensor, enc: _Encoded, pseudo: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """MAP M-step from responsibilities ``gamma [N, K]`` and pseudo-counts ``pseudo [I, O]``;
-    returns ``(mu [K, I, O], log_pi [K])``."""
+    returns ``(mu [K, I, O], log_pi [K], evidence [K, I])``, ``evidence[θ, i] =
+    Σ_u γ[u, θ] 1[y_ui ≠ −1]`` (see :attr:`LatentClassFit.evidence`)."""
     i_n, o_n = enc.valid.shape
     k = gamma.shape[1]
-    counts = (enc.yt @ gamma).T.reshape(k, i_n, o_n) + pseudo  # [K, I, O]
-    counts = counts * enc.valid
+    answers = (enc.yt @ gamma).T.reshape(k, i_n, o_n) * enc.valid  # [K, I, O]
+    counts = (answers + pseudo) * enc.valid
     n_obs = counts.sum(-1, keepdim=True)  # Σ_u γ[u, θ] 1[observed] + α O_i
     mu = counts / n_obs.clamp_min(1e-300)
     pi = gamma.mean(0)
     log_pi = torch.where(pi > 0, pi.clamp_min(1e-300).log(), torch.full_like(pi, -math.inf))
-    return mu, log_pi
+    return mu, log_pi, answers.sum(-1)
 
 
-def _penalised(
-    enc: _Encoded, mu: Tensor, log_pi: Tensor, pseudo: Tensor
-) -> tuple[Tensor, Tensor]:
+def _penalised(enc: _Encoded, mu: Tensor, log_pi: Tensor, pseudo: Tensor) -> tuple[Tensor, Tensor]:
     """``(F / N, log joint [N, K])`` for the current parameters."""
     k = mu.shape[0]
     log_mu = torch.where(enc.valid, mu.clamp_min(1e-300).log(), torch.zeros((), dtype=DTYPE))
@@ -176,7 +178,7 @@ def fit_em(
     gen = torch.Generator().manual_seed(seed)
     e = -torch.rand(enc.n, n_classes, generator=gen, dtype=DTYPE).clamp_min(1e-12).log()
     gamma = e / e.sum(1, keepdim=True)
-    mu, log_pi = _m_step(gamma, enc, pseudo)
+    mu, log_pi, evidence = _m_step(gamma, enc, pseudo)
     fit = LatentClassFit(mu, log_pi)
     for _ in range(max_iter):
         obj, joint = _penalised(enc, mu, log_pi, pseudo)
@@ -185,10 +187,10 @@ def fit_em(
             fit.converged = True
             break
         gamma = (joint - torch.logsumexp(joint, dim=1, keepdim=True)).exp()
-        mu, log_pi = _m_step(gamma, enc, pseudo)
+        mu, log_pi, evidence = _m_step(gamma, enc, pseudo)
     else:
         fit.trace.append(float(_penalised(enc, mu, log_pi, pseudo)[0]))
-    fit.mu, fit.log_prior = mu, log_pi
+    fit.mu, fit.log_prior, fit.evidence = mu, log_pi, evidence
     return fit
 
 
@@ -202,7 +204,7 @@ def fit_independent(
 ) -> PersonaMixture:
     """The independent-marginals model (one class): a baseline for the latent class fit."""
     fit = fit_em(responses, item_bank, 1, alpha=alpha, max_iter=2)
-    return PersonaMixture(item_bank, fit.mu, fit.log_prior)
+    return PersonaMixture(item_bank, fit.mu, fit.log_prior, evidence=fit.evidence)
 
 
 def _restarts(
@@ -473,9 +475,7 @@ def fit_latent_classes(
     on_fit = _RestartProgress(progress, n_restarts, "K grid", 0.0, 0.8, cands)
 
     def fit_runs(data: Tensor, k: int) -> list[LatentClassFit]:
-        return _restarts(
-            data, item_bank, k, n_restarts, alpha, max_iter, tol, seed, on_fit, base
-        )
+        return _restarts(data, item_bank, k, n_restarts, alpha, max_iter, tol, seed, on_fit, base)
 
     def score(model: PersonaMixture, k: int) -> float:
         return _selection_score(model, k, y, yv, item_bank)
@@ -525,4 +525,7 @@ def _mixture(fits: Sequence[LatentClassFit], item_bank: ItemBank) -> PersonaMixt
     """
     mu = torch.cat([f.mu for f in fits])
     log_prior = torch.cat([f.log_prior for f in fits]) - math.log(len(fits))
-    return PersonaMixture(item_bank, mu, log_prior)
+    evidence = [f.evidence for f in fits]
+    if any(e is None for e in evidence):
+        return PersonaMixture(item_bank, mu, log_prior)
+    return PersonaMixture(item_bank, mu, log_prior, evidence=torch.cat(evidence))  # type: ignore[arg-type]

@@ -223,9 +223,13 @@ class PersonaMixture(BeliefModel):
         log_prior: ``[K]`` log prior ``log p(θ)`` (normalised here); uniform when ``None``.
         floor: probability floor applied to ``μ`` in the likelihood of observed answers.
         labels: optional persona names (e.g. profile ids), length ``K``.
+        evidence: optional ``[K, I]``: how many answers ``μ[θ, i, :]`` was estimated from
+            (a latent-class fit's ``Σ_u γ[u, θ] 1[y_ui ≠ −1]``; ``inf`` for a persona
+            whose distributions were given); ``None``: every ``μ`` is taken as given.
+            Only :meth:`evidence_view` reads it.
 
     Raises:
-        ShapeError: ``mu`` or ``log_prior`` has the wrong shape.
+        ShapeError: ``mu``, ``log_prior`` or ``evidence`` has the wrong shape.
         InvalidDistributionError: a row of ``mu`` is negative, not finite, does not sum to 1,
             or puts mass beyond its item's options; or the prior is degenerate.
     """
@@ -240,6 +244,7 @@ class PersonaMixture(BeliefModel):
         *,
         floor: float = DEFAULT_FLOOR,
         labels: Sequence[str] | None = None,
+        evidence: Tensor | None = None,
     ) -> None:
         super().__init__(item_bank)
         if not 0 < floor < 1:
@@ -253,6 +258,16 @@ class PersonaMixture(BeliefModel):
         self.labels: tuple[str, ...] | None = (
             tuple(str(x) for x in labels) if labels is not None else None
         )
+        if evidence is not None:
+            evidence = torch.as_tensor(evidence, dtype=DTYPE)
+            if evidence.shape != (k, item_bank.n_items):
+                raise ShapeError(
+                    f"evidence must have shape [{k}, {item_bank.n_items}], "
+                    f"got {list(evidence.shape)}"
+                )
+            if bool((evidence < 0).any()) or bool(evidence.isnan().any()):
+                raise ModelError("evidence must be >= 0 (answer counts)")
+        self.evidence: Tensor | None = evidence
         self._precompute()
 
     # ----- derived tables ---------------------------------------------------
@@ -293,7 +308,40 @@ class PersonaMixture(BeliefModel):
         out.__dict__.update(self.__dict__)
         out.log_prior = _validate_log_prior(log_prior, self.n_personas)
         out.metrics = dict(self.metrics)
+        out._views = {}
         return out
+
+    def evidence_view(self, strength: float) -> PersonaMixture:
+        """The mixture with each ``μ[θ, i, :]`` shrunk towards the population predictive by
+        how little evidence it rests on (what a selection criterion may trust).
+
+        With ``e = evidence[θ, i]``, ``m = strength`` and ``p̄[i] = Σ_θ p(θ) μ[θ, i]``:
+
+        ``μ'[θ, i] = w μ[θ, i] + (1 − w) p̄[i]``,  ``w = e / (e + m)``
+
+        i.e. ``m`` answers of the population's distribution added to the ``e`` answers of
+        the class. A class estimated from few answers to an item looks less distinct than
+        its point estimate says; with ``e ≫ m`` nothing moves. Same prior, labels and
+        floor; no evidence. Returns ``self`` without ``evidence`` or with ``m = 0``;
+        cached per ``m``.
+
+        Example: ``μ[:, i] = [[0.9, 0.1], [0.2, 0.8]]``, ``p(θ) = [0.5, 0.5]``, ``e[:, i] =
+        [5, 15]``, ``m = 5``: ``p̄ = [0.55, 0.45]``, ``w = [0.5, 0.75]``, ``μ'[:, i] =
+        [[0.725, 0.275], [0.2875, 0.7125]]``.
+        """
+        if self.evidence is None or strength <= 0:
+            return self
+        views = self.__dict__.setdefault("_views", {})
+        if strength not in views:
+            pop = torch.einsum("k,kio->io", self.log_prior.exp(), self.mu)  # [I, O]
+            w = (1.0 - strength / (self.evidence + strength)).unsqueeze(-1)  # [K, I, 1]
+            mu = w * self.mu + (1.0 - w) * pop.unsqueeze(0)
+            mu = mu * self._valid.unsqueeze(0)
+            mu = mu / mu.sum(-1, keepdim=True).clamp_min(1e-300)
+            views[strength] = PersonaMixture(
+                self.item_bank, mu, self.log_prior, floor=self.floor, labels=self.labels
+            )
+        return views[strength]
 
     # ----- constructors -----------------------------------------------------
     @classmethod
@@ -820,6 +868,7 @@ class PersonaMixture(BeliefModel):
             "log_prior": self.log_prior.clone(),
             "floor": self.floor,
             "labels": list(self.labels) if self.labels is not None else None,
+            "evidence": self.evidence.clone() if self.evidence is not None else None,
         }
 
     @classmethod
@@ -830,4 +879,5 @@ class PersonaMixture(BeliefModel):
             d["log_prior"],
             floor=float(d.get("floor", DEFAULT_FLOOR)),
             labels=d.get("labels"),
+            evidence=d.get("evidence"),
         )

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from elicitation.criteria import DEFAULT_DELTA, DEFAULT_TAU, SelectionCriterion, get_criterion
 from elicitation.errors import BenchmarkError, ElicitationError
-from models.base import MISSING, BeliefModel, ItemBank
+from models.base import DTYPE, MISSING, BeliefModel, ItemBank
 from models.irt import fit_grm
 from models.latent_class import fit_latent_classes
 from models.persona import PersonaMixture
@@ -236,7 +236,13 @@ def mix_personas_with_classes(ctx: FitContext, lc: BeliefModel, mu: Tensor) -> P
         log_w = math.log(w) if w > 0 else -math.inf
         log_1w = math.log1p(-w) if w < 1 else -math.inf
         log_prior = torch.cat([llm.log_prior + log_w, lc.log_prior.to(llm.log_prior) + log_1w])
-    model = PersonaMixture(ctx.item_bank, torch.cat([llm.mu, lc.mu.to(llm.mu)], dim=0), log_prior)
+    evidence = None
+    if lc.evidence is not None:  # the personas' distributions are given: infinite evidence
+        given = torch.full((llm.mu.shape[0], lc.evidence.shape[1]), math.inf, dtype=DTYPE)
+        evidence = torch.cat([given, lc.evidence.to(DTYPE)])
+    model = PersonaMixture(
+        ctx.item_bank, torch.cat([llm.mu, lc.mu.to(llm.mu)], dim=0), log_prior, evidence=evidence
+    )
     model.metrics = {"llm_block_weight": w, "n_llm": int(llm.mu.shape[0])}
     return model
 

@@ -37,6 +37,7 @@ References:
 
 from elicitation.criteria.anchored import (
     DEFAULT_DELTA,
+    DEFAULT_EVIDENCE_STRENGTH,
     AnchoredInformationGain,
 )
 from elicitation.criteria.base import (
@@ -72,6 +73,7 @@ from elicitation.criteria.two_step import (
 __all__ = [
     "AnchoredInformationGain",
     "DEFAULT_DELTA",
+    "DEFAULT_EVIDENCE_STRENGTH",
     "DEFAULT_TAU",
     "ExpectedInformationGain",
     "FixedOrder",

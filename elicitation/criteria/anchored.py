@@ -1,6 +1,6 @@
 """``eig_anchored``: the one-step gain minus ``delta`` per position skipped in the fixed order.
 
-``score(x) = G(x) - delta * r(x)``
+``score(x) = G(x) - delta * r(x)``, ``G`` computed under the model's evidence view
 
 Example::
 
@@ -30,6 +30,12 @@ default criterion (``StudySettings.criterion``) and so the benchmark's ``default
 by 5-fold cross-validation over the training and validation users of the shipped
 datasets, one value for every dataset (docs/benchmarks.md, "Selection rule")."""
 
+DEFAULT_EVIDENCE_STRENGTH = 5.0
+"""Default ``evidence_strength`` of :class:`AnchoredInformationGain` (answers of the
+population's distribution added to each class's answers to an item before the gain is
+computed): measured by ``priorly bench lifecycle`` on CES and OpinionQA against 0 and 2
+(docs/benchmarks.md, "priorly bench lifecycle"; decision 0010)."""
+
 
 @register_criterion
 class AnchoredInformationGain(SelectionCriterion):
@@ -51,7 +57,17 @@ class AnchoredInformationGain(SelectionCriterion):
     handed over precomputed with :meth:`set_fixed_order` (a live study stores it with its
     fitted model; computing it costs seconds to a minute, scoring with it microseconds).
 
-    With ``tau = 1`` the gains ``G`` are the exact one-step target gains, returned by
+    The gains are computed under ``model.evidence_view(evidence_strength)``
+    (:meth:`models.persona.PersonaMixture.evidence_view`): a class's answer distribution
+    for an item is shrunk towards the population's by how few answers it was estimated
+    from, ``μ' = w μ + (1 − w) p̄`` with ``w = e / (e + m)``. A model fitted on few
+    respondents then leaves the fixed order only for a gain its data can vouch for; a
+    model fitted on thousands (``e ≫ m``) is unchanged, and so is one without evidence
+    (personas, CAPE, IRT). The posterior, the ranks and every prediction use the model
+    itself.
+
+    With ``tau = 1`` the gains ``G`` are the one-step target gains under that view (the
+    exact gains without evidence or with ``evidence_strength = 0``), returned by
     :meth:`score_with_gains` so that a stopping rule needs no second lookahead.
     """
 
@@ -60,11 +76,19 @@ class AnchoredInformationGain(SelectionCriterion):
     uses_fixed_order = True
 
     def __init__(
-        self, delta: float = DEFAULT_DELTA, tau: float = 1.0, seed: int = 0, **fixed_kwargs: Any
+        self,
+        delta: float = DEFAULT_DELTA,
+        tau: float = 1.0,
+        seed: int = 0,
+        evidence_strength: float = DEFAULT_EVIDENCE_STRENGTH,
+        **fixed_kwargs: Any,
     ) -> None:
         if delta < 0:
             raise ElicitationError(f"criterion {self.name!r}: delta must be >= 0")
+        if not evidence_strength >= 0:
+            raise ElicitationError(f"criterion {self.name!r}: evidence_strength must be >= 0")
         self.delta = float(delta)
+        self.evidence_strength = float(evidence_strength)
         self._gain: SelectionCriterion = (
             ExpectedInformationGain() if tau == 1.0 else TemperedInformationGain(tau=tau)
         )
@@ -72,7 +96,12 @@ class AnchoredInformationGain(SelectionCriterion):
         self._fixed = FixedOrder(seed=seed, **fixed_kwargs)
 
     def params(self) -> dict[str, Any]:
-        return {"delta": self.delta, "tau": self.tau, **self._fixed.params()}
+        return {
+            "delta": self.delta,
+            "tau": self.tau,
+            "evidence_strength": self.evidence_strength,
+            **self._fixed.params(),
+        }
 
     @property
     def fixed(self) -> FixedOrder:
@@ -103,9 +132,14 @@ class AnchoredInformationGain(SelectionCriterion):
             return empty, (empty if self.tau == 1.0 else None)
         done: frozenset[int] = getattr(state, "observed_items", frozenset())
         asked = torch.tensor([[c in done for c in cand]])
-        gains = self._gain.score(model, state, cand, tgt)
+        gains = self._gain.score(self._view(model), state, cand, tgt)
         scores = gains - self.delta * self._ranks(model, cand, tgt, asked)[0]
         return scores, (gains if self.tau == 1.0 else None)
+
+    def _view(self, model: BeliefModel) -> BeliefModel:
+        """The model the gains are computed under (class docstring)."""
+        view = getattr(model, "evidence_view", None)
+        return model if view is None else view(self.evidence_strength)
 
     def _ranks(self, model: BeliefModel, cand: list[int], tgt: list[int], asked: Tensor) -> Tensor:
         """``r [B, C]``: unanswered candidates before each candidate in the fixed order."""
@@ -123,7 +157,7 @@ class AnchoredInformationGain(SelectionCriterion):
     ) -> Tensor:
         cand, tgt = as_items(candidates), as_items(targets)
         check_targets(self.name, tgt)
-        gains = self._gain.score_batch(model, states, cand, tgt)
+        gains = self._gain.score_batch(self._view(model), states, cand, tgt)
         responses = getattr(states, "responses", None)
         if isinstance(responses, Tensor) and responses.dim() == 2:
             asked = responses[:, torch.tensor(cand, dtype=torch.long)] >= 0

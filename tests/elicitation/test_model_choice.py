@@ -90,7 +90,8 @@ def _factor_case() -> tuple[CapeFactor, CapeFactor, torch.Tensor]:
     true = CapeFactor(bank, w, b, sobol_normal(512, 1, seed=0))
     z = torch.randn(300, 1, generator=gen, dtype=DTYPE)
     logits = (b + torch.einsum("iod,nd->nio", w, z)).masked_fill(~bank.option_mask(), -math.inf)
-    y = torch.distributions.Categorical(logits=logits).sample()
+    probs = logits.softmax(-1).reshape(-1, logits.shape[-1])
+    y = torch.multinomial(probs, 1, generator=gen).reshape(300, 6)  # not the global RNG
     marg = true.predict(true.initial_state())  # the same marginals, no correlations
     flat = CapeFactor(
         bank,

@@ -24,7 +24,12 @@ from app.services import belief
 from app.services.designer import set_roles
 from app.session import decide as session_decide
 from app.tables import FittedModel, Item, Job, JobStatus, SelectionDecision, Study
-from elicitation.criteria import DEFAULT_DELTA, FixedOrder, get_criterion
+from elicitation.criteria import (
+    DEFAULT_DELTA,
+    DEFAULT_EVIDENCE_STRENGTH,
+    FixedOrder,
+    get_criterion,
+)
 from tests.support.data import DATASETS_DIR, write_small_dataset
 from tests.support.live_study import (
     LiveStudy,
@@ -97,7 +102,8 @@ def _decisions(db: Session, session_id: int) -> list[SelectionDecision]:
 
 def _anchored_scores(rt: svc.StudyRuntime, db: Session, d: SelectionDecision, order: list[str]):  # type: ignore[no-untyped-def]
     """``EIG(x) - delta * r(x)`` of every candidate of decision ``d`` recomputed from the
-    replayed state and the given order (item keys), with the registry's ``eig``."""
+    replayed state and the given order (item keys), with the registry's ``eig`` on the
+    model's evidence view."""
     from app.tables import Answer, ElicitationSession, Respondent
 
     sess = db.get(ElicitationSession, d.session_id)
@@ -110,7 +116,8 @@ def _anchored_scores(rt: svc.StudyRuntime, db: Session, d: SelectionDecision, or
     keys = list(d.scores["scores"])
     bank = rt.model.item_bank
     targets = [rt.model_index[t.id] for t in rt.targets]  # type: ignore[index]
-    eig = get_criterion("eig").score(rt.model, state, [bank.index(k) for k in keys], targets)
+    view = rt.model.evidence_view(DEFAULT_EVIDENCE_STRENGTH)
+    eig = get_criterion("eig").score(view, state, [bank.index(k) for k in keys], targets)
     rank = [sum(1 for y in order[: order.index(k)] if y in keys) for k in keys]
     return dict(
         zip(
@@ -357,6 +364,10 @@ def test_fit_stores_the_order_and_target_free_study_uses_the_fallback(
         rt.model.item_bank.index(k) for k in belief.stored_fixed_orders(row.metrics)[key]["order"]
     ]
     assert len(count_greedy) == 1  # ... and the runtime did not
+    # the live selector shrinks by the fit's evidence: one count per class and item
+    evidence = rt.model.evidence
+    assert evidence is not None and evidence.shape == rt.model.mu.shape[:2]
+    assert rt.selector.params()["evidence_strength"] == DEFAULT_EVIDENCE_STRENGTH > 0
     # a study without targets: the target-free criterion, and no order is requested
     with live.session() as db:
         study = _study(db, live.study_id)

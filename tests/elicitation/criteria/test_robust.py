@@ -11,9 +11,14 @@ import math
 import pytest
 import torch
 
-from elicitation.criteria import DEFAULT_DELTA, best_index, get_criterion
+from elicitation.criteria import (
+    DEFAULT_DELTA,
+    DEFAULT_EVIDENCE_STRENGTH,
+    best_index,
+    get_criterion,
+)
 from elicitation.errors import ElicitationError
-from models.base import DTYPE
+from models.base import DTYPE, ItemBank
 from models.persona import PersonaMixture
 from tests.support.criteria_cases import brute_force_eig, enumerated_joint, mean_target_entropy
 from tests.support.elicitation_cases import informative_mixture, random_mixture
@@ -208,6 +213,46 @@ def test_anchored_picks_the_perfectly_informative_item() -> None:
         assert (crit.score_batch(model, batch, CANDIDATES, [4]).argmax(1) == 2).all()
     with pytest.raises(ElicitationError, match="delta"):
         get_criterion("eig_anchored", delta=-1.0)
+    with pytest.raises(ElicitationError, match="evidence_strength"):
+        get_criterion("eig_anchored", evidence_strength=-1.0)
+
+
+def _measured(evidence_a: float, evidence_b: float) -> PersonaMixture:
+    """Items A, B and target T, two equally likely classes; B looks more telling about T
+    than A (0.8 vs 0.7 on the class's side), from ``evidence_b`` answers per class."""
+    bank = ItemBank(("a", "b", "t"), (2, 2, 2))
+    side = [(0.7, 0.3), (0.8, 0.2), (0.9, 0.1)]
+    mu = torch.tensor([[list(p) for p in side], [list(reversed(p)) for p in side]], dtype=DTYPE)
+    ev = torch.tensor([[evidence_a, evidence_b, 1e6]] * 2, dtype=DTYPE)
+    return PersonaMixture(bank, mu, evidence=ev)
+
+
+def test_anchored_computes_its_gains_under_the_evidence_view() -> None:
+    """The gains are eig's under ``evidence_view(evidence_strength)``; the ranks and the
+    state are the model's own. An item whose class distributions rest on 2 answers per
+    class loses to a well-measured one it beats on its point estimates."""
+    model = _measured(1000.0, 2.0)
+    pool, targets = [0, 1], [2]
+    state = model.initial_state()
+    exact = get_criterion("eig").score(model, state, pool, targets)
+    assert float(exact[1]) > float(exact[0])  # on the point estimates, B tells more
+    for strength, pick in ((0.0, 1), (DEFAULT_EVIDENCE_STRENGTH, 0)):
+        crit = get_criterion("eig_anchored", delta=0.0, evidence_strength=strength)
+        crit.set_fixed_order(model, pool, targets, [0, 1])
+        scores, gains = crit.score_with_gains(model, state, pool, targets)
+        view = model.evidence_view(strength)
+        want = get_criterion("eig").score(view, state, pool, targets)
+        torch.testing.assert_close(gains, want, rtol=0, atol=1e-12)
+        assert pool[best_index(scores)] == pick
+        batch = model.initial_batch(torch.full((1, 3), -1, dtype=torch.long))
+        torch.testing.assert_close(
+            crit.score_batch(model, batch, pool, targets)[0], scores, rtol=0, atol=1e-12
+        )
+    # B measured as well as A: the point estimates are trusted again
+    well = _measured(1000.0, 1000.0)
+    crit = get_criterion("eig_anchored", delta=0.0)
+    crit.set_fixed_order(well, pool, targets, [0, 1])
+    assert pool[best_index(crit.score(well, well.initial_state(), pool, targets))] == 1
 
 
 def test_default_method_selects_with_the_registered_defaults() -> None:
@@ -223,6 +268,7 @@ def test_default_method_selects_with_the_registered_defaults() -> None:
     assert crit.name == StudySettings().criterion == "eig_anchored"
     assert crit.params() == get_criterion(StudySettings().criterion).params()
     assert crit.params()["delta"] == DEFAULT_DELTA > 0
+    assert crit.params()["evidence_strength"] == DEFAULT_EVIDENCE_STRENGTH > 0
     # the old default stays measured under its own name
     eig = get_method("eig").criterion(ctx)  # type: ignore[misc]
     assert eig.name == "eig" and eig.params() == get_criterion("eig").params()
