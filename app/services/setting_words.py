@@ -51,7 +51,8 @@ FAMILY_LABELS: dict[str, str] = {
 CRITERION_HELP: dict[str, str] = {
     "eig_anchored": (
         "Asks the question expected to tell you most about the target items, but prefers "
-        "to keep a fixed, precomputed order unless another question is clearly better. "
+        "to keep a fixed, precomputed order unless another question is clearly better, "
+        "judged only as far as the model's data on each question support it. "
         "The recommended choice: nearly as informative as full adaptivity, and respondents "
         "with similar answers see similar questionnaires."
     ),
