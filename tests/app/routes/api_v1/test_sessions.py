@@ -33,7 +33,7 @@ from app.tables import (
     SelectionDecision,
     Study,
 )
-from elicitation.criteria import DEFAULT_DELTA
+from elicitation.criteria import DEFAULT_DELTA, DEFAULT_EVIDENCE_STRENGTH
 from tests.support.live_study import LiveStudy, app_client, ces_sample_study
 
 
@@ -155,10 +155,13 @@ def test_full_questionnaire_matches_database_and_brute_force(client: Any, live: 
         assert sess.state_version == 10
         assert svc.states_equal(svc.load_state(sess.state), replayed)
 
-        # every stored score is the brute-force EIG of that candidate minus delta per
-        # unasked candidate before it in the fixed order stored with the model (the default
-        # criterion eig_anchored), and the chosen item is the best one (not random)
+        # every stored score is the brute-force EIG of that candidate under the model's
+        # evidence view, from the model's own posterior, minus delta per unasked candidate
+        # before it in the fixed order stored with the model (the default criterion
+        # eig_anchored), and the chosen item is the best one (not random)
         model = rt.model
+        view = model.evidence_view(DEFAULT_EVIDENCE_STRENGTH)
+        assert view is not model
         targets = [rt.model_index[t.id] for t in rt.targets]
         assert len(targets) == 5
         model_row = db.get(FittedModel, rt.model_id)
@@ -179,7 +182,7 @@ def test_full_questionnaire_matches_database_and_brute_force(client: Any, live: 
             for key, score in scores.items():
                 rank = sum(1 for k in order[: order.index(key)] if k in scores)
                 assert score == pytest.approx(
-                    brute_force_eig(model, state, model.item_bank.index(key), targets)
+                    brute_force_eig(view, state, model.item_bank.index(key), targets)
                     - DEFAULT_DELTA * rank,
                     abs=1e-9,
                 )
