@@ -413,10 +413,11 @@ class ApiCorsMiddleware:
     around Starlette's :class:`~starlette.middleware.cors.CORSMiddleware`).
 
     A browser page of an allowed origin may call the API with ``Authorization`` and
-    ``Content-Type`` headers (GET, POST, DELETE) and read ``Retry-After``; no cookie is
-    ever allowed, and the admin and survey pages get no CORS header. Example: with
-    ``origins=["https://app.example.com"]`` the preflight ``OPTIONS /api/v1/sessions/1``
-    from that origin is 200 with ``Access-Control-Allow-Origin: https://app.example.com``.
+    ``Content-Type`` headers (GET, POST, DELETE) and read ``Retry-After`` and
+    ``Idempotent-Replayed``; no cookie is ever allowed, and the admin and survey pages get
+    no CORS header. Example: with ``origins=["https://app.example.com"]`` the preflight
+    ``OPTIONS /api/v1/sessions/1`` from that origin is 200 with
+    ``Access-Control-Allow-Origin: https://app.example.com``.
     """
 
     def __init__(self, app: ASGIApp, *, origins: list[str]) -> None:
@@ -426,7 +427,7 @@ class ApiCorsMiddleware:
             allow_origins=origins,
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
-            expose_headers=["Retry-After"],
+            expose_headers=["Retry-After", "Idempotent-Replayed"],
             allow_credentials=False,
             max_age=600,
         )

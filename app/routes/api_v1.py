@@ -230,6 +230,21 @@ class SessionOut(ApiOut):
     stop_reason: str | None = Field(default=None, examples=[None])
 
 
+class AnswerReplyOut(SessionOut):
+    """The reply of an answer: where the session stands after it, and whether it is a replay."""
+
+    replayed: bool = Field(
+        description="true when this answer was already stored (a retry with the same "
+        "idempotency_key, or the same option to the same item sent again) and this is the "
+        "reply it got then, replayed (the response then has the header "
+        "Idempotent-Replayed: true); false when this request stored the answer"
+    )
+
+
+REPLAYED_HEADER = "Idempotent-Replayed"
+"""The response header of a replayed answer (value ``true``; absent on a fresh answer)."""
+
+
 class SessionCreated(SessionOut):
     token: str = Field(
         description="the session token (shown once): send it as 'Authorization: Bearer ...' "
@@ -649,11 +664,24 @@ def get_session(auth: AuthorizedSession, session: SessionDep) -> dict[str, Any]:
 
 @router.post(
     "/sessions/{session_id}/answers",
-    response_model=SessionOut,
+    response_model=AnswerReplyOut,
     summary="Answer the current question",
     description="Stores the answer (option null = prefer not to answer, when the study allows "
     "it) and returns the next question or completion. Retrying with the same idempotency_key "
-    "returns the same result; answering an item again with another option is 409.",
+    "(or sending the same option to the same item again) returns the same result with "
+    "replayed true and the header Idempotent-Replayed: true; answering an item again with "
+    "another option is 409.",
+    responses={
+        200: {
+            "headers": {
+                REPLAYED_HEADER: {
+                    "description": "true when the reply is a replay of an answer stored "
+                    "earlier (replayed true); absent otherwise",
+                    "schema": {"type": "string", "enum": ["true"]},
+                }
+            }
+        }
+    },
 )
 async def post_answer(
     session_id: SessionIdPath,
@@ -691,9 +719,12 @@ async def post_answer(
         )
     else:
         view = await run_in_threadpool(_post_answer_sync, session_id, body, engine, authorization)
-    # Built by this module (the shape of SessionOut, which documents it): returned as a
-    # Response so it is not validated a second time on the hot path.
-    return JSONResponse(_session_out(view))
+    # Built by this module (the shape of AnswerReplyOut, which documents it): returned as
+    # a Response so it is not validated a second time on the hot path.
+    return JSONResponse(
+        {**_session_out(view), "replayed": view.replayed},
+        headers={REPLAYED_HEADER: "true"} if view.replayed else None,
+    )
 
 
 def _post_answer_sync(

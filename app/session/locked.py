@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
@@ -93,7 +94,7 @@ def submit_locked(
     (retries, idempotent replays, conflicts, a lost race of the fast path).
 
     A known idempotency key or an item answered before with the same option returns the
-    view that followed that answer (idempotent); with a different item or option it is a
+    view that followed that answer, marked ``replayed`` (idempotent); with a different item or option it is a
     conflict. Otherwise the answer must be to the pending question of an active session;
     the answer, the new state and the next decision are committed in one transaction.
 
@@ -107,7 +108,7 @@ def submit_locked(
         answers = answers_of(db, session_id)
         stored = _stored_answer(answers, item, option, idempotency_key)
         if stored is not None:
-            view = result_of(rt, db, sess, stored)
+            view = replace(result_of(rt, db, sess, stored), replayed=True)
             db.commit()
             return view
         _check_pending(rt, db, sess, len(answers), item)

@@ -57,7 +57,8 @@ def submit_answer(
 
     Idempotent: a request whose ``idempotency_key`` was already used in the session, or
     that repeats the stored answer to an item, returns the view that followed the stored
-    answer; the same key or item with a different answer is a conflict (409), and so is an
+    answer, marked ``replayed`` (:attr:`SessionView.replayed`; a fresh answer's view is
+    not); the same key or item with a different answer is a conflict (409), and so is an
     item that is not the pending question. Nothing is acknowledged before the answer, the
     state and the next decision are committed together.
     """

@@ -69,6 +69,9 @@ class SessionView:
         max_questions: the most questions this session can pose (it may stop earlier).
         question: the current question, or ``None``.
         stop_reason: why the session stopped (``None`` while active).
+        replayed: whether this is the view an answer stored earlier got, returned again
+            for a request that repeats it (the same idempotency key, or the same option
+            to the same item); ``False`` for a fresh answer and for any other view.
     """
 
     session_id: int
@@ -80,6 +83,7 @@ class SessionView:
     allow_skip: bool
     question: QuestionView | None
     stop_reason: str | None
+    replayed: bool = False
 
 
 def shown_max(rt: StudyRuntime, reached: int) -> int:

@@ -149,6 +149,7 @@ def test_api_cors_for_the_configured_origins(migrated_sqlite_url: str) -> None:
         assert call.status_code == 401  # no credential: the API's answer, readable by the page
         assert call.headers["access-control-allow-origin"] == "https://app.example"
         assert "retry-after" in call.headers["access-control-expose-headers"].lower()
+        assert "idempotent-replayed" in call.headers["access-control-expose-headers"].lower()
         other = client.get("/api/v1/studies", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in other.headers
         admin = client.get("/admin/login", headers={"Origin": "https://app.example"})

@@ -16,7 +16,10 @@ or with conflicting options), and 30 % of the requests are sent twice with the s
 * every acknowledged answer is stored exactly once, with its option, and every stored
   answer was acknowledged (no extra rows);
 * what each acknowledged response said comes next is the stored next decision, and a
-  retry got exactly the response of the first request;
+  retry got exactly the response of the first request, marked ``replayed``;
+* per stored answer, the request that stored it got the one fresh reply (``replayed``
+  false, no ``Idempotent-Replayed`` header), and every other acknowledgement (a tab that
+  lost the race with the same option, a retry) a replay;
 * per session: no item answered twice, no question asked twice, one decision per
   position agreeing with the answers, the cached state equal to the replay of the
   answers, and every stored choice equal to the selection step re-run on the replay.
@@ -62,6 +65,9 @@ def test_concurrent_clients_same_sessions(
     # the race really happened: tabs lost to other tabs, retries were answered from storage
     assert counts.get("409_answer_conflict", 0) > 0
     assert sum(p.retry for p in log.acked()) > 0
+    # the losers of the race and the retries were told their reply is a replay
+    assert any((p.body or {}).get("replayed") and not p.retry for p in log.acked())
+    assert all((p.body or {}).get("replayed") for p in log.acked() if p.retry)
 
     n_acked, problems = check_acknowledged(live.engine, log)
     assert not problems, problems[:10]

@@ -15,6 +15,8 @@ Pieces shared by ``test_concurrency.py`` and ``test_crash_recovery.py``:
   answer is stored exactly once with its option; no question is asked twice; decisions
   are one per position and agree with the answers; the cached state equals the replay of
   the stored answers; every stored next question is the one the replayed state selects.
+* :func:`check_acknowledged`: every acknowledged answer is stored, the reply's next step
+  is the stored one, and only the request that stored an answer got a fresh reply.
 
 Nothing here sleeps to synchronise: waits poll an observable condition with a deadline.
 """
@@ -449,9 +451,17 @@ async def _client(
                 )
             if attempt == 0:
                 first = data if ok else None
-            elif first is not None and data != first:
+            elif first is not None and data != {**first, "replayed": True}:
                 log.unexpected.append(
-                    f"retry with key {key!r} answered {data} but the first request {first}"
+                    f"retry with key {key!r} answered {data} but the first request {first} "
+                    f"(a retry is the first reply, replayed)"
+                )
+            if ok and (data or {}).get("replayed") != (
+                resp.headers.get("Idempotent-Replayed") == "true"
+            ):
+                log.unexpected.append(
+                    f"POST {url}/answers {body}: replayed {(data or {}).get('replayed')!r} "
+                    f"but header Idempotent-Replayed {resp.headers.get('Idempotent-Replayed')!r}"
                 )
 
 
@@ -627,8 +637,11 @@ def check_sessions(engine: Engine, study_id: int, session_ids: list[int]) -> Ses
 
 
 def check_acknowledged(engine: Engine, log: FloodLog) -> tuple[int, list[str]]:
-    """Every acknowledged answer is stored exactly once with its option, and what each
-    acknowledged response returned as the next step is what the database holds.
+    """Every acknowledged answer is stored exactly once with its option, what each
+    acknowledged response returned as the next step is what the database holds, and the
+    acknowledgements of one stored answer are at most one fresh reply (``replayed``
+    false: the request that stored the row, with its idempotency key), all others replays
+    (another tab's same answer, a retry).
 
     Returns ``(number of distinct acknowledged (session, item) answers, problems)``.
     """
@@ -656,6 +669,7 @@ def check_acknowledged(engine: Engine, log: FloodLog) -> tuple[int, list[str]]:
             ).all()
         }
         keys_of = {it.id: it.key for it in db.exec(select(Item)).all()}
+    fresh: Counter[tuple[int, str]] = Counter()
     for p in acked:
         found = stored.get((p.session_id, p.item), [])
         if len(found) != 1:
@@ -665,8 +679,17 @@ def check_acknowledged(engine: Engine, log: FloodLog) -> tuple[int, list[str]]:
         if row.option != p.option:
             problems.append(f"acknowledged {p} but the stored option is {row.option!r}")
             continue
-        nxt = decisions.get((p.session_id, pos + 1))
         body = p.body or {}
+        if body.get("replayed") is not True:
+            fresh[(p.session_id, p.item)] += 1
+            if body.get("replayed") is not False or row.idempotency_key != p.key:
+                problems.append(
+                    f"acknowledged {p.key} with replayed {body.get('replayed')!r}, but the "
+                    f"stored answer has the key {row.idempotency_key!r}"
+                )
+            elif fresh[(p.session_id, p.item)] > 1:
+                problems.append(f"acknowledged {p.key}: a second fresh reply for {p.item!r}")
+        nxt = decisions.get((p.session_id, pos + 1))
         want = None if nxt is None or nxt.item_id is None else keys_of[nxt.item_id]
         got = (body.get("question") or {}).get("item")
         if got != want or body.get("questions_answered") != pos + 1:

@@ -122,9 +122,15 @@ def test_openapi_declares_the_bearer_scheme_on_every_api_call(
         ("PredictionsOut", "predicted"),
         ("RespondentPredictionsOut", "items"),
         ("ErasedOut", "erased"),
+        ("AnswerReplyOut", "replayed"),
         ("ProfileOut", "predicted"),
     ):
         assert field in schemas[name]["required"], (name, field)
+    # the answer's reply says whether it is a replay, in its body and in a header
+    answer_ok = spec["paths"]["/api/v1/sessions/{session_id}/answers"]["post"]["responses"]["200"]
+    assert answer_ok["content"]["application/json"]["schema"]["$ref"].endswith("/AnswerReplyOut")
+    assert schemas["AnswerReplyOut"]["properties"]["replayed"]["description"]
+    assert "Idempotent-Replayed" in answer_ok["headers"]
     # the error codes are the documented ones, and 405 is declared with them
     assert schemas["ErrorOut"]["properties"]["code"]["enum"] == sorted(ERROR_CODES)
     assert "405" in spec["paths"]["/api/v1/sessions/{session_id}"]["get"]["responses"]

@@ -88,6 +88,7 @@ def test_questionnaire_runs_in_the_event_loop(client: Any, live: LiveStudy) -> N
         options = body["question"]["options"]
         r = _answer(client, body, options[n % len(options)]["letter"], f"k{n}")
         assert r.status_code == 200, r.text
+        assert r.json()["replayed"] is False and "idempotent-replayed" not in r.headers
         n += 1
         body = {**body, **r.json()}
     assert body["status"] == "completed"
@@ -126,7 +127,9 @@ def test_retry_is_answered_by_the_sync_path(client: Any, live: LiveStudy) -> Non
     before = dict(answer_async.STATS)
     again = _answer(client, body, option, "same-key")
     assert first.status_code == again.status_code == 200
-    assert again.json() == first.json()
+    assert first.json()["replayed"] is False
+    assert again.json() == {**first.json(), "replayed": True}
+    assert again.headers["Idempotent-Replayed"] == "true"
     assert answer_async.STATS["handed_over"] == before["handed_over"] + 1
     other = body["question"]["options"][1]["letter"]
     conflict = _answer(client, body, other, "another-key")
@@ -169,6 +172,9 @@ def test_answer_landing_between_read_and_write(
     assert answer_async.STATS["fast"] == before["fast"]
     assert answer_async.STATS["handed_over"] == before["handed_over"] + 1
     assert r.json()["question"]["item"] == competitor["view"].question.key
+    # the competitor stored the answer; this call replays it and says so
+    assert competitor["view"].replayed is False
+    assert r.json()["replayed"] is True and r.headers["Idempotent-Replayed"] == "true"
     _check_stored(live, body["session_id"], 1)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -124,7 +125,9 @@ def test_answer_landing_between_read_and_write_wins_and_stale_write_is_refused(
         )
         # the item was answered with the same option in between: the same next question
         assert race.competitor_error is None
-        assert view == race.competitor_result
+        # the competitor's answer was the fresh one; this request replays it
+        assert not race.competitor_result.replayed and view.replayed
+        assert view == replace(race.competitor_result, replayed=True)
     else:
         with pytest.raises(svc.AnswerConflictError):
             svc.submit_answer(
@@ -189,7 +192,7 @@ def test_stale_snapshot_from_authorization_is_not_trusted(live: LiveStudy) -> No
         engine=live.engine,
         snapshot=stale,
     )
-    assert again == v1
+    assert again == replace(v1, replayed=True) and not v1.replayed
     answers, decisions, (sess, replayed) = _rows(live, sid)
     assert [a.idempotency_key for a in answers] == ["k1", "k2"]
     assert [d.position for d in decisions] == [0, 1, 2]

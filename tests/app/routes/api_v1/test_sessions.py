@@ -8,6 +8,7 @@ authorization (own study, another owner's study, revoked key, session token); er
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -217,16 +218,22 @@ def test_idempotent_retry_and_conflicting_reanswer(client: Any, live: LiveStudy)
         url, json={"item": item, "option": "A", "idempotency_key": "k1"}, headers=bearer(token)
     )
     assert first.status_code == retry.status_code == 200
-    assert first.json() == retry.json()
+    # a fresh answer says so; its retry is the same reply, marked as a replay
+    assert first.json()["replayed"] is False
+    assert "idempotent-replayed" not in first.headers
+    assert retry.json() == {**first.json(), "replayed": True}
+    assert retry.headers["Idempotent-Replayed"] == "true"
     # the same answer from a second tab (another key): the same result, still one row
     tab2 = client.post(
         url, json={"item": item, "option": "A", "idempotency_key": "k-tab2"}, headers=bearer(token)
     )
-    assert tab2.status_code == 200 and tab2.json() == first.json()
+    assert tab2.status_code == 200 and tab2.json() == {**first.json(), "replayed": True}
+    assert tab2.headers["Idempotent-Replayed"] == "true"
     changed = client.post(
         url, json={"item": item, "option": "B", "idempotency_key": "k2"}, headers=bearer(token)
     )
     assert changed.status_code == 409 and changed.json()["code"] == "answer_conflict"
+    assert "idempotent-replayed" not in changed.headers
     reused = client.post(
         url, json={"item": item, "option": "B", "idempotency_key": "k1"}, headers=bearer(token)
     )
@@ -281,6 +288,7 @@ def test_idempotent_retry_and_conflicting_reanswer(client: Any, live: LiveStudy)
         url, json={"item": nxt, "option": None, "idempotency_key": "k6"}, headers=bearer(token)
     )
     assert skipped.status_code == 200 and skipped.json()["questions_answered"] == 2
+    assert skipped.json()["replayed"] is False and "idempotent-replayed" not in skipped.headers
     with live.session() as db:
         rows = db.exec(select(Answer).where(Answer.session_id == sid).order_by(Answer.id)).all()
     assert [(r.option, r.idempotency_key) for r in rows] == [("A", "k1"), (None, "k6")]
@@ -290,12 +298,14 @@ def test_idempotent_retry_and_conflicting_reanswer(client: Any, live: LiveStudy)
         again = client.post(
             url, json={"item": item, "option": "A", "idempotency_key": key}, headers=bearer(token)
         )
-        assert again.status_code == 200 and again.json() == first.json()
+        assert again.status_code == 200 and again.json() == {**first.json(), "replayed": True}
+        assert again.headers["Idempotent-Replayed"] == "true"
 
 
 def test_concurrent_duplicate_answers_store_one_row(live: LiveStudy) -> None:
     """Eight threads answer the same question at once: one row; agreeing requests succeed
-    with the same result, disagreeing ones conflict; eight same-key retries all succeed."""
+    with the same result, the one that stored it fresh and the others replayed, disagreeing
+    ones conflict; eight same-key retries all succeed, one fresh and seven replayed."""
     with live.session() as db:
         study = db.get(Study, live.study_id)
     assert study is not None
@@ -312,9 +322,12 @@ def test_concurrent_duplicate_answers_store_one_row(live: LiveStudy) -> None:
                 idempotency_key=key,
                 engine=live.engine,
             )
+            replays[key].append(view.replayed)
             return f"ok:{view.question.key if view.question else None}:{view.n_posed}"
         except svc.AnswerConflictError:
             return "conflict"
+
+    replays: defaultdict[str, list[bool]] = defaultdict(list)
 
     options = ["A" if i % 2 == 0 else "B" for i in range(8)]
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -331,6 +344,10 @@ def test_concurrent_duplicate_answers_store_one_row(live: LiveStudy) -> None:
     assert {r for o, r in zip(options, results, strict=True) if o == winner} != {"conflict"}
     assert len({r for o, r in zip(options, results, strict=True) if o == winner}) == 1
     assert all(r == "conflict" for o, r in zip(options, results, strict=True) if o != winner)
+    # the request that stored the row is the one fresh reply; the other agreeing ones replay
+    assert replays.pop(rows[0].idempotency_key or "") == [False]
+    assert all(flags == [True] for flags in replays.values())
+    assert len(replays) == options.count(winner) - 1
 
     # the next question, retried 8 times concurrently with one key: one row, same result
     nxt = results[options.index(winner)].split(":")[1]
@@ -338,6 +355,7 @@ def test_concurrent_duplicate_answers_store_one_row(live: LiveStudy) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         retries = list(pool.map(post, ["A"] * 8, ["same-key"] * 8))
     assert len(set(retries)) == 1 and retries[0].startswith("ok:") and retries[0].endswith(":2")
+    assert sorted(replays["same-key"]) == [False] + [True] * 7
     with live.session() as db:
         assert (
             len(db.exec(select(Answer).where(Answer.session_id == started.session_id)).all()) == 2
