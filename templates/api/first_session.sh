@@ -29,14 +29,15 @@ curl -sS --fail-with-body "$BASE/api/v1/sessions/$SESSION" \
   -H "Authorization: Bearer $TOKEN" > question.json
 jq .question question.json
 
-# 5. Answer it (here with its first option). The reply is the next question. A retry
-#    with the same idempotency_key returns the same reply.
+# 5. Answer it (here with its first option). The reply is the next question and
+#    "replayed": false. A retry with the same idempotency_key returns the same reply with
+#    "replayed": true (and the header Idempotent-Replayed: true).
 ITEM=$(jq -r .question.item question.json)
 OPTION=$(jq -r '.question.options[0].letter' question.json)
 curl -sS --fail-with-body -X POST "$BASE/api/v1/sessions/$SESSION/answers" \
   -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" \
   -d "{\"item\": \"$ITEM\", \"option\": \"$OPTION\", \"idempotency_key\": \"curl-1-a1\"}" \
-  | jq '{questions_answered, question}'
+  | jq '{questions_answered, replayed, question}'
 
 # 6. What the model now predicts for the study's targets and every unanswered item,
 #    and the respondent's profile.
