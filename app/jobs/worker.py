@@ -1,11 +1,13 @@
-"""Workers of the job queue: consumers that run jobs, and the reaper of dead workers' jobs.
+"""Workers of the job queue: consumers that run jobs, their heartbeat, and the reaper of
+dead workers' jobs.
 
 :func:`run_worker` runs a consumer in the foreground (``priorly worker``, any number of
 them, on any machine that reaches the database and the queue);
 :func:`start_background_worker` starts consumer threads inside ``priorly serve``. A
 consumer is Huey's, whose scheduler (a thread; a process with ``--processes``) also does
-the worker's :class:`Upkeep` on each of its one-second ticks: the *reaper*
-(:func:`app.jobs.runner.reap_dead_jobs`), which queues again the jobs whose worker died.
+the worker's :class:`Upkeep` on each of its one-second ticks: the heartbeat
+(:mod:`app.jobs.heartbeat`) and the *reaper* (:func:`app.jobs.runner.reap_dead_jobs`),
+which queues again the jobs whose worker died.
 
 Fork safety: with ``--processes`` Huey forks the scheduler and the job processes from the
 consumer's main process, at start and again for each one that died. That main process
@@ -25,14 +27,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from huey.consumer import Consumer, Scheduler
 
+from app.errors import error_line
+from app.jobs.heartbeat import HEARTBEAT_S, consumer_id, record_heartbeat
 from app.jobs.queue import Queue, get_queue
 from app.jobs.runner import execute_job, reap_dead_jobs
 from app.settings import Settings
+from app.tables import WorkerKind, utcnow
 
 log = logging.getLogger("priorly.jobs")
 
@@ -56,25 +62,49 @@ def reap_every_s(settings: Settings) -> float:
 @dataclass
 class Upkeep:
     """What a consumer does besides running jobs, on each tick of its scheduler: the
-    reaper every ``reap_s`` seconds, on the first tick too.
+    heartbeat every ``heartbeat_s`` seconds and the reaper every ``reap_s`` seconds, both
+    on the first tick.
 
     Attributes:
         queue: the consumer's queue (its engine and settings; reaped jobs go back on it).
-        reap_s: the interval, in seconds of ``clock``.
-        clock: monotonic seconds; :meth:`tick` compares it with the next due time.
+        worker: the consumer's id, ``host:pid`` of its main process
+            (:func:`app.jobs.heartbeat.consumer_id`).
+        kind: ``serve`` or ``worker``.
+        heartbeat_s, reap_s: the intervals, in seconds of ``clock``.
+        clock: monotonic seconds; :meth:`tick` compares it with the next due times.
+        started_at: when the consumer started (its heartbeat row's ``started_at``).
     """
 
     queue: Queue
+    worker: str
+    kind: WorkerKind
+    heartbeat_s: float = HEARTBEAT_S
     reap_s: float = 20.0
     clock: Callable[[], float] = time.monotonic
+    started_at: datetime = field(default_factory=utcnow)
+    _next_beat: float | None = None
     _next_reap: float | None = None
 
     def tick(self) -> None:
-        """Reap when due; never raises."""
+        """Beat and reap when each is due; never raises."""
         now = self.clock()
+        if self._next_beat is None or now >= self._next_beat:
+            self._next_beat = now + self.heartbeat_s
+            self.beat()
         if self._next_reap is None or now >= self._next_reap:
             self._next_reap = now + self.reap_s
             self.reap()
+
+    def beat(self) -> bool:
+        """Write the heartbeat; on a database error log one line and return ``False``."""
+        try:
+            record_heartbeat(
+                self.queue.engine, self.worker, kind=self.kind, started_at=self.started_at
+            )
+        except Exception as exc:  # a database hiccup must not stop the worker
+            log.warning("worker heartbeat of %s failed: %s", self.worker, error_line(exc)[:300])
+            return False
+        return True
 
     def reap(self) -> None:
         """Queue again the jobs whose worker died (:func:`app.jobs.runner.reap_dead_jobs`)."""
@@ -134,11 +164,19 @@ class BackgroundWorker:
             scheduler.join(STOP_WAIT_S)
 
 
-def start_background_worker(settings: Settings, workers: int = 1) -> BackgroundWorker:
+def start_background_worker(
+    settings: Settings,
+    workers: int = 1,
+    *,
+    heartbeat_s: float = HEARTBEAT_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> BackgroundWorker:
     """Start ``workers`` consumer threads and their scheduler in this process
-    (``priorly serve``)."""
+    (``priorly serve``); the heartbeat row's kind is ``serve``."""
     queue = consumer_queue(settings)
-    upkeep = Upkeep(queue, reap_every_s(settings))
+    upkeep = Upkeep(
+        queue, consumer_id(), WorkerKind.serve, heartbeat_s, reap_every_s(settings), clock
+    )
     consumer = _EmbeddedConsumer(
         queue.huey, upkeep, workers=workers, worker_type="thread", periodic=False, max_delay=1.0
     )
@@ -146,12 +184,18 @@ def start_background_worker(settings: Settings, workers: int = 1) -> BackgroundW
     return BackgroundWorker(consumer, upkeep)
 
 
-def run_worker(settings: Settings, workers: int = 1, worker_type: str = "thread") -> None:
-    """Run a consumer in the foreground until interrupted (``priorly worker``).
-    ``worker_type`` ``"process"`` runs each job slot and the scheduler in a forked process
-    (see the module docstring)."""
+def run_worker(
+    settings: Settings,
+    workers: int = 1,
+    worker_type: str = "thread",
+    *,
+    heartbeat_s: float = HEARTBEAT_S,
+) -> None:
+    """Run a consumer in the foreground until interrupted (``priorly worker``); the
+    heartbeat row's kind is ``worker``. ``worker_type`` ``"process"`` runs each job slot
+    and the scheduler in a forked process (see the module docstring)."""
     queue = consumer_queue(settings)
-    upkeep = Upkeep(queue, reap_every_s(settings))
+    upkeep = Upkeep(queue, consumer_id(), WorkerKind.worker, heartbeat_s, reap_every_s(settings))
     consumer = _Consumer(
         queue.huey, upkeep, workers=workers, worker_type=worker_type, periodic=False, max_delay=1.0
     )

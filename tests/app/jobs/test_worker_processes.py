@@ -1,7 +1,8 @@
 """``priorly worker --processes --workers 2`` as a real subprocess on a SQLite database and
-queue file: the jobs run in the job processes Huey forked, and the worker's main process,
-which forks the job processes (at start and again for each one that died), holds no open
-database file, so no forked process inherits a connection.
+queue file: the jobs run in the job processes Huey forked, the worker's heartbeat is
+written, and the worker's main process, which forks the job processes (at start and
+again for each one that died), holds no open database file, so no forked process
+inherits a connection.
 
 A database connection or a thread doing database work in the main process would reach
 every process forked from it: a pooled connection then used by two processes, or a lock
@@ -23,10 +24,11 @@ from sqlmodel import Session, select
 
 from app.auth import create_account
 from app.db import make_engine
+from app.jobs.heartbeat import consumer_id
 from app.services.designer import create_study
 from app.services.jobs import start_job
 from app.settings import Settings
-from app.tables import Job, JobStatus
+from app.tables import Job, JobStatus, WorkerHeartbeat
 from tests.support.admin import PASSWORD
 
 REPO = Path(__file__).resolve().parents[3]
@@ -115,6 +117,11 @@ def test_worker_processes_run_jobs_without_sharing_the_database(
         )
         assert isinstance(jobs, list)
         assert [j.status for j in jobs] == ["succeeded"] * 4, [j.error for j in jobs]
+        host = consumer_id().split(":")[0]
+        with Session(engine) as db:
+            beat = db.get(WorkerHeartbeat, f"{host}:{proc.pid}")
+            assert beat is not None and beat.kind == "worker"
+
         # the jobs ran in processes forked by the worker, not in the worker itself
         job_pids = {int((j.worker or "").split(":")[1]) for j in jobs}
         assert proc.pid not in job_pids
