@@ -124,6 +124,11 @@ class JobStatus(StrEnum):
     cancelled = "cancelled"
 
 
+class WorkerKind(StrEnum):
+    serve = "serve"
+    worker = "worker"
+
+
 class Researcher(SQLModel, table=True):
     """A researcher account (owner of studies and API keys); ``is_admin`` sees every study.
 
@@ -639,6 +644,29 @@ class RateLimitCounter(SQLModel, table=True):
     expires_at: float = Field(index=True)
 
 
+class WorkerHeartbeat(SQLModel, table=True):
+    """A job worker's last sign of life (written by :mod:`app.jobs.heartbeat`).
+
+    One row per consumer process: ``id`` is its ``host:pid`` (``priorly worker``, or
+    ``priorly serve`` with its in-process worker: ``kind``), ``started_at`` when it began
+    to consume the queue, ``last_seen`` rewritten every
+    :data:`app.jobs.heartbeat.HEARTBEAT_S` seconds while it runs. A worker counts as
+    running while ``last_seen`` is at most :data:`app.jobs.heartbeat.SEEN_WITHIN_S` old;
+    rows older than :data:`app.jobs.heartbeat.PRUNE_AFTER_S` are deleted by the next
+    heartbeat of any worker.
+    """
+
+    __tablename__ = "worker_heartbeat"
+    __table_args__ = (_in("kind", WorkerKind),)
+
+    id: str = Field(primary_key=True, max_length=200)
+    kind: str = Field(max_length=16)
+    started_at: datetime = _ts()
+    last_seen: datetime = Field(  # type: ignore[call-overload]
+        default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False, index=True
+    )
+
+
 __all__ = [
     "Answer",
     "ApiKey",
@@ -667,6 +695,8 @@ __all__ = [
     "StudyPersona",
     "StudyShare",
     "StudyStatus",
+    "WorkerHeartbeat",
+    "WorkerKind",
     "utcnow",
 ]
 

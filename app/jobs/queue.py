@@ -12,9 +12,10 @@ runs a job (:func:`app.jobs.runner.execute_job`) before it consumes messages.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +85,25 @@ class Queue:
     settings: Settings
     executor: Executor | None = None
     _engine: Engine | None = None
+    _engine_pid: int = 0
+    _inherited: list[Engine] = field(default_factory=list)
 
     @property
     def engine(self) -> Engine:
-        if self._engine is None:
+        """This process's engine, made on first use in each process.
+
+        A process forked after its parent made the engine (Huey's job processes, with
+        ``priorly worker --processes``) makes its own: a pooled connection used by two
+        processes mixes their statements, and a lock held by a parent's thread at the fork
+        stays held in the child. The inherited engine is kept, unused, so that nothing of
+        the parent's connections is closed from the child.
+        """
+        pid = os.getpid()
+        if self._engine is None or self._engine_pid != pid:
+            if self._engine is not None:
+                self._inherited.append(self._engine)
             self._engine = make_engine(self.settings.database_url)
+            self._engine_pid = pid
         return self._engine
 
     def enqueue(self, job_id: int) -> None:

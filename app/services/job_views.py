@@ -1,6 +1,9 @@
 """Background jobs as the admin pages show them: rows with a label and progress, the jobs
 page, a page about one kind of job, one job's row, cancelling, a simulation's plot.
 
+The pages that list jobs carry ``worker_warning``: when one of their jobs is queued and no
+job worker has been seen (:func:`app.services.workers.no_worker_warning`), else empty.
+
 A job row is a dict ``{"job", "label", "active", "percent", "summary"}``: the
 :class:`Job`, the kind's label, whether it is queued or running (the row then polls itself),
 its progress in whole percent, e.g. ``percent = round(100 * 0.426) = 43``, and a succeeded
@@ -23,6 +26,7 @@ from app.services.plots import simulation_svg
 from app.services.setting_words import describe_fit
 from app.services.simulation import MIN_REPLAYABLE, imported_count, unavailable_reason
 from app.services.studies import study_personas
+from app.services.workers import no_worker_warning
 from app.settings import Settings
 from app.tables import Job, JobStatus, Study
 
@@ -61,6 +65,13 @@ def job_rows(rows: list[Job], *, session: Session) -> list[dict[str, Any]]:
     """:func:`job_row` of each job, with what the queued ones wait behind (one query)."""
     ahead = jobs.jobs_ahead(rows, session=session)
     return [job_row(j, ahead.get(j.id or 0)) for j in rows]
+
+
+def worker_warning(jobs_shown: list[Job], *, session: Session) -> str:
+    """:func:`app.services.workers.no_worker_warning` for a page listing ``jobs_shown``:
+    non-empty only when one of them is queued and no worker is seen."""
+    queued = any(j.status == JobStatus.queued.value for j in jobs_shown)
+    return no_worker_warning(session, queued=queued)
 
 
 def _persona_words(r: dict[str, Any]) -> str:
@@ -168,9 +179,11 @@ def jobs_overview(study: Study, *, session: Session) -> dict[str, Any]:
         else "it learns from imported respondents' complete answers, and this study has too "
         "few: import a dataset with this study's items (Import).",
     }
+    shown = jobs.study_jobs(study, session=session)
     return {
         "study": study,
-        "jobs": job_rows(jobs.study_jobs(study, session=session), session=session),
+        "jobs": job_rows(shown, session=session),
+        "worker_warning": worker_warning(shown, session=session),
         "kinds": [
             (k, LABELS[k], why_not.get(k)) for k in kind_names() if k != "persona_generation"
         ],
@@ -186,17 +199,16 @@ def persona_overview(
     persona generation ``jobs`` as rows, ``newest_persona_job`` (its id: only that job
     offers Resume when it was cancelled or failed) and ``extra`` (an ``error`` or
     ``notice``)."""
-    rows = job_rows(
-        [
-            j
-            for j in jobs.study_jobs(study, session=session, limit=50)
-            if j.kind == "persona_generation"
-        ][:10],
-        session=session,
-    )
+    shown = [
+        j
+        for j in jobs.study_jobs(study, session=session, limit=50)
+        if j.kind == "persona_generation"
+    ][:10]
+    rows = job_rows(shown, session=session)
     return {
         **persona_service.persona_page(study, session=session, settings=settings),
         "jobs": rows,
+        "worker_warning": worker_warning(shown, session=session),
         "newest_persona_job": rows[0]["job"].id if rows else None,
         **extra,
     }
@@ -212,9 +224,11 @@ def kind_overview(study: Study, kind: str, *, session: Session) -> dict[str, Any
     failed = next((j for j in newest if j.status == JobStatus.failed.value), None)
     if failed is not None and latest is not None and (latest.id or 0) > (failed.id or 0):
         failed = None
+    pending = [j for j in newest if j.status in jobs.ACTIVE]
     return {
         "study": study,
-        "pending": job_rows([j for j in newest if j.status in jobs.ACTIVE], session=session),
+        "pending": job_rows(pending, session=session),
+        "worker_warning": worker_warning(pending, session=session),
         "latest": latest,
         "failed": job_row(failed) if failed is not None else None,
         "settings": StudySettings.model_validate(study.settings or {}),

@@ -88,7 +88,8 @@ def test_serve_answers_at_once_and_fits_the_demo_in_the_job_queue(
 ) -> None:
     """An empty database: ``/healthz`` and the home page answer within seconds of the
     start, the demo survey says "preparing" while its fit job waits (no worker), and after
-    a restart with the in-process worker the job runs and the survey starts."""
+    a restart with the in-process worker the job runs and the survey starts; ``/healthz``
+    counts that worker, and none before."""
     demo = small_dataset_factory("ces", 120)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -109,6 +110,9 @@ def test_serve_answers_at_once_and_fits_the_demo_in_the_job_queue(
         assert "I agree" not in page.text
         poll = httpx.get(f"{base}/s/ces", headers={"HX-Request": "true", "HX-Trigger": "preparing"})
         assert poll.status_code == 204
+        health = httpx.get(f"{base}/healthz", timeout=10)  # healthy, without any worker
+        assert health.status_code == 200
+        assert health.json()["workers"] == {"seen": 0, "last_seen": None, "seen_within_s": 60}
     finally:
         _stop(proc)
 
@@ -136,6 +140,8 @@ def test_serve_answers_at_once_and_fits_the_demo_in_the_job_queue(
             r = client.post("/s/ces/consent", data={"choice": "accept"}, follow_redirects=True)
             assert r.status_code == 200, r.text
             assert 'name="option"' in r.text or "a_" in r.text
+            # the in-process worker's heartbeat, written at its start
+            assert client.get("/healthz").json()["workers"]["seen"] == 1
     finally:
         _stop(proc)
     assert "fitted by job" in log.read_text()

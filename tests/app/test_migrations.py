@@ -3,9 +3,11 @@ migrated schema equals the tables' metadata (what ``alembic check`` verifies).""
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import NullPool
 from sqlmodel import SQLModel
 
@@ -165,3 +167,38 @@ def test_0015_stores_the_code_that_sessions_completed_before_show(db_url: str) -
             assert "AUTOINCREMENT" in sql and "completion_code" not in sql
     finally:
         eng.dispose()
+
+
+def test_0016_adds_and_drops_the_worker_heartbeat_table(db_url: str) -> None:
+    """0016 creates ``worker_heartbeat`` (its ``kind`` checked, ``last_seen`` indexed);
+    the downgrade to 0015 drops it and nothing else."""
+    upgrade(db_url, "0015")
+    before = _tables(db_url)
+    assert "worker_heartbeat" not in before
+    upgrade(db_url)
+    assert _tables(db_url) == before | {"worker_heartbeat"}
+    eng = create_engine(db_url, poolclass=NullPool)
+    insert = text(
+        "INSERT INTO worker_heartbeat (id, kind, started_at, last_seen) "
+        "VALUES (:id, :kind, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+    )
+    try:
+        insp = inspect(eng)
+        assert {c["name"] for c in insp.get_columns("worker_heartbeat")} == {
+            "id",
+            "kind",
+            "started_at",
+            "last_seen",
+        }
+        assert [ix["column_names"] for ix in insp.get_indexes("worker_heartbeat")] == [
+            ["last_seen"]
+        ]
+        with eng.begin() as conn:
+            conn.execute(insert, {"id": "web1:10", "kind": "serve"})
+            conn.execute(insert, {"id": "jobs1:11", "kind": "worker"})
+        with pytest.raises(IntegrityError), eng.begin() as conn:
+            conn.execute(insert, {"id": "x:12", "kind": "cron"})
+    finally:
+        eng.dispose()
+    downgrade(db_url, "0015")
+    assert _tables(db_url) == before

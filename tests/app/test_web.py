@@ -31,7 +31,11 @@ def test_healthz_ok(migrated_sqlite_url: str) -> None:
         r = client.get("/healthz")
         head = client.head("/healthz")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "database": "ok"}
+    assert r.json() == {
+        "status": "ok",
+        "database": "ok",
+        "workers": {"seen": 0, "last_seen": None, "seen_within_s": 60},
+    }
     assert head.status_code == 200 and head.content == b""
 
 
@@ -54,6 +58,7 @@ def test_healthz_unmigrated(sqlite_url: str) -> None:
         r = client.get("/healthz")
     assert r.status_code == 503
     assert r.json()["status"] == "error" and "not migrated" in r.json()["database"]
+    assert r.json()["workers"] is None
 
 
 def test_healthz_unreachable(tmp_path: Path) -> None:
