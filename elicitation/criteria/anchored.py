@@ -33,8 +33,9 @@ datasets, one value for every dataset (docs/benchmarks.md, "Selection rule")."""
 DEFAULT_EVIDENCE_STRENGTH = 5.0
 """Default ``evidence_strength`` of :class:`AnchoredInformationGain` (answers of the
 population's distribution added to each class's answers to an item before the gain is
-computed): measured by ``priorly bench lifecycle`` on CES and OpinionQA against 0 and 2
-(docs/benchmarks.md, "priorly bench lifecycle"; decision 0010)."""
+computed): measured by ``priorly bench lifecycle`` on CES and OpinionQA against no view
+(``0``), and against ``2`` in a screen (docs/benchmarks.md, "priorly bench lifecycle";
+docs/decisions/0010-evidence-view-for-young-models.md)."""
 
 
 @register_criterion
