@@ -32,10 +32,14 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (temporary file, then rename)."""
+    """Write ``obj`` as JSON to ``path`` atomically (temporary file, then rename), with the
+    mode a plain ``open`` would give it (``0o666`` less the umask; ``mkstemp`` makes 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(obj, fh, indent=2)
             fh.write("\n")

@@ -298,8 +298,9 @@ register_method(
         fit_latent_class_model,
         _criterion("eig_anchored", delta=DEFAULT_DELTA, seed=_SEED),
         "latent classes (K chosen on validation) + eig_anchored: expected information gain "
-        f"about the targets minus {DEFAULT_DELTA} nats per position skipped in the fixed "
-        "order; the app's default criterion (StudySettings.criterion), what a live study uses",
+        "about the targets under the model's evidence view minus "
+        f"{DEFAULT_DELTA} nats per position skipped in the fixed order; the app's default "
+        "criterion (StudySettings.criterion), what a live study uses",
     )
 )
 register_method(

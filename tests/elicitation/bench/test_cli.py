@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,9 @@ def test_individual_writes_result_and_plot(
         ]
     )
     assert code == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # as open() makes it, not 0600
     res = json.loads(out.read_text())
     assert res["budget"] == 2 and list(res["methods"]) == ["random", "full"]
     assert len(res["methods"]["random"]["accuracy"]) == 3
