@@ -116,6 +116,10 @@ def test_survey_by_keyboard_with_screenshots_and_axe(
                 shot(page, RESULTS, f"about-{label}")
                 if width == PHONE["width"]:
                     shot(page, SHOTS, "about-page-1-390")
+            # the focus moves to the page's first question (autofocus) once htmx settles
+            page.wait_for_function(
+                "() => document.activeElement && document.activeElement.matches('legend.r-legend')"
+            )
             tab_to(page, "el && el.type === 'radio'")
             page.keyboard.press("Space")
             assert page.evaluate("() => document.activeElement.checked") is True
@@ -144,6 +148,11 @@ def test_survey_by_keyboard_with_screenshots_and_axe(
         shot(page, RESULTS, f"question-{label}")
         for n in range(1, MAX_QUESTIONS + 1):
             page.wait_for_selector(f"text=Question {N_ATTRIBUTES + n} of at most {total}")
+            # the focus moves to the question (its autofocus) once htmx settles the swap; a
+            # Tab pressed before that would be undone
+            page.wait_for_function(
+                "() => document.activeElement && document.activeElement.matches('h1.r-qtext')"
+            )
             tab_to(page, "el && el.type === 'radio'")
             page.keyboard.press("ArrowDown" if n % 2 else "Space")  # select an option
             assert page.evaluate("() => document.activeElement.checked") is True
