@@ -26,7 +26,7 @@ from app.session.errors import (
 )
 from app.session.runtime import ItemInfo, StudyRuntime
 from app.session.state import answers_of, current_state, dump_state
-from app.session.tokens import code_at_completion
+from app.session.tokens import mark_completed
 from app.session.views import SessionView, check_study, decision_at, result_of, view_at
 from app.settings import get_settings
 from app.tables import Answer, ElicitationSession, Respondent, SessionStatus, utcnow
@@ -133,9 +133,7 @@ def submit_locked(
         sess.state_version = len(answers)
         sess.updated_at = utcnow()
         if decision.item_id is None:
-            sess.status = SessionStatus.completed.value
-            sess.completed_at = utcnow()
-            sess.completion_code = code_at_completion(db, sess.study_id)
+            mark_completed(db, sess, sess.updated_at)
         db.add(sess)
         db.commit()
         return view_at(rt, sess, decision, len(answers))

@@ -38,7 +38,7 @@ from app.session.sql import (
     timestamp_param,
 )
 from app.session.state import dump_state
-from app.session.tokens import code_at_completion, hash_token, new_token
+from app.session.tokens import hash_token, mark_completed, new_token
 from app.session.views import (
     SessionView,
     check_study,
@@ -339,9 +339,7 @@ def _store_first_decision(
     sess.model_id = rt.model_id
     sess.updated_at = utcnow()
     if row.item_id is None:
-        sess.status = SessionStatus.completed.value
-        sess.completed_at = utcnow()
-        sess.completion_code = code_at_completion(db, sess.study_id)
+        mark_completed(db, sess, sess.updated_at)
     db.add(sess)
     db.flush()
     return view_at(rt, sess, row, 0)

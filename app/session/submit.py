@@ -18,7 +18,7 @@ from app.session.fast import submit_fast
 from app.session.locked import locked_session, submit_locked, write_slots
 from app.session.runtime import ItemInfo, StudyRuntime, load_runtime, session_runtime
 from app.session.sql import SessionSnapshot, StudyHead, read_session
-from app.session.tokens import code_at_completion
+from app.session.tokens import mark_completed
 from app.session.views import SessionView, check_study, session_view
 from app.tables import SessionStatus, Study, utcnow
 from app.textguard import clip
@@ -94,11 +94,8 @@ def finish_session(study: Study, session_id: int, *, engine: Engine) -> SessionV
     with locked_session(engine, session_id) as (db, sess):
         check_study(sess, study.id or 0, study.slug)
         if sess.status == SessionStatus.active.value:
-            now = utcnow()
-            sess.status = SessionStatus.completed.value
-            sess.completed_at = now
-            sess.updated_at = now
-            sess.completion_code = code_at_completion(db, sess.study_id)
+            sess.updated_at = utcnow()
+            mark_completed(db, sess, sess.updated_at)
             db.add(sess)
             db.commit()
             finished = True

@@ -14,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from datetime import datetime
 
 from sqlmodel import Session, select
 
 from app.services.apikeys import KEY_PREFIX
-from app.tables import ElicitationSession, Study
+from app.tables import ElicitationSession, SessionStatus, Study
 
 TOKEN_BYTES = 32
 
@@ -79,3 +80,11 @@ def code_at_completion(db: Session, study_id: int) -> str:
     completes in ``db``'s transaction: the study's fixed code, ``""`` without one."""
     code = db.exec(select(Study.completion_code).where(Study.id == study_id)).first()
     return code or ""
+
+
+def mark_completed(db: Session, sess: ElicitationSession, now: datetime) -> None:
+    """Complete ``sess`` in ``db``'s transaction (not committed): status ``completed``,
+    ``completed_at = now`` and the code it shows from now on (:func:`code_at_completion`)."""
+    sess.status = SessionStatus.completed.value
+    sess.completed_at = now
+    sess.completion_code = code_at_completion(db, sess.study_id)
