@@ -452,3 +452,47 @@ def test_long_words_wrap_and_right_to_left_text_keeps_its_direction(
         assert directions == ["ltr", "rtl"]
     finally:
         context.close()
+
+
+def test_dark_appearance(server: tuple[str, str, str], browser: Any) -> None:
+    """A device set to a dark appearance gets the pages in dark colours, every state with
+    enough contrast for axe-core: consent, questions about you with a blank one flagged, a
+    question with an option chosen, the completion page."""
+    base, slug, _ = server
+    context = browser.new_context(viewport=PHONE, color_scheme="dark")
+    page = context.new_page()
+    background = "() => getComputedStyle(document.body).backgroundColor"
+    try:
+        page.goto(f"{base}/s/{slug}")
+        assert page.evaluate(background) == "rgb(17, 20, 24)"
+        assert axe_violations(page) == []
+        page.click("button[value=accept]")
+        page.wait_for_selector("text=A few questions about you")
+        page.check("fieldset.r-question >> nth=0 >> input[type=radio] >> nth=0")
+        page.click("button.r-primary")
+        page.wait_for_selector("text=You did not answer 2 questions on this page.")
+        assert axe_violations(page) == []
+        for first in (4, 7):
+            page.click("button.r-primary")  # leave the rest blank
+            page.wait_for_selector(f"text=Questions {first} to {first + 2} of at most")
+            page.check("fieldset.r-question >> nth=0 >> input[type=radio] >> nth=0")
+            page.click("button.r-primary")
+            page.wait_for_selector("text=You did not answer 2 questions on this page.")
+        page.click("button.r-primary")
+        for k in range(1, MAX_QUESTIONS + 1):
+            page.wait_for_selector(f"text=Question {N_ATTRIBUTES + k} of at most")
+            page.check("input[name=option] >> nth=0")
+            chosen = page.locator(".r-option").first
+            assert chosen.evaluate("el => getComputedStyle(el).backgroundColor") == (
+                "rgb(30, 51, 82)"
+            )
+            if k == 1:
+                assert axe_violations(page) == []
+                shot(page, SHOTS, "question-dark-390")
+            page.click("button.r-primary")
+        page.wait_for_selector("text=Thank you!")
+        assert page.evaluate(background) == "rgb(17, 20, 24)"
+        assert axe_violations(page) == []
+        shot(page, SHOTS, "done-dark-390")
+    finally:
+        context.close()
