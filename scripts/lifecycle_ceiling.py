@@ -12,6 +12,8 @@ and validation users (seeded by the run) and fits the same latent classes
 * ``complete``: all their answers to the run's items (as if every arrival answered every
   candidate and target), split as the product's refit splits live respondents (65%
   training, 15% selection; the 20% the product holds out for promotion are left out);
+* ``complete_all``: the same complete answers with nothing held out (85% training, 15%
+  selection): what any question policy could reach with these N users under any split;
 * ``random<k>``: the same users with only ``k`` of the run's items each, drawn at random
   (``--answers``, default 10: what a 10-question session gives, calibrated at random);
 
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         fits = {
             "full_history": (train, val),
             "complete": (complete[:n_tr], complete[n_tr : n_tr + n_sel]),
+            "complete_all": (complete[: n - n_sel], complete[n - n_sel :]),
             f"random{args.answers}": (sparse[:n_tr], sparse[n_tr : n_tr + n_sel]),
         }
         observed, answers, truth = _scored_users(test, bank.n_items, demo, cand, tgt)
