@@ -50,7 +50,14 @@ from elicitation.bench.methods import (
 from elicitation.bench.metrics import LOG_FLOOR, score_predictions
 from elicitation.criteria import get_criterion
 from elicitation.errors import BenchmarkError, ElicitationError
-from models.base import MISSING, BeliefModel, ItemBank, load_model, responses_hash
+from models.base import (
+    MISSING,
+    BeliefModel,
+    ItemBank,
+    TooFewRespondentsError,
+    load_model,
+    responses_hash,
+)
 from models.cape_common import split_rows
 from models.cape_cooccurrence import CapeCooccurrence
 from models.cape_factor import CapeFactor
@@ -60,6 +67,15 @@ from models.latent_class import fit_latent_classes
 
 AUTO_BUDGET = 10
 """Questions per validation user in ``auto``'s simulated elicitation."""
+
+STACK_MIN_RESPONDENTS = 10
+"""``auto`` fits and scores the stack only when this many validation users answered a
+target item: its out-of-fold score fits the weights on one half of them and scores the
+other, and the rule's standard error is over users."""
+
+AUTO_MIN_UNSPLIT = 10
+"""``auto`` without validation users holds 20% of the training users out to compare the
+candidates, from this many; with fewer it ships latent classes unscored."""
 
 CAPE_FAMILIES = ("cape_cooccurrence", "cape_linear", "cape_factor")
 
@@ -613,8 +629,9 @@ def fit_auto(ctx: FitContext) -> BeliefModel:
        simulated elicitation (``eig`` on the targets, demographics observed,
        :data:`AUTO_BUDGET` questions) and scores target log loss averaged over
        ``0..AUTO_BUDGET`` questions; the lowest is the best single candidate.
-    3. With two or more candidates, :func:`stack_models` fits a stacked mixture and scores
-       it out of fold (weights fitted on the other half of the validation users).
+    3. With two or more candidates and at least :data:`STACK_MIN_RESPONDENTS` scored
+       validation users, :func:`stack_models` fits a stacked mixture and scores it out of
+       fold (weights fitted on the other half of the validation users).
        The stack ships only when :func:`stack_beats_single` says it beats the best single
        candidate by more than the standard error of the difference over validation users;
        otherwise the best single candidate ships.
@@ -655,10 +672,26 @@ def _fit_auto(ctx: FitContext, progress: Callable[[float, str], None] | None = N
             progress(0.8 * i / len(names), f"auto: fitting {name} ({i + 1} of {len(names)})")
         try:
             models[name] = FAMILIES[name].fit(ctx)
-        except MissingInputError as exc:
+        except (MissingInputError, TooFewRespondentsError) as exc:
             skipped[name] = str(exc)
     if not models:
         raise ElicitationError(f"auto: every candidate was skipped ({skipped})")
+    skipped_rows = [
+        {
+            "name": f"{name} (skipped: {why})",
+            "family": name,
+            "skipped": why,
+            "log_loss_0": None,
+            "log_loss_T": None,
+            "mean_log_loss": None,
+            "chosen": False,
+        }
+        for name, why in skipped.items()
+    ]
+    scored = int((ctx.val[:, list(ctx.targets)] >= 0).any(1).sum())
+    if scored == 0:
+        why = "no validation respondent has answered a target item yet: nothing to compare on"
+        return _unscored_choice(ctx, list(models), skipped, skipped_rows, why)
     kw: dict[str, Any] = {
         "observed_items": ctx.demographics,
         "candidates": ctx.candidates,
@@ -671,7 +704,12 @@ def _fit_auto(ctx: FitContext, progress: Callable[[float, str], None] | None = N
     table = [dict(row) for row in singles.table]
     rule: dict[str, Any] = {"best_single": best, "gain": None, "se": None, "stack": False}
     stack: ModelChoice | None = None
-    if len(models) > 1:
+    if len(models) > 1 and scored < STACK_MIN_RESPONDENTS:
+        rule["stack_skipped"] = (
+            f"{scored} validation respondents answered a target item; the stack is "
+            f"compared from {STACK_MIN_RESPONDENTS}"
+        )
+    elif len(models) > 1:
         stack = stack_models(models, ctx.val, **kw)
         rule.update(
             stack_beats_single(
@@ -696,25 +734,56 @@ def _fit_auto(ctx: FitContext, progress: Callable[[float, str], None] | None = N
         model = copy.copy(FAMILIES[best].production(ctx))  # the fit is shared (memo, cache)
         extra = dict(model.metrics or {})
         chosen = best
-    shown = comparison_rows(table) + [
-        {
-            "name": f"{name} (skipped: {why})",
-            "family": name,
-            "skipped": why,
-            "log_loss_0": None,
-            "log_loss_T": None,
-            "mean_log_loss": None,
-            "chosen": False,
-        }
-        for name, why in skipped.items()
-    ]
     model.metrics = {
         **extra,
         "auto_table": {"seed": ctx.seed, "chosen": chosen, "table": table},
         "auto_chosen": chosen,
-        "model_choice": shown,
+        "model_choice": comparison_rows(table) + skipped_rows,
         "model_choice_skipped": skipped,
         "model_choice_rule": rule,
+        "model_choice_respondents": scored,
+    }
+    return model
+
+
+def _unscored_choice(
+    ctx: FitContext,
+    fitted: Sequence[str],
+    skipped: dict[str, str],
+    skipped_rows: list[dict[str, Any]],
+    why: str,
+) -> BeliefModel:
+    """``auto`` with nothing to compare the candidates on (a study's first few
+    respondents: none for validation, or none of them answered a target item): the first
+    candidate of ``fitted`` (table order: latent classes) ships, and its ``metrics`` say
+    why (``model_choice_rule["unscored"]``). The app's promotion still scores it on
+    held-out respondents before it replaces the active model."""
+    name = fitted[0]
+    model = copy.copy(FAMILIES[name].production(ctx))
+    rows = [
+        {
+            "name": n,
+            "log_loss_0": None,
+            "log_loss_T": None,
+            "mean_log_loss": None,
+            "chosen": n == name,
+        }
+        for n in fitted
+    ]
+    model.metrics = {
+        **dict(model.metrics or {}),
+        "auto_table": {"seed": ctx.seed, "chosen": name, "table": []},
+        "auto_chosen": name,
+        "model_choice": rows + skipped_rows,
+        "model_choice_skipped": skipped,
+        "model_choice_rule": {
+            "best_single": name,
+            "gain": None,
+            "se": None,
+            "stack": False,
+            "unscored": why,
+        },
+        "model_choice_respondents": 0,
     }
     return model
 
@@ -775,8 +844,7 @@ def fit_belief_model(
         table (validation target log loss of each candidate and of the mixture).
 
     Raises:
-        ElicitationError: unknown ``kind``; ``auto`` without target or question items,
-            or with too few respondents to hold some out.
+        ElicitationError: unknown ``kind``; ``auto`` without target or question items.
     """
     train = torch.as_tensor(train, dtype=torch.long)
     val_t = None if val is None or val.shape[0] == 0 else torch.as_tensor(val, dtype=torch.long)
@@ -803,13 +871,17 @@ def fit_belief_model(
         raise ElicitationError("auto needs at least one target item to compare models on")
     if not candidates:
         raise ElicitationError("auto needs at least one question item to ask")
+    unscored = None
     if val_t is None:
-        if train.shape[0] < 10:
-            raise ElicitationError(
-                f"auto needs at least 10 historical respondents (has {train.shape[0]})"
+        if train.shape[0] < AUTO_MIN_UNSPLIT:
+            unscored = (
+                f"{train.shape[0]} respondents and none set aside for validation "
+                f"(at least {AUTO_MIN_UNSPLIT} are split): nothing to compare on"
             )
-        held, kept = split_rows(train.shape[0], 0.2, seed)
-        train, val_t = train[kept], train[held]
+            val_t = train[:0]
+        else:
+            held, kept = split_rows(train.shape[0], 0.2, seed)
+            train, val_t = train[kept], train[held]
     ctx = FitContext(
         item_bank,
         train,
@@ -826,6 +898,8 @@ def fit_belief_model(
         },
     )
     with fits_scope():  # a long-running worker keeps no fits of past studies
+        if unscored is not None:
+            return _unscored_choice(ctx, ["latent_classes"], {}, [], unscored)
         return _fit_auto(ctx, progress)
 
 

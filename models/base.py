@@ -60,6 +60,11 @@ class InvalidDistributionError(ModelError, ValueError):
     """A probability table that is negative, not finite, or does not sum to 1."""
 
 
+class TooFewRespondentsError(ModelError, ValueError):
+    """A fit needs more respondents than it was given (e.g. a CAPE fit with one training
+    respondent): a model choice skips that candidate and records the message."""
+
+
 @dataclass(frozen=True)
 class ItemBank:
     """The items a model knows: their keys and option counts, in model order.

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from models.base import DTYPE, ItemBank, ModelError, register_model
+from models.base import DTYPE, ItemBank, TooFewRespondentsError, register_model
 from models.cape_common import (
     CapeModel,
     IndicatorCoding,
@@ -230,7 +230,7 @@ class CapeCooccurrence(CapeModel):
         """
         responses = item_bank.check_responses(responses)
         if responses.shape[0] < 2:
-            raise ModelError("cape_cooccurrence needs at least 2 training respondents")
+            raise TooFewRespondentsError("cape_cooccurrence needs at least 2 training respondents")
         if validation is None:
             val_idx, fit_idx = split_rows(responses.shape[0], 0.2, seed)
             fit_rows, val_rows = responses[fit_idx], responses[val_idx]

@@ -44,7 +44,7 @@ from pyro.optim import ClippedAdam
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from models.base import DTYPE, ItemBank, ModelError, register_model
+from models.base import DTYPE, ItemBank, ModelError, TooFewRespondentsError, register_model
 from models.cape_common import (
     CapeModel,
     IndicatorCoding,
@@ -238,7 +238,9 @@ class CapeFactor(CapeModel):
         else:
             fit_rows, val_rows = responses, item_bank.check_responses(validation)
         if fit_rows.shape[0] < 2 or val_rows.shape[0] < 1:
-            raise ModelError("cape_factor needs at least 2 training and 1 validation respondent")
+            raise TooFewRespondentsError(
+                "cape_factor needs at least 2 training and 1 validation respondent"
+            )
         scores: dict[int, float] = {}
         models: dict[int, CapeFactor] = {}
         final_loss: dict[int, float] = {}

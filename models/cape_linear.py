@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from models.base import DTYPE, ItemBank, ModelError, register_model
+from models.base import DTYPE, ItemBank, ModelError, TooFewRespondentsError, register_model
 from models.cape_common import (
     PROB_FLOOR,
     CapeModel,
@@ -140,9 +140,10 @@ def em_factor_analysis(
     g = torch.Generator().manual_seed(seed)
     # PCA of the mean-imputed data as a start, plus a small jitter.
     u, s, vt = torch.linalg.svd(xc / math.sqrt(n), full_matrices=False)
-    w = (vt[:d].T * s[:d]) + 0.01 * torch.randn(k, d, generator=g, dtype=DTYPE)
-    if w.shape[1] < d:  # fewer columns than factors
-        w = torch.cat([w, 0.01 * torch.randn(k, d - w.shape[1], generator=g, dtype=DTYPE)], 1)
+    w = vt[:d].T * s[:d]
+    if w.shape[1] < d:  # fewer respondents or columns than factors: the rest start at 0
+        w = torch.cat([w, torch.zeros(k, d - w.shape[1], dtype=DTYPE)], 1)
+    w = w + 0.01 * torch.randn(k, d, generator=g, dtype=DTYPE)
     psi = (var - (w**2).sum(1)).clamp_min(PSI_FLOOR).clamp_min(0.1 * var).clamp_min(PSI_FLOOR)
     trace: list[float] = []
     eye = torch.eye(d, dtype=DTYPE)
@@ -278,7 +279,9 @@ class CapeLinear(CapeModel):
         else:
             fit_rows, val_rows = responses, item_bank.check_responses(validation)
         if fit_rows.shape[0] < 2 or val_rows.shape[0] < 2:
-            raise ModelError("cape_linear needs at least 2 training and 2 validation respondents")
+            raise TooFewRespondentsError(
+                "cape_linear needs at least 2 training and 2 validation respondents"
+            )
         coding = ReferenceCoding.from_bank(item_bank)
         x, obs = coding.encode(fit_rows)
         half_a, half_b = split_rows(val_rows.shape[0], 0.5, seed + 1)

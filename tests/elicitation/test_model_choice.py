@@ -334,3 +334,63 @@ def test_app_and_benchmark_auto_are_one_code_path() -> None:
     score = {r["name"]: r["mean_log_loss"] for r in bench.metrics["model_choice"]}
     assert {r["name"]: r["mean_log_loss"] for r in app.metrics["model_choice"]} == score
     assert set(score) == {*families, "stacked_mixture"} and not app.metrics["model_choice_skipped"]
+
+
+def test_auto_on_a_young_study_skips_what_it_cannot_fit_and_ships_without_a_comparison() -> None:
+    """A study's first respondents: with 9 training and 2 validation users every family
+    fits (``cape_linear`` has more factors than respondents); with 3 and 1, ``cape_linear``
+    is skipped, naming why; with validation users who answered no target, nothing can be
+    compared and the first candidate (latent classes) ships, the metrics saying so."""
+    from elicitation import model_choice as mc
+
+    _, _, y = _factor_case()
+    bank = ItemBank(tuple(f"q{i}" for i in range(6)), (2, 2, 3, 2, 2, 3))
+    kw: dict[str, Any] = {
+        "demographics": [0],
+        "candidates": [1, 2, 3],
+        "targets": [4, 5],
+        "latent_class_options": {"n_classes": (2,), "n_restarts": 1},
+        "fit_options": {"cape_factor": {"dims": (1,), "steps": 30}},
+    }
+    nine = mc.fit_belief_model("auto", y[:9], y[9:11], bank, **kw)
+    assert set(nine.metrics["model_choice_skipped"]) == {"persona_mixture", "mixed"}
+    assert nine.metrics["model_choice_respondents"] == 2
+    three = mc.fit_belief_model("auto", y[:3], y[3:4], bank, **kw)
+    assert (
+        "needs at least 2 training and 2 validation"
+        in (three.metrics["model_choice_skipped"]["cape_linear"])
+    )
+    no_targets = y[20:23].clone()
+    no_targets[:, [4, 5]] = MISSING
+    blind = mc.fit_belief_model("auto", y[:9], no_targets, bank, **kw)
+    assert blind.metrics["auto_chosen"] == "latent_classes"
+    assert blind.metrics["model_choice_respondents"] == 0
+    assert (
+        "no validation respondent has answered a target"
+        in (blind.metrics["model_choice_rule"]["unscored"])
+    )
+    chosen = [r["name"] for r in blind.metrics["model_choice"] if r["chosen"]]
+    assert chosen == ["latent_classes"]
+
+
+def test_auto_with_a_handful_of_respondents_and_no_validation_ships_latent_classes() -> None:
+    """Fewer than ``AUTO_MIN_UNSPLIT`` respondents, none set aside for validation: the
+    fit does not fail (a study's refits would fail until its 10th respondent); latent
+    classes ship, unscored, the metrics saying why."""
+    from elicitation import model_choice as mc
+
+    _, _, y = _factor_case()
+    bank = ItemBank(tuple(f"q{i}" for i in range(6)), (2, 2, 3, 2, 2, 3))
+    model = mc.fit_belief_model(
+        "auto",
+        y[:5],
+        None,
+        bank,
+        demographics=[0],
+        candidates=[1, 2, 3],
+        targets=[4, 5],
+        latent_class_options={"n_classes": (2,), "n_restarts": 1},
+    )
+    assert model.metrics["auto_chosen"] == "latent_classes"
+    assert model.metrics["model_choice_respondents"] == 0
+    assert "5 respondents and none set aside" in model.metrics["model_choice_rule"]["unscored"]

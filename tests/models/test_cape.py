@@ -23,6 +23,7 @@ from models.base import (
     ItemBank,
     ModelError,
     ShapeError,
+    TooFewRespondentsError,
     UnknownItemError,
     load_model,
 )
@@ -135,6 +136,31 @@ def test_factor_analysis_em_never_decreases_the_likelihood(
     assert len(trace) == 40
     assert all(b >= a - 1e-9 for a, b in itertools.pairwise(trace))
     assert trace[-1] > trace[0] + 0.02
+
+
+def test_factor_analysis_with_fewer_respondents_than_factors(
+    data: tuple[ItemBank, torch.Tensor, torch.Tensor],
+) -> None:
+    """A young study: 3 respondents, 5 factors. The factors beyond the data's rank start
+    at zero plus the jitter, EM still never decreases the likelihood, and ``CapeLinear``
+    fits with its default grid of ``d`` (it failed with a shape error before)."""
+    bank, train, _ = data
+    x, obs = ReferenceCoding.from_bank(bank).encode(train[:3])
+    mu, w, psi, trace = em_factor_analysis(x, obs, 5, iters=20, tol=-math.inf)
+    assert w.shape == (x.shape[1], 5) and bool(torch.isfinite(w).all())
+    assert all(b >= a - 1e-9 for a, b in itertools.pairwise(trace))
+    model = CapeLinear.fit(train[:3], bank, validation=train[3:5])
+    assert str(model.d) in model.metrics["by_d"]
+
+
+def test_cape_fits_name_too_few_respondents(
+    data: tuple[ItemBank, torch.Tensor, torch.Tensor],
+) -> None:
+    bank, train, _ = data
+    with pytest.raises(TooFewRespondentsError, match="cape_linear needs at least 2 training"):
+        CapeLinear.fit(train[:3], bank, validation=train[3:4])
+    with pytest.raises(TooFewRespondentsError, match="cape_cooccurrence needs at least 2"):
+        CapeCooccurrence.fit(train[:1], bank)
 
 
 def grid_posterior_predictive(

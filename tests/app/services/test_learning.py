@@ -610,3 +610,27 @@ def test_the_study_page_says_whether_the_study_is_calibrating(
     assert f"(fewest: {fewest[1]} {fewest[0]}," in text
     _publish(db, ces_study, calibration_min_answers=min(counts[it.key] for it in askable))
     assert status().startswith("Calibration done: every question and target item has at least")
+
+
+def test_auto_refits_a_study_with_its_first_few_respondents(
+    db: Session, alice: object, small_dataset_factory: object
+) -> None:
+    """A study with 14 respondents (a handful for training, one or two for selection and
+    for the promotion): ``auto`` fits, skipping what cannot be fitted on so few and saying
+    why, instead of failing the job (a CAPE factor fit with more factors than respondents
+    raised a shape error before)."""
+    from app.services.designer import set_roles
+    from app.services.importer import import_dataset
+
+    folder = small_dataset_factory("ces", 14)  # type: ignore[operator]
+    study = db.get(Study, import_dataset(folder, session=db, study_name="young").study_id)
+    assert study is not None
+    set_roles(study, dict.fromkeys(study.benchmark_runs[0]["eval_qids"], "target"), session=db)
+    db.refresh(study)
+    data = study_training_data(study.id or 0, _items(db, study), session=db)
+    assert data.train.shape[0] < 12 <= data.train.shape[0] + 12  # fewer than cape_linear's d
+    families = ("latent_classes", "cape_linear", "persona_mixture")  # the Pyro fit is slow
+    row = _fit(db, study, belief_model="auto", fit_options={"auto": {"families": families}})
+    assert row.status == "promoted" and row.metrics is not None
+    assert row.metrics["auto_chosen"] in {r["name"] for r in row.metrics["model_choice"]}
+    assert "persona_mixture" in row.metrics["model_choice_skipped"]
