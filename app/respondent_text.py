@@ -287,7 +287,7 @@ MESSAGES: dict[str, Texts] = {
     },
     "question.already_answered": {
         "en": "That question was already answered (perhaps in another tab). Here is where you are now.",
-        "de": "Diese Frage wurde bereits beantwortet (vielleicht in einem anderen Tab). Hier sind Sie jetzt.",
+        "de": "Diese Frage wurde bereits beantwortet (vielleicht in einem anderen Tab). Hier ist Ihr aktueller Stand.",
         "fr": "Cette question a déjà reçu une réponse (peut-être dans un autre onglet). Voici où vous en êtes.",
         "es": "Esa pregunta ya se respondió (quizá en otra pestaña). Aquí es donde se encuentra ahora.",
     },
@@ -326,7 +326,7 @@ MESSAGES: dict[str, Texts] = {
         "en": "Too many answers from your network just now: please wait {seconds} and press {label} again.",
         "de": "Gerade kommen zu viele Antworten aus Ihrem Netzwerk: Bitte warten Sie {seconds} und klicken Sie dann erneut auf „{label}“.",
         "fr": "Trop de réponses viennent de votre réseau en ce moment : veuillez patienter {seconds} puis appuyer à nouveau sur « {label} ».",
-        "es": "Demasiadas respuestas desde su red en este momento: espere {seconds} y vuelva a pulsar «{label}».",
+        "es": "Hay demasiadas respuestas desde su red en este momento: espere {seconds} y vuelva a pulsar «{label}».",
     },
     "js.seconds": {
         "en": {"one": "a second", "other": "{count} seconds"},
@@ -387,7 +387,7 @@ MESSAGES: dict[str, Texts] = {
     },
     "done.delete_browser_html": {
         "en": 'You can <a href="{url}">have your answers deleted</a> later from this browser; elsewhere, please ask the research team.',
-        "de": 'Sie können Ihre Antworten später in diesem Browser <a href="{url}">löschen lassen</a>; von anderswo wenden Sie sich bitte an das Forschungsteam.',
+        "de": 'Sie können Ihre Antworten später in diesem Browser <a href="{url}">löschen lassen</a>; von einem anderen Gerät aus wenden Sie sich bitte an das Forschungsteam.',
         "fr": 'Vous pourrez <a href="{url}">faire supprimer vos réponses</a> plus tard depuis ce navigateur ; ailleurs, veuillez vous adresser à l’équipe de recherche.',
         "es": 'Más adelante podrá <a href="{url}">pedir que se borren sus respuestas</a> desde este navegador; desde otro lugar, diríjase al equipo de investigación.',
     },
@@ -641,7 +641,7 @@ MESSAGES: dict[str, Texts] = {
     },
     "preparing.leave_open": {
         "en": "It refreshes by itself when the survey is ready: you can leave it open.",
-        "de": "Sie lädt sich neu, sobald die Umfrage bereit ist: Sie können sie geöffnet lassen.",
+        "de": "Die Seite lädt sich neu, sobald die Umfrage bereit ist: Sie können sie geöffnet lassen.",
         "fr": "Elle s’actualise d’elle-même dès que l’enquête est prête : vous pouvez la laisser ouverte.",
         "es": "Se actualiza sola cuando la encuesta está lista: puede dejarla abierta.",
     },
@@ -818,7 +818,7 @@ MESSAGES: dict[str, Texts] = {
         "en": "Already answered",
         "de": "Bereits beantwortet",
         "fr": "Déjà répondu",
-        "es": "Ya respondida",
+        "es": "Pregunta ya respondida",
     },
     "round.already_text": {
         "en": "You have already answered this question; thank you. You can close this page now.",
@@ -828,7 +828,7 @@ MESSAGES: dict[str, Texts] = {
     },
     "round.other_question": {
         "en": "That answer was for another question, so it was not saved: this link asks the question below.",
-        "de": "Diese Antwort galt einer anderen Frage und wurde daher nicht gespeichert: Dieser Link stellt die Frage unten.",
+        "de": "Diese Antwort galt einer anderen Frage und wurde daher nicht gespeichert: Dieser Link stellt die unten stehende Frage.",
         "fr": "Cette réponse concernait une autre question ; elle n’a donc pas été enregistrée : ce lien pose la question ci-dessous.",
         "es": "Esa respuesta era para otra pregunta, así que no se guardó: este enlace hace la pregunta de abajo.",
     },

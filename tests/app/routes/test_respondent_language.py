@@ -162,6 +162,7 @@ def test_a_german_study_speaks_german_on_every_respondent_page(
         de("progress.question", number=n_attributes + 1, total=n_attributes + 3),
         de("button.next"),
         de("question.saved_hint", button=de("button.next")),
+        rt.pattern("de", "js.send_error.answer"),  # the script's sentences, from the page
     )
     assert "<title>" in page.text and f": Frage {n_attributes + 1}</title>" in page.text
     data = {
