@@ -52,6 +52,7 @@ from app.ratelimit import (
     RedisCounter,
     respondent_page_limit,
 )
+from app.respondent_text import Words, words
 from app.routes import (
     admin,
     admin_respondents,
@@ -74,9 +75,6 @@ log = logging.getLogger("priorly")
 
 DATABASE_RETRY_AFTER_S = 30
 """``Retry-After`` of the 503 answered while the database is down or not migrated."""
-
-UNAVAILABLE_TEXT = "This survey is temporarily unavailable. Please try again in a few minutes."
-"""What a respondent reads while the database is down (no technical detail)."""
 
 MISSING_SCHEMA_STATES = ("42P01", "42703")
 """PostgreSQL's "undefined table" and "undefined column": a database not migrated."""
@@ -115,8 +113,13 @@ async def database_unavailable_page(request: Request, exc: Exception) -> Respons
     headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
     path = request.url.path
     if path.startswith(RESPONDENT_PATHS):
-        page = respondent.message_page(
-            request, request.app.state.templates, "Temporarily unavailable", UNAVAILABLE_TEXT, 503
+        page = respondent.message_page(  # in English: no study's language can be read
+            request,
+            request.app.state.templates,
+            words("unavailable.title"),
+            words("unavailable.text"),
+            503,
+            language="en",
         )
         page.headers.update(headers)
         return page
@@ -238,7 +241,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin_respondents.router)  # /admin/studies/{slug}/respondents
 
     def respondent_message(
-        request: Request, title: str, text: str, status: int, headers: dict[str, str] | None = None
+        request: Request,
+        title: Words,
+        text: Words | str,
+        status: int,
+        headers: dict[str, str] | None = None,
     ) -> Response:
         page = respondent.message_page(request, app.state.templates, title, text, status)
         page.headers.update(headers or {})
@@ -251,7 +258,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _rate_limited(request: Request, exc: RateLimited) -> Response:
         headers = {"Retry-After": str(exc.retry_after)}
         if request.url.path.startswith(RESPONDENT_PATHS):
-            return respondent_message(request, "Please wait a moment", str(exc), 429, headers)
+            said = words(exc.respondent_text) if exc.respondent_text else str(exc)
+            return respondent_message(request, words("limit.title"), said, 429, headers)
         return JSONResponse({"detail": str(exc)}, status_code=429, headers=headers)
 
     @app.exception_handler(PriorlyError)
@@ -259,7 +267,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # clipped: a message never echoes a huge input (a 50,000-character slug) in full
         if request.url.path.startswith(RESPONDENT_PATHS):
             return respondent_message(
-                request, "This page cannot be shown", clip(str(exc)), exc.http_status
+                request,
+                words("page_error.title"),
+                words("page_error.text", reason=clip(str(exc))),
+                exc.http_status,
             )
         return JSONResponse({"detail": clip(str(exc))}, status_code=exc.http_status)
 
@@ -269,7 +280,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         404 for a malformed id in a path; the API router answers its own."""
         if request.url.path.startswith(RESPONDENT_PATHS):
             return respondent_message(
-                request, "This page cannot be shown", validation_message(exc), 404
+                request,
+                words("page_error.title"),
+                words("page_error.text", reason=validation_message(exc)),
+                404,
             )
         return await request_validation_exception_handler(request, exc)
 
@@ -286,11 +300,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return RedirectResponse(request.url_for("respondent_start", slug=slug), 303)
         if exc.status_code == 404 and path.startswith(RESPONDENT_PATHS):
             return respondent_message(
-                request,
-                "Page not found",
-                "This address is not a page of a survey here. Please check the link you "
-                "were given, or open it again from your invitation.",
-                404,
+                request, words("not_found.title"), words("not_found.text"), 404
             )
         return await http_exception_handler(request, exc)
 

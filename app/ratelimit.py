@@ -60,6 +60,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ConfigurationError, PriorlyError
+from app.respondent_text import text as respondent_words
 from app.services.apikeys import KEY_PREFIX, hash_key
 from app.session.tokens import hash_token
 from app.tables import ApiKey, ElicitationSession, RateLimitCounter
@@ -93,14 +94,19 @@ _UPSERT = text(
 
 
 class RateLimited(PriorlyError):
-    """Too many requests (HTTP 429); ``retry_after`` is in whole seconds."""
+    """Too many requests (HTTP 429); ``retry_after`` is in whole seconds;
+    ``respondent_text``: the id of the message a respondent page shows in the study's
+    language (:mod:`app.respondent_text`), ``None`` for the message itself."""
 
     http_status = 429
     code = ERROR_CODE
 
-    def __init__(self, message: str, retry_after: int) -> None:
+    def __init__(
+        self, message: str, retry_after: int, *, respondent_text: str | None = None
+    ) -> None:
         super().__init__(message)
         self.retry_after = max(1, int(retry_after))
+        self.respondent_text = respondent_text
 
 
 class LoginLocked(RateLimited):
@@ -731,16 +737,10 @@ async def respondent_page_limit(request: Request) -> None:
         kind, limit, message = (
             "resp-start",
             settings.respondent_start_rate_limit_per_minute,
-            "Many people on your network are starting this survey right now. "
-            "Please try again in a minute.",
+            "limit.start",
         )
     else:
-        kind, limit, message = (
-            "resp-post",
-            settings.session_rate_limit_per_minute,
-            "Many answers were sent from your network just now, so this one was not saved. "
-            "Please try again in a minute.",
-        )
+        kind, limit, message = ("resp-post", settings.session_rate_limit_per_minute, "limit.post")
     counter = ApiCounter.of(state)
     if limit <= 0 or counter is None:
         return
@@ -753,7 +753,9 @@ async def respondent_page_limit(request: Request) -> None:
         if kind == "resp-start":  # the page's "Try again" reopens the link with these
             request.state.refused_form = await _form_fields(request)
         wait = max(1, math.ceil(expires - time.time()))
-        raise RateLimited(message, retry_after=wait)
+        raise RateLimited(
+            respondent_words("en", message), retry_after=wait, respondent_text=message
+        )
 
 
 async def _form_fields(request: Request) -> list[tuple[str, str]]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.respondent_text import LANGUAGE_NAMES, LANGUAGES, Language
 
 MAX_COUNT = 10_000
 """The most questions per session, rounds, or questions per respondent and round."""
@@ -123,6 +125,8 @@ class StudySettings(BaseModel):
     ``drop_after_minutes``: an unfinished session whose last activity (start, attribute
     step or answer) is older than this many minutes counts as *dropped* on the dashboard,
     a younger one as *in progress* (1 to :data:`MAX_DROP_MINUTES`; default 60).
+    ``language``: the language of the respondent pages (``en``, ``de``, ``fr``, ``es``; see
+    :mod:`app.respondent_text`); the texts the researcher writes are shown as written.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -141,3 +145,12 @@ class StudySettings(BaseModel):
     calibration_min_answers: int = Field(
         default=DEFAULT_CALIBRATION_MIN_ANSWERS, ge=0, le=MAX_PEOPLE
     )
+    language: Language = "en"
+
+    @field_validator("language", mode="before")
+    @classmethod
+    def _known_language(cls, value: object) -> object:
+        if value not in LANGUAGES:
+            known = ", ".join(f"{code} ({LANGUAGE_NAMES[code]})" for code in LANGUAGES)
+            raise ValueError(f"unknown language {str(value)[:40]!r} (supported: {known})")
+        return value

@@ -23,10 +23,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from app import session as svc
 from app.deps import EngineDep, SessionDep, TemplatesDep, form_str
 from app.errors import InvalidInputError, PriorlyError
+from app.respondent_text import language_of, text, words
 from app.routes.respondent import NoStoreRoute, message_page
 from app.services import group_rounds as rounds
 from app.services import round_links
-from app.services.respondent_pages import UNREADABLE_ANSWER
 from app.tables import StudyStatus
 
 router = APIRouter(prefix="/g", include_in_schema=False, route_class=NoStoreRoute)
@@ -36,9 +36,8 @@ def _closed(request: Request, templates: Any, link: round_links.MemberLink) -> H
     return message_page(
         request,
         templates,
-        "This round is closed",
-        f"Round {link.round_number} of this survey is closed: answers are no longer accepted. "
-        "Thank you for your interest.",
+        words("round.closed_title"),
+        words("round.closed_text", number=link.round_number),
         409,
         link.study,
     )
@@ -49,9 +48,8 @@ def _paused(request: Request, templates: Any, link: round_links.MemberLink) -> H
     return message_page(
         request,
         templates,
-        "Survey paused",
-        "This survey is not accepting answers at the moment. Your link is still valid: "
-        "please try again later.",
+        words("round.paused_title"),
+        words("round.paused_text"),
         409,
         link.study,
     )
@@ -59,11 +57,7 @@ def _paused(request: Request, templates: Any, link: round_links.MemberLink) -> H
 
 def _unknown(request: Request, templates: Any) -> HTMLResponse:
     return message_page(
-        request,
-        templates,
-        "Link not valid",
-        "This link is not valid. Please check the link you were given.",
-        404,
+        request, templates, words("link_invalid.title"), words("link_invalid.member"), 404
     )
 
 
@@ -97,22 +91,19 @@ def _question_page(
 
 
 THANKS = {
-    True: "You preferred not to answer; that was recorded.",
-    False: "Your answer was saved.",
-    None: "Your reply was recorded.",
+    True: "round.thanks_skipped",
+    False: "round.thanks_answered",
+    None: "round.thanks_recorded",
 }
-"""The thank-you line after a skip, an answer, or a later visit of an answered link."""
-
-
-ALREADY = "You have already answered this question; thank you. You can close this page now."
-"""What a member sees when a different answer is posted after theirs (409, nothing changed)."""
+"""The thank-you message after a skip, an answer, or a later visit of an answered link."""
 
 
 def _thanks(
     request: Request, templates: Any, link: round_links.MemberLink, skipped: bool | None = None
 ) -> HTMLResponse:
-    text = f"{THANKS[skipped]} You can close this page now."
-    return message_page(request, templates, "Thank you!", text, 200, link.study)
+    return message_page(
+        request, templates, words("done.heading"), words(THANKS[skipped]), 200, link.study
+    )
 
 
 def get_member_link(token: str, session: SessionDep) -> round_links.MemberLink | None:
@@ -164,6 +155,7 @@ async def link_answer(
     if link is None:
         return _unknown(request, templates)
     form = await request.form()
+    language = language_of(link.study.settings)
 
     def refused(error: str, status_code: int) -> HTMLResponse:
         """Nothing stored: "thank you" when the member has answered already, "paused"
@@ -186,15 +178,11 @@ async def link_answer(
         idem = form_str(form, "idempotency_key")
         item = form_str(form, "item")
     except InvalidInputError:
-        return refused(UNREADABLE_ANSWER, 422)
+        return refused(text(language, "question.unreadable"), 422)
     if item and item != link.item_key:
-        return refused(
-            "That answer was for another question, so it was not saved: this link asks the "
-            "question below.",
-            409,
-        )
+        return refused(text(language, "round.other_question"), 409)
     if not skip and not option:
-        return refused("Please choose an answer.", 422)
+        return refused(text(language, "question.choose"), 422)
     if _is_paused(link):
         return refused("", 409)  # "thank you" or "paused": nothing is stored
     try:
@@ -207,11 +195,18 @@ async def link_answer(
     except rounds.RoundClosedError:
         return _closed(request, templates, link)
     except svc.InvalidAnswerError as exc:
-        return refused(exc.message, 422)
+        return refused(text(language, "question.refused", reason=exc.message), 422)
     except svc.AnswerConflictError:
         # a round session holds one answer: another page (a second device, a stale tab)
         # posted after it; the stored answer, item keys and sessions are not for members
-        return message_page(request, templates, "Already answered", ALREADY, 409, link.study)
+        return message_page(
+            request,
+            templates,
+            words("round.already_title"),
+            words("round.already_text"),
+            409,
+            link.study,
+        )
     url = str(request.url_for("group_round_link", token=token))
     url += "?reply=" + ("skipped" if skip else "answered")
     if request.headers.get("HX-Request") == "true":

@@ -27,20 +27,19 @@ from fastapi.routing import APIRoute
 from itsdangerous import BadSignature, URLSafeSerializer
 from sqlmodel import Session
 
+from app import respondent_text
 from app import session as svc
 from app.deps import EngineDep, SessionDep, SettingsDep, TemplatesDep, form_str
 from app.errors import InvalidInputError, NotFoundError, PriorlyError
+from app.respondent_text import Words, language_of, supported_language, words
 from app.services.demo import survey_readiness
 from app.services.learned import learned_about
 from app.services.respondent_pages import (
-    INVALID_LINK_TEXT,
-    INVALID_LINK_TITLE,
     PANEL_FIELD_PREFIX,
-    UNREADABLE_ANSWER,
-    UNREADABLE_ANSWERS,
     completion_redirect,
     erased_text,
     retry_after_limit,
+    slug_language,
 )
 from app.services.studies import get_study_by_slug
 from app.settings import Settings
@@ -251,6 +250,15 @@ class RespondentPage:
         """Whether the request came from htmx (answer with a partial, not a redirect)."""
         return _is_htmx(self.request)
 
+    @property
+    def language(self) -> str:
+        """The language of the study's respondent pages."""
+        return language_of(self.study.settings)
+
+    def say(self, key: str, /, **params: Any) -> str:
+        """Message ``key`` of :mod:`app.respondent_text` in the page's language."""
+        return respondent_text.text(self.language, key, **params)
+
     def view(self) -> svc.SessionView:
         """The session's current state."""
         return svc.session_view(self.study, self.sess, session=self.session)
@@ -319,7 +327,9 @@ class RespondentPage:
             first = (number - 1) * svc.ATTRIBUTES_PER_PAGE
             context = {
                 "study": self.study,
-                "attributes": [(item, svc.attribute_question(item)) for item in items],
+                "attributes": [
+                    (item, svc.attribute_question(item, self.language)) for item in items
+                ],
                 "stored": {
                     **svc.respondent_attributes(self.sess, session=self.session),
                     **(chosen or {}),
@@ -386,35 +396,65 @@ def _see(url: str) -> RedirectResponse:
     return RedirectResponse(url, status_code=303)
 
 
+def _slug_in(request: Request) -> str | None:
+    """The survey slug of a request under ``/s/{slug}``, matched by a route or not."""
+    slug = request.path_params.get("slug")
+    if isinstance(slug, str):
+        return slug
+    parts = request.url.path.split("/")
+    return parts[2] if len(parts) > 2 and parts[1] == "s" and parts[2] else None
+
+
 def message_page(
     request: Request,
     templates: Any,
-    title: str,
-    text: str,
+    title: Words | str,
+    text: Words | str,
     status_code: int = 200,
     study: Study | None = None,
     *,
     detail: str | None = None,
+    language: str | None = None,
 ) -> HTMLResponse:
     """A respondent-facing message page (also used by the group-round links); ``detail``:
     a technical line under the text, in small print (what to quote to the study team).
+
+    ``title`` and ``text`` are :class:`app.respondent_text.Words`, said in the page's
+    language: ``language`` when given, else the study's, else (no study, e.g. the "not
+    available" page of a closed survey) the language of the study its address names
+    (:func:`app.services.respondent_pages.slug_language`), else English. A plain string is
+    shown as it is.
 
     A survey page refused for too many requests (429, from the app's handler, which knows
     no study) is headed with the study's name and gets a "Try again" link
     (:func:`app.services.respondent_pages.retry_after_limit`)."""
     retry_url = None
-    if status_code == 429 and study is None and isinstance(request.path_params.get("slug"), str):
+    slug = _slug_in(request)
+    if status_code == 429 and study is None and slug is not None:
         study, retry_url = retry_after_limit(
-            request.path_params["slug"],
+            slug,
             request.url.path,
             getattr(request.state, "refused_form", None) or [],
             engine=request.app.state.engine,
             url_for=lambda name, slug: str(request.url_for(name, slug=slug)),
         )
+    if language is None:
+        if study is not None:
+            language = language_of(study.settings)
+        elif slug is not None:
+            language = slug_language(slug, engine=request.app.state.engine)
+    lang = supported_language(language)
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "pages/respondent_message.html",
-        {"title": title, "text": text, "study": study, "detail": detail, "retry_url": retry_url},
+        {
+            "title": title.say(lang) if isinstance(title, Words) else title,
+            "text": text.say(lang) if isinstance(text, Words) else text,
+            "study": study,
+            "detail": detail,
+            "retry_url": retry_url,
+            "respondent_language": lang,
+        },
         status_code=status_code,
     )
 
@@ -425,17 +465,19 @@ def _invalid_link(
     """The refusal of a link whose parameters cannot be stored (422): what to do, then
     the parameter at fault in small print."""
     return message_page(
-        request, templates, INVALID_LINK_TITLE, INVALID_LINK_TEXT, 422, study, detail=exc.message
+        request,
+        templates,
+        words("invalid_link.title"),
+        words("invalid_link.text"),
+        422,
+        study,
+        detail=exc.message,
     )
 
 
 def _not_open(request: Request, templates: Any) -> HTMLResponse:
     return message_page(
-        request,
-        templates,
-        "Survey not available",
-        "This survey does not exist or is not open. Please check the link you were given.",
-        status_code=404,
+        request, templates, words("not_open.title"), words("not_open.text"), status_code=404
     )
 
 
@@ -509,12 +551,7 @@ def start_page(
         if polled:
             return Response(headers={"HX-Refresh": "true"})
         return message_page(
-            request,
-            templates,
-            "Survey not available yet",
-            "This survey cannot start yet. Please try again later.",
-            503,
-            study,
+            request, templates, words("fit_failed.title"), words("fit_failed.text"), 503, study
         )
     if readiness == "preparing":
         if polled:
@@ -601,7 +638,14 @@ async def consent(
     except InvalidInputError as exc:  # the link parameters (svc.clean_panel_params)
         return _invalid_link(request, templates, exc, study)
     except PriorlyError as exc:
-        return message_page(request, templates, "Cannot start the survey", exc.message, 409, study)
+        return message_page(
+            request,
+            templates,
+            words("cannot_start.title"),
+            words("cannot_start.text", reason=exc.message),
+            409,
+            study,
+        )
     response = _see(str(request.url_for("respondent_question", slug=slug)))
     _set_cookie(response, study, started.session_id, started.token, settings)
     _set_browser_cookie(response, study, earlier + 1, settings)
@@ -619,11 +663,7 @@ def declined(
         return _not_open(request, templates)
     if visit.sess is None:
         return message_page(
-            request,
-            templates,
-            "You chose not to take part",
-            "No problem. Nothing was recorded. You can close this page.",
-            study=study,
+            request, templates, words("declined.heading"), words("declined.nothing"), study=study
         )
     stored = svc.stored_summary(visit.sess, session=session)
     return templates.TemplateResponse(
@@ -652,12 +692,7 @@ def resume(
             raise svc.SessionNotFoundError("not this study")
     except NotFoundError:
         return message_page(
-            request,
-            templates,
-            "Link not valid",
-            "This resume link is not valid (the survey may be closed, or your answers were "
-            "deleted).",
-            404,
+            request, templates, words("link_invalid.title"), words("link_invalid.resume"), 404
         )
     response = _see(str(request.url_for("respondent_question", slug=slug)))
     _set_cookie(response, study, sess.id or 0, token, settings)
@@ -715,13 +750,13 @@ async def about(
     try:
         values = {item.key: form_str(form, ATTRIBUTE_FIELD_PREFIX + item.key) for item in items}
     except InvalidInputError:
-        return page.again(UNREADABLE_ANSWERS, attribute_page=number)
+        return page.again(page.say("about.unreadable"), attribute_page=number)
     skip_all = form.get("skip_all") is not None and rt.allow_skip
     chosen = {k: v for k, v in values.items() if v}
     blank_ok = rt.allow_skip and form.get("blank_ok") is not None
     if not skip_all and not blank_ok and len(chosen) < len(values):
         if not rt.allow_skip:
-            return page.again("Please answer every question.", attribute_page=number, chosen=chosen)
+            return page.again(page.say("about.answer_every"), attribute_page=number, chosen=chosen)
         if not chosen:
             return page.again(status_code=200, attribute_page=number, confirm_skip=True)
         return page.again(status_code=200, attribute_page=number, chosen=chosen)
@@ -736,7 +771,7 @@ async def about(
             return page.render(partial=True, attribute_page=number + 1)
         view = svc.submit_attributes(study, sess.id or 0, stored, engine=engine)
     except InvalidInputError as exc:
-        return page.again(exc.message, attribute_page=number)
+        return page.again(page.say("about.refused", reason=exc.message), attribute_page=number)
     return page.after_submit(view)
 
 
@@ -761,12 +796,11 @@ async def answer(
         option = None if skip else form_str(form, "option")
         idem = form_str(form, "idempotency_key") or None
     except InvalidInputError:
-        return page.again(UNREADABLE_ANSWER)
+        return page.again(page.say("question.unreadable"))
     if not skip and not option:
         view = page.view()
         return page.again(
-            "Please choose an answer"
-            + (" or press “Prefer not to answer”." if view.allow_skip else "."),
+            page.say("question.choose_or_skip" if view.allow_skip else "question.choose"),
             view=view,
         )
     session.close()  # one pooled connection per request at a time
@@ -782,13 +816,9 @@ async def answer(
     except (svc.AnswerConflictError, svc.NotCurrentQuestionError, svc.SessionClosedError):
         if not page.htmx:
             return _see(str(request.url_for("respondent_question", slug=slug)))
-        return page.render(
-            notice="That question was already answered (perhaps in another tab). "
-            "Here is where you are now.",
-            partial=True,
-        )
+        return page.render(notice=page.say("question.already_answered"), partial=True)
     except InvalidInputError as exc:
-        return page.again(exc.message)
+        return page.again(page.say("question.refused", reason=exc.message))
     return page.after_submit(view)
 
 
@@ -899,13 +929,14 @@ async def delete_answers(
     form = await request.form()
     own = _session_from_cookie(request, study, session, settings)
     code = str(form.get("code", "") or "")[:64]
+    language = language_of(study.settings)
     if form.get("confirm") != "yes":
         return _delete_page(
             request,
             templates,
             study,
             own,
-            error="Please tick the box to confirm that your answers should be deleted.",
+            error=respondent_text.text(language, "delete.error_confirm"),
             status_code=422,
             code=code,
         )
@@ -915,13 +946,8 @@ async def delete_answers(
             study, code, settings.secret_key.get_secret_value(), session=session
         )
     if target is None:
-        error = (
-            "This survey gives everyone the same completion code, so it cannot name your "
-            "answers. Please open this page in the browser you took part in, or contact the "
-            "research team."
-            if study.completion_code
-            else "No finished survey has this completion code. Please check it: it is "
-            "the code shown on the last page (10 letters and digits)."
+        error = respondent_text.text(
+            language, "delete.error_shared_code" if study.completion_code else "delete.error_code"
         )
         return _delete_page(
             request, templates, study, own, error=error, status_code=422, code=code, confirmed=True
@@ -934,10 +960,8 @@ async def delete_answers(
     response = message_page(
         request,
         templates,
-        "Your answers were deleted",
-        erased_text(result)
-        if result is not None
-        else "These answers were already deleted. You can close this page.",
+        words("deleted.title"),
+        erased_text(result, language) if result is not None else words("deleted.already"),
         study=study,
     )
     if own is not None and (own.id == target.id):

@@ -187,6 +187,7 @@ SETTING_LABELS = {
     "calibration_items": "Calibration questions",
     "calibration_min_answers": "…until every item has this many answers",
     "drop_after_minutes": "Count as dropped after (minutes idle)",
+    "language": "Language of the respondent pages",
     "refit_every": "Refit after this many new completed respondents",
     "group.rounds": "Rounds",
     "group.respondents_per_round": "Respondents per round",

@@ -1,7 +1,7 @@
 """What the respondent pages under ``/s/{slug}`` link to and say, beyond their templates:
-the completion page's redirect link with its placeholders filled in, the words of the
-"invalid link" refusal, of an unreadable answer and of a deletion, and where "Try again" leads after too many
-requests.
+the completion page's redirect link with its placeholders filled in, the words of a
+deletion, the language of a survey address, and where "Try again" leads after too many
+requests. The words themselves are in :mod:`app.respondent_text`.
 
 Example::
 
@@ -20,31 +20,14 @@ from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import quote, urlencode, urlsplit
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from app.errors import NotFoundError
+from app.respondent_text import DEFAULT_LANGUAGE, language_of, listing, text
 from app.services.studies import get_study_by_slug
 from app.session import ErasureResult
 from app.tables import ElicitationSession, Respondent, Study, StudyStatus
-
-INVALID_LINK_TITLE = "This link does not work"
-INVALID_LINK_TEXT = (
-    "The survey link you opened is incomplete or was changed, so the survey cannot start "
-    "from it. Please open the link exactly as you received it (copy all of it, or click it "
-    "again in the invitation), or contact the study team."
-)
-"""The refusal of a link whose parameters cannot be stored (a name given twice, too many,
-too long); the page adds the technical reason in small print."""
-
-UNREADABLE_ANSWER = (
-    "Nothing was saved: your answer could not be read. Please choose your answer again."
-)
-UNREADABLE_ANSWERS = (
-    "Nothing was saved: the answers on this page could not be read. Please choose them again."
-)
-"""A posted answer form that no page sends (a field given twice, a file for a text field):
-nothing is stored, and the respondent is not shown which field was wrong (the form,
-not they, made the mistake)."""
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.\-]{1,64})\}")
 """A placeholder of the redirect URL: ``{NAME}`` with NAME a link parameter's name
@@ -122,11 +105,18 @@ def retry_after_limit(
     return study, url_for("respondent_question", slug)
 
 
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
+def slug_language(slug: str, *, engine: Engine) -> str:
+    """The respondent pages' language of the study at ``/s/{slug}``, whatever its status
+    (the "not available" page of a closed study is in its language); English when there
+    is no such study or the database cannot tell."""
+    try:
+        with Session(engine) as db:
+            return language_of(get_study_by_slug(slug, session=db).settings)
+    except (NotFoundError, SQLAlchemyError):
+        return DEFAULT_LANGUAGE
 
 
-def erased_text(result: ErasureResult) -> str:
+def erased_text(result: ErasureResult, language: str = DEFAULT_LANGUAGE) -> str:
     """What the deletion page says was deleted, in the words of the page that listed it
     (the declined page): answers to the survey questions, questions the respondent
     preferred not to answer, answers to the questions about them.
@@ -136,29 +126,14 @@ def erased_text(result: ErasureResult) -> str:
     preferred not to answer and 8 answers to the questions about you. ..."
     """
     parts = [
-        _count(n, one, many)
-        for n, one, many in (
-            (
-                result.n_answers - result.n_skipped,
-                "answer to the survey questions",
-                "answers to the survey questions",
-            ),
-            (
-                result.n_skipped,
-                "question you preferred not to answer",
-                "questions you preferred not to answer",
-            ),
-            (
-                result.n_attributes,
-                "answer to the questions about you",
-                "answers to the questions about you",
-            ),
+        text(language, key, count=n)
+        for n, key in (
+            (result.n_answers - result.n_skipped, "count.answered"),
+            (result.n_skipped, "count.skipped"),
+            (result.n_attributes, "count.attributes"),
         )
         if n
     ]
-    listed = ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else "".join(parts)
-    what = f": {listed}." if parts else " (you had not answered any question yet)."
-    return (
-        f"We deleted everything stored about you in this survey{what} Only a count that "
-        "one respondent asked for deletion is kept. You can close this page."
-    )
+    if not parts:
+        return text(language, "deleted.nothing_answered")
+    return text(language, "deleted.listed", listed=listing(language, parts))

@@ -13,6 +13,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from app.errors import PriorlyError
+from app.respondent_text import LANGUAGE_NAMES
 from app.schemas import StudySettings
 from app.services import designer, job_views, jobs, learning, setting_words
 from app.services.personas import uniform_prior_warning
@@ -33,7 +34,8 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
     """The designer page's context: ``study``, ``items``, ``settings`` (validated),
     ``criteria`` (those that can run with the study's belief model), ``criterion_help``,
     ``belief_models`` (value, label by the family it fits), ``belief_model_help``,
-    ``stopping_help``, ``shares`` (researchers), ``owner``, ``roles``, ``fitted_model``
+    ``stopping_help``, ``languages`` (code, name: the respondent pages' languages),
+    ``shares`` (researchers), ``owner``, ``roles``, ``fitted_model``
     (:func:`active_model_row`), ``serving`` (:func:`serving_summary`), ``model_versions``
     (:func:`app.services.learning.model_versions`), ``refit_job`` (the fit job queued or
     running, if any), ``refit_waiting`` (what a queued one waits behind, in words:
@@ -63,6 +65,7 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         ],
         "belief_model_help": setting_words.BELIEF_MODEL_HELP,
         "stopping_help": setting_words.STOPPING_HELP,
+        "languages": list(LANGUAGE_NAMES.items()),
         "name_max_len": designer.NAME_MAX_LEN,
         "serving": serving_summary(study, session=session),
         "model_versions": learning.model_versions(study.id or 0, session=session),

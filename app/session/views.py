@@ -20,6 +20,8 @@ import torch
 from sqlalchemy import func
 from sqlmodel import Session, select
 
+from app import respondent_text
+from app.respondent_text import DEFAULT_LANGUAGE, NOUNS_CAPITALISED
 from app.session.errors import NotCurrentQuestionError, SessionNotFoundError
 from app.session.runtime import ItemInfo, StudyRuntime, load_runtime, session_runtime
 from app.session.sql import DecisionRow
@@ -411,21 +413,25 @@ ATTRIBUTES_PER_PAGE = 3
 """Questions about the respondent shown on one page of the browser flow."""
 
 
-def attribute_question(item: ItemInfo) -> str:
-    """The wording of an attribute item as a question to the respondent.
+def attribute_question(item: ItemInfo, language: str = DEFAULT_LANGUAGE) -> str:
+    """The wording of an attribute item as a question to the respondent, in the study's
+    ``language`` (:mod:`app.respondent_text`, message ``about.question``).
 
     The codebook's question text when it is one (it ends with ``?`` or ``:``, or has at
     least four words); otherwise a question built from the bare label (the text, else the
-    topic, else the key, with ``_`` read as a space).
+    topic, else the key, with ``_`` read as a space), whose first letter is lowered unless
+    it starts an abbreviation or the language capitalises nouns (German).
 
-    Example: ``"What is your gender?"`` stays; ``"age"`` becomes ``"What is your age?"``.
+    Example: ``"What is your gender?"`` stays; ``"age"`` becomes ``"What is your age?"``;
+    in German ``"Alter"`` becomes ``"Bitte geben Sie an: Alter"``.
     """
     text = " ".join(item.question.split())
     if text.endswith(("?", ":")) or len(text.split()) >= 4:
         return text
     label = (text or item.topic or item.key).replace("_", " ").strip()
-    label = label[:1].lower() + label[1:] if not label[:2].isupper() else label
-    return f"What is your {label}?"
+    if not label[:2].isupper() and language not in NOUNS_CAPITALISED:
+        label = label[:1].lower() + label[1:]
+    return respondent_text.text(language, "about.question", label=label)
 
 
 def attribute_pages(rt: StudyRuntime) -> list[list[ItemInfo]]:

@@ -6,6 +6,10 @@
 // fails, htmx swaps nothing: the choices stay, and the form's alert ([data-send-error])
 // says what happened and what to do. A refusal that is a whole page (the survey closed
 // meanwhile: 404, 409, 410) replaces the page, as a plain form's answer would.
+//
+// The sentences come from the page, in its language: the form's data-messages attribute
+// holds them as JSON with {placeholders} ({label}: the form's primary button, {seconds},
+// {status}); app/respondent_text.py is their catalogue.
 (function () {
   "use strict";
 
@@ -17,11 +21,23 @@
 
   function label(form) {
     var button = form.querySelector("button.r-primary");
-    return button ? button.textContent.trim() : "Next";
+    return button ? button.textContent.trim() : "";
   }
 
-  function answer(form) {
-    return form.getAttribute("data-answer-noun") || "answer";
+  function messages(form) {
+    try {
+      return JSON.parse(form.getAttribute("data-messages") || "{}");
+    } catch (e) {
+      return {};
+    }
+  }
+
+  // Message `key` of the form with its {placeholders} filled from `values`.
+  function say(form, key, values) {
+    var text = messages(form)[key] || "";
+    return text.replace(/\{(\w+)\}/g, function (whole, name) {
+      return Object.prototype.hasOwnProperty.call(values || {}, name) ? values[name] : whole;
+    });
   }
 
   function setText(form, selector, text) {
@@ -36,10 +52,11 @@
     setText(form, "[data-send-error]", text);
   }
 
-  function seconds(value) {
+  // Retry-After in words; n >= 1, so n === 1 is the singular in every page language.
+  function seconds(form, value) {
     var n = parseInt(value, 10);
-    if (!(n > 0)) return "a few seconds";
-    return n === 1 ? "a second" : n + " seconds";
+    if (!(n > 0)) return say(form, "secondsUnknown");
+    return say(form, n === 1 ? "secondsOne" : "secondsOther", { count: String(n) });
   }
 
   // The response's page in place of this one, when it is a page (its <main>); false if not.
@@ -63,7 +80,7 @@
     if (!form) return;
     showError(form, "");
     form.setAttribute("aria-busy", "true");
-    setText(form, "[data-send-status]", "Saving…");
+    setText(form, "[data-send-status]", say(form, "saving"));
   });
 
   document.addEventListener("htmx:afterRequest", function (event) {
@@ -76,25 +93,22 @@
   document.addEventListener("htmx:sendError", function (event) {
     var form = surveyForm(event);
     if (!form) return;
-    showError(form, "Your " + answer(form) + " could not be sent. Check your connection " +
-      "and press " + label(form) + " again.");
+    showError(form, say(form, "sendError", { label: label(form) }));
   });
 
   document.addEventListener("htmx:responseError", function (event) {
     var form = surveyForm(event);
     if (!form) return;
     var xhr = event.detail.xhr;
-    var noun = answer(form);
-    var not = noun === "answer" ? " was not saved" : " were not saved";
     if (xhr.status === 429) {
-      showError(form, "Too many answers from your network just now: please wait " +
-        seconds(xhr.getResponseHeader("Retry-After")) + " and press " + label(form) + " again.");
+      showError(form, say(form, "busy", {
+        seconds: seconds(form, xhr.getResponseHeader("Retry-After")),
+        label: label(form),
+      }));
     } else if (xhr.status >= 500) {
-      showError(form, "Something went wrong on our side; your " + noun + not +
-        ". Please press " + label(form) + " again.");
+      showError(form, say(form, "serverError", { label: label(form) }));
     } else if (!showPage(xhr)) {
-      showError(form, "Your " + noun + not + " (error " + xhr.status +
-        "). Please reload the page and try again.");
+      showError(form, say(form, "otherError", { status: String(xhr.status) }));
     }
   });
 

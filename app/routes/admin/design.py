@@ -124,6 +124,7 @@ async def study_settings(
             "ask_attributes": form.checked("ask_attributes"),
             "belief_model": form.text("belief_model") or "default",
             "show_learned": form.checked("show_learned"),
+            "language": form.text("language") or stored.language,
             "drop_after_minutes": stored.drop_after_minutes if drop_after is None else drop_after,
             "refit_every": stored.refit_every if refit is None else refit,
             "calibration_items": stored.calibration_items if calibration is None else calibration,

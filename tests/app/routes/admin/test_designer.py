@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -898,3 +899,44 @@ def test_the_round_question_cap_says_what_it_counts_and_refuses_less_than_used(
     db.add(study)
     db.commit()
     assert client.post(base + "/settings", data={**form, "total_answers": "2"}).status_code == 200
+
+
+def test_the_respondent_language_round_trips_and_an_unknown_one_is_refused(
+    dclient: TestClient, alice: Researcher, db: Session
+) -> None:
+    base = _study_with_items(dclient, "Sprache")
+    study = db.exec(select(Study).where(Study.slug == "sprache")).one()
+    assert study.settings["language"] == "en"  # a new study's
+    page = dclient.get(base).text
+    assert "Language of the respondent pages" in page
+    assert '<option value="en" selected>English (en)</option>' in page
+    assert '<option value="de" >Deutsch (de)</option>' in page
+    form = {
+        "criterion": "eig",
+        "max_questions": "5",
+        "min_questions": "0",
+        "rounds": "1",
+        "respondents_share": "0.5",
+        "max_questions_per_respondent": "1",
+        "csrf_token": csrf(dclient),
+    }
+    r = dclient.post(base + "/settings", data={**form, "language": "de"})
+    assert r.status_code == 200
+    db.refresh(study)
+    assert study.settings["language"] == "de"
+    assert '<option value="de" selected>Deutsch (de)</option>' in dclient.get(base).text
+    # a form without the field keeps the stored language
+    r = dclient.post(base + "/settings", data={**form, "max_questions": "6"})
+    assert r.status_code == 200
+    db.refresh(study)
+    assert study.settings["language"] == "de" and study.settings["budgets"]["max_questions"] == 6
+    # an unknown language: 422 naming the field, and nothing of the form is stored
+    r = dclient.post(base + "/settings", data={**form, "max_questions": "7", "language": "xx"})
+    assert r.status_code == 422
+    assert (
+        "Language of the respondent pages: unknown language 'xx' (supported: en (English), "
+        "de (Deutsch), fr (Français), es (Español))" in html.unescape(r.text)
+    )
+    db.expire_all()
+    study = db.exec(select(Study).where(Study.slug == "sprache")).one()
+    assert study.settings["language"] == "de" and study.settings["budgets"]["max_questions"] == 6
