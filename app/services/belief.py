@@ -255,7 +255,7 @@ def _fit_by_kind(  # type: ignore[no-untyped-def]
             f"belief_model: unknown {kind!r} (known: {', '.join(BELIEF_MODEL_CHOICES)})"
         )
     history = torch.cat([train, val]) if val.shape[0] else train
-    if history.shape[0] == 0 or kind == "persona_mixture":
+    if not answers_a_question(history, items) or kind == "persona_mixture":
         return persona_prior_model(study, items, session=session, history=history)
     role = {r: [j for j, it in enumerate(items) if it.role == r.value] for r in ItemRole}
     personas = None
@@ -284,6 +284,15 @@ def _fit_by_kind(  # type: ignore[no-untyped-def]
         )
     except ElicitationError as exc:
         raise InvalidInputError(f"belief_model {kind!r}: {exc}") from None
+
+
+def answers_a_question(history: torch.Tensor, items: Sequence[Item]) -> bool:
+    """Whether any row of ``history`` ``[N, I]`` (``-1`` missing) answers a question or
+    target item: respondents who gave only their attributes say nothing about the
+    questions, so a study with only those keeps its persona prior (which conditions on
+    the attributes) instead of latent classes fitted on no answers."""
+    asked = [j for j, it in enumerate(items) if it.role != ItemRole.attribute.value]
+    return bool(history.shape[0]) and bool((history[:, asked] >= 0).any())
 
 
 PERSONA_PRIOR_STRENGTH = 10.0
@@ -354,7 +363,12 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
             ).all()
         )
     n_hist = int(history.shape[0]) if history is not None else 0
-    why = "no historical respondents" if n_hist == 0 else "the belief_model setting"
+    if n_hist == 0:
+        why = "no historical respondents"
+    elif history is not None and not answers_a_question(history, items):
+        why = f"{n_hist} respondents, none with an answer to a question or target item"
+    else:
+        why = "the belief_model setting"
     compressed = compression_seconds = None
     if not rows:
         mu = uniform.unsqueeze(0)

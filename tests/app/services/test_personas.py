@@ -20,6 +20,7 @@ from app.services.belief import (
 from app.services.designer import add_item, create_study
 from app.tables import PersonaDistribution, Researcher, Respondent, Study, StudyPersona
 from inference_server.prompts import PromptItem
+from models.base import load_model
 
 EPS = PERSONA_ATTRIBUTE_EPSILON
 
@@ -385,3 +386,31 @@ def test_a_refit_on_few_respondents_keeps_the_census_weights(db: Session, tiny: 
     assert bool((refit >= census * s / (3 + s) - 1e-9).all())
     assert float(refit[0]) > float(census[0])  # the data still move it
     assert "the personas' weights counting as 10" in model.metrics["notice"]
+
+
+def test_respondents_with_only_attributes_keep_the_persona_prior(db: Session, tiny: Study) -> None:
+    """Imported respondents who gave their age and region but answered no question: the
+    fit keeps the persona prior (so a respondent's attributes still point to personas)
+    instead of latent classes fitted on no answers, and says why; once one respondent
+    answers q, the fit is latent classes."""
+    ps.add_share_personas(tiny, SHARES, session=db)
+    texts = [p.text for p in db.exec(select(StudyPersona).order_by(StudyPersona.id)).all()]  # type: ignore[arg-type]
+    _store_q(db, tiny, dict(zip(texts, [0.9, 0.8, 0.3, 0.2], strict=True)))
+    for i, attrs in enumerate([{"age": "A", "region": "A"}, {"age": "B", "region": "B"}] * 3):
+        db.add(Respondent(study_id=tiny.id or 0, external_id=f"r{i}", source="import",
+                          attributes=attrs, answers={}))  # fmt: skip
+    db.commit()
+    row = fit_study_model(tiny, session=db, n_classes=(2,), n_restarts=1)
+    assert row.metrics["prior"] == "persona"
+    assert "respondents, none with an answer to a question or target" in row.metrics["notice"]
+    model = load_model(row.blob)
+    keys = model.item_bank.keys
+    young = model.update(model.initial_state(), keys.index("age"), 0)
+    old = model.update(model.initial_state(), keys.index("age"), 1)
+    q = keys.index("q")
+    assert float(model.predict(young, [q])[0, 0]) > float(model.predict(old, [q])[0, 0]) + 0.3
+    db.add(Respondent(study_id=tiny.id or 0, external_id="r9", source="import",
+                      attributes={"age": "A"}, answers={"q": "A"}))  # fmt: skip
+    db.commit()
+    refit = fit_study_model(tiny, session=db, n_classes=(2,), n_restarts=1, force=True)
+    assert refit.metrics.get("prior") is None and refit.metrics.get("model") == "latent_class"
