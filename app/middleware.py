@@ -252,8 +252,8 @@ class HostileInputMiddleware:
         content_type = ""
         for name, value in scope.get("headers", ()):
             if name.lower() == b"content-type":
-                content_type = value.decode("latin-1").lower()
-        kind = content_type.split(";")[0].strip()
+                content_type = value.decode("latin-1")  # the boundary's case matters
+        kind = content_type.split(";")[0].strip().lower()
         is_json = kind == "application/json" or kind.endswith("+json")
         if kind not in ("application/x-www-form-urlencoded", "multipart/form-data") and not is_json:
             await self.app(scope, receive, send)

@@ -219,6 +219,52 @@ def test_uploaded_files_with_nul_or_deep_nesting(world: HostileWorld, tmp_path: 
         assert "bidirectional control character (U+202E)" in r.text
 
 
+def test_a_browser_boundary_keeps_its_case(world: HostileWorld, tmp_path: Path) -> None:
+    """Chromium's multipart boundary is mixed case (``----WebKitFormBoundary...``): a NUL
+    in an uploaded file is the importer's to report with its file and line, and a NUL in
+    a text field is blamed on that field. (With the boundary lowercased, no part was found
+    and the whole body was blamed on the first field, ``csrf_token``.)"""
+    files = _dataset_files(tmp_path)
+    first, *rest = files["codebook.jsonl"].decode().splitlines()
+    bad = "\n".join([json.dumps({**json.loads(first), "question": "Q\x00?"}), *rest]).encode()
+    boundary = "----WebKitFormBoundaryAbCdEfGh12"
+
+    def body(fields: dict[str, str], uploads: dict[str, bytes]) -> bytes:
+        out = b""
+        for name, value in fields.items():
+            out += (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+            ).encode()
+        for name, content in uploads.items():
+            out += (
+                (
+                    f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
+                    f'filename="{name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+                ).encode()
+                + content
+                + b"\r\n"
+            )
+        return out + f"--{boundary}--\r\n".encode()
+
+    headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
+    with admin_client(world.server) as admin:
+        token = admin.headers["X-CSRF-Token"]
+        fields = {"csrf_token": token, "name": "browser upload", "action": "preview"}
+        r = admin.post(
+            "/admin/import/upload",
+            content=body(fields, {**files, "codebook.jsonl": bad}),
+            headers=headers,
+        )
+        assert r.status_code < 500 and "form field 'csrf_token'" not in r.text, r.text[-1000:]
+        assert "codebook.jsonl, line 1: item" in r.text, r.text[-2000:]
+        r = admin.post(
+            "/admin/import/upload",
+            content=body({**fields, "name": "browser\x00upload"}, files),
+            headers=headers,
+        )
+        assert r.status_code == 422 and "form field 'name' contains a NUL" in r.text, r.text
+
+
 def test_import_command_nested_json(tmp_path: Path) -> None:
     """``priorly import`` of a dataset with a line nested 5,000 deep: exit 2, one line."""
     import os
