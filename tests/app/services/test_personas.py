@@ -10,6 +10,7 @@ import torch
 from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
+from app.services import persona_input as pi
 from app.services import personas as ps
 from app.services.belief import (
     PERSONA_ATTRIBUTE_EPSILON,
@@ -104,7 +105,7 @@ def test_a_sample_keeps_every_option_with_a_share(db: Session, tiny: Study) -> N
     ],
 )
 def test_apportion_counts_out_exactly(shares: list[float], n: int, counts: list[int]) -> None:
-    assert ps.apportion(shares, n, where="x") == counts
+    assert pi.apportion(shares, n, where="x") == counts
     assert sum(counts) == n
 
 
@@ -146,7 +147,7 @@ def test_shares_as_a_census_table_prints_them(
 ) -> None:
     """Percentages, a decimal comma and rounding within 0.01 are read and rescaled to 1."""
     attrs, _ = ps.study_items(tiny.id or 0, session=db)
-    got = ps.check_shares(attrs, {"age": given})["age"]
+    got = pi.check_shares(attrs, {"age": given})["age"]
     assert got.keys() == want.keys()
     assert all(math.isclose(got[k], want[k], rel_tol=1e-12) for k in want)
     assert math.isclose(sum(got.values()), 1.0, rel_tol=1e-12)
