@@ -15,11 +15,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from app.errors import InvalidInputError
+from app.textguard import clip
 from elicitation.datasets import CodebookItem
 from inference_server.errors import InferenceError
 from inference_server.personas import Persona, attribute_sentence, parse_personas
@@ -156,19 +158,35 @@ SHARE_TOLERANCE = 0.01
 shares of 33.3 % sum to 99.9 %); :func:`check_shares` rescales them to sum to 1."""
 
 
+SHARE_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+"""What a typed share may be (after a decimal comma is read as a point and a ``%`` taken
+off): ASCII digits only, as a census table prints them. ``float`` alone would also take
+``1_000``, ``inf``, ``nan`` and the digits of other scripts (full-width ``０.３``,
+Arabic-Indic), some but not all of them: they are refused, all alike."""
+
+
 def _share_value(raw: object, where: str) -> float:
-    """One share as a float: a number, ``"0,3"`` (decimal comma) or ``"30%"`` (0.3)."""
+    """One share as a float: a number, ``"0,3"`` (decimal comma) or ``"30%"`` (0.3); a
+    text must be :data:`SHARE_NUMBER` (ASCII digits)."""
     if isinstance(raw, bool):
         raise InvalidInputError(f"{where}: {raw!r} is not a number")
-    text = str(raw).strip()
-    percent = text.endswith("%")
-    text = text.removesuffix("%").strip()
-    if "," in text and "." not in text:
-        text = text.replace(",", ".")
-    try:
+    percent = False
+    if isinstance(raw, int | float):
+        v = float(raw)
+    else:
+        text = str(raw).strip()
+        percent = text.endswith("%")
+        text = text.removesuffix("%").strip()
+        if "," in text and "." not in text:
+            text = text.replace(",", ".")
+        if len(text) > 40 or not SHARE_NUMBER.fullmatch(text):
+            if any(c.isdigit() and not c.isascii() for c in text):
+                raise InvalidInputError(
+                    f"{where}: {clip(str(raw), 40)!r} is not a number: write it with the "
+                    "ASCII digits 0-9"
+                )
+            raise InvalidInputError(f"{where}: {clip(str(raw), 40)!r} is not a number")
         v = float(text)
-    except ValueError:
-        raise InvalidInputError(f"{where}: {raw!r} is not a number") from None
     if not math.isfinite(v) or v < 0 or (percent and v > 100):
         raise InvalidInputError(f"{where}: {raw!r} is not a share between 0 and 1")
     return v / 100 if percent else v
@@ -276,21 +294,56 @@ def share_personas(
     ]
 
 
+SHARE_FIELD = "share:"
+"""The prefix of the personas page's share fields: ``share:{item key}:{option letter}``."""
+
+
 def shares_from_form(
-    attrs: Sequence[CodebookItem], field: Callable[[str], str]
+    attrs: Sequence[CodebookItem], fields: Sequence[tuple[str, str]]
 ) -> dict[str, dict[str, str]]:
-    """The shares typed in the personas page's table: field ``share:{item key}:{letter}``
-    of each attribute item and option (``field(name)`` gives its text). An attribute whose
-    fields are all blank is not part of the profiles; one blank field among filled ones is
-    an InvalidInputError naming it (a share left out by mistake, not a 0). Validated by
-    :func:`check_shares`."""
+    """The shares typed in the personas page's table: the ``(name, text)`` of the form's
+    fields named ``share:{item key}:{letter}`` (:data:`SHARE_FIELD`), one per attribute
+    item and option. An attribute whose fields are all blank is not part of the profiles;
+    one blank field among filled ones is an InvalidInputError naming it (a share left out
+    by mistake, not a 0). A filled field that names no attribute item, or a letter that is
+    not one of the attribute's options, or a field given twice, is an InvalidInputError
+    naming the field (nothing is dropped silently). Validated by :func:`check_shares`.
+
+    Example: ``[("share:age:A", "0.4"), ("share:age:B", "0.6")]`` gives
+    ``{"age": {"A": "0.4", "B": "0.6"}}``.
+    """
+    known = {a.id: a for a in attrs}
+    typed: dict[str, dict[str, str]] = {}
+    seen: set[str] = set()
+    for name, raw in fields:
+        value = raw.strip()
+        if not name.startswith(SHARE_FIELD) or not value:
+            continue
+        shown = clip(name, 60)
+        if name in seen:
+            raise InvalidInputError(f"form field {shown}: given twice; give each share once")
+        seen.add(name)
+        key, sep, letter = name.removeprefix(SHARE_FIELD).rpartition(":")
+        if not sep:
+            raise InvalidInputError(
+                f"form field {shown}: not a share field (share:<attribute key>:<option letter>)"
+            )
+        if key not in known:
+            raise InvalidInputError(
+                f"form field {shown}: {clip(key, 40)} is not an attribute item of this study "
+                f"(attributes: {', '.join(known) or 'none'})"
+            )
+        a = known[key]
+        letters = [o for o, _ in a.options]
+        if letter not in letters:
+            raise InvalidInputError(
+                f"shares of {_attribute_name(a)}, option {clip(letter, 20)}: not an option of "
+                f"{a.id} ({', '.join(letters)})"
+            )
+        typed.setdefault(key, {})[letter] = value
     out: dict[str, dict[str, str]] = {}
     for a in attrs:
-        given = {
-            letter: field(f"share:{a.id}:{letter}").strip()
-            for letter, _ in a.options
-            if field(f"share:{a.id}:{letter}").strip()
-        }
+        given = typed.get(a.id)
         if given:
             blank = [letter for letter, _ in a.options if letter not in given]
             if blank:
@@ -299,5 +352,5 @@ def shares_from_form(
                     "options have a share; type 0 for an option nobody has, or clear the "
                     "whole attribute"
                 )
-            out[a.id] = given
+            out[a.id] = {letter: given[letter] for letter, _ in a.options}
     return out

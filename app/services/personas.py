@@ -333,12 +333,13 @@ def clear_personas(study: Study, *, session: Session) -> int:
 
 
 def shares_from_fields(
-    study: Study, field: Callable[[str], str], *, session: Session
+    study: Study, fields: Sequence[tuple[str, str]], *, session: Session
 ) -> dict[str, dict[str, str]]:
-    """:func:`app.services.persona_input.shares_from_form` on the study's attribute items."""
+    """:func:`app.services.persona_input.shares_from_form` on the study's attribute items
+    (``fields``: the form's text fields, ``(name, text)``)."""
     assert study.id is not None
     attrs, _ = study_items(study.id, session=session)
-    return shares_from_form(attrs, field)
+    return shares_from_form(attrs, fields)
 
 
 BACKENDS = ("local", "openai")

@@ -149,6 +149,11 @@ class FormFields:
         """See :func:`app.deps.form_str`."""
         return form_str(self.form, name, default)
 
+    def texts(self) -> list[tuple[str, str]]:
+        """Every text field as ``(name, text)``, in the order sent (a name given twice is
+        there twice; files are left out)."""
+        return [(k, v) for k, v in self.form.multi_items() if isinstance(v, str)]
+
     def checked(self, name: str) -> bool:
         """Whether the checkbox ``name`` is ticked."""
         return self.text(name) == "on"

@@ -101,7 +101,7 @@ async def persona_shares(form: FormDep, personas: PersonasPageDep) -> Response:
     study, session = personas.study, personas.session
 
     def change() -> str:
-        shares = persona_service.shares_from_fields(study, form.text, session=session)
+        shares = persona_service.shares_from_fields(study, form.texts(), session=session)
         n = persona_service.add_share_personas(
             study, shares, sample=form.opt_int("sample"), session=session
         )

@@ -124,6 +124,10 @@ def test_apportion_counts_out_exactly(shares: list[float], n: int, counts: list[
         ({"age": {}}, r"shares of Age \(age\): no option has a share"),
         ({}, "give the shares of at least one attribute"),
         ({"q": {"A": "1"}}, "'q' is not an attribute item"),
+        ({"age": {"A": "\uff10.\uff14", "B": "0.6"}}, "option A: '\uff10.\uff14' is not a number: write it with the ASCII digits 0-9"),
+        ({"age": {"A": "\u0664\u0660%", "B": "60%"}}, "option A: '\u0664\u0660%' is not a number: write it with the ASCII digits 0-9"),
+        ({"age": {"A": "0_4", "B": "0.6"}}, "option A: '0_4' is not a number$"),
+        ({"age": {"A": "nan", "B": "1"}}, "option A: 'nan' is not a number$"),
     ],
 )  # fmt: skip
 def test_bad_shares_name_the_place_and_store_nothing(
