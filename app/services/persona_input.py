@@ -24,37 +24,58 @@ from app.errors import InvalidInputError
 from app.textguard import clip
 from elicitation.datasets import CodebookItem
 from inference_server.errors import InferenceError
-from inference_server.personas import Persona, attribute_sentence, parse_personas
+from inference_server.personas import (
+    PERSONA_FILE_TYPES,
+    Persona,
+    attribute_sentence,
+    parse_personas,
+    text_lines,
+)
 
 MAX_PROFILE_PERSONAS = 20_000
 """Most attribute combinations :func:`share_personas` enumerates (above: give a sample)."""
 
 
-def text_personas(raw: str, *, filename: str | None = None) -> list[Persona]:
-    """Researcher personas from pasted or uploaded text: JSONL (one object per line with
-    ``text`` and optional ``key`` and ``weight``) when the file is ``.jsonl`` or the first
-    non-blank line starts with ``{``; a ``.json`` file is a list; otherwise one persona per
-    line (:func:`inference_server.personas.parse_personas`).
+def text_personas(raw: str | bytes, *, filename: str | None = None) -> list[Persona]:
+    """Researcher personas from pasted or uploaded text.
+
+    An uploaded file (``filename`` given) is read by its extension, one of
+    :data:`inference_server.personas.PERSONA_FILE_TYPES`: ``.txt`` one persona per line,
+    ``.jsonl`` one object per line with ``text`` and optional ``key`` and ``weight``,
+    ``.json`` a list; its bytes must be UTF-8 (a byte order mark at the start is skipped).
+    Pasted text is JSONL when its first non-blank line starts with ``{``, else one persona
+    per line. Lines end at ``\\n`` or ``\\r\\n`` only
+    (:func:`inference_server.personas.text_lines`); the entries are checked by
+    :func:`inference_server.personas.parse_personas`.
 
     Example: ``text_personas("A nurse in Leeds\\nA retired farmer")`` gives two personas.
 
     Raises:
-        InvalidInputError: empty input, or naming the line of the first bad entry
-            (``"persona texts line 3: invalid JSON: ..."``).
+        InvalidInputError: another file type, a file that is not UTF-8, empty input, or
+            naming the line of the first bad entry (``"persona texts line 3: invalid
+            JSON: ..."``, ``"p.jsonl line 2: key must be a string, got an object"``).
     """
     name = filename or "persona texts"
-    lower = name.lower()
-    first = next((line.strip() for line in raw.splitlines() if line.strip()), "")
+    suffix = ""
+    if filename is not None:
+        suffix = "." + filename.rsplit(".", 1)[-1].lower() if "." in filename else ""
+        if suffix not in PERSONA_FILE_TYPES:
+            raise InvalidInputError(
+                f"{clip(name, 80)}: not a persona file: choose a .txt (one persona per line), "
+                ".jsonl or .json file"
+            )
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8").removeprefix("\ufeff")
+        except UnicodeDecodeError:
+            raise InvalidInputError(f"{name}: not UTF-8 text") from None
+    lines = text_lines(raw)
+    first = next((line.strip() for line in lines if line.strip()), "")
     if not first:
         raise InvalidInputError(f"{name}: no persona texts (the input is empty)")
-    if lower.endswith(".json"):
-        kind = ".json"
-    elif lower.endswith(".jsonl") or (first.startswith("{") and not lower.endswith(".txt")):
-        kind = ".jsonl"
-    else:
-        kind = ".txt"
+    kind = suffix or (".jsonl" if first.startswith("{") else ".txt")
     if kind == ".txt":
-        for n, line in enumerate(raw.splitlines(), start=1):
+        for n, line in enumerate(lines, start=1):
             if line.strip().startswith("{") and _is_json_object(line):
                 raise InvalidInputError(
                     f"{name} line {n}: a JSON object, but the first line is plain text: write "
@@ -64,6 +85,27 @@ def text_personas(raw: str, *, filename: str | None = None) -> list[Persona]:
         return parse_personas(raw, name=name, kind=kind)
     except InferenceError as exc:
         raise InvalidInputError(str(exc)) from None
+
+
+def form_persona_texts(
+    typed: str, upload: tuple[str, bytes] | None
+) -> tuple[str | bytes, str | None]:
+    """What the personas page's *persona texts* form gives :func:`text_personas`:
+    ``(the file's bytes, its name)`` or ``(the typed text, None)``.
+
+    Raises:
+        InvalidInputError: both the text box and a file are filled in (neither is dropped
+            silently: the message says which to clear).
+    """
+    if upload is None:
+        return typed, None
+    name, data = upload
+    if typed.strip():
+        raise InvalidInputError(
+            f"persona texts: both the text box and a file ({clip(name, 80)}) are filled in: "
+            "clear the text box to add the file, or remove the file to add the typed texts"
+        )
+    return data, name
 
 
 def _is_json_object(line: str) -> bool:

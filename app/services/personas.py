@@ -57,6 +57,7 @@ from inference_server.errors import InferenceError
 from inference_server.generate import GenerationStats, PairKey, generate, pair_key
 from inference_server.model_store import DEFAULT_MODEL
 from inference_server.personas import (
+    MAX_PERSONA_KEY_CHARS,
     Persona,
     profiles_from_matrix,
 )
@@ -213,7 +214,12 @@ def save_study_personas(
         for p in personas:
             if p.hash in have:
                 continue
-            key = unique_key(p.key[:190], keys)
+            if len(p.key) > MAX_PERSONA_KEY_CHARS:  # the column holds 200, with a suffix
+                raise InvalidInputError(
+                    f"persona {p.key[:40]}…: the key has {len(p.key):,} characters (at most "
+                    f"{MAX_PERSONA_KEY_CHARS})"
+                )
+            key = unique_key(p.key, keys)
             keys.add(key)
             session.add(
                 StudyPersona(
@@ -266,7 +272,7 @@ def stored_persona_texts(study_id: int, *, session: Session) -> list[str]:
 
 
 def add_text_personas(
-    study: Study, raw: str, *, filename: str | None = None, session: Session
+    study: Study, raw: str | bytes, *, filename: str | None = None, session: Session
 ) -> int:
     """Add the personas of pasted or uploaded texts
     (:func:`app.services.persona_input.text_personas`) to the study's dictionary; returns

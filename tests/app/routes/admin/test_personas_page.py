@@ -4,6 +4,8 @@ with the reason until PRIORLY_LLM_BASE_URL is set; a cancelled persona job offer
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
@@ -86,7 +88,19 @@ def test_server_option_names_the_configured_server(
         ("texts", {}, {"file": ("p.jsonl", b'{"text": "A"}\n{"text": 3}\n', "text/plain")},
          "p.jsonl line 2: persona text must be a string"),
         ("texts", {}, {"file": ("p.txt", b"\xff\xfe", "text/plain")}, "p.txt: not UTF-8 text"),
-        ("respondents", {}, None, "no respondent has any of the attributes"),
+        ("texts", {}, {"file": ("p.csv", b"name,age\nA nurse,40\n", "text/csv")},
+         "p.csv: not a persona file: choose a .txt (one persona per line), .jsonl or .json file"),
+        ("texts", {"texts": "A nurse"}, {"file": ("p.txt", b"A farmer\n", "text/plain")},
+         "both the text box and a file (p.txt) are filled in: clear the text box to add the "
+         "file, or remove the file to add the typed texts"),
+        ("texts", {}, {"file": ("p.jsonl", b'{"text": "A", "key": {"a": 1}}\n', "text/plain")},
+         "p.jsonl line 1: key must be a string, got an object"),
+        ("texts", {}, {"file": ("p.jsonl", b'{"text": "A", "key": "' + b"k" * 5000 + b'"}\n', "x")},
+         "p.jsonl line 1: key has 5,000 characters (at most 190)"),
+        ("texts", {"texts": '{"text": "A nurse"}\n{"text": "A \\ud800 pilot"}'}, None,
+         "persona texts line 2: persona text contains a lone surrogate (U+D800) at position 2"),
+        ("respondents", {}, None,
+         "imported respondents: no respondent has any of the attributes age</p>"),
         ("generate", {"backend": "local"}, None, "the persona dictionary is empty"),
     ],
 )  # fmt: skip
@@ -97,6 +111,30 @@ def test_bad_input_is_422_naming_the_place_and_stores_nothing(
     assert r.status_code == 422 and message in r.text, r.text[-2000:]
     assert 'role="alert"' in r.text
     assert _personas(db) == [] and db.exec(select(Job)).all() == []
+
+
+def test_keys_at_the_limit_are_kept_whole_and_only_newlines_split_texts(
+    ac: TestClient, db: Session
+) -> None:
+    """A key of 190 characters is stored whole, and given again gets its ``~2`` suffix
+    within the column's 200 (PostgreSQL checks the length); a U+2028 in a typed text does
+    not split it into two personas, ``\\r\\n`` does."""
+    key = "k" * 190
+    for text in ("A nurse", "A pilot"):
+        line = (json.dumps({"text": text, "key": key}) + "\n").encode()
+        r = ac.post(BASE + "/personas/texts", data={"csrf_token": csrf(ac)},
+                    files={"file": ("p.jsonl", line, "text/plain")})  # fmt: skip
+        assert "1 persona added from persona texts" in r.text, r.text[-2000:]
+    typed = "A farmer\u2028in Leeds\r\nA diver"
+    r = ac.post(BASE + "/personas/texts", data={"texts": typed, "csrf_token": csrf(ac)})
+    assert "2 personas added from persona texts" in r.text
+    got = [(p.key, p.text) for p in _personas(db)]
+    assert got == [
+        (key, "A nurse"),
+        (key + "~2", "A pilot"),
+        ("persona-1", "A farmer\u2028in Leeds"),
+        ("persona-2", "A diver"),
+    ]
 
 
 def test_a_refused_form_shows_what_was_typed(ac: TestClient) -> None:
