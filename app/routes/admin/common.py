@@ -23,6 +23,7 @@ from starlette.datastructures import FormData
 from app import auth
 from app.deps import MAX_DB_ID, TemplatesDep, form_str
 from app.errors import InvalidInputError, PriorlyError, is_user_error
+from app.limits import FORM_FIELD_MAX_BYTES
 
 
 def render(
@@ -234,7 +235,7 @@ class FormFields:
 async def read_form(request: Request) -> FormFields:
     """Dependency: the request's form (parsed once; the CSRF check reads the same; kept on
     ``request.state.form`` for :func:`render` to show a refused form's values again)."""
-    form = await request.form()
+    form = await request.form(max_part_size=FORM_FIELD_MAX_BYTES)
     request.state.form = form
     return FormFields(form)
 
