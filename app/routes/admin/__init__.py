@@ -115,10 +115,9 @@ def error_page(request: Request, message: str, status: int) -> Response:
 
 
 def wants_html(accept: str) -> bool:
-    """Whether a request with this ``Accept`` header takes an HTML page: a browser's
-    (``text/html``, or no preference), not a client asking for JSON only."""
-    accept = accept.lower()
-    return "text/html" in accept or "json" not in accept
+    """Whether a request with this ``Accept`` header takes an HTML page: a browser's (it
+    names ``text/html`` for a page and a form), not a script's (``*/*``, none, JSON)."""
+    return "text/html" in accept.lower()
 
 
 def html_error_page(scope: MutableMapping[str, Any], status: int, message: str) -> Response | None:

@@ -239,12 +239,17 @@ def test_publishing_with_a_uniform_prior_warns(ac: TestClient, db: Session, stud
     assert f'{BASE}/personas">Personas</a> · <a href=' in r.text
 
 
+BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+"""What a browser sends with a form."""
+
+
 def test_oversized_forms_get_the_admin_error_page_naming_the_limit(
     settings: Settings, study: Study, alice: Researcher, db: Session
 ) -> None:
-    """A typed persona list over the 1 MiB limit of a text field is 400 and a file over the
-    upload limit 413, each as the admin error page naming the limit (not the framework's
-    JSON); a client asking for JSON, and the JSON API, keep the JSON answer."""
+    """A browser's typed persona list over the 1 MiB limit of a text field is 400 and its
+    file over the upload limit 413, each as the admin error page naming the limit (not the
+    framework's JSON); a script (no ``text/html`` in ``Accept``) and the JSON API keep the
+    JSON answer."""
     from app.main import create_app
 
     s = settings.model_copy(update={"max_upload_bytes": 2 * 1024 * 1024})
@@ -253,18 +258,21 @@ def test_oversized_forms_get_the_admin_error_page_naming_the_limit(
         token = csrf(c)
         big_text = "A nurse\n" * (1024 * 1024 // 8 + 1)
         r = c.post(BASE + "/personas/texts", data={"texts": big_text, "csrf_token": token},
-                   files={"file": ("", b"", "application/octet-stream")})  # fmt: skip
+                   files={"file": ("", b"", "application/octet-stream")}, headers=BROWSER)  # fmt: skip
         assert r.status_code == 400 and r.headers["content-type"].startswith("text/html")
         assert "<h1>Error 400</h1>" in r.text
         assert "a text field of the form is larger than the limit of 1 MiB" in r.text
         big_file = {"file": ("p.txt", b"A nurse\n" * (3 * 1024 * 1024 // 8), "text/plain")}
-        r = c.post(BASE + "/personas/texts", data={"csrf_token": token}, files=big_file)
+        r = c.post(BASE + "/personas/texts", data={"csrf_token": token}, files=big_file,
+                   headers=BROWSER)  # fmt: skip
         assert r.status_code == 413 and r.headers["content-type"].startswith("text/html")
         assert "<h1>Error 413</h1>" in r.text and r.headers["connection"] == "close"
         assert "the form is larger than the limit of 2 MiB for this page" in r.text
-        r = c.post(BASE + "/personas/texts", data={"csrf_token": token}, files=big_file,
-                   headers={"Accept": "application/json"})  # fmt: skip
+        r = c.post(BASE + "/personas/texts", data={"csrf_token": token}, files=big_file)
         assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+        r = c.post(BASE + "/personas/texts", data={"texts": big_text, "csrf_token": token},
+                   files={"file": ("", b"", "application/octet-stream")})  # fmt: skip
+        assert r.status_code == 400 and "exceeded maximum size of 1024KB" in r.json()["detail"]
         r = c.post("/api/v1/studies/persona-page/sessions", content=b"x" * (2 * 1024 * 1024),
                    headers={"Content-Type": "application/json"})  # fmt: skip
         assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
