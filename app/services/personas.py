@@ -198,17 +198,27 @@ def save_study_personas(
     *,
     session: Session,
     attrs: Sequence[CodebookItem] = (),
+    limit: int | None = None,
 ) -> int:
     """Add the personas the study does not have yet (by text hash), in one transaction;
     returns how many. A key the study already has gets a suffix (``persona-1`` of a
-    second upload is stored as ``persona-1~2``: :func:`unique_key`). A persona's ``attributes`` (``{item id: option index}``) are stored
-    as ``{item key: option letter}`` of ``attrs`` (the study's attribute items)."""
+    second upload is stored as ``persona-1~2``: :func:`unique_key`). A persona's
+    ``attributes`` (``{item id: option index}``) are stored as ``{item key: option
+    letter}`` of ``attrs`` (the study's attribute items).
+
+    Raises:
+        InvalidInputError: the dictionary would hold more than ``limit`` personas
+            (default: the setting ``PRIORLY_MAX_STUDY_PERSONAS``,
+            :func:`check_dictionary_size`); nothing is stored.
+    """
     letters = {a.id: [letter for letter, _ in a.options] for a in attrs}
     stored = session.exec(
         select(StudyPersona.text_hash, StudyPersona.key).where(StudyPersona.study_id == study_id)
     ).all()
     have = {h for h, _ in stored}
     keys = {k for _, k in stored}
+    new = len({p.hash for p in personas} - have)
+    check_dictionary_size(len(have), new, limit)
     added = 0
     try:
         for p in personas:
@@ -245,6 +255,31 @@ def save_study_personas(
     return added
 
 
+def max_study_personas(settings: Settings | None = None) -> int:
+    """The largest persona dictionary of a study (``PRIORLY_MAX_STUDY_PERSONAS``)."""
+    return (settings or get_settings()).max_study_personas
+
+
+def check_dictionary_size(stored: int, new: int, limit: int | None = None) -> None:
+    """Refuse a dictionary of ``stored + new`` personas over ``limit`` (default
+    :func:`max_study_personas`).
+
+    Raises:
+        InvalidInputError: naming the count and the limit, e.g. ``"the persona dictionary
+            would hold 60,000 personas (0 stored, 60,000 new), more than the limit of 2,000
+            per study ..."``.
+    """
+    limit = max_study_personas() if limit is None else limit
+    if new and stored + new > limit:
+        raise InvalidInputError(
+            f"the persona dictionary would hold {stored + new:,} personas ({stored:,} stored, "
+            f"{new:,} new), more than the limit of {limit:,} per study "
+            "(PRIORLY_MAX_STUDY_PERSONAS): generating their distributions scores every "
+            "persona × question pair; add fewer personas (a sample size for shares, the "
+            "most frequent profiles of respondents)"
+        )
+
+
 def unique_key(key: str, taken: set[str]) -> str:
     """``key``, or ``key~2``, ``key~3``, ... the first not in ``taken``.
 
@@ -272,14 +307,23 @@ def stored_persona_texts(study_id: int, *, session: Session) -> list[str]:
 
 
 def add_text_personas(
-    study: Study, raw: str | bytes, *, filename: str | None = None, session: Session
+    study: Study,
+    raw: str | bytes,
+    *,
+    filename: str | None = None,
+    session: Session,
+    settings: Settings | None = None,
 ) -> int:
     """Add the personas of pasted or uploaded texts
     (:func:`app.services.persona_input.text_personas`) to the study's dictionary; returns
     how many are new. Nothing is stored on an error."""
     assert study.id is not None
     return save_study_personas(
-        study.id, text_personas(raw, filename=filename), "texts", session=session
+        study.id,
+        text_personas(raw, filename=filename),
+        "texts",
+        session=session,
+        limit=max_study_personas(settings),
     )
 
 
@@ -290,6 +334,7 @@ def add_share_personas(
     sample: int | None = None,
     seed: int = 0,
     session: Session,
+    settings: Settings | None = None,
 ) -> int:
     """Add the attribute-profile personas of population ``shares`` (:func:`share_personas`)
     with their profiles; returns how many are new. Nothing is stored on an error.
@@ -301,11 +346,17 @@ def add_share_personas(
     attrs, _ = study_items(study.id, session=session)
     if not attrs:
         raise InvalidInputError("the study has no attribute items: set an item's role to attribute")
-    personas = share_personas(attrs, shares, sample=sample, seed=seed)
-    return save_study_personas(study.id, personas, "shares", session=session, attrs=attrs)
+    limit = max_study_personas(settings)
+    most = min(MAX_PROFILE_PERSONAS, limit)
+    personas = share_personas(attrs, shares, sample=sample, seed=seed, max_personas=most)
+    return save_study_personas(
+        study.id, personas, "shares", session=session, attrs=attrs, limit=limit
+    )
 
 
-def add_respondent_personas(study: Study, *, n: int | None = None, session: Session) -> int:
+def add_respondent_personas(
+    study: Study, *, n: int | None = None, session: Session, settings: Settings | None = None
+) -> int:
     """Add the distinct attribute profiles of the study's imported respondents, weighted by
     how many respondents share each (the ``n`` most frequent when given); returns how many
     are new.
@@ -317,15 +368,19 @@ def add_respondent_personas(study: Study, *, n: int | None = None, session: Sess
     attrs, _ = study_items(study.id, session=session)
     if not attrs:
         raise InvalidInputError("the study has no attribute items: set an item's role to attribute")
-    if n is not None and not 1 <= n <= MAX_PROFILE_PERSONAS:
-        raise InvalidInputError(f"profiles: give a number from 1 to {MAX_PROFILE_PERSONAS}")
+    limit = max_study_personas(settings)
+    most = min(MAX_PROFILE_PERSONAS, limit)
+    if n is not None and not 1 <= n <= most:
+        raise InvalidInputError(f"profiles: give a number from 1 to {most}")
     try:
         personas = attribute_personas(
             study.id, attrs, mode="profiles", n=n, seed=0, session=session
         )
     except InferenceError as exc:
         raise InvalidInputError(f"imported respondents: {exc}") from None
-    return save_study_personas(study.id, personas, "respondents", session=session, attrs=attrs)
+    return save_study_personas(
+        study.id, personas, "respondents", session=session, attrs=attrs, limit=limit
+    )
 
 
 def clear_personas(study: Study, *, session: Session) -> int:
@@ -495,7 +550,8 @@ def persona_page(
             else None
         ),
         "embedded_model": DEFAULT_MODEL,
-        "max_profiles": MAX_PROFILE_PERSONAS,
+        "max_profiles": min(MAX_PROFILE_PERSONAS, settings.max_study_personas),
+        "max_personas": settings.max_study_personas,
         "prior_warning": uniform_prior_warning(study, session=session),
     }
 

@@ -82,7 +82,9 @@ async def persona_texts(form: FormDep, personas: PersonasPageDep) -> Response:
 
     def change() -> str:
         raw, name = persona_input.form_persona_texts(form.text("texts"), upload)
-        n = persona_service.add_text_personas(study, raw, filename=name, session=session)
+        n = persona_service.add_text_personas(
+            study, raw, filename=name, session=session, settings=personas.settings
+        )
         return _added(n, "persona texts")
 
     return personas.apply(change)
@@ -95,7 +97,11 @@ async def persona_shares(form: FormDep, personas: PersonasPageDep) -> Response:
     def change() -> str:
         shares = persona_service.shares_from_fields(study, form.texts(), session=session)
         n = persona_service.add_share_personas(
-            study, shares, sample=form.opt_int("sample"), session=session
+            study,
+            shares,
+            sample=form.opt_int("sample"),
+            session=session,
+            settings=personas.settings,
         )
         return _added(n, "attribute shares")
 
@@ -108,7 +114,7 @@ async def persona_respondents(form: FormDep, personas: PersonasPageDep) -> Respo
 
     def change() -> str:
         n = persona_service.add_respondent_personas(
-            study, n=form.opt_int("profiles"), session=session
+            study, n=form.opt_int("profiles"), session=session, settings=personas.settings
         )
         return _added(n, "the imported respondents' profiles")
 

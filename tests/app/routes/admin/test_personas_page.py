@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
+from app.errors import InvalidInputError
 from app.services.designer import add_item, create_study
 from app.settings import Settings
 from app.tables import Job, JobStatus, Researcher, Study, StudyPersona
@@ -277,3 +278,70 @@ def test_oversized_forms_get_the_admin_error_page_naming_the_limit(
                    headers={"Content-Type": "application/json"})  # fmt: skip
         assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
     assert _personas(db) == []
+
+
+def test_a_dictionary_over_the_limit_is_refused_naming_count_and_limit(
+    settings: Settings, study: Study, alice: Researcher, db: Session
+) -> None:
+    """``PRIORLY_MAX_STUDY_PERSONAS`` (here 3) bounds the dictionary across uploads and
+    sources, with nothing stored; the default is 2,000, and a 60,000-line file is refused."""
+    from app.main import create_app
+    from app.services import personas as ps
+
+    s = settings.model_copy(update={"max_study_personas": 3})
+    with TestClient(create_app(s), base_url="http://localhost") as c:
+        login(c, "alice@example.org")
+        r = c.post(BASE + "/personas/texts", data={"texts": "a\nb\nc\nd", "csrf_token": csrf(c)})
+        assert r.status_code == 422 and (
+            "the persona dictionary would hold 4 personas (0 stored, 4 new), more than the "
+            "limit of 3 per study (PRIORLY_MAX_STUDY_PERSONAS)" in r.text
+        )
+        r = c.post(BASE + "/personas/texts", data={"texts": "a\nb", "csrf_token": csrf(c)})
+        assert "2 personas added" in r.text
+        assert 'max="3" id="share-sample"' in r.text
+        r = c.post(BASE + "/personas/shares",
+                   data={"share:age:A": "0.5", "share:age:B": "0.5", "csrf_token": csrf(c)})  # fmt: skip
+        assert r.status_code == 422 and "would hold 4 personas (2 stored, 2 new)" in r.text
+        r = c.post(BASE + "/personas/texts", data={"texts": "a\nc", "csrf_token": csrf(c)})
+        assert "1 persona added" in r.text  # "a" is stored already: 3 in all
+    assert [p.text for p in _personas(db)] == ["a", "b", "c"]
+    assert Settings().max_study_personas == 2000
+    lines = "\n".join(f"A persona number {i}" for i in range(60_000))
+    with pytest.raises(InvalidInputError, match="would hold 60,003 personas .* limit of 2,000"):
+        ps.add_text_personas(study, lines, session=db)
+    assert len(_personas(db)) == 3
+
+
+def test_the_generate_form_estimates_the_duration(
+    settings: Settings, ac: TestClient, db: Session, study: Study
+) -> None:
+    """Missing pairs / rate: the embedded model's one-core figure until a job on this
+    server measured its own; an inference server's speed is unknown until then."""
+    from app.main import create_app
+
+    ac.post(BASE + "/personas/texts", data={"texts": "a\nb\nc", "csrf_token": csrf(ac)})
+    page = ac.get(BASE + "/personas").text
+    assert (
+        "Estimated time: with the embedded model about 2 s (3 pairs at 1.85 pairs/s, the "
+        "embedded model&#39;s speed on one core). The job holds a worker" in page
+    )
+    db.add(Job(kind="persona_generation", study_id=study.id, status=JobStatus.succeeded.value,
+               result={"backend": "local", "pairs_per_second": 0.25, "computed": 40}))  # fmt: skip
+    db.add(Job(kind="persona_generation", study_id=study.id, status=JobStatus.succeeded.value,
+               result={"backend": "openai", "pairs_per_second": 300.0, "computed": 4000,
+                       "base_url": "http://elsewhere:8000", "model": "Qwen/Qwen3-8B"}))  # fmt: skip
+    db.commit()
+    job = db.exec(select(Job).order_by(Job.id)).first()  # type: ignore[arg-type]
+    assert job is not None
+    page = ac.get(BASE + "/personas").text
+    assert f"about 12 s (3 pairs at 0.25 pairs/s, measured by job #{job.id} on this server)" in page
+    s = settings.model_copy(
+        update={"llm_base_url": "http://gpu-box:8000/v1", "llm_model": "Qwen/Qwen3-8B"}
+    )
+    with TestClient(create_app(s), base_url="http://localhost") as c:
+        login(c, "alice@example.org")
+        page = c.get(BASE + "/personas").text
+    assert (
+        "; with the inference server unknown for 3 pairs: this server&#39;s speed is known "
+        "once a generation on it has finished" in page
+    )
