@@ -43,6 +43,7 @@ from starlette.concurrency import run_in_threadpool
 from app import ratelimit
 from app.deps import SessionDep
 from app.errors import ConflictError, InvalidInputError, NotFoundError, PriorlyError
+from app.limits import FORM_FIELD_MAX_BYTES
 from app.ratelimit import LoginLocked as LoginLocked  # re-exported for the login route
 from app.services.apikeys import normalise_email
 from app.tables import AdminSession, Invitation, Researcher, Study, StudyShare, utcnow
@@ -403,7 +404,7 @@ async def verify_csrf(request: Request) -> None:
     if not sent:
         content_type = request.headers.get("content-type", "")
         if content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
-            form = await request.form()
+            form = await request.form(max_part_size=FORM_FIELD_MAX_BYTES)
             values = form.getlist(CSRF_FIELD)
             if len(values) > 1:
                 raise CsrfError(f"the form's {CSRF_FIELD} field is given {len(values)} times")

@@ -14,8 +14,14 @@ a limit (``max_upload_bytes`` for the admin's file uploads, :data:`UPLOAD_PATHS`
   plus one chunk (the ASGI server's read size, 64 KiB for uvicorn).
 
 The answer is JSON ``{"code": "payload_too_large", "message": ...}`` (the JSON API's error
-shape; a browser form shows it as plain text) with ``Connection: close``, since the rest of
-the body is never read.
+shape) with ``Connection: close``, since the rest of the body is never read; a request the
+``html_page`` callable answers (the admin pages' browser forms: :func:`app.routes.admin.
+html_error_page`) gets that HTML page instead, with the same status.
+
+Inside a body under the limit, one text field of a form (not a file) may hold at most
+:data:`FORM_FIELD_MAX_BYTES`: the admin forms are read with that ``max_part_size``, and
+Starlette's refusal (400, ``Field exceeded maximum size of 1024KB.``) is put in words by
+:func:`form_read_error`, shown on the same admin error page.
 """
 
 from __future__ import annotations
@@ -43,6 +49,29 @@ def path_regex(path_format: str) -> re.Pattern[str]:
 
 ERROR_CODE = "payload_too_large"
 
+FORM_FIELD_MAX_BYTES = 1024 * 1024
+"""The largest text field of a multipart form (a typed persona list, say): Starlette's
+``max_part_size``, passed explicitly wherever an admin form is read. Files are not bound
+by it (only by the body limit)."""
+
+HtmlPage = Callable[[Scope, int, str], ASGIApp | None]
+"""``(scope, status, message) -> an ASGI response``, or ``None`` to answer JSON."""
+
+
+def form_read_error(detail: str) -> str:
+    """Words for Starlette's refusal of a multipart form (its ``HTTPException`` detail).
+
+    >>> form_read_error("Field exceeded maximum size of 1024KB.")
+    'a text field of the form is larger than the limit of 1 MiB for a typed field (Field exceeded maximum size of 1024KB.): put long text in a file and upload it'
+    """
+    if detail.startswith(("Field exceeded maximum size", "Part exceeded maximum size")):
+        return (
+            f"a text field of the form is larger than the limit of "
+            f"{_mib(FORM_FIELD_MAX_BYTES)} for a typed field ({detail}): put long text in a "
+            "file and upload it"
+        )
+    return f"the form could not be read: {detail}"
+
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.3g} MiB" if n >= 2**20 else f"{n} bytes"
@@ -56,6 +85,8 @@ class BodyLimitMiddleware:
         max_body_bytes: the limit for every request except the dataset upload.
         max_upload_bytes: the limit for :data:`UPLOAD_PATHS`.
         upload_paths: paths that get ``max_upload_bytes`` (``{name}``: any one segment).
+        html_page: the page answering a request it takes (a browser's admin form), else
+            JSON (:data:`HtmlPage`).
     """
 
     def __init__(
@@ -65,11 +96,13 @@ class BodyLimitMiddleware:
         max_body_bytes: int,
         max_upload_bytes: int,
         upload_paths: tuple[str, ...] = UPLOAD_PATHS,
+        html_page: HtmlPage | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_upload_bytes = max_upload_bytes
         self.upload_paths = tuple(path_regex(p) for p in upload_paths)
+        self.html_page = html_page
 
     def limit_for(self, path: str) -> int:
         """The body limit in bytes for a request to ``path``."""
@@ -95,7 +128,7 @@ class BodyLimitMiddleware:
                     await _send_error(send, 400, "bad_request", "Content-Length is negative")
                     return
         if declared is not None and declared > limit:
-            await _send_too_large(send, path, limit)
+            await self._too_large(scope, receive, send, limit)
             return
 
         received = 0
@@ -112,7 +145,7 @@ class BodyLimitMiddleware:
                 if received > limit:
                     refused = True
                     if not started:
-                        await _send_too_large(send, path, limit)
+                        await self._too_large(scope, receive, send, limit)
                     return {"type": "http.disconnect"}
             return message
 
@@ -132,14 +165,28 @@ class BodyLimitMiddleware:
             # The app failed because its body was cut off (ClientDisconnect or a parser
             # error on a truncated body): the client already has its 413.
 
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        """Answer 413: the :attr:`html_page` for a request it takes, else JSON."""
+        path = str(scope.get("path", ""))
+        message = f"the request body for {path} is larger than the limit of {_mib(limit)}"
+        page = None
+        if self.html_page is not None:
+            page = self.html_page(
+                scope,
+                413,
+                f"the form is larger than the limit of {_mib(limit)} for this page: choose a "
+                "smaller file (or split it)",
+            )
+        if page is None:
+            await _send_error(send, 413, ERROR_CODE, message)
+            return
 
-async def _send_too_large(send: Send, path: str, limit: int) -> None:
-    await _send_error(
-        send,
-        413,
-        ERROR_CODE,
-        f"the request body for {path} is larger than the limit of {_mib(limit)}",
-    )
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+            await send(message)
+
+        await page(scope, receive, closing)
 
 
 async def _send_error(send: Send, status: int, code: str, message: str) -> None:

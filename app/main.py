@@ -319,11 +319,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         key_limit=settings.api_rate_limit_per_minute,
         session_limit=settings.session_rate_limit_per_minute,
     )
-    # Refuse oversized bodies before anything reads them (413).
+    # Refuse oversized bodies before anything reads them (413; JSON, or a page for a browser).
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
         max_upload_bytes=settings.max_upload_bytes,
+        html_page=admin.html_error_page,  # a browser's admin form: the admin error page
     )
     if settings.env == "prod":
         # Over plain http (after the proxy headers) the prod cookies cannot work: 400 page.

@@ -117,6 +117,10 @@ class Settings(BaseSettings):
         step_memo_size: answer steps (state and answer -> new state and next question)
             each process keeps per study design and reuses for respondents who gave the
             same answers (``app.session.StepMemo``); 0 turns it off.
+        max_study_personas: the most personas a study's persona dictionary may hold
+            (:func:`app.services.personas.save_study_personas`; docs/personas.md): a
+            generation job scores every persona × question pair, at a few pairs per second
+            with the embedded model, while it holds the worker every study shares.
     """
 
     model_config = SettingsConfigDict(env_prefix="PRIORLY_", extra="ignore")
@@ -154,6 +158,8 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Answer steps reused across respondents (app/session/).
     step_memo_size: int = Field(default=2048, ge=0)
+    # The largest persona dictionary of a study (app/services/personas.py).
+    max_study_personas: int = Field(default=2000, ge=1)
 
     @field_validator("database_url")
     @classmethod

@@ -21,6 +21,7 @@ import csv
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,53 @@ from inference_server.errors import PersonaError
 
 MAX_PERSONA_CHARS = 4000
 """Longest persona text accepted (a system message, not a document)."""
+
+MAX_PERSONA_KEY_CHARS = 190
+"""Longest persona key accepted (the app's ``study_persona.key`` holds 200 characters: room
+for the ``~2`` suffix of a key given again in a later upload)."""
+
+PERSONA_FILE_TYPES = (".txt", ".jsonl", ".json")
+"""The persona file formats (:func:`parse_personas`), by file extension."""
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a parsed value's type, for messages (never a Python repr).
+
+    >>> json_type({"a": 1}), json_type([1]), json_type(2.5), json_type(None)
+    ('an object', 'a list', 'a number', 'null')
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    for kind, name in ((str, "a string"), (dict, "an object"), (list, "a list")):
+        if isinstance(value, kind):
+            return name
+    return "a number" if isinstance(value, int | float) else type(value).__name__
+
+
+def text_lines(raw: str) -> list[str]:
+    """The lines of a persona file: split at ``\n`` only (a ``\r`` before it is dropped).
+
+    Unlike ``str.splitlines``, a U+2028/U+2029, form feed or other Unicode line separator
+    inside a line stays part of it (a pasted text with one does not become two personas,
+    and a JSON string holding one stays one JSON line).
+
+    >>> text_lines("a\u2028b\r\nc\n")
+    ['a\u2028b', 'c', '']
+    """
+    return [line.removesuffix("\r") for line in raw.split("\n")]
+
+
+def _no_surrogate(text: str, where: str, what: str) -> None:
+    found = _SURROGATE.search(text)
+    if found is not None:
+        raise PersonaError(
+            f"{where}: {what} contains a lone surrogate (U+{ord(found.group()):04X}) at "
+            f"position {found.start()}, which is not text (a broken \\u escape?)"
+        )
 
 
 def persona_hash(text: str) -> str:
@@ -66,6 +114,27 @@ class Persona:
         return persona_hash(self.text)
 
 
+def check_persona_key(key: object, where: str) -> str:
+    """Validate one persona key (a researcher's label) and return it unchanged.
+
+    Raises:
+        PersonaError: if it is not a string, is blank, contains a NUL character or a lone
+            surrogate, or is longer than :data:`MAX_PERSONA_KEY_CHARS`.
+    """
+    if not isinstance(key, str):
+        raise PersonaError(f"{where}: key must be a string, got {json_type(key)}")
+    if not key.strip():
+        raise PersonaError(f"{where}: key is empty")
+    if "\x00" in key:
+        raise PersonaError(f"{where}: key contains a NUL character")
+    _no_surrogate(key, where, "key")
+    if len(key) > MAX_PERSONA_KEY_CHARS:
+        raise PersonaError(
+            f"{where}: key has {len(key):,} characters (at most {MAX_PERSONA_KEY_CHARS})"
+        )
+    return key
+
+
 def check_persona_text(text: object, where: str) -> str:
     """Validate one persona text and return it unchanged.
 
@@ -75,15 +144,16 @@ def check_persona_text(text: object, where: str) -> str:
             line 7"``).
 
     Raises:
-        PersonaError: if it is not a string, is blank, contains a NUL character or is longer
-            than :data:`MAX_PERSONA_CHARS`.
+        PersonaError: if it is not a string, is blank, contains a NUL character or a lone
+            surrogate, or is longer than :data:`MAX_PERSONA_CHARS`.
     """
     if not isinstance(text, str):
-        raise PersonaError(f"{where}: persona text must be a string, got {type(text).__name__}")
+        raise PersonaError(f"{where}: persona text must be a string, got {json_type(text)}")
     if not text.strip():
         raise PersonaError(f"{where}: persona text is empty")
     if "\x00" in text:
         raise PersonaError(f"{where}: persona text contains a NUL character")
+    _no_surrogate(text, where, "persona text")
     if len(text) > MAX_PERSONA_CHARS:
         raise PersonaError(
             f"{where}: persona text has {len(text)} characters (at most {MAX_PERSONA_CHARS})"
@@ -144,9 +214,10 @@ def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
 
     Formats (``kind``):
 
-    * ``.txt``: one persona per line; blank lines are skipped;
-    * ``.jsonl``: one JSON object per line with ``text`` and optional ``key`` and
-      ``weight``;
+    * ``.txt``: one persona per line (lines end at ``\n`` or ``\r\n`` only:
+      :func:`text_lines`); blank lines are skipped;
+    * ``.jsonl``: one JSON object per line with ``text`` and optional ``key`` (a string
+      of at most :data:`MAX_PERSONA_KEY_CHARS` characters) and ``weight``;
     * ``.json``: a list of strings or of such objects.
 
     Example: ``parse_personas('{"text": "A nurse", "weight": 2}', name="p", kind=".jsonl")``
@@ -170,11 +241,11 @@ def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
 
     entries: list[tuple[str, object]] = []  # (where, entry)
     if suffix == ".txt":
-        for n, line in enumerate(raw.splitlines(), start=1):
+        for n, line in enumerate(text_lines(raw), start=1):
             if line.strip():
                 entries.append((f"{name} line {n}", line))
     elif suffix == ".jsonl":
-        for n, line in enumerate(raw.splitlines(), start=1):
+        for n, line in enumerate(text_lines(raw), start=1):
             if not line.strip():
                 continue
             entries.append((f"{name} line {n}", load(line, f"{name} line {n}")))
@@ -184,7 +255,10 @@ def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
             raise PersonaError(f"{name}: expected a JSON list of personas")
         entries = [(f"{name} entry {i + 1}", e) for i, e in enumerate(data)]
     else:
-        raise PersonaError(f"{name}: unknown persona file type {suffix!r} (.txt, .jsonl, .json)")
+        raise PersonaError(
+            f"{name}: unknown persona file type {suffix or '(none)'}: use "
+            f"{', '.join(PERSONA_FILE_TYPES)}"
+        )
     if not entries:
         raise PersonaError(f"{name}: no personas in the file")
     out: list[Persona] = []
@@ -195,21 +269,30 @@ def parse_personas(raw: str, *, name: str, kind: str) -> list[Persona]:
         if isinstance(entry, dict):
             unknown = sorted(set(entry) - {"text", "key", "weight"})
             if unknown:
-                raise PersonaError(f"{where}: unknown fields {unknown} (text, key, weight)")
+                raise PersonaError(
+                    f"{where}: unknown fields {', '.join(unknown)} (the fields are text, key, "
+                    "weight)"
+                )
             if "text" not in entry:
                 raise PersonaError(f"{where}: missing field 'text'")
             text = entry["text"]
-            key = str(entry.get("key", key))
+            if "key" in entry:
+                key = check_persona_key(entry["key"], where)
             w = entry.get("weight", 1.0)
             try:
                 weight = float(w) if isinstance(w, int | float) and not isinstance(w, bool) else 0
             except OverflowError:  # an integer beyond the float range
                 weight = math.inf
             if not (0 < weight <= MAX_PERSONA_WEIGHT):
-                shown = w if not isinstance(w, int) or abs(w) < 10**30 else "a huge integer"
+                if isinstance(w, int) and not isinstance(w, bool) and abs(w) >= 10**30:
+                    shown = "a huge integer"
+                elif isinstance(w, int | float) and not isinstance(w, bool):
+                    shown = f"{w:g}"
+                else:
+                    shown = json_type(w)
                 raise PersonaError(
                     f"{where}: weight must be a positive number at most "
-                    f"{MAX_PERSONA_WEIGHT:g}, got {shown!r}"
+                    f"{MAX_PERSONA_WEIGHT:g}, got {shown}"
                 )
         else:
             text = entry
@@ -344,7 +427,9 @@ def profiles_from_matrix(
         raise PersonaError(f"unknown persona mode {mode!r} (profiles, sample)")
     matrix = matrix[(matrix != MISSING_CODE).any(axis=1)]
     if matrix.shape[0] == 0:
-        raise PersonaError(f"no respondent has any of the attributes {[it.id for it in items]}")
+        raise PersonaError(
+            f"no respondent has any of the attributes {', '.join(it.id for it in items)}"
+        )
     profiles, first, counts = np.unique(matrix, axis=0, return_index=True, return_counts=True)
     if mode == "profiles":
         order = np.lexsort((first, -counts))  # most frequent first, then first appearance

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from app.errors import NotFoundError
 from app.jobs.registry import LABELS, kind_names
@@ -29,6 +29,7 @@ from app.services.studies import study_personas
 from app.services.workers import no_worker_warning
 from app.settings import Settings
 from app.tables import Job, JobStatus, Study
+from inference_server.model_store import DEFAULT_MODEL
 
 PERSONAS_SHOWN = 200
 """Personas listed on the jobs page (the count covers all of them)."""
@@ -195,8 +196,9 @@ def jobs_overview(study: Study, *, session: Session) -> dict[str, Any]:
 def persona_overview(
     study: Study, *, session: Session, settings: Settings, **extra: Any
 ) -> dict[str, Any]:
-    """The personas page: :func:`app.services.personas.persona_page`, the study's newest
-    persona generation ``jobs`` as rows, ``newest_persona_job`` (its id: only that job
+    """The personas page: :func:`app.services.personas.persona_page`, the ``estimates`` of
+    a generation's duration (:func:`generation_estimates`), the study's newest persona
+    generation ``jobs`` as rows, ``newest_persona_job`` (its id: only that job
     offers Resume when it was cancelled or failed) and ``extra`` (an ``error`` or
     ``notice``)."""
     shown = [
@@ -205,13 +207,83 @@ def persona_overview(
         if j.kind == "persona_generation"
     ][:10]
     rows = job_rows(shown, session=session)
+    page = persona_service.persona_page(study, session=session, settings=settings)
     return {
-        **persona_service.persona_page(study, session=session, settings=settings),
+        **page,
+        "estimates": generation_estimates(
+            page["n_pairs"] - page["n_pairs_scored"], session=session, settings=settings
+        ),
         "jobs": rows,
         "worker_warning": worker_warning(shown, session=session),
         "newest_persona_job": rows[0]["job"].id if rows else None,
         **extra,
     }
+
+
+EMBEDDED_PAIRS_PER_SECOND = 1.85
+"""The embedded model's persona × question pairs per second on one core, as the job runs
+it (one thread, batches of 8, the persona's prefix reused: docs/inference.md, "pairs per
+CPU s"): the estimate until a job on this server has measured its own rate."""
+
+
+def measured_rate(
+    backend: str, *, session: Session, settings: Settings
+) -> tuple[float, int] | None:
+    """``(pairs per second, job id)`` of the newest succeeded persona generation job (of
+    any study) that scored at least 8 pairs with ``backend``: the embedded model, or the
+    inference server the settings name now (same URL and model); ``None`` without one."""
+    want_url = (settings.llm_base_url or "").rstrip("/").removesuffix("/v1")
+    want_model = settings.llm_model or DEFAULT_MODEL
+    rows = session.exec(
+        select(Job)
+        .where(Job.kind == "persona_generation", Job.status == JobStatus.succeeded.value)
+        .order_by(Job.id.desc())  # type: ignore[union-attr]
+        .limit(50)
+    ).all()
+    for job in rows:
+        result = job.result or {}
+        rate, computed = result.get("pairs_per_second"), result.get("computed")
+        if result.get("backend") != backend or not isinstance(rate, int | float) or rate <= 0:
+            continue
+        if not isinstance(computed, int) or computed < 8:
+            continue
+        if backend == "openai" and (
+            result.get("base_url") != want_url or result.get("model") != want_model
+        ):
+            continue
+        return float(rate), int(job.id or 0)
+    return None
+
+
+def generation_estimates(missing: int, *, session: Session, settings: Settings) -> dict[str, str]:
+    """How long generating ``missing`` pairs would take, per backend (``local``,
+    ``openai``), in words for the Generate form: ``missing / rate`` with the rate a job on
+    this server measured (:func:`measured_rate`), else :data:`EMBEDDED_PAIRS_PER_SECOND`
+    for the embedded model and "unknown" for an inference server.
+
+    Example: 7,000 pairs with no job measured: ``{"local": "about 1 h 3 min (7,000 pairs at
+    1.85 pairs/s, the embedded model's speed on one core)", "openai": "unknown ..."}``.
+    """
+    out: dict[str, str] = {}
+    for backend in persona_service.BACKENDS:
+        if missing <= 0:
+            out[backend] = "nothing to score: every pair has a stored distribution"
+            continue
+        found = measured_rate(backend, session=session, settings=settings)
+        if found is not None:
+            rate, job_id = found
+            source = f"measured by job #{job_id} on this server"
+        elif backend == "local":
+            rate, source = EMBEDDED_PAIRS_PER_SECOND, "the embedded model's speed on one core"
+        else:
+            out[backend] = (
+                f"unknown for {missing:,} pairs: this server's speed is known once a "
+                "generation on it has finished (a running job's progress gives its rate)"
+            )
+            continue
+        seconds = persona_service.format_seconds(max(1.0, missing / rate))
+        out[backend] = f"about {seconds} ({missing:,} pairs at {rate:.3g} pairs/s, {source})"
+    return out
 
 
 def kind_overview(study: Study, kind: str, *, session: Session) -> dict[str, Any]:

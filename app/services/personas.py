@@ -12,10 +12,10 @@ probabilities for one persona × question pair, stored in ``persona_distribution
 
 * :func:`study_items`: the study's attribute items and question prompts;
 * the three sources of personas a researcher has without history:
-  :func:`text_personas` (pasted or uploaded texts, one per line or JSONL),
-  :func:`share_personas` (attribute profiles from population shares, e.g. a census table)
-  and :func:`attribute_personas` (the imported respondents' distinct attribute profiles,
-  weighted by their frequencies);
+  :func:`add_text_personas` (pasted or uploaded texts, one per line or JSONL),
+  :func:`add_share_personas` (attribute profiles from population shares, e.g. a census
+  table; both read by :mod:`app.services.persona_input`) and :func:`attribute_personas`
+  (the imported respondents' distinct attribute profiles, weighted by their frequencies);
 * :func:`save_study_personas`: add them to ``study_persona`` (one transaction), with the
   profile of an attribute persona (``attributes``, which the persona prior conditions on);
 * :func:`make_persona_backend` and :func:`check_persona_backend`: the scoring backend
@@ -26,9 +26,6 @@ probabilities for one persona × question pair, stored in ``persona_distribution
 
 from __future__ import annotations
 
-import itertools
-import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -38,6 +35,12 @@ from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
 from app.services.learning import EARLY_REFIT, refit_every, refit_threshold
+from app.services.persona_input import (
+    MAX_PROFILE_PERSONAS,
+    share_personas,
+    shares_from_form,
+    text_personas,
+)
 from app.settings import Settings, get_settings
 from app.tables import (
     FittedModel,
@@ -54,9 +57,8 @@ from inference_server.errors import InferenceError
 from inference_server.generate import GenerationStats, PairKey, generate, pair_key
 from inference_server.model_store import DEFAULT_MODEL
 from inference_server.personas import (
+    MAX_PERSONA_KEY_CHARS,
     Persona,
-    attribute_sentence,
-    parse_personas,
     profiles_from_matrix,
 )
 from inference_server.prompts import PromptItem
@@ -196,23 +198,38 @@ def save_study_personas(
     *,
     session: Session,
     attrs: Sequence[CodebookItem] = (),
+    limit: int | None = None,
 ) -> int:
     """Add the personas the study does not have yet (by text hash), in one transaction;
     returns how many. A key the study already has gets a suffix (``persona-1`` of a
-    second upload is stored as ``persona-1~2``: :func:`unique_key`). A persona's ``attributes`` (``{item id: option index}``) are stored
-    as ``{item key: option letter}`` of ``attrs`` (the study's attribute items)."""
+    second upload is stored as ``persona-1~2``: :func:`unique_key`). A persona's
+    ``attributes`` (``{item id: option index}``) are stored as ``{item key: option
+    letter}`` of ``attrs`` (the study's attribute items).
+
+    Raises:
+        InvalidInputError: the dictionary would hold more than ``limit`` personas
+            (default: the setting ``PRIORLY_MAX_STUDY_PERSONAS``,
+            :func:`check_dictionary_size`); nothing is stored.
+    """
     letters = {a.id: [letter for letter, _ in a.options] for a in attrs}
     stored = session.exec(
         select(StudyPersona.text_hash, StudyPersona.key).where(StudyPersona.study_id == study_id)
     ).all()
     have = {h for h, _ in stored}
     keys = {k for _, k in stored}
+    new = len({p.hash for p in personas} - have)
+    check_dictionary_size(len(have), new, limit)
     added = 0
     try:
         for p in personas:
             if p.hash in have:
                 continue
-            key = unique_key(p.key[:190], keys)
+            if len(p.key) > MAX_PERSONA_KEY_CHARS:  # the column holds 200, with a suffix
+                raise InvalidInputError(
+                    f"persona {p.key[:40]}…: the key has {len(p.key):,} characters (at most "
+                    f"{MAX_PERSONA_KEY_CHARS})"
+                )
+            key = unique_key(p.key, keys)
             keys.add(key)
             session.add(
                 StudyPersona(
@@ -236,6 +253,31 @@ def save_study_personas(
         session.rollback()
         raise
     return added
+
+
+def max_study_personas(settings: Settings | None = None) -> int:
+    """The largest persona dictionary of a study (``PRIORLY_MAX_STUDY_PERSONAS``)."""
+    return (settings or get_settings()).max_study_personas
+
+
+def check_dictionary_size(stored: int, new: int, limit: int | None = None) -> None:
+    """Refuse a dictionary of ``stored + new`` personas over ``limit`` (default
+    :func:`max_study_personas`).
+
+    Raises:
+        InvalidInputError: naming the count and the limit, e.g. ``"the persona dictionary
+            would hold 60,000 personas (0 stored, 60,000 new), more than the limit of 2,000
+            per study ..."``.
+    """
+    limit = max_study_personas() if limit is None else limit
+    if new and stored + new > limit:
+        raise InvalidInputError(
+            f"the persona dictionary would hold {stored + new:,} personas ({stored:,} stored, "
+            f"{new:,} new), more than the limit of {limit:,} per study "
+            "(PRIORLY_MAX_STUDY_PERSONAS): generating their distributions scores every "
+            "persona × question pair; add fewer personas (a sample size for shares, the "
+            "most frequent profiles of respondents)"
+        )
 
 
 def unique_key(key: str, taken: set[str]) -> str:
@@ -263,266 +305,25 @@ def stored_persona_texts(study_id: int, *, session: Session) -> list[str]:
 
 # ----- persona sources --------------------------------------------------------------------
 
-MAX_PROFILE_PERSONAS = 20_000
-"""Most attribute combinations :func:`share_personas` enumerates (above: give a sample)."""
-
-
-def text_personas(raw: str, *, filename: str | None = None) -> list[Persona]:
-    """Researcher personas from pasted or uploaded text: JSONL (one object per line with
-    ``text`` and optional ``key`` and ``weight``) when the file is ``.jsonl`` or the first
-    non-blank line starts with ``{``; a ``.json`` file is a list; otherwise one persona per
-    line (:func:`inference_server.personas.parse_personas`).
-
-    Example: ``text_personas("A nurse in Leeds\\nA retired farmer")`` gives two personas.
-
-    Raises:
-        InvalidInputError: empty input, or naming the line of the first bad entry
-            (``"persona texts line 3: invalid JSON: ..."``).
-    """
-    name = filename or "persona texts"
-    lower = name.lower()
-    first = next((line.strip() for line in raw.splitlines() if line.strip()), "")
-    if not first:
-        raise InvalidInputError(f"{name}: no persona texts (the input is empty)")
-    if lower.endswith(".json"):
-        kind = ".json"
-    elif lower.endswith(".jsonl") or (first.startswith("{") and not lower.endswith(".txt")):
-        kind = ".jsonl"
-    else:
-        kind = ".txt"
-    if kind == ".txt":
-        for n, line in enumerate(raw.splitlines(), start=1):
-            if line.strip().startswith("{") and _is_json_object(line):
-                raise InvalidInputError(
-                    f"{name} line {n}: a JSON object, but the first line is plain text: write "
-                    "every persona as plain text (one per line) or every line as JSON"
-                )
-    try:
-        return parse_personas(raw, name=name, kind=kind)
-    except InferenceError as exc:
-        raise InvalidInputError(str(exc)) from None
-
-
-def _is_json_object(line: str) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except (ValueError, RecursionError):
-        return False
-
-
-def check_shares(
-    attrs: Sequence[CodebookItem], shares: Mapping[str, Mapping[str, object]]
-) -> dict[str, dict[str, float]]:
-    """Validate population shares ``{attribute key: {option letter: share}}``.
-
-    Each share is a number: a fraction in ``[0, 1]``, or a percentage (``"30%"``, or all
-    of one attribute's shares in ``[0, 100]`` summing to 100 as a census table prints
-    them); a decimal comma is read as a point. The shares of one attribute sum to 1 (or
-    100 %) within :data:`SHARE_TOLERANCE`, the rounding of a printed table, and are then
-    rescaled to sum to exactly 1. Each key is one of the study's attribute items and each
-    letter one of its options. Attributes left out are not part of the profiles.
-
-    Example: ``{"age": {"A": "33.3", "B": "33.3", "C": "33.3"}}`` gives ``1/3`` each.
-
-    Returns:
-        The shares as floats summing to 1 per attribute, in the order of ``attrs``.
-
-    Raises:
-        InvalidInputError: naming the attribute (its topic and key) and option (``"shares
-            of Age (age), option Z: not an option of age (A, B, C)"``, ``"shares of Age
-            (age) sum to 0.9, not 1"``, ``"shares of Age (age) read as percentages sum to
-            95 %, not 100 %"``).
-    """
-    known = {a.id: a for a in attrs}
-    if not shares:
-        raise InvalidInputError("shares: give the shares of at least one attribute")
-    for key in shares:
-        if key not in known:
-            raise InvalidInputError(
-                f"shares: {key!r} is not an attribute item of this study "
-                f"(attributes: {', '.join(known) or 'none'})"
-            )
-    out: dict[str, dict[str, float]] = {}
-    for a in attrs:
-        if a.id not in shares:
-            continue
-        name = _attribute_name(a)
-        letters = [letter for letter, _ in a.options]
-        given = shares[a.id]
-        if not given:
-            raise InvalidInputError(f"shares of {name}: no option has a share")
-        values: dict[str, float] = {}
-        for letter, raw in given.items():
-            where = f"shares of {name}, option {letter}"
-            if letter not in letters:
-                raise InvalidInputError(f"{where}: not an option of {a.id} ({', '.join(letters)})")
-            values[letter] = _share_value(raw, where)
-        total = sum(values.values())
-        if all(v <= 100 for v in values.values()) and 50 <= total <= 150:  # a table in percent
-            if abs(total - 100) > 100 * SHARE_TOLERANCE:
-                raise InvalidInputError(
-                    f"shares of {name} read as percentages sum to {total:.6g} %, not 100 % "
-                    f"(within {100 * SHARE_TOLERANCE:g})"
-                )
-            values = {k: v / 100 for k, v in values.items()}
-            total /= 100
-        big = next((k for k, v in values.items() if v > 1), None)
-        if big is not None:
-            raise InvalidInputError(
-                f"shares of {name}, option {big}: {given[big]!r} is not a share between 0 and "
-                "1 (or a percentage, with the attribute's shares summing to 100)"
-            )
-        if abs(total - 1) > SHARE_TOLERANCE:
-            if any(str(raw).strip().endswith("%") for raw in given.values()):
-                raise InvalidInputError(
-                    f"shares of {name} sum to {100 * total:.6g} %, not 100 % "
-                    f"(within {100 * SHARE_TOLERANCE:g})"
-                )
-            raise InvalidInputError(
-                f"shares of {name} sum to {total:.6g}, not 1 (within {SHARE_TOLERANCE:g})"
-            )
-        out[a.id] = {letter: values[letter] / total for letter in letters if letter in values}
-    return out
-
-
-def _attribute_name(a: CodebookItem) -> str:
-    """``"Age (age)"``: the attribute's topic and key, or the key alone."""
-    return f"{a.topic} ({a.id})" if a.topic and a.topic != a.id else a.id
-
-
-SHARE_TOLERANCE = 0.01
-"""How far one attribute's shares may sum from 1 (the rounding of a printed table: three
-shares of 33.3 % sum to 99.9 %); :func:`check_shares` rescales them to sum to 1."""
-
-
-def _share_value(raw: object, where: str) -> float:
-    """One share as a float: a number, ``"0,3"`` (decimal comma) or ``"30%"`` (0.3)."""
-    if isinstance(raw, bool):
-        raise InvalidInputError(f"{where}: {raw!r} is not a number")
-    text = str(raw).strip()
-    percent = text.endswith("%")
-    text = text.removesuffix("%").strip()
-    if "," in text and "." not in text:
-        text = text.replace(",", ".")
-    try:
-        v = float(text)
-    except ValueError:
-        raise InvalidInputError(f"{where}: {raw!r} is not a number") from None
-    if not math.isfinite(v) or v < 0 or (percent and v > 100):
-        raise InvalidInputError(f"{where}: {raw!r} is not a share between 0 and 1")
-    return v / 100 if percent else v
-
-
-def apportion(shares: Sequence[float], n: int, *, where: str) -> list[int]:
-    """Counts out of ``n`` proportional to positive ``shares``, one at least each.
-
-    The largest-remainder rule on ``n * share / sum(shares)``; then each option left at 0
-    takes one from the largest count (the first of equal ones).
-
-    Example: ``apportion([0.9, 0.08, 0.02], 10, where="x")`` is ``[8, 1, 1]``: the
-    quotas ``9, 0.8, 0.2`` give ``[9, 1, 0]``, and the third option takes one from the
-    first.
-
-    Raises:
-        InvalidInputError: ``n`` is smaller than the number of shares (``where`` names the
-            attribute).
-    """
-    k = len(shares)
-    if n < k:
-        raise InvalidInputError(
-            f"{where} has {k} options with a positive share; a sample of {n} profiles "
-            f"cannot include each of them: give {k} at least"
-        )
-    total = sum(shares)
-    quota = [n * v / total for v in shares]
-    counts = [math.floor(q) for q in quota]
-    by_remainder = sorted(range(k), key=lambda j: (counts[j] - quota[j], j))
-    for j in by_remainder[: n - sum(counts)]:
-        counts[j] += 1
-    for j in range(k):
-        if counts[j] == 0:
-            counts[max(range(k), key=lambda i: (counts[i], -i))] -= 1
-            counts[j] = 1
-    return counts
-
-
-def share_personas(
-    attrs: Sequence[CodebookItem],
-    shares: Mapping[str, Mapping[str, object]],
-    *,
-    sample: int | None = None,
-    seed: int = 0,
-    max_personas: int = MAX_PROFILE_PERSONAS,
-) -> list[Persona]:
-    """Personas from population shares of the attribute options (:func:`check_shares`),
-    the attributes taken as independent.
-
-    Without ``sample``: one persona per combination of options with a positive share,
-    weight ``Π_a share[a, option_a]`` (they sum to 1). With ``sample = N``: ``N`` profiles
-    whose options of each attribute are counted out by :func:`apportion` (every option with
-    a positive share in one profile at least) and paired across attributes by a random
-    permutation with ``seed``; identical profiles merged, weight = count / N. A persona's
-    text is
-    :func:`inference_server.personas.attribute_sentence` of its profile (the attribute's
-    topic or question, then the option's label).
-
-    Example: age ``{A: 0.4, B: 0.6}`` and region ``{A: 0.5, B: 0.5}`` give 4 personas of
-    weights 0.2, 0.2, 0.3, 0.3.
-
-    Raises:
-        InvalidInputError: bad shares, a bad sample size, or more than ``max_personas``
-            combinations without a sample.
-    """
-    checked = check_shares(attrs, shares)
-    used = [a for a in attrs if a.id in checked]
-    choices: list[list[tuple[int, float]]] = []
-    for a in used:
-        letters = [letter for letter, _ in a.options]
-        choices.append([(letters.index(letter), v) for letter, v in checked[a.id].items() if v > 0])
-    n_combos = math.prod(len(c) for c in choices)
-    profiles: list[tuple[tuple[int, ...], float]]
-    if sample is not None:
-        if not 1 <= sample <= max_personas:
-            raise InvalidInputError(f"sample: give a number from 1 to {max_personas}")
-        rng = np.random.default_rng(seed)
-        columns = []
-        for a, c in zip(used, choices, strict=True):
-            counts = apportion([v for _, v in c], sample, where=f"sample: {_attribute_name(a)}")
-            column = np.repeat(np.asarray([k for k, _ in c]), counts)
-            columns.append(rng.permutation(column))  # independent attributes
-        drawn = np.stack(columns, axis=1)
-        uniq, first, counts = np.unique(drawn, axis=0, return_index=True, return_counts=True)
-        order = np.lexsort((first, -counts))
-        profiles = [(tuple(int(x) for x in uniq[j]), counts[j] / sample) for j in order]
-    else:
-        if n_combos > max_personas:
-            raise InvalidInputError(
-                f"shares: {n_combos} attribute combinations, more than {max_personas}; "
-                "give a sample size (how many profiles to draw)"
-            )
-        profiles = [
-            (tuple(k for k, _ in combo), math.prod(v for _, v in combo))
-            for combo in itertools.product(*choices)
-        ]
-    return [
-        Persona(
-            key=f"profile-{j}",
-            text=attribute_sentence(used, list(prof)),
-            weight=float(w),
-            attributes={a.id: k for a, k in zip(used, prof, strict=True)},
-        )
-        for j, (prof, w) in enumerate(profiles, start=1)
-    ]
-
 
 def add_text_personas(
-    study: Study, raw: str, *, filename: str | None = None, session: Session
+    study: Study,
+    raw: str | bytes,
+    *,
+    filename: str | None = None,
+    session: Session,
+    settings: Settings | None = None,
 ) -> int:
-    """Add the personas of pasted or uploaded texts (:func:`text_personas`) to the
-    study's dictionary; returns how many are new. Nothing is stored on an error."""
+    """Add the personas of pasted or uploaded texts
+    (:func:`app.services.persona_input.text_personas`) to the study's dictionary; returns
+    how many are new. Nothing is stored on an error."""
     assert study.id is not None
     return save_study_personas(
-        study.id, text_personas(raw, filename=filename), "texts", session=session
+        study.id,
+        text_personas(raw, filename=filename),
+        "texts",
+        session=session,
+        limit=max_study_personas(settings),
     )
 
 
@@ -533,6 +334,7 @@ def add_share_personas(
     sample: int | None = None,
     seed: int = 0,
     session: Session,
+    settings: Settings | None = None,
 ) -> int:
     """Add the attribute-profile personas of population ``shares`` (:func:`share_personas`)
     with their profiles; returns how many are new. Nothing is stored on an error.
@@ -544,11 +346,17 @@ def add_share_personas(
     attrs, _ = study_items(study.id, session=session)
     if not attrs:
         raise InvalidInputError("the study has no attribute items: set an item's role to attribute")
-    personas = share_personas(attrs, shares, sample=sample, seed=seed)
-    return save_study_personas(study.id, personas, "shares", session=session, attrs=attrs)
+    limit = max_study_personas(settings)
+    most = min(MAX_PROFILE_PERSONAS, limit)
+    personas = share_personas(attrs, shares, sample=sample, seed=seed, max_personas=most)
+    return save_study_personas(
+        study.id, personas, "shares", session=session, attrs=attrs, limit=limit
+    )
 
 
-def add_respondent_personas(study: Study, *, n: int | None = None, session: Session) -> int:
+def add_respondent_personas(
+    study: Study, *, n: int | None = None, session: Session, settings: Settings | None = None
+) -> int:
     """Add the distinct attribute profiles of the study's imported respondents, weighted by
     how many respondents share each (the ``n`` most frequent when given); returns how many
     are new.
@@ -560,15 +368,19 @@ def add_respondent_personas(study: Study, *, n: int | None = None, session: Sess
     attrs, _ = study_items(study.id, session=session)
     if not attrs:
         raise InvalidInputError("the study has no attribute items: set an item's role to attribute")
-    if n is not None and not 1 <= n <= MAX_PROFILE_PERSONAS:
-        raise InvalidInputError(f"profiles: give a number from 1 to {MAX_PROFILE_PERSONAS}")
+    limit = max_study_personas(settings)
+    most = min(MAX_PROFILE_PERSONAS, limit)
+    if n is not None and not 1 <= n <= most:
+        raise InvalidInputError(f"profiles: give a number from 1 to {most}")
     try:
         personas = attribute_personas(
             study.id, attrs, mode="profiles", n=n, seed=0, session=session
         )
     except InferenceError as exc:
         raise InvalidInputError(f"imported respondents: {exc}") from None
-    return save_study_personas(study.id, personas, "respondents", session=session, attrs=attrs)
+    return save_study_personas(
+        study.id, personas, "respondents", session=session, attrs=attrs, limit=limit
+    )
 
 
 def clear_personas(study: Study, *, session: Session) -> int:
@@ -582,32 +394,13 @@ def clear_personas(study: Study, *, session: Session) -> int:
 
 
 def shares_from_fields(
-    study: Study, field: Callable[[str], str], *, session: Session
+    study: Study, fields: Sequence[tuple[str, str]], *, session: Session
 ) -> dict[str, dict[str, str]]:
-    """The shares typed in the personas page's table: field ``share:{item key}:{letter}``
-    of each attribute item and option (``field(name)`` gives its text). An attribute whose
-    fields are all blank is not part of the profiles; one blank field among filled ones is
-    an InvalidInputError naming it (a share left out by mistake, not a 0). Validated by
-    :func:`check_shares`."""
+    """:func:`app.services.persona_input.shares_from_form` on the study's attribute items
+    (``fields``: the form's text fields, ``(name, text)``)."""
     assert study.id is not None
     attrs, _ = study_items(study.id, session=session)
-    out: dict[str, dict[str, str]] = {}
-    for a in attrs:
-        given = {
-            letter: field(f"share:{a.id}:{letter}").strip()
-            for letter, _ in a.options
-            if field(f"share:{a.id}:{letter}").strip()
-        }
-        if given:
-            blank = [letter for letter, _ in a.options if letter not in given]
-            if blank:
-                name = f"{a.topic} ({a.id})" if a.topic and a.topic != a.id else a.id
-                raise InvalidInputError(
-                    f"shares of {name}, option {blank[0]}: blank while other options have "
-                    "a share; type 0 for an option nobody has, or clear the whole attribute"
-                )
-            out[a.id] = given
-    return out
+    return shares_from_form(attrs, fields)
 
 
 BACKENDS = ("local", "openai")
@@ -757,7 +550,8 @@ def persona_page(
             else None
         ),
         "embedded_model": DEFAULT_MODEL,
-        "max_profiles": MAX_PROFILE_PERSONAS,
+        "max_profiles": min(MAX_PROFILE_PERSONAS, settings.max_study_personas),
+        "max_personas": settings.max_study_personas,
         "prior_warning": uniform_prior_warning(study, session=session),
     }
 

@@ -15,6 +15,7 @@ import torch
 from elicitation.datasets import load_dataset
 from inference_server.errors import PersonaError
 from inference_server.personas import (
+    MAX_PERSONA_KEY_CHARS,
     attribute_sentence,
     deterministic_mu,
     from_attributes,
@@ -80,7 +81,11 @@ def test_read_persona_files(tmp_path: Path) -> None:
     ("name", "content", "msg"),
     [
         ("bad.jsonl", '{"text": "a"}\n{oops}\n', "bad.jsonl line 2: invalid JSON"),
-        ("bad2.jsonl", '{"txt": "a"}\n', r"bad2.jsonl line 1: unknown fields \['txt'\]"),
+        (
+            "bad2.jsonl",
+            '{"txt": "a"}\n',
+            r"bad2.jsonl line 1: unknown fields txt \(the fields are text, key, weight\)$",
+        ),
         (
             "w.jsonl",
             '{"text": "a", "weight": -1}\n',
@@ -97,7 +102,7 @@ def test_read_persona_files(tmp_path: Path) -> None:
         (
             "huge.jsonl",
             '{"text": "a", "weight": 1' + "0" * 400 + "}\n",
-            "huge.jsonl line 1: weight must be .* got 'a huge integer'",
+            "huge.jsonl line 1: weight must be .* got a huge integer$",
         ),
         (
             "digits.jsonl",
@@ -110,7 +115,47 @@ def test_read_persona_files(tmp_path: Path) -> None:
             '{"text": "a", "key": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
             "deep.jsonl line 1: JSON nested too deeply",
         ),
-        ("x.csv", "a\n", "unknown persona file type"),
+        ("x.csv", "a\n", "x.csv: unknown persona file type .csv: use .txt, .jsonl, .json$"),
+        (
+            "ko.jsonl",
+            '{"text": "a", "key": {"a": 1}}\n',
+            "ko.jsonl line 1: key must be a string, got an object$",
+        ),
+        (
+            "kn.jsonl",
+            '{"text": "a", "key": 7}\n',
+            "kn.jsonl line 1: key must be a string, got a number$",
+        ),
+        (
+            "kb.jsonl",
+            '{"text": "a"}\n{"text": "b", "key": " "}\n',
+            "kb.jsonl line 2: key is empty$",
+        ),
+        (
+            "kl.jsonl",
+            '{"text": "a", "key": "' + "k" * 5000 + '"}\n',
+            "kl.jsonl line 1: key has 5,000 characters \\(at most 190\\)$",
+        ),
+        (
+            "tw.jsonl",
+            '{"text": "a", "weight": {"w": 2}}\n',
+            "tw.jsonl line 1: weight must be .* got an object$",
+        ),
+        (
+            "to.json",
+            '[{"text": ["a1"]}]',
+            "to.json entry 1: persona text must be a string, got a list$",
+        ),
+        (
+            "su.jsonl",
+            '{"text": "a"}\n{"text": "A \\ud800 nurse"}\n',
+            r"su.jsonl line 2: persona text contains a lone surrogate \(U\+D800\) at position 2",
+        ),
+        (
+            "sk.jsonl",
+            '{"text": "a", "key": "k\\udfff"}\n',
+            r"sk.jsonl line 1: key contains a lone surrogate \(U\+DFFF\)",
+        ),
         ("e.txt", "\n\n", "no personas"),
     ],
 )
@@ -118,6 +163,27 @@ def test_bad_persona_files(tmp_path: Path, name: str, content: str, msg: str) ->
     (tmp_path / name).write_text(content)
     with pytest.raises(PersonaError, match=msg):
         read_persona_file(tmp_path / name)
+
+
+def test_only_newlines_end_a_persona_line(tmp_path: Path) -> None:
+    """A U+2028/U+2029 line separator, a form feed or U+0085 inside a line of a .txt file
+    is part of that persona (``str.splitlines`` would split it in two); ``\\r\\n`` ends a
+    line like ``\\n``. In a .jsonl file a raw U+2028 inside a JSON string keeps the line
+    one JSON object."""
+    (tmp_path / "p.txt").write_bytes("A nurse\u2028in Leeds\r\nA farmer\u2029\x0c\x85x\n".encode())
+    assert [p.text for p in read_persona_file(tmp_path / "p.txt")] == [
+        "A nurse\u2028in Leeds",
+        "A farmer\u2029\x0c\x85x",
+    ]
+    (tmp_path / "p.jsonl").write_text('{"text": "a\u2028b", "key": "k\u2029"}\n', encoding="utf-8")
+    (p,) = read_persona_file(tmp_path / "p.jsonl")
+    assert (p.text, p.key) == ("a\u2028b", "k\u2029")
+
+
+def test_a_key_of_the_limit_is_kept_whole(tmp_path: Path) -> None:
+    key = "k" * MAX_PERSONA_KEY_CHARS
+    (tmp_path / "p.jsonl").write_text(json.dumps({"text": "a", "key": key}) + "\n")
+    assert read_persona_file(tmp_path / "p.jsonl")[0].key == key
 
 
 def test_attributes_sharing_a_topic_are_named_by_their_questions() -> None:

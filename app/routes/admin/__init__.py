@@ -17,7 +17,7 @@ the login page.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import auth
 from app.errors import PriorlyError, validation_message
+from app.limits import form_read_error
 from app.routes import group_links
 from app.routes.admin import (
     accounts,
@@ -58,7 +59,6 @@ def install(app: FastAPI) -> None:
     app.include_router(router)
     app.include_router(group_links.router)
     app.add_middleware(auth.CsrfCookieMiddleware)
-    templates = app.state.templates
 
     async def login_required(request: Request, exc: Exception) -> Response:
         login_url = str(request.url_for("admin_login"))
@@ -67,14 +67,6 @@ def install(app: FastAPI) -> None:
         if request.method == "GET":
             return RedirectResponse(login_url, status_code=303)
         return HTMLResponse("please log in", status_code=401)
-
-    def error_page(request: Request, message: str, status: int) -> Response:
-        return templates.TemplateResponse(  # type: ignore[no-any-return]
-            request,
-            "admin/error.html",
-            {"message": message, "status": status, "researcher": None, "csrf_token": ""},
-            status_code=status,
-        )
 
     def admin_error(request: Request, exc: Exception) -> Response | None:
         assert isinstance(exc, PriorlyError)
@@ -95,6 +87,10 @@ def install(app: FastAPI) -> None:
             return RedirectResponse(path.rsplit("/", 1)[0] or "/admin", status_code=303)
         if exc.status_code == 404:
             return error_page(request, "there is no admin page at this address", 404)
+        if exc.status_code == 400 and wants_html(request.headers.get("accept", "")):
+            # the only 400 under /admin: Starlette refusing a form (a text field over
+            # FORM_FIELD_MAX_BYTES, too many fields, a broken multipart body)
+            return error_page(request, form_read_error(str(exc.detail)), 400)
         return None
 
     app.add_exception_handler(auth.LoginRequired, login_required)
@@ -106,6 +102,34 @@ def install(app: FastAPI) -> None:
         app.add_exception_handler(
             exc_type, _on_admin_paths(answer, app.exception_handlers[exc_type])
         )
+
+
+def error_page(request: Request, message: str, status: int) -> Response:
+    """The admin error page (``admin/error.html``) with ``message`` and ``status``."""
+    return request.app.state.templates.TemplateResponse(  # type: ignore[no-any-return]
+        request,
+        "admin/error.html",
+        {"message": message, "status": status, "researcher": None, "csrf_token": ""},
+        status_code=status,
+    )
+
+
+def wants_html(accept: str) -> bool:
+    """Whether a request with this ``Accept`` header takes an HTML page: a browser's (it
+    names ``text/html`` for a page and a form), not a script's (``*/*``, none, JSON)."""
+    return "text/html" in accept.lower()
+
+
+def html_error_page(scope: MutableMapping[str, Any], status: int, message: str) -> Response | None:
+    """The admin error page for a request refused before any route ran (an oversized body:
+    :class:`app.limits.BodyLimitMiddleware`), when it is a browser's request to an admin
+    page; ``None`` (JSON) otherwise."""
+    if scope.get("type") != "http" or not str(scope.get("path", "")).startswith("/admin"):
+        return None
+    request = Request(scope)
+    if not wants_html(request.headers.get("accept", "")):
+        return None
+    return error_page(request, message, status)
 
 
 def _on_admin_paths(

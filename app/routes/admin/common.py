@@ -23,6 +23,7 @@ from starlette.datastructures import FormData
 from app import auth
 from app.deps import MAX_DB_ID, TemplatesDep, form_str
 from app.errors import InvalidInputError, PriorlyError, is_user_error
+from app.limits import FORM_FIELD_MAX_BYTES
 
 
 def render(
@@ -149,6 +150,11 @@ class FormFields:
         """See :func:`app.deps.form_str`."""
         return form_str(self.form, name, default)
 
+    def texts(self) -> list[tuple[str, str]]:
+        """Every text field as ``(name, text)``, in the order sent (a name given twice is
+        there twice; files are left out)."""
+        return [(k, v) for k, v in self.form.multi_items() if isinstance(v, str)]
+
     def checked(self, name: str) -> bool:
         """Whether the checkbox ``name`` is ticked."""
         return self.text(name) == "on"
@@ -229,7 +235,7 @@ class FormFields:
 async def read_form(request: Request) -> FormFields:
     """Dependency: the request's form (parsed once; the CSRF check reads the same; kept on
     ``request.state.form`` for :func:`render` to show a refused form's values again)."""
-    form = await request.form()
+    form = await request.form(max_part_size=FORM_FIELD_MAX_BYTES)
     request.state.form = form
     return FormFields(form)
 

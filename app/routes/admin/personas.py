@@ -18,9 +18,8 @@ from fastapi.responses import HTMLResponse, Response
 
 from app.auth import CurrentResearcher, VisibleStudy
 from app.deps import SessionDep, SettingsDep
-from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep, error_status, user_error_message
-from app.services import job_views, jobs
+from app.services import job_views, jobs, persona_input
 from app.services import personas as persona_service
 
 router = APIRouter()
@@ -82,15 +81,10 @@ async def persona_texts(form: FormDep, personas: PersonasPageDep) -> Response:
     upload = await form.upload("file", max_bytes=MAX_PERSONA_UPLOAD)
 
     def change() -> str:
-        if upload is not None:
-            name, data = upload
-            try:
-                raw = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InvalidInputError(f"{name}: not UTF-8 text") from None
-            n = persona_service.add_text_personas(study, raw, filename=name, session=session)
-        else:
-            n = persona_service.add_text_personas(study, form.text("texts"), session=session)
+        raw, name = persona_input.form_persona_texts(form.text("texts"), upload)
+        n = persona_service.add_text_personas(
+            study, raw, filename=name, session=session, settings=personas.settings
+        )
         return _added(n, "persona texts")
 
     return personas.apply(change)
@@ -101,9 +95,13 @@ async def persona_shares(form: FormDep, personas: PersonasPageDep) -> Response:
     study, session = personas.study, personas.session
 
     def change() -> str:
-        shares = persona_service.shares_from_fields(study, form.text, session=session)
+        shares = persona_service.shares_from_fields(study, form.texts(), session=session)
         n = persona_service.add_share_personas(
-            study, shares, sample=form.opt_int("sample"), session=session
+            study,
+            shares,
+            sample=form.opt_int("sample"),
+            session=session,
+            settings=personas.settings,
         )
         return _added(n, "attribute shares")
 
@@ -116,7 +114,7 @@ async def persona_respondents(form: FormDep, personas: PersonasPageDep) -> Respo
 
     def change() -> str:
         n = persona_service.add_respondent_personas(
-            study, n=form.opt_int("profiles"), session=session
+            study, n=form.opt_int("profiles"), session=session, settings=personas.settings
         )
         return _added(n, "the imported respondents' profiles")
 

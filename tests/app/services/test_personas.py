@@ -10,6 +10,7 @@ import torch
 from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
+from app.services import persona_input as pi
 from app.services import personas as ps
 from app.services.belief import (
     PERSONA_ATTRIBUTE_EPSILON,
@@ -105,7 +106,7 @@ def test_a_sample_keeps_every_option_with_a_share(db: Session, tiny: Study) -> N
     ],
 )
 def test_apportion_counts_out_exactly(shares: list[float], n: int, counts: list[int]) -> None:
-    assert ps.apportion(shares, n, where="x") == counts
+    assert pi.apportion(shares, n, where="x") == counts
     assert sum(counts) == n
 
 
@@ -124,6 +125,10 @@ def test_apportion_counts_out_exactly(shares: list[float], n: int, counts: list[
         ({"age": {}}, r"shares of Age \(age\): no option has a share"),
         ({}, "give the shares of at least one attribute"),
         ({"q": {"A": "1"}}, "'q' is not an attribute item"),
+        ({"age": {"A": "\uff10.\uff14", "B": "0.6"}}, "option A: '\uff10.\uff14' is not a number: write it with the ASCII digits 0-9"),
+        ({"age": {"A": "\u0664\u0660%", "B": "60%"}}, "option A: '\u0664\u0660%' is not a number: write it with the ASCII digits 0-9"),
+        ({"age": {"A": "0_4", "B": "0.6"}}, "option A: '0_4' is not a number$"),
+        ({"age": {"A": "nan", "B": "1"}}, "option A: 'nan' is not a number$"),
     ],
 )  # fmt: skip
 def test_bad_shares_name_the_place_and_store_nothing(
@@ -147,7 +152,7 @@ def test_shares_as_a_census_table_prints_them(
 ) -> None:
     """Percentages, a decimal comma and rounding within 0.01 are read and rescaled to 1."""
     attrs, _ = ps.study_items(tiny.id or 0, session=db)
-    got = ps.check_shares(attrs, {"age": given})["age"]
+    got = pi.check_shares(attrs, {"age": given})["age"]
     assert got.keys() == want.keys()
     assert all(math.isclose(got[k], want[k], rel_tol=1e-12) for k in want)
     assert math.isclose(sum(got.values()), 1.0, rel_tol=1e-12)

@@ -4,10 +4,13 @@ with the reason until PRIORLY_LLM_BASE_URL is set; a cancelled persona job offer
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
+from app.errors import InvalidInputError
 from app.services.designer import add_item, create_study
 from app.settings import Settings
 from app.tables import Job, JobStatus, Researcher, Study, StudyPersona
@@ -70,13 +73,35 @@ def test_server_option_names_the_configured_server(
         ("shares", {"share:age:A": "1", "share:age:B": "x"}, None,
          "shares of Age (age), option B: &#39;x&#39; is not a number"),
         ("shares", {}, None, "give the shares of at least one attribute"),
+        ("shares", {"share:age:A": "0.5", "share:age:B": "0.5", "share:age:C": "0.5"}, None,
+         "shares of Age (age), option C: not an option of age (A, B)"),
+        ("shares", {"share:age:A": "0.5", "share:age:B": "0.5", "share:q1:A": "1"}, None,
+         "form field share:q1:A: q1 is not an attribute item of this study (attributes: age)"),
+        ("shares", {"share:age:A": "0.5", "share:age:B": "0.5", "share:nosuch:A": "1"}, None,
+         "form field share:nosuch:A: nosuch is not an attribute item"),
+        ("shares", {"share:age:A": "\uff10.\uff13", "share:age:B": "0.7"}, None,
+         "option A: &#39;\uff10.\uff13&#39; is not a number: write it with the ASCII digits 0-9"),
+        ("shares", {"share:age:A": "\u0660.\u0663", "share:age:B": "0.7"}, None,
+         "option A: &#39;\u0660.\u0663&#39; is not a number: write it with the ASCII digits"),
         ("shares", {"share:age:A": "100"}, None,
          "shares of Age (age), option B: blank while other options have a share"),
         ("texts", {"texts": ""}, None, "persona texts: no persona texts"),
         ("texts", {}, {"file": ("p.jsonl", b'{"text": "A"}\n{"text": 3}\n', "text/plain")},
          "p.jsonl line 2: persona text must be a string"),
         ("texts", {}, {"file": ("p.txt", b"\xff\xfe", "text/plain")}, "p.txt: not UTF-8 text"),
-        ("respondents", {}, None, "no respondent has any of the attributes"),
+        ("texts", {}, {"file": ("p.csv", b"name,age\nA nurse,40\n", "text/csv")},
+         "p.csv: not a persona file: choose a .txt (one persona per line), .jsonl or .json file"),
+        ("texts", {"texts": "A nurse"}, {"file": ("p.txt", b"A farmer\n", "text/plain")},
+         "both the text box and a file (p.txt) are filled in: clear the text box to add the "
+         "file, or remove the file to add the typed texts"),
+        ("texts", {}, {"file": ("p.jsonl", b'{"text": "A", "key": {"a": 1}}\n', "text/plain")},
+         "p.jsonl line 1: key must be a string, got an object"),
+        ("texts", {}, {"file": ("p.jsonl", b'{"text": "A", "key": "' + b"k" * 5000 + b'"}\n', "x")},
+         "p.jsonl line 1: key has 5,000 characters (at most 190)"),
+        ("texts", {"texts": '{"text": "A nurse"}\n{"text": "A \\ud800 pilot"}'}, None,
+         "persona texts line 2: persona text contains a lone surrogate (U+D800) at position 2"),
+        ("respondents", {}, None,
+         "imported respondents: no respondent has any of the attributes age</p>"),
         ("generate", {"backend": "local"}, None, "the persona dictionary is empty"),
     ],
 )  # fmt: skip
@@ -87,6 +112,30 @@ def test_bad_input_is_422_naming_the_place_and_stores_nothing(
     assert r.status_code == 422 and message in r.text, r.text[-2000:]
     assert 'role="alert"' in r.text
     assert _personas(db) == [] and db.exec(select(Job)).all() == []
+
+
+def test_keys_at_the_limit_are_kept_whole_and_only_newlines_split_texts(
+    ac: TestClient, db: Session
+) -> None:
+    """A key of 190 characters is stored whole, and given again gets its ``~2`` suffix
+    within the column's 200 (PostgreSQL checks the length); a U+2028 in a typed text does
+    not split it into two personas, ``\\r\\n`` does."""
+    key = "k" * 190
+    for text in ("A nurse", "A pilot"):
+        line = (json.dumps({"text": text, "key": key}) + "\n").encode()
+        r = ac.post(BASE + "/personas/texts", data={"csrf_token": csrf(ac)},
+                    files={"file": ("p.jsonl", line, "text/plain")})  # fmt: skip
+        assert "1 persona added from persona texts" in r.text, r.text[-2000:]
+    typed = "A farmer\u2028in Leeds\r\nA diver"
+    r = ac.post(BASE + "/personas/texts", data={"texts": typed, "csrf_token": csrf(ac)})
+    assert "2 personas added from persona texts" in r.text
+    got = [(p.key, p.text) for p in _personas(db)]
+    assert got == [
+        (key, "A nurse"),
+        (key + "~2", "A pilot"),
+        ("persona-1", "A farmer\u2028in Leeds"),
+        ("persona-2", "A diver"),
+    ]
 
 
 def test_a_refused_form_shows_what_was_typed(ac: TestClient) -> None:
@@ -189,3 +238,110 @@ def test_publishing_with_a_uniform_prior_warns(ac: TestClient, db: Session, stud
     assert 'id="prior-warning"' in r.text
     assert "prior is uniform: it has no historical respondents" in r.text
     assert f'{BASE}/personas">Personas</a> · <a href=' in r.text
+
+
+BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+"""What a browser sends with a form."""
+
+
+def test_oversized_forms_get_the_admin_error_page_naming_the_limit(
+    settings: Settings, study: Study, alice: Researcher, db: Session
+) -> None:
+    """A browser's typed persona list over the 1 MiB limit of a text field is 400 and its
+    file over the upload limit 413, each as the admin error page naming the limit (not the
+    framework's JSON); a script (no ``text/html`` in ``Accept``) and the JSON API keep the
+    JSON answer."""
+    from app.main import create_app
+
+    s = settings.model_copy(update={"max_upload_bytes": 2 * 1024 * 1024})
+    with TestClient(create_app(s), base_url="http://localhost") as c:
+        login(c, "alice@example.org")
+        token = csrf(c)
+        big_text = "A nurse\n" * (1024 * 1024 // 8 + 1)
+        r = c.post(BASE + "/personas/texts", data={"texts": big_text, "csrf_token": token},
+                   files={"file": ("", b"", "application/octet-stream")}, headers=BROWSER)  # fmt: skip
+        assert r.status_code == 400 and r.headers["content-type"].startswith("text/html")
+        assert "<h1>Error 400</h1>" in r.text
+        assert "a text field of the form is larger than the limit of 1 MiB" in r.text
+        big_file = {"file": ("p.txt", b"A nurse\n" * (3 * 1024 * 1024 // 8), "text/plain")}
+        r = c.post(BASE + "/personas/texts", data={"csrf_token": token}, files=big_file,
+                   headers=BROWSER)  # fmt: skip
+        assert r.status_code == 413 and r.headers["content-type"].startswith("text/html")
+        assert "<h1>Error 413</h1>" in r.text and r.headers["connection"] == "close"
+        assert "the form is larger than the limit of 2 MiB for this page" in r.text
+        r = c.post(BASE + "/personas/texts", data={"csrf_token": token}, files=big_file)
+        assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+        r = c.post(BASE + "/personas/texts", data={"texts": big_text, "csrf_token": token},
+                   files={"file": ("", b"", "application/octet-stream")})  # fmt: skip
+        assert r.status_code == 400 and "exceeded maximum size of 1024KB" in r.json()["detail"]
+        r = c.post("/api/v1/studies/persona-page/sessions", content=b"x" * (2 * 1024 * 1024),
+                   headers={"Content-Type": "application/json"})  # fmt: skip
+        assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+    assert _personas(db) == []
+
+
+def test_a_dictionary_over_the_limit_is_refused_naming_count_and_limit(
+    settings: Settings, study: Study, alice: Researcher, db: Session
+) -> None:
+    """``PRIORLY_MAX_STUDY_PERSONAS`` (here 3) bounds the dictionary across uploads and
+    sources, with nothing stored; the default is 2,000, and a 60,000-line file is refused."""
+    from app.main import create_app
+    from app.services import personas as ps
+
+    s = settings.model_copy(update={"max_study_personas": 3})
+    with TestClient(create_app(s), base_url="http://localhost") as c:
+        login(c, "alice@example.org")
+        r = c.post(BASE + "/personas/texts", data={"texts": "a\nb\nc\nd", "csrf_token": csrf(c)})
+        assert r.status_code == 422 and (
+            "the persona dictionary would hold 4 personas (0 stored, 4 new), more than the "
+            "limit of 3 per study (PRIORLY_MAX_STUDY_PERSONAS)" in r.text
+        )
+        r = c.post(BASE + "/personas/texts", data={"texts": "a\nb", "csrf_token": csrf(c)})
+        assert "2 personas added" in r.text
+        assert 'max="3" id="share-sample"' in r.text
+        r = c.post(BASE + "/personas/shares",
+                   data={"share:age:A": "0.5", "share:age:B": "0.5", "csrf_token": csrf(c)})  # fmt: skip
+        assert r.status_code == 422 and "would hold 4 personas (2 stored, 2 new)" in r.text
+        r = c.post(BASE + "/personas/texts", data={"texts": "a\nc", "csrf_token": csrf(c)})
+        assert "1 persona added" in r.text  # "a" is stored already: 3 in all
+    assert [p.text for p in _personas(db)] == ["a", "b", "c"]
+    assert Settings().max_study_personas == 2000
+    lines = "\n".join(f"A persona number {i}" for i in range(60_000))
+    with pytest.raises(InvalidInputError, match="would hold 60,003 personas .* limit of 2,000"):
+        ps.add_text_personas(study, lines, session=db)
+    assert len(_personas(db)) == 3
+
+
+def test_the_generate_form_estimates_the_duration(
+    settings: Settings, ac: TestClient, db: Session, study: Study
+) -> None:
+    """Missing pairs / rate: the embedded model's one-core figure until a job on this
+    server measured its own; an inference server's speed is unknown until then."""
+    from app.main import create_app
+
+    ac.post(BASE + "/personas/texts", data={"texts": "a\nb\nc", "csrf_token": csrf(ac)})
+    page = ac.get(BASE + "/personas").text
+    assert (
+        "Estimated time: with the embedded model about 2 s (3 pairs at 1.85 pairs/s, the "
+        "embedded model&#39;s speed on one core). The job holds a worker" in page
+    )
+    db.add(Job(kind="persona_generation", study_id=study.id, status=JobStatus.succeeded.value,
+               result={"backend": "local", "pairs_per_second": 0.25, "computed": 40}))  # fmt: skip
+    db.add(Job(kind="persona_generation", study_id=study.id, status=JobStatus.succeeded.value,
+               result={"backend": "openai", "pairs_per_second": 300.0, "computed": 4000,
+                       "base_url": "http://elsewhere:8000", "model": "Qwen/Qwen3-8B"}))  # fmt: skip
+    db.commit()
+    job = db.exec(select(Job).order_by(Job.id)).first()  # type: ignore[arg-type]
+    assert job is not None
+    page = ac.get(BASE + "/personas").text
+    assert f"about 12 s (3 pairs at 0.25 pairs/s, measured by job #{job.id} on this server)" in page
+    s = settings.model_copy(
+        update={"llm_base_url": "http://gpu-box:8000/v1", "llm_model": "Qwen/Qwen3-8B"}
+    )
+    with TestClient(create_app(s), base_url="http://localhost") as c:
+        login(c, "alice@example.org")
+        page = c.get(BASE + "/personas").text
+    assert (
+        "; with the inference server unknown for 3 pairs: this server&#39;s speed is known "
+        "once a generation on it has finished" in page
+    )
