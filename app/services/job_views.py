@@ -4,10 +4,11 @@ page, a page about one kind of job, one job's row, cancelling, a simulation's pl
 The pages that list jobs carry ``worker_warning``: when one of their jobs is queued and no
 job worker has been seen (:func:`app.services.workers.no_worker_warning`), else empty.
 
-A job row is a dict ``{"job", "label", "active", "percent", "summary"}``: the
-:class:`Job`, the kind's label, whether it is queued or running (the row then polls itself),
-its progress in whole percent, e.g. ``percent = round(100 * 0.426) = 43``, and a succeeded
-job's result in words (:func:`result_summary`).
+A job row is a dict ``{"job", "label", "active", "percent", "summary", "simulation"}``:
+the :class:`Job`, the kind's label, whether it is queued or running (the row then polls
+itself), its progress in whole percent, e.g. ``percent = round(100 * 0.426) = 43``, a
+succeeded job's result in words (:func:`result_summary`) and, for a succeeded simulation,
+what its figures rest on (:func:`simulation_view`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,16 @@ from sqlmodel import Session, select
 from app.errors import NotFoundError
 from app.jobs.registry import LABELS, kind_names
 from app.schemas import StudySettings
-from app.services import jobs
+from app.services import jobs, model_notes
 from app.services import personas as persona_service
 from app.services.plots import simulation_svg
-from app.services.setting_words import describe_fit
-from app.services.simulation import MIN_REPLAYABLE, imported_count, unavailable_reason
+from app.services.setting_words import BELIEF_MODEL_LABELS, FAMILY_LABELS, describe_fit
+from app.services.simulation import (
+    FEW_TEST_RESPONDENTS,
+    MIN_REPLAYABLE,
+    imported_count,
+    unavailable_reason,
+)
 from app.services.studies import study_personas
 from app.services.workers import no_worker_warning
 from app.settings import Settings
@@ -44,7 +50,39 @@ def job_row(job: Job, ahead: tuple[int, int] | None = None) -> dict[str, Any]:
         "active": job.status in jobs.ACTIVE,
         "percent": int(round(100 * (job.progress or 0.0))),
         "summary": result_summary(job),
+        "simulation": simulation_view(job),
         "waiting": waiting_words(*ahead) if ahead else "",
+    }
+
+
+SIMULATED_MIXTURE = {"default": "latent classes", "persona_mixture": "language-model personas"}
+"""A simulation's ``persona_mixture`` family in words, by the study's ``belief_model``."""
+
+
+def simulation_view(job: Job | None) -> dict[str, Any] | None:
+    """What a succeeded simulation's figures rest on: ``n_test`` (test respondents
+    replayed), ``few`` (fewer than :data:`app.services.simulation.FEW_TEST_RESPONDENTS`:
+    the page then shows a caution instead of a conclusion), ``threshold``, and the model
+    the curves come from, ``belief_model`` (the study setting, e.g. ``auto``) and
+    ``model_family`` (the fitted family, e.g. ``cape_cooccurrence``) with their words
+    (``belief_label``, ``family_label``; empty for a result stored without them).
+    ``None`` for any other job."""
+    if job is None or job.kind != "simulation" or job.status != JobStatus.succeeded.value:
+        return None
+    r = job.result or {}
+    n_test = int(r.get("n_test") or 0)
+    belief, family = str(r.get("belief_model") or ""), str(r.get("model_family") or "")
+    family_label = FAMILY_LABELS.get(family, family)
+    if family == "persona_mixture":  # latent classes are persona mixtures too
+        family_label = SIMULATED_MIXTURE.get(belief, "latent classes or language-model personas")
+    return {
+        "n_test": n_test,
+        "few": n_test < FEW_TEST_RESPONDENTS,
+        "threshold": FEW_TEST_RESPONDENTS,
+        "belief_model": belief,
+        "belief_label": BELIEF_MODEL_LABELS.get(belief, belief),
+        "model_family": family,
+        "family_label": family_label,
     }
 
 
@@ -196,7 +234,9 @@ def jobs_overview(study: Study, *, session: Session) -> dict[str, Any]:
 def persona_overview(
     study: Study, *, session: Session, settings: Settings, **extra: Any
 ) -> dict[str, Any]:
-    """The personas page: :func:`app.services.personas.persona_page`, the ``estimates`` of
+    """The personas page: :func:`app.services.personas.persona_page` with the
+    ``prior_warning`` of :func:`app.services.model_notes.uniform_prior_notice`,
+    ``persona_use`` (:func:`app.services.model_notes.persona_use`), the ``estimates`` of
     a generation's duration (:func:`generation_estimates`), the study's newest persona
     generation ``jobs`` as rows, ``newest_persona_job`` (its id: only that job
     offers Resume when it was cancelled or failed) and ``extra`` (an ``error`` or
@@ -213,6 +253,8 @@ def persona_overview(
         "estimates": generation_estimates(
             page["n_pairs"] - page["n_pairs_scored"], session=session, settings=settings
         ),
+        "prior_warning": model_notes.uniform_prior_notice(study, session=session),
+        "persona_use": model_notes.persona_use(study, session=session),
         "jobs": rows,
         "worker_warning": worker_warning(shown, session=session),
         "newest_persona_job": rows[0]["job"].id if rows else None,
@@ -288,8 +330,8 @@ def generation_estimates(missing: int, *, session: Session, settings: Settings) 
 
 def kind_overview(study: Study, kind: str, *, session: Session) -> dict[str, Any]:
     """A page about one job kind: ``study``, its queued or running jobs of ``kind`` among
-    the newest 20 (``pending``, as rows), the newest succeeded one (``latest``), the
-    newest failed one when it came after that (``failed``, as a row: why the last run
+    the newest 20 (``pending``, as rows), the newest succeeded one (``latest``; for a
+    simulation ``latest_simulation``, :func:`simulation_view`), the newest failed one when it came after that (``failed``, as a row: why the last run
     gave nothing) and the study's validated ``settings``."""
     newest = [j for j in jobs.study_jobs(study, session=session, limit=20) if j.kind == kind]
     latest = jobs.latest_result(study, kind, session=session)
@@ -302,6 +344,7 @@ def kind_overview(study: Study, kind: str, *, session: Session) -> dict[str, Any
         "pending": job_rows(pending, session=session),
         "worker_warning": worker_warning(pending, session=session),
         "latest": latest,
+        "latest_simulation": simulation_view(latest),
         "failed": job_row(failed) if failed is not None else None,
         "settings": StudySettings.model_validate(study.settings or {}),
     }

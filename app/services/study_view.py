@@ -15,8 +15,7 @@ from sqlmodel import Session, col, select
 from app.errors import PriorlyError
 from app.respondent_text import LANGUAGE_NAMES
 from app.schemas import StudySettings
-from app.services import designer, job_views, jobs, learning, setting_words
-from app.services.personas import uniform_prior_warning
+from app.services import designer, job_views, jobs, learning, model_notes, setting_words
 from app.session import load_runtime
 from app.tables import FittedModel, Researcher, Study, StudyShare, StudyStatus
 from elicitation.criteria import criterion_names
@@ -41,11 +40,18 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
     running, if any), ``refit_waiting`` (what a queued one waits behind, in words:
     :func:`app.services.job_views.waiting_words`), ``open_round`` (the number of the open
     group round, or ``None``), ``rounds_asked`` (the round questions asked so far:
-    :func:`app.services.designer.round_questions_asked`) and, for a published study whose prior is uniform, ``prior_warning``
-    (:func:`app.services.personas.uniform_prior_warning`)."""
+    :func:`app.services.designer.round_questions_asked`), ``failed_refit`` (the last fit
+    job when it failed after the newest model version: :func:`app.services.model_notes.failed_refit`),
+    ``choice_sizes`` (the validation respondents behind each listed ``auto`` fit's
+    comparison, by model id: :func:`app.services.model_notes.choice_sizes`) and, for a
+    published study whose prior is uniform, ``prior_warning``
+    (:func:`app.services.model_notes.uniform_prior_notice`)."""
     settings = StudySettings.model_validate(study.settings or {})
     refit_job = learning.active_fit_job(study.id or 0, session=session)
     ahead = jobs.jobs_ahead([refit_job], session=session) if refit_job else {}
+    fitted = active_model_row(study, session=session)
+    versions = learning.model_versions(study.id or 0, session=session)
+    listed = [v.id for v in versions if v.choice] + ([fitted["id"]] if fitted else [])
     return {
         **study_item_context(study, session=session),
         "items": designer.study_items(study, session=session),
@@ -59,7 +65,7 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         },
         "shares": study_shares(study, session=session),
         "owner": session.get(Researcher, study.owner_id) if study.owner_id else None,
-        "fitted_model": active_model_row(study, session=session),
+        "fitted_model": fitted,
         "belief_models": [
             (m, setting_words.BELIEF_MODEL_LABELS.get(m, m)) for m in BELIEF_MODEL_CHOICES
         ],
@@ -68,15 +74,17 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         "languages": list(LANGUAGE_NAMES.items()),
         "name_max_len": designer.NAME_MAX_LEN,
         "serving": serving_summary(study, session=session),
-        "model_versions": learning.model_versions(study.id or 0, session=session),
+        "model_versions": versions,
+        "choice_sizes": model_notes.choice_sizes(listed, session=session),
         "refit_job": refit_job,
+        "failed_refit": model_notes.failed_refit(study, session=session),
         "refit_waiting": job_views.waiting_words(*ahead[refit_job.id or 0])
         if refit_job and refit_job.id in ahead
         else "",
         "open_round": designer.open_round_number(study, session=session),
         "rounds_asked": designer.round_questions_asked(study, session=session),
         "prior_warning": (
-            uniform_prior_warning(study, session=session)
+            model_notes.uniform_prior_notice(study, session=session)
             if study.status == StudyStatus.published.value
             else None
         ),

@@ -13,7 +13,7 @@ from app.deps import DbId, SessionDep, SettingsDep
 from app.errors import InvalidInputError
 from app.routes.admin.common import FormDep, PageDep
 from app.services import job_views, jobs, learning
-from app.services.simulation import SimulationOptions
+from app.services.simulation import check_can_start
 
 router = APIRouter()
 
@@ -50,7 +50,7 @@ async def start_job(
             value = form.opt_int(name)
             if value is not None:
                 payload[name] = value
-        SimulationOptions.from_payload(payload)  # refused now, not when the job runs
+        check_can_start(study, payload, session=session)  # refused now, not when it runs
     job = jobs.start_job(
         kind, study, payload=payload, researcher=researcher, settings=settings, session=session
     )

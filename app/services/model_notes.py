@@ -1,0 +1,170 @@
+"""What the admin pages say about where a study's belief model stands.
+
+* :func:`failed_refit`: the study's last ``fit_model`` job when it failed after the newest
+  model version, shown beside "Refit now";
+* :func:`choice_size` and :data:`FEW_CHOICE_RESPONDENTS`: how many validation respondents
+  ``auto``'s comparison table rests on, and when that is few;
+* :func:`uniform_prior_notice`: the uniform-prior warning with what works for this study;
+* :func:`persona_use`: what generating persona distributions leads to under the study's
+  ``belief_model`` setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import Session, col, func, select
+
+from app.schemas import StudySettings
+from app.services import learning
+from app.services.designer import study_items
+from app.services.personas import refit_schedule, uniform_prior_warning
+from app.services.setting_words import BELIEF_MODEL_LABELS
+from app.tables import FittedModel, ItemRole, Study, as_utc
+
+CHOICE_SIZE_KEY = "model_choice_n_validation"
+"""The ``metrics`` key of an ``auto`` fit holding :func:`auto_validation_respondents` at the
+time of the fit (recorded by the ``fit_model`` job)."""
+
+FEW_CHOICE_RESPONDENTS = 100
+"""Below this many validation respondents, ``auto``'s comparison table carries a caution:
+docs/models.md measured that with a few dozen validation respondents ``auto`` can pick a
+worse model than the best single one, and that it needs a few hundred."""
+
+
+def failed_refit(study: Study, *, session: Session) -> dict[str, Any] | None:
+    """The study's latest ``fit_model`` job when it failed
+    (:func:`app.services.learning.failed_fit_job`) and failed after the newest model
+    version was stored: ``{"job", "at" (when it failed, UTC), "reason" (what queued it,
+    e.g. "refit now"), "error"}``; ``None`` when the latest fit succeeded, is queued or
+    running, or a model version came after the failure."""
+    job = learning.failed_fit_job(study.id or 0, session=session)
+    if job is None:
+        return None
+    at = as_utc(job.finished_at or job.created_at)
+    newest = session.exec(
+        select(func.max(FittedModel.created_at)).where(
+            FittedModel.study_id == study.id, col(FittedModel.family) != "gnn"
+        )
+    ).one()
+    if newest is not None and as_utc(newest) >= at:
+        return None
+    return {
+        "job": job,
+        "at": at,
+        "reason": str((job.payload or {}).get("reason") or ""),
+        "error": (job.error or "no reason recorded").strip(),
+    }
+
+
+def auto_validation_respondents(study: Study, *, session: Session) -> int:
+    """The respondents ``auto`` compares its candidates on if the study were fitted now:
+    those of the fit's selection part (:func:`app.services.learning.respondent_part`) with
+    an answer to some target item (:func:`elicitation.model_choice.choose_model` scores no
+    other)."""
+    items = study_items(study, session=session)
+    targets = [j for j, it in enumerate(items) if it.role == ItemRole.target.value]
+    if not targets:
+        return 0
+    selection = learning.study_training_data(study.id or 0, items, session=session).selection
+    return int((selection[:, targets] >= 0).any(1).sum())
+
+
+def choice_size(metrics: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How many validation respondents an ``auto`` fit's comparison rests on: ``{"n",
+    "few": n < FEW_CHOICE_RESPONDENTS, "threshold"}``; ``None`` for a fit without the
+    count (not ``auto``, or stored before it was recorded)."""
+    n = (metrics or {}).get(CHOICE_SIZE_KEY)
+    if not isinstance(n, int):
+        return None
+    return {"n": n, "few": n < FEW_CHOICE_RESPONDENTS, "threshold": FEW_CHOICE_RESPONDENTS}
+
+
+def choice_sizes(model_ids: list[int], *, session: Session) -> dict[int, dict[str, Any]]:
+    """:func:`choice_size` of each listed fitted model that has one, by id."""
+    if not model_ids:
+        return {}
+    rows = session.exec(
+        select(FittedModel.id, FittedModel.metrics).where(col(FittedModel.id).in_(model_ids))
+    ).all()
+    sizes = {int(mid or 0): choice_size(metrics) for mid, metrics in rows}
+    return {mid: size for mid, size in sizes.items() if size is not None}
+
+
+UNIFORM_PRIOR_NOTICE = (
+    "This study's prior is uniform: it has no historical respondents and no persona "
+    "distributions, so predictions are uniform and the first questions are chosen blindly "
+    "until the first refits learn from live respondents ({refits}, with the calibration "
+    "questions teaching the targets). What works for this study: add personas on the "
+    "Personas tab (persona texts, or attribute shares from a census table), generate their "
+    "distributions there, then “Refit now” on this study's Design page. Historical "
+    "respondents cannot be added to this study: Import always creates a new study, so to "
+    "start from history, import it as a new study."
+)
+"""The warning of a published study whose prior is uniform (``{refits}``:
+:func:`app.services.personas.refit_schedule` of the study)."""
+
+
+def uniform_prior_notice(study: Study, *, session: Session) -> str | None:
+    """:data:`UNIFORM_PRIOR_NOTICE` for this study when its prior is uniform
+    (:func:`app.services.personas.uniform_prior_warning` decides), else ``None``."""
+    if uniform_prior_warning(study, session=session) is None:
+        return None
+    return UNIFORM_PRIOR_NOTICE.format(refits=refit_schedule(learning.refit_every(study.settings)))
+
+
+TO_USE_PERSONAS = (
+    "To fit with the persona prior, choose the belief model “language-model personas” "
+    "(the personas alone) or “automatic choice” (the personas compete with the other "
+    "models) on the Design page before refitting."
+)
+"""How a study whose fits leave the personas out gets them in (:func:`persona_use`)."""
+
+
+def persona_use(study: Study, *, session: Session) -> str:
+    """What generating persona distributions leads to for this study, in words, from its
+    ``belief_model`` setting and whether it has respondents a fit learns from (the fit's
+    training and selection parts, :func:`app.services.learning.study_training_data`):
+
+    * none: a fit is the persona prior itself, whatever the setting;
+    * ``persona_mixture``: the persona prior, its weights refitted on the respondents;
+    * ``auto``: the personas are candidates of the comparison;
+    * ``default`` (latent classes): the classes are learnt from the respondents and the
+      personas only predict items nobody answered (the classes' base);
+    * a CAPE family: the personas are not used.
+    """
+    kind = StudySettings.model_validate(study.settings or {}).belief_model
+    items = study_items(study, session=session)
+    data = learning.study_training_data(study.id or 0, items, session=session) if items else None
+    n = data.n_imported + data.n_live if data is not None else 0
+    refit = "Afterwards, refit the model (“Refit now” on the Design page): "
+    if n == 0:
+        return (
+            refit + "the study has no respondents to learn from yet, so the fit is the "
+            "persona prior itself."
+        )
+    people = f"{n:,} respondent{'' if n == 1 else 's'}"
+    promoted = " It replaces the active model only if it predicts the held-out respondents better."
+    if kind == "persona_mixture":
+        return (
+            refit + "with the belief model “language-model personas” the fit is the persona "
+            f"prior, its weights refitted on the study's {people}." + promoted
+        )
+    if kind == "auto":
+        return (
+            refit + "with the belief model “automatic choice” the persona prior and personas + "
+            "latent classes compete with latent classes and the CAPE models on the "
+            "validation respondents, and the personas are used only if they win." + promoted
+        )
+    label = BELIEF_MODEL_LABELS.get(kind, kind)
+    if kind == "default":
+        return (
+            f"This study's belief model is “{label}” and it has {people} to learn from, so "
+            "a refit learns latent classes from them and does not use the persona prior: "
+            "the personas only set how items no respondent has answered yet are predicted. "
+            + TO_USE_PERSONAS
+        )
+    return (
+        f"This study's belief model is “{label}”, which does not use personas: a refit "
+        f"learns from its {people} only. " + TO_USE_PERSONAS
+    )
