@@ -613,14 +613,20 @@ def shares_from_fields(
 BACKENDS = ("local", "openai")
 """The persona job's backends: the embedded model, the configured inference server."""
 
-GENERATION_CHUNK = {"local": 8, "openai": 128}
-"""Pairs scored and committed together by a job started from the personas page."""
+GENERATION_CHUNK = {"local": 8, "openai": 32}
+"""Pairs scored and committed together by a job started from the personas page: what the
+backend scores at once (one batch of 8 locally; 8 per request × 4 requests in flight on a
+server), so that a cancel waits, and the progress stands still, for a few seconds at most
+(docs/personas.md)."""
 
 
 def generation_payload(
     backend: str, study: Study, *, session: Session, settings: Settings | None = None
 ) -> dict[str, Any]:
-    """The payload of a persona generation job started from the personas page.
+    """The payload of a persona generation job started from the personas page: ``backend``
+    and ``chunk`` (:data:`GENERATION_CHUNK`); for ``openai`` also the server the page
+    offered (``base_url``, ``model``) and ``api_key_set`` (whether ``PRIORLY_LLM_API_KEY``
+    is set; never the key), which the worker uses (:func:`app.services.persona_models.job_server`).
 
     Raises:
         InvalidInputError: an unknown backend, ``openai`` without ``PRIORLY_LLM_BASE_URL``,
@@ -629,7 +635,8 @@ def generation_payload(
     assert study.id is not None
     if backend not in BACKENDS:
         raise InvalidInputError("model: choose the embedded model or the inference server")
-    if backend == "openai" and not (settings or get_settings()).llm_base_url:
+    settings = settings or get_settings()
+    if backend == "openai" and not settings.llm_base_url:
         raise InvalidInputError(
             "model: no inference server is configured (set PRIORLY_LLM_BASE_URL and "
             "PRIORLY_LLM_MODEL)"
@@ -639,8 +646,14 @@ def generation_payload(
         raise InvalidInputError("the study has no questions to score")
     if not stored_persona_texts(study.id, session=session):
         raise InvalidInputError("the persona dictionary is empty: add personas first")
-    # chunks are the cancel and progress granularity: a few seconds of work each
-    return {"backend": backend, "chunk": GENERATION_CHUNK[backend]}
+    payload: dict[str, Any] = {"backend": backend, "chunk": GENERATION_CHUNK[backend]}
+    if backend == "openai":
+        payload |= {
+            "base_url": settings.llm_base_url,
+            "model": settings.llm_model or DEFAULT_MODEL,
+            "api_key_set": settings.llm_api_key is not None,
+        }
+    return payload
 
 
 UNIFORM_PRIOR_WARNING = (
