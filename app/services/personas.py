@@ -38,6 +38,7 @@ from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
 from app.services.learning import EARLY_REFIT, refit_every, refit_threshold
+from app.services.persona_models import prior_group
 from app.settings import Settings, get_settings
 from app.tables import (
     FittedModel,
@@ -722,9 +723,12 @@ def persona_page(
 ) -> dict[str, Any]:
     """The personas page's context: ``study``; ``attrs`` (the attribute items, for the
     shares table); ``personas`` (the first :data:`PERSONAS_SHOWN`) and ``n_personas``;
-    ``n_profiled`` (personas with an attribute profile); ``n_scored`` (personas with at
-    least one stored distribution); ``n_pairs`` persona × question pairs of which
-    ``n_pairs_scored`` have a distribution for the question as worded now;
+    ``n_profiled`` (personas with an attribute profile); ``prior_model``, the model whose
+    distributions the persona prior uses (:func:`app.services.persona_models.prior_group`;
+    ``None`` before any is stored) and ``other_models`` (``[(model, pairs scored)]`` of the
+    other models with stored pairs); ``n_scored`` (personas with at least one stored
+    distribution by ``prior_model``); ``n_pairs`` persona × question pairs of which
+    ``n_pairs_scored`` have a distribution by ``prior_model`` for the question as worded now;
     ``weight_by_source`` (:func:`weight_by_source`); ``n_respondents`` with any attribute;
     ``llm`` (the
     configured server: ``base_url``, ``model``, or ``None``: the server option is then
@@ -736,18 +740,27 @@ def persona_page(
         select(StudyPersona).where(StudyPersona.study_id == study.id).order_by(StudyPersona.id)  # type: ignore[arg-type]
     ).all()
     hashes = [r.text_hash for r in rows]
-    question_hashes = [q.hash for q in questions]
-    scored: set[str] = set()
-    pairs: set[tuple[str, str]] = set()
+    question_hashes = set(q.hash for q in questions)
+    stored: dict[tuple[str, str], set[tuple[str, str]]] = {}  # group -> (persona, item)
     for start in range(0, len(hashes), 500):
-        for persona_hash, item_hash in session.exec(
-            select(PersonaDistribution.persona_hash, PersonaDistribution.item_hash)
-            .where(PersonaDistribution.persona_hash.in_(hashes[start : start + 500]))  # type: ignore[attr-defined]
-            .distinct()
+        for *group, persona_hash, item_hash in session.exec(
+            select(
+                PersonaDistribution.model_id,
+                PersonaDistribution.template_version,
+                PersonaDistribution.persona_hash,
+                PersonaDistribution.item_hash,
+            ).where(PersonaDistribution.persona_hash.in_(hashes[start : start + 500]))  # type: ignore[attr-defined]
         ).all():
-            scored.add(persona_hash)
-            if item_hash in question_hashes:
-                pairs.add((persona_hash, item_hash))
+            stored.setdefault((group[0], group[1]), set()).add((persona_hash, item_hash))
+    pairs_of = {g: {pi for pi in v if pi[1] in question_hashes} for g, v in stored.items()}
+    counts = {g: len(v) for g, v in pairs_of.items() if v}
+    group = prior_group(study.id, counts, session=session)
+    pairs = pairs_of.get(group, set()) if group else set()
+    scored = {ph for ph, _ in stored.get(group, set())} if group else set()
+    others: dict[str, int] = {}
+    for g, n in counts.items():
+        if group is None or g[0] != group[0]:
+            others[g[0]] = max(others.get(g[0], 0), n)
     respondents = attribute_matrix(study.id, attrs, session=session) if attrs else None
     settings = settings or get_settings()
     return {
@@ -761,6 +774,8 @@ def persona_page(
         "weight_by_source": weight_by_source(rows),
         "n_pairs": len(set(hashes)) * len(set(question_hashes)),
         "n_pairs_scored": len(pairs),
+        "prior_model": group[0] if group else None,
+        "other_models": sorted(others.items()),
         "n_respondents": int((respondents >= 0).any(axis=1).sum())
         if respondents is not None
         else 0,

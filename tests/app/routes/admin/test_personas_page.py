@@ -156,7 +156,7 @@ def test_the_generate_form_says_what_is_left_to_score(
 
     page = ac.get(BASE + "/personas").text
     assert "each of the 2 personas × 1 questions that has no stored distribution" in page
-    assert "0 of 2 persona × question pairs scored" in page and "pairs are missing" not in page
+    assert "0 of 2 persona × question pairs scored." in page and "no distribution by" not in page
     q1 = db.exec(select(Item).where(Item.study_id == study.id, Item.key == "q1")).one()
     first, second = _personas(db)
     for p, item_hash in ((first, item_prompt_hash(q1)), (second, "an-older-wording")):
@@ -166,9 +166,8 @@ def test_the_generate_form_says_what_is_left_to_score(
     db.commit()
     page = ac.get(BASE + "/personas").text
     assert "2 with language-model distributions; 1 of 2 persona × question pairs scored" in page
-    assert (
-        "1 of the 2 pairs are missing (personas or questions added, or questions reworded" in page
-    )
+    assert "1 of 2 persona × question pairs scored by m." in page
+    assert "1 of the 2 pairs have no distribution by m (personas or questions added, or" in page
     # rewording the scored question says its distributions are for the old wording
     r = ac.post(
         f"/admin/studies/{study.slug}/items/{q1.id}",
@@ -189,3 +188,57 @@ def test_publishing_with_a_uniform_prior_warns(ac: TestClient, db: Session, stud
     assert 'id="prior-warning"' in r.text
     assert "prior is uniform: it has no historical respondents" in r.text
     assert f'{BASE}/personas">Personas</a> · <a href=' in r.text
+
+
+def test_the_prior_and_the_page_use_the_newest_jobs_model(
+    ac: TestClient, db: Session, study: Study
+) -> None:
+    """Distributions by two models for the study: the persona prior and the page's counts
+    use the model of the newest generation job (a cancelled one that stored 1 pair), not
+    the one with the most rows; without a job, the one with the most rows."""
+    from app.services.belief import persona_prior_model
+    from app.services.personas import item_prompt_hash
+    from app.tables import Item, PersonaDistribution
+
+    ac.post(BASE + "/personas/shares",
+            data={"share:age:A": "0.25", "share:age:B": "0.75", "csrf_token": csrf(ac)})  # fmt: skip
+    items = list(db.exec(select(Item).where(Item.study_id == study.id).order_by(Item.position)))  # type: ignore[arg-type]
+    q1 = next(it for it in items if it.key == "q1")
+    first, second = _personas(db)
+    stored = [("big", first, [0.9, 0.1]), ("big", second, [0.8, 0.2]),
+              ("server", first, [0.3, 0.7])]  # fmt: skip
+    for model, p, probs in stored:
+        db.add(PersonaDistribution(model_id=model, template_version="v1", persona_hash=p.text_hash,
+                                   item_hash=item_prompt_hash(q1), probs=probs, valid_mass=1.0))  # fmt: skip
+    db.commit()
+
+    def prior() -> tuple[str, list[float]]:
+        m = persona_prior_model(study, items, session=db)
+        return m.metrics["llm"], m.predict(m.initial_state())[items.index(q1), :2].tolist()
+
+    assert "2 of 2 persona × question pairs scored by big." in ac.get(BASE + "/personas").text
+    assert prior()[0] == "big"
+    db.add(Job(kind="persona_generation", study_id=study.id, status=JobStatus.succeeded.value,
+               payload={"backend": "local"}, result={"model_id": "big"}))  # fmt: skip
+    db.add(Job(kind="persona_generation", study_id=study.id, status=JobStatus.cancelled.value,
+               payload={"backend": "openai", "base_url": "http://gpu:8001", "model": "server"}))  # fmt: skip
+    db.add(Job(kind="persona_generation", study_id=study.id, status=JobStatus.failed.value,
+               payload={"backend": "openai", "model": "down-model"}))  # stored nothing  # fmt: skip
+    db.commit()
+    page = ac.get(BASE + "/personas").text
+    assert (
+        "1 with language-model distributions; 1 of 2 persona × question pairs scored by server."
+        in page
+    )
+    assert (
+        "Other models' distributions are stored too (2 pairs by big); the persona prior uses server's"
+        in page
+    )
+    assert "1 of the 2 pairs have no distribution by server" in page
+    model, predicted = prior()
+    assert model == "server"
+    # the first persona's stored row (weight 0.25), the second uniform (weight 0.75)
+    assert predicted == pytest.approx([0.25 * 0.3 + 0.75 * 0.5, 0.25 * 0.7 + 0.75 * 0.5])
+    notice = persona_prior_model(study, items, session=db).metrics["notice"]
+    assert "2 language-model personas scored by server, 1 persona x item distributions" in notice
+    assert "distributions by big are stored too and not used" in notice
