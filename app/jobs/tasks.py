@@ -259,7 +259,7 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
     this attempt", so a retried job stores the same pairs as an uninterrupted one.
     """
     p = ctx.payload
-    ctx.progress(0.0, "checking the language model and the persona dictionary")
+    ctx.progress(0.0, persona_service.GENERATION_CHECKING)
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
         assert study.id is not None

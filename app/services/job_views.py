@@ -4,10 +4,11 @@ page, a page about one kind of job, one job's row, cancelling, a simulation's pl
 The pages that list jobs carry ``worker_warning``: when one of their jobs is queued and no
 job worker has been seen (:func:`app.services.workers.no_worker_warning`), else empty.
 
-A job row is a dict ``{"job", "label", "active", "percent", "summary"}``: the
-:class:`Job`, the kind's label, whether it is queued or running (the row then polls itself),
-its progress in whole percent, e.g. ``percent = round(100 * 0.426) = 43``, and a succeeded
-job's result in words (:func:`result_summary`).
+A job row is a dict ``{"job", "label", "active", "percent", "summary", "waiting",
+"resumable"}``: the :class:`Job`, the kind's label, whether it is queued or running (the
+row then polls itself), its progress in whole percent, e.g. ``percent = round(100 * 0.426)
+= 43``, a succeeded job's result in words (:func:`result_summary`), what a queued job
+waits behind, and whether it offers Resume (:func:`resumable`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,23 @@ def job_row(job: Job, ahead: tuple[int, int] | None = None) -> dict[str, Any]:
         "percent": int(round(100 * (job.progress or 0.0))),
         "summary": result_summary(job),
         "waiting": waiting_words(*ahead) if ahead else "",
+        "resumable": resumable(job),
     }
+
+
+def resumable(job: Job) -> bool:
+    """Whether a persona generation job offers Resume: when it was cancelled, or failed
+    after its checks. One that failed in them (no server configured, a server that is
+    down or serves another model, a worker with other settings, no questions) stays at
+    :data:`app.services.personas.GENERATION_CHECKING`: the settings must change first, and
+    the Generate form starts it again."""
+    return job.kind == "persona_generation" and (
+        job.status == JobStatus.cancelled.value
+        or (
+            job.status == JobStatus.failed.value
+            and job.message != persona_service.GENERATION_CHECKING
+        )
+    )
 
 
 def waiting_words(earlier: int, other_studies: int) -> str:

@@ -611,6 +611,10 @@ def shares_from_fields(
     return out
 
 
+GENERATION_CHECKING = "checking the language model and the persona dictionary"
+"""A persona generation job's first progress message; a job that fails with it failed in
+its checks (configuration, server, dictionary), before scoring anything."""
+
 BACKENDS = ("local", "openai")
 """The persona job's backends: the embedded model, the configured inference server."""
 

@@ -242,3 +242,35 @@ def test_the_prior_and_the_page_use_the_newest_jobs_model(
     notice = persona_prior_model(study, items, session=db).metrics["notice"]
     assert "2 language-model personas scored by server, 1 persona x item distributions" in notice
     assert "distributions by big are stored too and not used" in notice
+
+
+def test_job_rows_show_failure_cancelling_and_resume_only_when_it_helps(
+    ac: TestClient, db: Session, study: Study
+) -> None:
+    """A job that failed in its checks shows its error, not its last progress message, and
+    no Resume (the settings must change first); one that failed while scoring offers Resume;
+    a running job asked to cancel says so and has no Cancel button."""
+    from app.services.personas import GENERATION_CHECKING
+
+    def row(job: Job) -> str:
+        db.add(job)
+        db.commit()
+        return ac.get(f"{BASE}/jobs/{job.id}").text
+
+    checks = row(Job(kind="persona_generation", study_id=study.id, payload={"backend": "openai"},
+                     status=JobStatus.failed.value, message=GENERATION_CHECKING,
+                     error="the worker running this job has no PRIORLY_LLM_API_KEY"))  # fmt: skip
+    assert "no PRIORLY_LLM_API_KEY" in checks
+    assert GENERATION_CHECKING not in checks and ">Resume</button>" not in checks
+    scoring = row(Job(kind="persona_generation", study_id=study.id, payload={"backend": "local"},
+                      status=JobStatus.failed.value, message="3 of 4 pairs scored",
+                      error="inference server: HTTP 500"))  # fmt: skip
+    assert ">Resume</button>" in scoring
+    running = Job(kind="persona_generation", study_id=study.id, payload={"backend": "local"},
+                  status=JobStatus.running.value, message="1 of 4 pairs scored")  # fmt: skip
+    assert ">Cancel</button>" in row(running)
+    r = ac.post(f"{BASE}/jobs/{running.id}/cancel", data={"csrf_token": csrf(ac)})
+    assert r.status_code == 200
+    for text in (r.text, ac.get(f"{BASE}/jobs/{running.id}").text):
+        assert "cancelling: it stops after the step in progress" in text
+        assert ">Cancel</button>" not in text
