@@ -631,7 +631,8 @@ def generation_payload(
     """The payload of a persona generation job started from the personas page: ``backend``
     and ``chunk`` (:data:`GENERATION_CHUNK`); for ``openai`` also the server the page
     offered (``base_url``, ``model``) and ``api_key_set`` (whether ``PRIORLY_LLM_API_KEY``
-    is set; never the key), which the worker uses (:func:`app.services.persona_models.job_server`).
+    is set; never the key), which the worker uses
+    (:func:`app.services.persona_models.job_server`).
 
     Raises:
         InvalidInputError: an unknown backend, ``openai`` without ``PRIORLY_LLM_BASE_URL``,
@@ -744,10 +745,10 @@ def persona_page(
         select(StudyPersona).where(StudyPersona.study_id == study.id).order_by(StudyPersona.id)  # type: ignore[arg-type]
     ).all()
     hashes = [r.text_hash for r in rows]
-    question_hashes = set(q.hash for q in questions)
+    question_hashes = {q.hash for q in questions}
     stored: dict[tuple[str, str], set[tuple[str, str]]] = {}  # group -> (persona, item)
     for start in range(0, len(hashes), 500):
-        for *group, persona_hash, item_hash in session.exec(
+        for model_id, version, persona_hash, item_hash in session.exec(
             select(
                 PersonaDistribution.model_id,
                 PersonaDistribution.template_version,
@@ -755,7 +756,7 @@ def persona_page(
                 PersonaDistribution.item_hash,
             ).where(PersonaDistribution.persona_hash.in_(hashes[start : start + 500]))  # type: ignore[attr-defined]
         ).all():
-            stored.setdefault((group[0], group[1]), set()).add((persona_hash, item_hash))
+            stored.setdefault((model_id, version), set()).add((persona_hash, item_hash))
     pairs_of = {g: {pi for pi in v if pi[1] in question_hashes} for g, v in stored.items()}
     counts = {g: len(v) for g, v in pairs_of.items() if v}
     group = prior_group(study.id, counts, session=session)
