@@ -17,6 +17,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -208,10 +209,39 @@ class Settings(BaseSettings):
     def _llm_url(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        value = value.strip().rstrip("/")
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"not an http:// or https:// URL: {value!r}")
-        return value
+        return check_server_url(value)
+
+
+def check_server_url(value: str) -> str:
+    """An inference server's root URL, checked in full and without a trailing ``/``:
+    ``http`` or ``https``, a host, a port in 1–65535 when given, and no path but an optional
+    ``/v1`` (no query, no fragment).
+
+    >>> check_server_url("http://127.0.0.1:8001/v1/")
+    'http://127.0.0.1:8001/v1'
+    >>> check_server_url("http://127.0.0.1:88211")
+    Traceback (most recent call last):
+    ValueError: 'http://127.0.0.1:88211': the port must be a number from 1 to 65535
+    """
+    url = value.strip().rstrip("/")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{url!r}: the port must be a number from 1 to 65535") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"not an http:// or https:// URL: {url!r}")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} has no host")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{url!r}: the port must be a number from 1 to 65535")
+    if parts.path not in ("", "/v1") or parts.query or parts.fragment:
+        root = f"{parts.scheme}://{parts.netloc}"
+        raise ValueError(
+            f"{url!r} has the path {parts.path or ''}{'?' + parts.query if parts.query else ''}: "
+            f"give the server root, e.g. {root} (optionally with /v1)"
+        )
+    return url
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -141,6 +141,24 @@ def setup_vllm_env(venv: Path | None = None, *, device: str = "auto", force: boo
     return py
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` or holds it (a test bind fails).
+
+    A listener is found by connecting (a server bound with ``SO_REUSEADDR`` lets a second
+    such bind through), anything else holding the port by binding without that option.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        if s.connect_ex((host, port)) == 0:
+            return True
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inference_server.server import VLLMServer, setup_vllm_env
+from app.errors import InvalidInputError
+from inference_server.server import VLLMServer, port_in_use, setup_vllm_env
 
 
 def register(subparsers: Any) -> None:
@@ -52,6 +53,14 @@ def _serve(args: argparse.Namespace) -> int:
     if args.setup_only:
         print(setup_vllm_env(args.venv, device=args.device))
         return 0
+    # vLLM would start, fail to bind and leave the cause in its log, while the readiness
+    # check could reach whatever answers there
+    if not 1 <= args.port <= 65535 or port_in_use(args.host, args.port):
+        raise InvalidInputError(
+            f"port {args.port} is in use: choose another with --port"
+            if 1 <= args.port <= 65535
+            else f"--port {args.port}: a port is a number from 1 to 65535"
+        )
     server = VLLMServer(
         args.model,
         host=args.host,

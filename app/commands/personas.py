@@ -166,15 +166,18 @@ def _study_personas(
     return personas, "file"
 
 
-def _start_job(args: argparse.Namespace, study_id: int, session: Session) -> Job:
-    """A committed running ``Job`` of this command whose payload is its arguments."""
+def _start_job(args: argparse.Namespace, study_id: int, model_id: str, session: Session) -> Job:
+    """A committed running ``Job`` of this command whose payload is its arguments and the
+    ``model_id`` it scores with (which the persona prior then uses:
+    :func:`app.services.persona_models.prior_group`)."""
     job = Job(
         kind=JOB_KIND,
         study_id=study_id,
         status=JobStatus.running.value,
         payload={
             k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"
-        },
+        }
+        | {"model_id": model_id},
         started_at=utcnow(),
         attempts=1,
     )
@@ -244,7 +247,7 @@ def _generate(args: argparse.Namespace) -> int:
             added = personas_service.save_study_personas(
                 study.id, personas, source, session=session, attrs=attrs
             )
-            job = _start_job(args, study.id, session)
+            job = _start_job(args, study.id, backend.model_id, session)
             print(
                 f"study {study.slug!r}: {len(personas)} personas ({added} new) x "
                 f"{len(questions)} questions; job {job.id}",

@@ -45,8 +45,10 @@ from app.services import model_notes
 from app.services import personas as persona_service
 from app.services.belief import ensure_fixed_order, fit_study_model, historical_matrix
 from app.services.group_rounds import MIN_VALIDATION_MEMBERS, gnn_holdout, plan_next_round
+from app.services.persona_models import job_server
 from app.services.setting_words import describe_fit
 from app.services.simulation import SimulationOptions, run_study_simulation
+from app.settings import get_settings
 from app.tables import FittedModel, Item, ItemRole, Study
 
 JobFn = Callable[[JobContext], dict[str, Any]]
@@ -250,15 +252,19 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
     sources on the personas page); a study without one, or a payload with ``n_personas``,
     gets the ``n_personas`` (default 16) most frequent attribute profiles of its
     respondents, added to the dictionary. The backend is the embedded local model, or an
-    OpenAI-compatible server (``backend: "openai"``, ``base_url``, ``model``; unset: the
-    settings), checked before anything is stored (a server that is down or serves another
-    model fails the job with nothing written).
+    OpenAI-compatible server (``backend: "openai"``, ``base_url``, ``model``: the server the
+    Personas page offered; unset: this process's settings; a worker whose own
+    ``PRIORLY_LLM_*`` settings disagree, or lack the key the page had, fails the job naming
+    the setting: :func:`app.services.persona_models.job_server`), checked before anything
+    is stored (a server that is down or serves another model fails the job with nothing
+    written).
 
     Progress: pairs done / total, pairs per second and the time left after every chunk;
     a cancel stops the job between chunks (each chunk is committed). A chunk (payload
-    ``chunk``) is by default what the backend scores at once: one batch (``batch_size``,
-    8) with the embedded model, ``batch_size × concurrency`` (32) on a server, so a cancel
-    waits for one batch. Stored pairs are
+    ``chunk``; :data:`app.services.personas.GENERATION_CHUNK` from the Personas page) is by
+    default what the backend scores at once: one batch (``batch_size``, 8) with the
+    embedded model, ``batch_size × concurrency`` (8 × 4 = 32) on a server, so a cancel
+    waits for one chunk. Stored pairs are
     never recomputed, so running the job again (after a cancel, or a retry after its
     worker died) resumes where it stopped and ends with the same stored distributions.
     ``limit`` (payload) means "the first ``limit`` pairs of the persona × question grid"
@@ -266,7 +272,7 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
     this attempt", so a retried job stores the same pairs as an uninterrupted one.
     """
     p = ctx.payload
-    ctx.progress(0.0, "checking the language model and the persona dictionary")
+    ctx.progress(0.0, persona_service.GENERATION_CHECKING)
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
         assert study.id is not None
@@ -277,10 +283,13 @@ def persona_generation(ctx: JobContext) -> dict[str, Any]:
         batch, concurrency = int(p.get("batch_size", 8)), int(p.get("concurrency", 4))
         # one chunk is what the backend scores at once: a cancel waits for at most that
         chunk = int(p.get("chunk", batch if kind == "local" else batch * concurrency))
+        base_url, model = p.get("base_url"), p.get("model")
+        if kind == "openai":
+            base_url, model = job_server(p, get_settings())
         backend = persona_service.make_persona_backend(
             kind,
-            base_url=p.get("base_url"),
-            model=p.get("model"),
+            base_url=base_url,
+            model=model,
             batch_size=batch,
             concurrency=concurrency,
             threshold=float(p.get("threshold", 0.5)),

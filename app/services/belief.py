@@ -64,6 +64,7 @@ from app.gcfreeze import freeze_long_lived
 from app.schemas import StudySettings
 from app.services import learning
 from app.services.jobs import ACTIVE, start_job
+from app.services.persona_models import prior_group
 from app.services.personas import item_prompt_hash
 from app.settings import get_settings
 from app.tables import (
@@ -321,7 +322,9 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
 
     ``mu[persona, item]`` is the stored language-model distribution
     (``persona_distribution``, matched by the persona's text hash and the item wording's
-    hash; the ``(model, template)`` with the most stored pairs is used). An attribute item
+    hash; one ``(model, template)``: :func:`app.services.persona_models.prior_group`, the
+    model of the study's newest generation job, so two models' answers never mix; the
+    notice names it). An attribute item
     of a persona with a known value (``study_persona.attributes``: built from attribute
     shares or an imported respondent) is near one-hot on that value:
     ``1 − ε`` on it and ``ε / (O − 1)`` on each other option, ``ε =``
@@ -388,7 +391,9 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
             groups[(r.model_id, r.template_version)] = (
                 groups.get((r.model_id, r.template_version), 0) + 1
             )
-        model_id, version = max(groups, key=lambda g: (groups[g], g))
+        group = prior_group(study.id or 0, groups, session=session)
+        assert group is not None
+        model_id, version = group
         index = {p.text_hash: k for k, p in enumerate(personas)}
         mu = uniform.unsqueeze(0).repeat(len(personas), 1, 1)
         filled = 0
@@ -430,8 +435,13 @@ def persona_prior_model(  # type: ignore[no-untyped-def]
             "template_version": version,
             "notice": (
                 f"Persona prior ({why}): {len(personas)} language-model personas "
-                f"({model_id}), {filled} persona x item distributions, prior from "
+                f"scored by {model_id}, {filled} persona x item distributions, prior from "
                 f"{prior_from}"
+                + (
+                    f"; distributions by {', '.join(others)} are stored too and not used"
+                    if (others := sorted({m for m, _ in groups} - {model_id}))
+                    else ""
+                )
                 + (
                     f"; {conditioned} personas conditioned on their attribute values"
                     if conditioned

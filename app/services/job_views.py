@@ -4,11 +4,12 @@ page, a page about one kind of job, one job's row, cancelling, a simulation's pl
 The pages that list jobs carry ``worker_warning``: when one of their jobs is queued and no
 job worker has been seen (:func:`app.services.workers.no_worker_warning`), else empty.
 
-A job row is a dict ``{"job", "label", "active", "percent", "summary", "simulation"}``:
-the :class:`Job`, the kind's label, whether it is queued or running (the row then polls
-itself), its progress in whole percent, e.g. ``percent = round(100 * 0.426) = 43``, a
-succeeded job's result in words (:func:`result_summary`) and, for a succeeded simulation,
-what its figures rest on (:func:`simulation_view`).
+A job row is a dict ``{"job", "label", "active", "percent", "summary", "simulation",
+"waiting", "resumable"}``: the :class:`Job`, the kind's label, whether it is queued or
+running (the row then polls itself), its progress in whole percent, e.g. ``percent =
+round(100 * 0.426) = 43``, a succeeded job's result in words (:func:`result_summary`),
+for a succeeded simulation what its figures rest on (:func:`simulation_view`), what a
+queued job waits behind, and whether it offers Resume (:func:`resumable`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def job_row(job: Job, ahead: tuple[int, int] | None = None) -> dict[str, Any]:
         "summary": result_summary(job),
         "simulation": simulation_view(job),
         "waiting": waiting_words(*ahead) if ahead else "",
+        "resumable": resumable(job),
     }
 
 
@@ -84,6 +86,21 @@ def simulation_view(job: Job | None) -> dict[str, Any] | None:
         "model_family": family,
         "family_label": family_label,
     }
+
+
+def resumable(job: Job) -> bool:
+    """Whether a persona generation job offers Resume: when it was cancelled, or failed
+    after its checks. One that failed in them (no server configured, a server that is
+    down or serves another model, a worker with other settings, no questions) stays at
+    :data:`app.services.personas.GENERATION_CHECKING`: the settings must change first, and
+    the Generate form starts it again."""
+    return job.kind == "persona_generation" and (
+        job.status == JobStatus.cancelled.value
+        or (
+            job.status == JobStatus.failed.value
+            and job.message != persona_service.GENERATION_CHECKING
+        )
+    )
 
 
 def waiting_words(earlier: int, other_studies: int) -> str:

@@ -41,6 +41,7 @@ from app.services.persona_input import (
     shares_from_form,
     text_personas,
 )
+from app.services.persona_models import prior_group
 from app.settings import Settings, get_settings
 from app.tables import (
     FittedModel,
@@ -403,17 +404,28 @@ def shares_from_fields(
     return shares_from_form(attrs, fields)
 
 
+GENERATION_CHECKING = "checking the language model and the persona dictionary"
+"""A persona generation job's first progress message; a job that fails with it failed in
+its checks (configuration, server, dictionary), before scoring anything."""
+
 BACKENDS = ("local", "openai")
 """The persona job's backends: the embedded model, the configured inference server."""
 
-GENERATION_CHUNK = {"local": 8, "openai": 128}
-"""Pairs scored and committed together by a job started from the personas page."""
+GENERATION_CHUNK = {"local": 8, "openai": 32}
+"""Pairs scored and committed together by a job started from the personas page: what the
+backend scores at once (one batch of 8 locally; 8 per request × 4 requests in flight on a
+server), so that a cancel waits, and the progress stands still, for a few seconds at most
+(docs/personas.md)."""
 
 
 def generation_payload(
     backend: str, study: Study, *, session: Session, settings: Settings | None = None
 ) -> dict[str, Any]:
-    """The payload of a persona generation job started from the personas page.
+    """The payload of a persona generation job started from the personas page: ``backend``
+    and ``chunk`` (:data:`GENERATION_CHUNK`); for ``openai`` also the server the page
+    offered (``base_url``, ``model``) and ``api_key_set`` (whether ``PRIORLY_LLM_API_KEY``
+    is set; never the key), which the worker uses
+    (:func:`app.services.persona_models.job_server`).
 
     Raises:
         InvalidInputError: an unknown backend, ``openai`` without ``PRIORLY_LLM_BASE_URL``,
@@ -422,7 +434,8 @@ def generation_payload(
     assert study.id is not None
     if backend not in BACKENDS:
         raise InvalidInputError("model: choose the embedded model or the inference server")
-    if backend == "openai" and not (settings or get_settings()).llm_base_url:
+    settings = settings or get_settings()
+    if backend == "openai" and not settings.llm_base_url:
         raise InvalidInputError(
             "model: no inference server is configured (set PRIORLY_LLM_BASE_URL and "
             "PRIORLY_LLM_MODEL)"
@@ -432,8 +445,14 @@ def generation_payload(
         raise InvalidInputError("the study has no questions to score")
     if not stored_persona_texts(study.id, session=session):
         raise InvalidInputError("the persona dictionary is empty: add personas first")
-    # chunks are the cancel and progress granularity: a few seconds of work each
-    return {"backend": backend, "chunk": GENERATION_CHUNK[backend]}
+    payload: dict[str, Any] = {"backend": backend, "chunk": GENERATION_CHUNK[backend]}
+    if backend == "openai":
+        payload |= {
+            "base_url": settings.llm_base_url,
+            "model": settings.llm_model or DEFAULT_MODEL,
+            "api_key_set": settings.llm_api_key is not None,
+        }
+    return payload
 
 
 UNIFORM_PRIOR_WARNING = (
@@ -502,9 +521,12 @@ def persona_page(
 ) -> dict[str, Any]:
     """The personas page's context: ``study``; ``attrs`` (the attribute items, for the
     shares table); ``personas`` (the first :data:`PERSONAS_SHOWN`) and ``n_personas``;
-    ``n_profiled`` (personas with an attribute profile); ``n_scored`` (personas with at
-    least one stored distribution); ``n_pairs`` persona × question pairs of which
-    ``n_pairs_scored`` have a distribution for the question as worded now;
+    ``n_profiled`` (personas with an attribute profile); ``prior_model``, the model whose
+    distributions the persona prior uses (:func:`app.services.persona_models.prior_group`;
+    ``None`` before any is stored) and ``other_models`` (``[(model, pairs scored)]`` of the
+    other models with stored pairs); ``n_scored`` (personas with at least one stored
+    distribution by ``prior_model``); ``n_pairs`` persona × question pairs of which
+    ``n_pairs_scored`` have a distribution by ``prior_model`` for the question as worded now;
     ``weight_by_source`` (:func:`weight_by_source`); ``n_respondents`` with any attribute;
     ``llm`` (the
     configured server: ``base_url``, ``model``, or ``None``: the server option is then
@@ -516,18 +538,27 @@ def persona_page(
         select(StudyPersona).where(StudyPersona.study_id == study.id).order_by(StudyPersona.id)  # type: ignore[arg-type]
     ).all()
     hashes = [r.text_hash for r in rows]
-    question_hashes = [q.hash for q in questions]
-    scored: set[str] = set()
-    pairs: set[tuple[str, str]] = set()
+    question_hashes = {q.hash for q in questions}
+    stored: dict[tuple[str, str], set[tuple[str, str]]] = {}  # group -> (persona, item)
     for start in range(0, len(hashes), 500):
-        for persona_hash, item_hash in session.exec(
-            select(PersonaDistribution.persona_hash, PersonaDistribution.item_hash)
-            .where(PersonaDistribution.persona_hash.in_(hashes[start : start + 500]))  # type: ignore[attr-defined]
-            .distinct()
+        for model_id, version, persona_hash, item_hash in session.exec(
+            select(
+                PersonaDistribution.model_id,
+                PersonaDistribution.template_version,
+                PersonaDistribution.persona_hash,
+                PersonaDistribution.item_hash,
+            ).where(PersonaDistribution.persona_hash.in_(hashes[start : start + 500]))  # type: ignore[attr-defined]
         ).all():
-            scored.add(persona_hash)
-            if item_hash in question_hashes:
-                pairs.add((persona_hash, item_hash))
+            stored.setdefault((model_id, version), set()).add((persona_hash, item_hash))
+    pairs_of = {g: {pi for pi in v if pi[1] in question_hashes} for g, v in stored.items()}
+    counts = {g: len(v) for g, v in pairs_of.items() if v}
+    group = prior_group(study.id, counts, session=session)
+    pairs = pairs_of.get(group, set()) if group else set()
+    scored = {ph for ph, _ in stored.get(group, set())} if group else set()
+    others: dict[str, int] = {}
+    for g, n in counts.items():
+        if group is None or g[0] != group[0]:
+            others[g[0]] = max(others.get(g[0], 0), n)
     respondents = attribute_matrix(study.id, attrs, session=session) if attrs else None
     settings = settings or get_settings()
     return {
@@ -541,6 +572,8 @@ def persona_page(
         "weight_by_source": weight_by_source(rows),
         "n_pairs": len(set(hashes)) * len(set(question_hashes)),
         "n_pairs_scored": len(pairs),
+        "prior_model": group[0] if group else None,
+        "other_models": sorted(others.items()),
         "n_respondents": int((respondents >= 0).any(axis=1).sum())
         if respondents is not None
         else 0,

@@ -44,6 +44,7 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -60,6 +61,18 @@ from inference_server.prompts import (
 )
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+CONNECTION_ERRORS = (httpx.HTTPError, httpx.InvalidURL, OSError, OverflowError, ExceptionGroup)
+"""What a request can raise before any answer: httpx's errors, and what the socket layer
+raises through them (an out-of-range port's ``OverflowError``, wrapped in an
+``ExceptionGroup`` by the connect's task group)."""
+
+
+def _connection_error(exc: BaseException) -> str:
+    """``"Type: message"`` of a connection error; an exception group by its first leaf."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
 
 
 @register_backend("openai")
@@ -125,6 +138,15 @@ class OpenAIBackend(Backend):
         if batch_size < 1 or concurrency < 1 or max_retries < 0 or timeout <= 0:
             raise BackendError("batch_size, concurrency >= 1, max_retries >= 0, timeout > 0")
         url = base_url.rstrip("/")
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+            raise BackendError(f"{base_url!r}: not an http:// or https:// server URL")
+        if port is not None and not 1 <= port <= 65535:
+            raise BackendError(f"{base_url!r}: the port must be a number from 1 to 65535")
         self.base_url = url if url.endswith("/v1") else url + "/v1"
         self.root_url = self.base_url.removesuffix("/v1")
         self.mode = mode
@@ -191,9 +213,9 @@ class OpenAIBackend(Backend):
             raise BackendError(
                 f"{url}: the inference server did not answer within {self.timeout:g} s"
             ) from None
-        except httpx.TransportError as exc:
+        except CONNECTION_ERRORS as exc:
             raise BackendError(
-                f"{url}: cannot reach the inference server ({type(exc).__name__}: {exc})"
+                f"{url}: cannot reach the inference server ({_connection_error(exc)})"
             ) from None
         if resp.status_code != 200:
             raise BackendError(f"{url}: HTTP {resp.status_code}: {resp.text[:300]}")
@@ -215,8 +237,8 @@ class OpenAIBackend(Backend):
             body = {"model": self.model_id, "messages": [{"role": "user", "content": "Hi"}]}
             try:
                 probe = await client.post(url, json=body)
-            except httpx.HTTPError as exc:
-                raise BackendError(f"{url}: {type(exc).__name__}: {exc}") from None
+            except CONNECTION_ERRORS as exc:
+                raise BackendError(f"{url}: {_connection_error(exc)}") from None
             if probe.status_code in (404, 405):
                 self.mode = "chat"  # no /tokenize (not vLLM): the server applies the template
             elif probe.status_code != 200:
@@ -259,6 +281,10 @@ class OpenAIBackend(Backend):
             except httpx.TransportError as exc:
                 last = f"cannot connect ({type(exc).__name__}: {exc})"
                 continue
+            except CONNECTION_ERRORS as exc:  # not transient (e.g. a port out of range)
+                raise BackendError(
+                    f"{url}: cannot reach the inference server ({_connection_error(exc)})"
+                ) from None
             if resp.status_code in RETRY_STATUS:
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 continue

@@ -186,3 +186,14 @@ def test_generate_takes_the_server_from_the_settings(
     get_settings.cache_clear()
     assert main(args) == 2
     assert "PRIORLY_LLM_BASE_URL: not an http:// or https:// URL" in capsys.readouterr().err
+    for url, why in (
+        ("http://127.0.0.1:88211", "the port must be a number from 1 to 65535"),
+        ("http://127.0.0.1:8001/api", "has the path /api: give the server root"),
+        ("http://127.0.0.1:8001/v1/completions", "has the path /v1/completions: give the"),
+    ):
+        monkeypatch.setenv("PRIORLY_LLM_BASE_URL", url)
+        get_settings.cache_clear()
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"invalid settings: PRIORLY_LLM_BASE_URL: '{url}'" in err and why in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1

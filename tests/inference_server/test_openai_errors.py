@@ -223,6 +223,16 @@ def test_server_down() -> None:
             call(backend(url))
 
 
+def test_a_port_out_of_range_is_one_clear_error() -> None:
+    with pytest.raises(BackendError, match=r"^'http://127.0.0.1:88211': the port must be a"):
+        backend("http://127.0.0.1:88211")
+    b = backend("http://127.0.0.1:8001")
+    b.base_url = "http://127.0.0.1:88211/v1"  # past the constructor: the socket's own error
+    for call in (lambda: b.score([ScoreRequest("p", ITEM)]), b.health):
+        with pytest.raises(BackendError, match=r"^http://127.0.0.1:88211/v1/models: cannot re"):
+            call()
+
+
 def test_server_that_never_answers_times_out() -> None:
     with socket.socket() as sock:  # accepts connections (backlog) but never replies
         sock.bind(("127.0.0.1", 0))

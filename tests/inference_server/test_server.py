@@ -254,3 +254,27 @@ def test_stop_background_ends_launcher_and_server_groups(tmp_path: Path) -> None
     assert launcher.wait(5) == -signal.SIGTERM and server.wait(5) == -signal.SIGTERM
     # the orphaned grandchild (sleep) is gone once init has reaped it
     assert _poll(lambda: not _alive(launcher.pid) and not _alive(server.pid))
+
+
+@pytest.mark.parametrize("listening", [True, False])
+def test_serve_refuses_a_port_in_use_before_starting_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], listening: bool
+) -> None:
+    """A port another server listens on (whose answers the readiness check would take for
+    vLLM's) or merely holds is one line and exit 2; vLLM is never started."""
+    import socket
+
+    from app.cli import main
+
+    started = tmp_path / "started"
+    venv = _fake_venv(tmp_path, f"touch {started}\nsleep 30\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        if listening:
+            sock.listen(1)
+        port = sock.getsockname()[1]
+        code = main(["inference", "serve", "--port", str(port), "--venv", str(venv)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == f"priorly: error: port {port} is in use: choose another with --port"
+    assert not started.exists()

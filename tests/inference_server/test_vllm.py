@@ -275,7 +275,13 @@ def test_admin_persona_job_on_the_server_then_persona_prior(
             assert r.status_code == 303, r.text
             with Session(engine) as s:
                 job = s.exec(select(Job).where(Job.kind == "persona_generation")).one()
-            assert job.payload == {"backend": "openai", "chunk": ps.GENERATION_CHUNK["openai"]}
+            assert job.payload == {
+                "backend": "openai",
+                "chunk": ps.GENERATION_CHUNK["openai"],
+                "base_url": vllm_url,
+                "model": DEFAULT_MODEL,
+                "api_key_set": False,
+            }
             notice = parse_qs(urlsplit(r.headers["location"]).query)["notice"]
             assert notice == [f"persona generation job #{job.id} started"]
             assert execute_job(engine, job.id or 0) == JobStatus.succeeded.value
@@ -290,7 +296,7 @@ def test_admin_persona_job_on_the_server_then_persona_prior(
         assert (result["computed"], result["already_stored"]) == (6, 0)
         assert result["model_id"] == DEFAULT_MODEL and result["pairs_per_second"] > 0
         assert (result["backend"], result["base_url"]) == ("openai", vllm_url)
-        # one chunk (the page's 128 pairs): the start, then all pairs with the rate
+        # one chunk (the page's 32 pairs): the start, then all pairs with the rate
         assert messages[0] == "0 of 6 pairs scored"
         assert len(messages) == 2
         assert re.fullmatch(

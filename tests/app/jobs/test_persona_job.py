@@ -1,6 +1,7 @@
 """The persona generation job from the personas page's pieces: cancel between chunks and
 resume (the real runner), a server that is down or serves another model (nothing
-stored), and the embedded SmolLM2 model on a few pairs."""
+stored), the server the page offered used by a worker with other settings, and the
+embedded SmolLM2 model on a few pairs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from app.jobs.runner import execute_job
 from app.services import jobs
 from app.services import personas as ps
 from app.services.designer import add_item, create_study
+from app.settings import Settings
 from app.tables import FittedModel, Job, JobStatus, PersonaDistribution, Researcher, Study
 from tests.support.fake_vllm import FakeVLLM
 
@@ -188,3 +190,76 @@ def test_embedded_model_scores_the_share_personas(
     row = fit_study_model(study, session=db)
     assert row.metrics["prior"] == "persona" and row.metrics["distributions"] == 4
     assert row.metrics["attribute_personas"] == 2
+
+
+def _worker_settings(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    """The worker process's own PRIORLY_LLM_* settings (``get_settings``, as a separate
+    ``priorly worker`` reads them): ``env`` set, the others unset."""
+    from app.settings import get_settings
+
+    for name in ("BASE_URL", "MODEL", "API_KEY"):
+        monkeypatch.delenv(f"PRIORLY_LLM_{name}", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(f"PRIORLY_LLM_{name.upper()}", value)
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def fresh_settings() -> Iterator[None]:
+    from app.settings import get_settings
+
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def test_the_worker_calls_the_server_the_page_offered(
+    engine: Engine,
+    db: Session,
+    study: Study,
+    fake: FakeVLLM,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_settings: None,
+) -> None:
+    """`priorly serve --no-worker` with PRIORLY_LLM_* and a `priorly worker` without them:
+    the job uses the server and model the page offered (in its payload, without the key);
+    a worker whose settings disagree or lack the page's key fails naming the setting."""
+    from inference_server.model_store import DEFAULT_MODEL
+
+    web = settings.model_copy(update={"llm_base_url": fake.url, "llm_api_key": "s3cret"})
+    payload = ps.generation_payload("openai", study, session=db, settings=web)
+    assert payload == {"backend": "openai", "chunk": 32, "base_url": fake.url,
+                       "model": DEFAULT_MODEL, "api_key_set": True}  # fmt: skip
+    refusals = [
+        ({}, "the worker running this job has no PRIORLY_LLM_API_KEY: set it for "
+             "`priorly worker` too"),  # fmt: skip
+        ({"api_key": "k", "base_url": "http://127.0.0.1:9"},
+         "the worker running this job has PRIORLY_LLM_BASE_URL=http://127.0.0.1:9, but the "
+         f"job was started for the inference server {fake.url}: give `priorly worker`"),
+        ({"api_key": "k", "model": "other"}, "the worker running this job has "
+         "PRIORLY_LLM_MODEL=other, but the job was "
+         f"started for the model {DEFAULT_MODEL}"),
+    ]  # fmt: skip
+    for env, message in refusals:
+        _worker_settings(monkeypatch, **env)
+        job = _run(engine, db, study, payload)
+        assert job.status == JobStatus.failed.value and job.error is not None
+        assert job.error.startswith(message), job.error
+        assert _stored(db) == 0 and fake.requests == 0
+    _worker_settings(monkeypatch, api_key="s3cret")
+    job = _run(engine, db, study, payload)
+    assert job.status == JobStatus.succeeded.value, job.error
+    assert job.result is not None and job.result["base_url"] == fake.url
+    assert _stored(db) == 4 and fake.authorization == {"Bearer s3cret"}
+
+
+def test_the_docs_server_chunk_is_the_page_constant() -> None:
+    """docs/personas.md's chunk on a server is the constant the Personas page uses and the
+    job's default (batch 8 × 4 requests in flight)."""
+    from pathlib import Path
+
+    docs = (Path(__file__).parents[3] / "docs" / "personas.md").read_text()
+    assert "8 × 4 concurrent requests = 32 pairs on an inference server" in docs
+    assert "one batch of 8 pairs with the embedded model" in docs
+    assert ps.GENERATION_CHUNK == {"local": 8, "openai": 8 * 4}

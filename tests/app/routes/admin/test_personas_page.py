@@ -205,7 +205,7 @@ def test_the_generate_form_says_what_is_left_to_score(
 
     page = ac.get(BASE + "/personas").text
     assert "each of the 2 personas × 1 questions that has no stored distribution" in page
-    assert "0 of 2 persona × question pairs scored" in page and "pairs are missing" not in page
+    assert "0 of 2 persona × question pairs scored." in page and "no distribution by" not in page
     q1 = db.exec(select(Item).where(Item.study_id == study.id, Item.key == "q1")).one()
     first, second = _personas(db)
     for p, item_hash in ((first, item_prompt_hash(q1)), (second, "an-older-wording")):
@@ -215,9 +215,8 @@ def test_the_generate_form_says_what_is_left_to_score(
     db.commit()
     page = ac.get(BASE + "/personas").text
     assert "2 with language-model distributions; 1 of 2 persona × question pairs scored" in page
-    assert (
-        "1 of the 2 pairs are missing (personas or questions added, or questions reworded" in page
-    )
+    assert "1 of 2 persona × question pairs scored by m." in page
+    assert "1 of the 2 pairs have no distribution by m (personas or questions added, or" in page
     # rewording the scored question says its distributions are for the old wording
     r = ac.post(
         f"/admin/studies/{study.slug}/items/{q1.id}",
@@ -345,3 +344,89 @@ def test_the_generate_form_estimates_the_duration(
         "; with the inference server unknown for 3 pairs: this server&#39;s speed is known "
         "once a generation on it has finished" in page
     )
+
+
+def test_the_prior_and_the_page_use_the_newest_jobs_model(
+    ac: TestClient, db: Session, study: Study
+) -> None:
+    """Distributions by two models for the study: the persona prior and the page's counts
+    use the model of the newest generation job (a cancelled one that stored 1 pair), not
+    the one with the most rows; without a job, the one with the most rows."""
+    from app.services.belief import persona_prior_model
+    from app.services.personas import item_prompt_hash
+    from app.tables import Item, PersonaDistribution
+
+    ac.post(BASE + "/personas/shares",
+            data={"share:age:A": "0.25", "share:age:B": "0.75", "csrf_token": csrf(ac)})  # fmt: skip
+    items = list(db.exec(select(Item).where(Item.study_id == study.id).order_by(Item.position)))  # type: ignore[arg-type]
+    q1 = next(it for it in items if it.key == "q1")
+    first, second = _personas(db)
+    stored = [("big", first, [0.9, 0.1]), ("big", second, [0.8, 0.2]),
+              ("server", first, [0.3, 0.7])]  # fmt: skip
+    for model, p, probs in stored:
+        db.add(PersonaDistribution(model_id=model, template_version="v1", persona_hash=p.text_hash,
+                                   item_hash=item_prompt_hash(q1), probs=probs, valid_mass=1.0))  # fmt: skip
+    db.commit()
+
+    def prior() -> tuple[str, list[float]]:
+        m = persona_prior_model(study, items, session=db)
+        return m.metrics["llm"], m.predict(m.initial_state())[items.index(q1), :2].tolist()
+
+    assert "2 of 2 persona × question pairs scored by big." in ac.get(BASE + "/personas").text
+    assert prior()[0] == "big"
+    db.add(Job(kind="persona_generation", study_id=study.id, status=JobStatus.succeeded.value,
+               payload={"backend": "local"}, result={"model_id": "big"}))  # fmt: skip
+    db.add(Job(kind="persona_generation", study_id=study.id, status=JobStatus.cancelled.value,
+               payload={"backend": "openai", "base_url": "http://gpu:8001", "model": "server"}))  # fmt: skip
+    db.add(Job(kind="persona_generation", study_id=study.id, status=JobStatus.failed.value,
+               payload={"backend": "openai", "model": "down-model"}))  # stored nothing  # fmt: skip
+    db.commit()
+    page = ac.get(BASE + "/personas").text
+    assert (
+        "1 with language-model distributions; 1 of 2 persona × question pairs scored by server."
+        in page
+    )
+    assert (
+        "Other models' distributions are stored too (2 pairs by big); the persona prior uses server's"
+        in page
+    )
+    assert "1 of the 2 pairs have no distribution by server" in page
+    model, predicted = prior()
+    assert model == "server"
+    # the first persona's stored row (weight 0.25), the second uniform (weight 0.75)
+    assert predicted == pytest.approx([0.25 * 0.3 + 0.75 * 0.5, 0.25 * 0.7 + 0.75 * 0.5])
+    notice = persona_prior_model(study, items, session=db).metrics["notice"]
+    assert "2 language-model personas scored by server, 1 persona x item distributions" in notice
+    assert "distributions by big are stored too and not used" in notice
+
+
+def test_job_rows_show_failure_cancelling_and_resume_only_when_it_helps(
+    ac: TestClient, db: Session, study: Study
+) -> None:
+    """A job that failed in its checks shows its error, not its last progress message, and
+    no Resume (the settings must change first); one that failed while scoring offers Resume;
+    a running job asked to cancel says so and has no Cancel button."""
+    from app.services.personas import GENERATION_CHECKING
+
+    def row(job: Job) -> str:
+        db.add(job)
+        db.commit()
+        return ac.get(f"{BASE}/jobs/{job.id}").text
+
+    checks = row(Job(kind="persona_generation", study_id=study.id, payload={"backend": "openai"},
+                     status=JobStatus.failed.value, message=GENERATION_CHECKING,
+                     error="the worker running this job has no PRIORLY_LLM_API_KEY"))  # fmt: skip
+    assert "no PRIORLY_LLM_API_KEY" in checks
+    assert GENERATION_CHECKING not in checks and ">Resume</button>" not in checks
+    scoring = row(Job(kind="persona_generation", study_id=study.id, payload={"backend": "local"},
+                      status=JobStatus.failed.value, message="3 of 4 pairs scored",
+                      error="inference server: HTTP 500"))  # fmt: skip
+    assert ">Resume</button>" in scoring
+    running = Job(kind="persona_generation", study_id=study.id, payload={"backend": "local"},
+                  status=JobStatus.running.value, message="1 of 4 pairs scored")  # fmt: skip
+    assert ">Cancel</button>" in row(running)
+    r = ac.post(f"{BASE}/jobs/{running.id}/cancel", data={"csrf_token": csrf(ac)})
+    assert r.status_code == 200
+    for text in (r.text, ac.get(f"{BASE}/jobs/{running.id}").text):
+        assert "cancelling: it stops after the step in progress" in text
+        assert ">Cancel</button>" not in text
