@@ -41,7 +41,6 @@ from sqlmodel import Session, select
 from app.errors import InvalidInputError, NotFoundError
 from app.jobs.context import JobContext
 from app.jobs.registry import KINDS, check_kind
-from app.services import model_notes
 from app.services import personas as persona_service
 from app.services.belief import ensure_fixed_order, fit_study_model, historical_matrix
 from app.services.group_rounds import MIN_VALIDATION_MEMBERS, gnn_holdout, plan_next_round
@@ -76,9 +75,7 @@ def fit_model(ctx: JobContext) -> dict[str, Any]:
     Progress: 5% at the start, then the fit's own steps (EM restarts over the ``K`` grid,
     the CAPE fits of ``auto``) up to 90%, then storing the model and its fixed order. The
     result holds ``summary``, the model in words (e.g. "latent classes, 12 classes,
-    validation log-likelihood -21.40 per respondent"), besides the ids and metrics. An
-    ``auto`` fit's metrics get :data:`app.services.model_notes.CHOICE_SIZE_KEY`, the
-    validation respondents its comparison rests on.
+    validation log-likelihood -21.40 per respondent"), besides the ids and metrics.
     """
     with Session(ctx.engine) as db:
         study = _study(ctx, db)
@@ -89,11 +86,6 @@ def fit_model(ctx: JobContext) -> dict[str, Any]:
         def progress(fraction: float, message: str) -> None:
             ctx.progress(0.05 + 0.85 * fraction, f"{start}: {message}" if message else start)
 
-        # the fit does not record how many validation respondents auto compared on:
-        # counted from the data it is about to read
-        choice_n = (
-            model_notes.auto_validation_respondents(study, session=db) if kind == "auto" else None
-        )
         row = fit_study_model(
             study,
             session=db,
@@ -101,11 +93,6 @@ def fit_model(ctx: JobContext) -> dict[str, Any]:
             progress=progress,
             force=bool(ctx.payload.get("force", False)),
         )
-        if choice_n is not None and (row.metrics or {}).get("model_choice"):
-            row.metrics = {**(row.metrics or {}), model_notes.CHOICE_SIZE_KEY: choice_n}
-            db.add(row)
-            db.commit()
-            db.refresh(row)
         verdict = f"{row.status}: {row.reason}" if row.status else ""
         return {
             "summary": describe_fit(row.family, row.metrics) + (f" ({verdict})" if verdict else ""),

@@ -252,7 +252,7 @@ def persona_overview(
     study: Study, *, session: Session, settings: Settings, **extra: Any
 ) -> dict[str, Any]:
     """The personas page: :func:`app.services.personas.persona_page` with the
-    ``prior_warning`` of :func:`app.services.model_notes.uniform_prior_notice`,
+    ``prior_warning`` of :func:`app.services.personas.uniform_prior_warning`,
     ``persona_use`` (:func:`app.services.model_notes.persona_use`), the ``estimates`` of
     a generation's duration (:func:`generation_estimates`), the study's newest persona
     generation ``jobs`` as rows, ``newest_persona_job`` (its id: only that job
@@ -270,7 +270,7 @@ def persona_overview(
         "estimates": generation_estimates(
             page["n_pairs"] - page["n_pairs_scored"], session=session, settings=settings
         ),
-        "prior_warning": model_notes.uniform_prior_notice(study, session=session),
+        "prior_warning": persona_service.uniform_prior_warning(study, session=session),
         "persona_use": model_notes.persona_use(study, session=session),
         "jobs": rows,
         "worker_warning": worker_warning(shown, session=session),

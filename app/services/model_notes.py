@@ -18,13 +18,13 @@ from sqlmodel import Session, col, func, select
 from app.schemas import StudySettings
 from app.services import learning
 from app.services.designer import study_items
-from app.services.personas import refit_schedule, uniform_prior_warning
 from app.services.setting_words import BELIEF_MODEL_LABELS
-from app.tables import FittedModel, ItemRole, Study, as_utc
+from app.tables import FittedModel, Study, as_utc
 
-CHOICE_SIZE_KEY = "model_choice_n_validation"
-"""The ``metrics`` key of an ``auto`` fit holding :func:`auto_validation_respondents` at the
-time of the fit (recorded by the ``fit_model`` job)."""
+CHOICE_SIZE_KEY = "model_choice_respondents"
+"""The ``metrics`` key of an ``auto`` fit holding the validation respondents its comparison
+rests on: those of the fit's selection part with an answer to some target item
+(:func:`elicitation.model_choice.fit_auto` records it; ``choose_model`` scores no other)."""
 
 FEW_CHOICE_RESPONDENTS = 100
 """Below this many validation respondents, ``auto``'s comparison table carries a caution:
@@ -57,19 +57,6 @@ def failed_refit(study: Study, *, session: Session) -> dict[str, Any] | None:
     }
 
 
-def auto_validation_respondents(study: Study, *, session: Session) -> int:
-    """The respondents ``auto`` compares its candidates on if the study were fitted now:
-    those of the fit's selection part (:func:`app.services.learning.respondent_part`) with
-    an answer to some target item (:func:`elicitation.model_choice.choose_model` scores no
-    other)."""
-    items = study_items(study, session=session)
-    targets = [j for j, it in enumerate(items) if it.role == ItemRole.target.value]
-    if not targets:
-        return 0
-    selection = learning.study_training_data(study.id or 0, items, session=session).selection
-    return int((selection[:, targets] >= 0).any(1).sum())
-
-
 def choice_size(metrics: dict[str, Any] | None) -> dict[str, Any] | None:
     """How many validation respondents an ``auto`` fit's comparison rests on: ``{"n",
     "few": n < FEW_CHOICE_RESPONDENTS, "threshold"}``; ``None`` for a fit without the
@@ -89,28 +76,6 @@ def choice_sizes(model_ids: list[int], *, session: Session) -> dict[int, dict[st
     ).all()
     sizes = {int(mid or 0): choice_size(metrics) for mid, metrics in rows}
     return {mid: size for mid, size in sizes.items() if size is not None}
-
-
-UNIFORM_PRIOR_NOTICE = (
-    "This study's prior is uniform: it has no historical respondents and no persona "
-    "distributions, so predictions are uniform and the first questions are chosen blindly "
-    "until the first refits learn from live respondents ({refits}, with the calibration "
-    "questions teaching the targets). What works for this study: add personas on the "
-    "Personas tab (persona texts, or attribute shares from a census table), generate their "
-    "distributions there, then “Refit now” on this study's Design page. Historical "
-    "respondents cannot be added to this study: Import always creates a new study, so to "
-    "start from history, import it as a new study."
-)
-"""The warning of a published study whose prior is uniform (``{refits}``:
-:func:`app.services.personas.refit_schedule` of the study)."""
-
-
-def uniform_prior_notice(study: Study, *, session: Session) -> str | None:
-    """:data:`UNIFORM_PRIOR_NOTICE` for this study when its prior is uniform
-    (:func:`app.services.personas.uniform_prior_warning` decides), else ``None``."""
-    if uniform_prior_warning(study, session=session) is None:
-        return None
-    return UNIFORM_PRIOR_NOTICE.format(refits=refit_schedule(learning.refit_every(study.settings)))
 
 
 TO_USE_PERSONAS = (

@@ -459,10 +459,11 @@ UNIFORM_PRIOR_WARNING = (
     "This study's prior is uniform: it has no historical respondents and no persona "
     "distributions, so predictions are uniform and the first questions are chosen blindly "
     "until the first refits learn from live respondents ({refits}, with the calibration "
-    "questions teaching the targets). Way out: import historical respondents (Import), or "
-    "add personas on the Personas page (persona texts, attribute shares from a census "
-    "table, or the imported respondents' profiles), generate their distributions there, "
-    "then fit the model (Jobs)."
+    "questions teaching the targets). What works for this study: add personas on the "
+    "Personas tab (persona texts, or attribute shares from a census table), generate their "
+    "distributions there, then “Refit now” on this study's Design page. Historical "
+    "respondents cannot be added to this study: Import always creates a new study, so to "
+    "start from history, import it as a new study."
 )
 """The warning on the study page of a published study whose prior is uniform; ``{refits}``
 is :func:`refit_schedule` of the study."""

@@ -15,7 +15,15 @@ from sqlmodel import Session, col, select
 from app.errors import PriorlyError
 from app.respondent_text import LANGUAGE_NAMES
 from app.schemas import StudySettings
-from app.services import designer, job_views, jobs, learning, model_notes, setting_words
+from app.services import (
+    designer,
+    job_views,
+    jobs,
+    learning,
+    model_notes,
+    personas,
+    setting_words,
+)
 from app.session import load_runtime
 from app.tables import FittedModel, Researcher, Study, StudyShare, StudyStatus
 from elicitation.criteria import criterion_names
@@ -45,7 +53,7 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
     ``choice_sizes`` (the validation respondents behind each listed ``auto`` fit's
     comparison, by model id: :func:`app.services.model_notes.choice_sizes`) and, for a
     published study whose prior is uniform, ``prior_warning``
-    (:func:`app.services.model_notes.uniform_prior_notice`)."""
+    (:func:`app.services.personas.uniform_prior_warning`)."""
     settings = StudySettings.model_validate(study.settings or {})
     refit_job = learning.active_fit_job(study.id or 0, session=session)
     ahead = jobs.jobs_ahead([refit_job], session=session) if refit_job else {}
@@ -84,7 +92,7 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         "open_round": designer.open_round_number(study, session=session),
         "rounds_asked": designer.round_questions_asked(study, session=session),
         "prior_warning": (
-            model_notes.uniform_prior_notice(study, session=session)
+            personas.uniform_prior_warning(study, session=session)
             if study.status == StudyStatus.published.value
             else None
         ),

@@ -23,7 +23,7 @@ from app.services.designer import (
     update_settings,
 )
 from app.services.learning import respondent_part
-from app.services.model_notes import CHOICE_SIZE_KEY, auto_validation_respondents
+from app.services.model_notes import CHOICE_SIZE_KEY
 from app.tables import Job, Researcher, Respondent, Study, utcnow
 from tests.support.admin import csrf, login
 
@@ -104,11 +104,12 @@ def test_auto_comparison_shows_its_validation_respondents_and_cautions_when_few(
     assert "their number was not recorded for this fit" in page
 
 
-def test_auto_validation_respondents_are_the_selection_part_with_a_target_answer(
+def test_auto_records_its_validation_respondents_the_selection_part_with_a_target_answer(
     ces_study: Study, db: Session
 ) -> None:
     """The fit's selection part (``val`` of the dataset split, and 15 % of the respondents
-    without one): auto scores those with an answer to some target."""
+    without one): an ``auto`` fit records how many of them answered some target (those
+    ``choose_model`` scores)."""
     targets = set(ces_study.benchmark_runs[0]["eval_qids"])
     everyone = db.exec(select(Respondent).where(Respondent.study_id == ces_study.id)).all()
     want = sum(
@@ -118,7 +119,10 @@ def test_auto_validation_respondents_are_the_selection_part_with_a_target_answer
         and targets & set(r.answers or {})
     )
     assert want > 0
-    assert auto_validation_respondents(ces_study, session=db) == want
+    row = fit_study_model(ces_study, session=db, n_classes=(2,), n_restarts=1,
+                          belief_model="auto",
+                          fit_options={"auto": {"families": ("latent_classes",)}})  # fmt: skip
+    assert (row.metrics or {})[CHOICE_SIZE_KEY] == want
 
 
 def test_a_simulation_on_one_test_respondent_cautions_and_names_its_model(
