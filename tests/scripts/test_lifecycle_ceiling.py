@@ -36,9 +36,10 @@ def test_small_dataset_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 0
     table = capsys.readouterr().out
     assert "| full_history |" in table and "| complete |" in table and "| random10 |" in table
+    assert "| complete_all |" in table
     result = json.loads(out.read_text())
     assert result["arrivals"] == 20
-    assert set(result["curves"]) == {"full_history", "complete", "random10"}
+    assert set(result["curves"]) == {"full_history", "complete", "complete_all", "random10"}
     assert all(len(c) == 1 and len(c[0]) == 3 for c in result["curves"].values())
     with pytest.raises(SystemExit, match="--arrivals must be between 1 and"):
         lifecycle_ceiling.main(["--dataset", str(small), "--arrivals", "9999"])
