@@ -308,7 +308,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_log_redaction()  # tokens in resume/invitation/member-link paths stay out of logs
     install_text_guard()  # no NUL / lone surrogate reaches a statement (app/textguard.py)
     # 422 for a NUL character or a lone surrogate in the path, query, form or JSON body.
-    app.add_middleware(HostileInputMiddleware)
+    app.add_middleware(HostileInputMiddleware, html_page=admin.html_error_page)
     # HEAD anywhere is answered as GET without the body (monitors, link previews).
     app.add_middleware(HeadAsGetMiddleware)
     # When each API key was last used (a conditional write at most once a minute per key).

@@ -38,6 +38,7 @@ from urllib.parse import unquote_plus
 from anyio import to_thread
 from starlette.middleware.cors import CORSMiddleware
 
+from app.limits import HtmlPage
 from app.ratelimit import bearer_credential
 from app.services.apikeys import (
     KEY_PREFIX,
@@ -233,8 +234,18 @@ class HostileInputMiddleware:
     character, so ordinary calls pay one regular-expression scan.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, html_page: HtmlPage | None = None) -> None:
         self.app = app
+        self.html_page = html_page
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, message: str) -> None:
+        """Answer 422: the :attr:`html_page` for a request it takes (a browser's admin
+        form), else the JSON error."""
+        page = self.html_page(scope, 422, message) if self.html_page is not None else None
+        if page is None:
+            await _refuse(send, message)
+        else:
+            await page(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -247,7 +258,7 @@ class HostileInputMiddleware:
                 path = str(scope.get("path", ""))
                 _check_pairs(query, "query parameter", once=not path.startswith(("/s/", "/g/")))
         except HostileInputError as exc:
-            await _refuse(send, str(exc))
+            await self._refuse(scope, receive, send, str(exc))
             return
         content_type = ""
         for name, value in scope.get("headers", ()):
@@ -277,7 +288,7 @@ class HostileInputMiddleware:
             else:
                 _check_pairs(body, "form field")
         except HostileInputError as exc:
-            await _refuse(send, str(exc))
+            await self._refuse(scope, receive, send, str(exc))
             return
 
         async def replay() -> Message:

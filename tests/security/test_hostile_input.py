@@ -223,7 +223,8 @@ def test_a_browser_boundary_keeps_its_case(world: HostileWorld, tmp_path: Path) 
     """Chromium's multipart boundary is mixed case (``----WebKitFormBoundary...``): a NUL
     in an uploaded file is the importer's to report with its file and line, and a NUL in
     a text field is blamed on that field. (With the boundary lowercased, no part was found
-    and the whole body was blamed on the first field, ``csrf_token``.)"""
+    and the whole body was blamed on the first field, ``csrf_token``.) A browser gets that
+    refusal as the admin error page, a script as JSON."""
     files = _dataset_files(tmp_path)
     first, *rest = files["codebook.jsonl"].decode().splitlines()
     bad = "\n".join([json.dumps({**json.loads(first), "question": "Q\x00?"}), *rest]).encode()
@@ -263,6 +264,17 @@ def test_a_browser_boundary_keeps_its_case(world: HostileWorld, tmp_path: Path) 
             headers=headers,
         )
         assert r.status_code == 422 and "form field 'name' contains a NUL" in r.text, r.text
+        assert r.headers["content-type"].startswith("application/json")  # a script: JSON
+        # a browser's form (text/html in Accept) gets the admin error page, same status
+        r = admin.post(
+            "/admin/import/upload",
+            content=body({**fields, "name": "browser\x00upload"}, files),
+            headers={**headers, "accept": "text/html,application/xhtml+xml,*/*;q=0.8"},
+        )
+        assert r.status_code == 422 and r.headers["content-type"].startswith("text/html")
+        assert (
+            "<h1>Error 422</h1>" in r.text and "form field &#39;name&#39; contains a NUL" in r.text
+        )
 
 
 def test_import_command_nested_json(tmp_path: Path) -> None:
