@@ -114,6 +114,22 @@ class Persona:
         return persona_hash(self.text)
 
 
+def _check_field(value: object, where: str, what: str, limit: int) -> str:
+    """``value`` unchanged if it is a non-blank string of at most ``limit`` characters
+    without a NUL character or a lone surrogate; else a :class:`PersonaError` naming
+    ``where`` and ``what`` (``"key"``, ``"persona text"``)."""
+    if not isinstance(value, str):
+        raise PersonaError(f"{where}: {what} must be a string, got {json_type(value)}")
+    if not value.strip():
+        raise PersonaError(f"{where}: {what} is empty")
+    if "\x00" in value:
+        raise PersonaError(f"{where}: {what} contains a NUL character")
+    _no_surrogate(value, where, what)
+    if len(value) > limit:
+        raise PersonaError(f"{where}: {what} has {len(value):,} characters (at most {limit:,})")
+    return value
+
+
 def check_persona_key(key: object, where: str) -> str:
     """Validate one persona key (a researcher's label) and return it unchanged.
 
@@ -121,18 +137,7 @@ def check_persona_key(key: object, where: str) -> str:
         PersonaError: if it is not a string, is blank, contains a NUL character or a lone
             surrogate, or is longer than :data:`MAX_PERSONA_KEY_CHARS`.
     """
-    if not isinstance(key, str):
-        raise PersonaError(f"{where}: key must be a string, got {json_type(key)}")
-    if not key.strip():
-        raise PersonaError(f"{where}: key is empty")
-    if "\x00" in key:
-        raise PersonaError(f"{where}: key contains a NUL character")
-    _no_surrogate(key, where, "key")
-    if len(key) > MAX_PERSONA_KEY_CHARS:
-        raise PersonaError(
-            f"{where}: key has {len(key):,} characters (at most {MAX_PERSONA_KEY_CHARS})"
-        )
-    return key
+    return _check_field(key, where, "key", MAX_PERSONA_KEY_CHARS)
 
 
 def check_persona_text(text: object, where: str) -> str:
@@ -147,18 +152,7 @@ def check_persona_text(text: object, where: str) -> str:
         PersonaError: if it is not a string, is blank, contains a NUL character or a lone
             surrogate, or is longer than :data:`MAX_PERSONA_CHARS`.
     """
-    if not isinstance(text, str):
-        raise PersonaError(f"{where}: persona text must be a string, got {json_type(text)}")
-    if not text.strip():
-        raise PersonaError(f"{where}: persona text is empty")
-    if "\x00" in text:
-        raise PersonaError(f"{where}: persona text contains a NUL character")
-    _no_surrogate(text, where, "persona text")
-    if len(text) > MAX_PERSONA_CHARS:
-        raise PersonaError(
-            f"{where}: persona text has {len(text)} characters (at most {MAX_PERSONA_CHARS})"
-        )
-    return text
+    return _check_field(text, where, "persona text", MAX_PERSONA_CHARS)
 
 
 def from_texts(texts: Sequence[str], keys: Sequence[str] | None = None) -> list[Persona]:

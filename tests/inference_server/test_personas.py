@@ -58,7 +58,7 @@ def test_texts_kept_verbatim_including_markup() -> None:
         (["ok", "   "], "persona 2: persona text is empty"),
         (["a", "b", "a"], "persona 3 has the same text as persona 1"),
         (["x\x00y"], "NUL"),
-        (["x" * 5000], "5000 characters"),
+        (["x" * 5000], "5,000 characters"),
     ],
 )
 def test_bad_texts_rejected(texts: list[str], msg: str) -> None:
