@@ -13,7 +13,15 @@ new configuration); items are the dataset's first questions.
   without graph compilation, which takes minutes at start-up on a CPU) and scores
   through the ``openai`` backend (completions mode), ``batch_size`` prompts per request,
   one request in flight.
-* ``openai``: an already running server at ``base_url`` (its prefix caching as it is).
+* ``openai``: an already running server (its prefix caching as it is), through
+  ``openai_client(batch_size)`` (``priorly personas bench`` builds it from ``--base-url`` /
+  ``--model`` and the ``PRIORLY_LLM_*`` settings) or else ``base_url`` serving ``model``.
+  Only this process's CPU is counted (the server's is out of reach), so its
+  ``pairs_per_cpu_second`` is per client CPU second, not comparable with ``local``'s:
+  the result says which CPU was measured in ``config["cpu_seconds_measured"]``.
+
+Progress lines (one per configuration) go to ``log``, by default standard error, so that
+standard output can hold the JSON alone.
 
 Run it with ``priorly personas bench`` (see docs/inference.md for figures).
 """
@@ -21,6 +29,7 @@ Run it with ``priorly personas bench`` (see docs/inference.md for figures).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,6 +45,15 @@ from inference_server.prompts import PromptItem
 from inference_server.server import VLLMServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+CPU_MEASURED = {"local": "process", "vllm": "process+server", "openai": "client"}
+"""Whose CPU seconds ``pairs_per_cpu_second`` counts, per backend: this process only
+(``local``), this process and the server's process tree (``vllm``), or only the client
+(``openai``: a remote server's CPU is not measured)."""
+
+
+def _log_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 class _PersonaPool:
@@ -110,15 +128,25 @@ def run_bench(
     batch_sizes: Sequence[int] = (1, 8, 32),
     threads: int = 1,
     eager: bool = True,
-    log: Callable[[str], None] = print,
+    model: str | None = None,
+    openai_client: Callable[[int], Backend] | None = None,
+    log: Callable[[str], None] = _log_stderr,
 ) -> dict[str, Any]:
     """Run the benchmark; returns ``{"config": ..., "rows": [{backend, batch_size,
-    prefix_reuse, pairs_per_second}]}``."""
+    prefix_reuse, pairs_per_second, pairs_per_cpu_second}]}``.
+
+    ``config`` holds the dataset, the sizes, ``threads``, ``vllm_enforce_eager``, the
+    ``model`` scored (``openai``: the served name) and ``cpu_seconds_measured``
+    (:data:`CPU_MEASURED`). For ``openai``, ``openai_client(batch_size)`` makes the client
+    (one request in flight); without it, ``base_url`` serving ``model`` (default
+    :data:`~inference_server.model_store.DEFAULT_MODEL`), with no key.
+    """
     ds = load_dataset(dataset or REPO_ROOT / "datasets" / "ces")
     items = [PromptItem.from_codebook(ds.item(k)) for k in ds.questions[:n_items]]
     configs = len(batch_sizes) * 2
     pool = _PersonaPool([p.text for p in from_attributes(ds, n=(n_personas + 1) * configs + 1)])
     rows: list[dict[str, Any]] = []
+    model_id: str | None = None
 
     def add(name: str, bs: int, reuse: bool | None, rates: tuple[float, float]) -> None:
         row = {
@@ -133,6 +161,7 @@ def run_bench(
 
     if backend == "local":
         b = LocalBackend(num_threads=threads)
+        model_id = b.model_id
         for reuse in (False, True):
             for bs in batch_sizes:
                 b.batch_size, b.prefix_reuse = bs, reuse
@@ -145,13 +174,19 @@ def run_bench(
                     client = OpenAIBackend(
                         server.base_url, server.served_name, batch_size=bs, concurrency=1
                     )
+                    model_id = client.model_id
                     pid = server.proc.pid if server.proc is not None else None
                     add("vllm-cpu", bs, reuse, _measure(client, pool, items, n_personas, pid))
     elif backend == "openai":
-        if not base_url:
-            raise ValueError("backend openai needs base_url")
+        if openai_client is None:
+            if not base_url:
+                raise ValueError("backend openai needs base_url or openai_client")
+            url, name = base_url, model or DEFAULT_MODEL
+            openai_client = lambda bs: OpenAIBackend(url, name, batch_size=bs, concurrency=1)  # noqa: E731
+
         for bs in batch_sizes:
-            client = OpenAIBackend(base_url, DEFAULT_MODEL, batch_size=bs, concurrency=1)
+            client = openai_client(bs)
+            model_id = client.model_id
             add("openai", bs, None, _measure(client, pool, items, n_personas))
     else:
         raise ValueError(f"unknown backend {backend!r} (local, vllm, openai)")
@@ -163,6 +198,8 @@ def run_bench(
             "pairs_per_config": n_personas * n_items,
             "threads": threads,
             "vllm_enforce_eager": eager if backend == "vllm" else None,
+            "model": model_id,
+            "cpu_seconds_measured": CPU_MEASURED[backend],
         },
         "rows": rows,
     }

@@ -240,7 +240,15 @@ class VLLMServer:
         enforce_eager: skip graph compilation (much faster start, somewhat slower
             serving; used by the tests).
         kv_cache_gib: KV-cache memory on the CPU (``--kv-cache-memory-bytes``).
-        log_path: where the server's output goes (default: a temporary file).
+        log_path: where the server's output goes (default: a temporary file
+            ``priorly-vllm-*.log``, removed again when the start fails before vLLM runs,
+            e.g. an environment set up for the other device; kept once vLLM ran, crash
+            included).
+        served_name: the name the model is served under (``--served-model-name``;
+            default: the model folder's name, :data:`DEFAULT_MODEL` for the embedded one).
+        api_key: a key clients must send as a bearer token (vLLM's ``--api-key``, passed
+            as ``VLLM_API_KEY`` in its environment so that it is not on the command line);
+            :meth:`ready` sends it.
         single_process: the model in the engine process, no separate worker (faster cold
             start on a small CPU machine; see :func:`vllm_command`).
         extra_args: more ``vllm`` arguments.
@@ -263,8 +271,12 @@ class VLLMServer:
         single_process: bool = False,
         extra_args: Sequence[str] = (),
         start_timeout: float = 1200.0,
+        served_name: str | None = None,
+        api_key: str | None = None,
     ) -> None:
-        self.served_name, self.folder = resolve_model(model)
+        name, self.folder = resolve_model(model)
+        self.served_name = served_name or name
+        self.api_key = api_key or None
         self.start_timeout = start_timeout
         self.host = host
         self.port = port or free_port(host)
@@ -276,6 +288,7 @@ class VLLMServer:
         self.tensor_parallel_size = tensor_parallel_size
         self.single_process = single_process
         self.extra_args = list(extra_args)
+        self._temporary_log = log_path is None
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="priorly-vllm-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -307,33 +320,46 @@ class VLLMServer:
         return "\n".join(lines[-n:])
 
     def start(self) -> VLLMServer:
-        """Start the process (setting up the environment first if needed)."""
-        setup_vllm_env(self.venv, device=self.device)
-        env = dict(os.environ)
-        env["HF_HUB_OFFLINE"] = "1"
-        env.pop("PYTHONPATH", None)  # the project's packages are not vLLM's business
-        if self.single_process:
-            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vLLM-CPU turns uni into mp
-        log = self.log_path.open("wb")
+        """Start the process (setting up the environment first if needed).
+
+        A failure before vLLM runs (the environment, the executable) removes the temporary
+        log (nothing of vLLM's is in it); once vLLM runs its log is kept.
+        """
         try:
-            # Its own process group: vLLM forks an engine core and workers, and stop() must
-            # end all of them, not only the API server (orphans would keep the CPU busy).
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.folder,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+            setup_vllm_env(self.venv, device=self.device)
+            env = dict(os.environ)
+            env["HF_HUB_OFFLINE"] = "1"
+            env.pop("PYTHONPATH", None)  # the project's packages are not vLLM's business
+            if self.api_key:
+                env["VLLM_API_KEY"] = self.api_key  # = vLLM's --api-key, not visible in ps
+            if self.single_process:
+                env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vLLM-CPU turns uni into mp
+            with self.log_path.open("wb") as log:
+                # Its own process group: vLLM forks an engine core and workers, and stop()
+                # must end all of them, not only the API server (orphans would keep the
+                # CPU busy).
+                self.proc = subprocess.Popen(
+                    self.command(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self.folder,
+                    start_new_session=True,
+                )
+        except BaseException:
+            if self._temporary_log:
+                self.log_path.unlink(missing_ok=True)
+            raise
         return self
 
     def ready(self) -> bool:
-        """Whether ``GET /v1/models`` answers 200 and lists the served model."""
+        """Whether ``GET /v1/models`` answers 200 and lists the served model (sending the
+        API key, when there is one)."""
+        req = urllib.request.Request(f"{self.base_url}/v1/models")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
         try:
-            with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=5) as resp:
+            with urllib.request.urlopen(req, timeout=5) as resp:
                 return resp.status == 200 and self.served_name.encode() in resp.read()
         except (urllib.error.URLError, OSError):
             return False

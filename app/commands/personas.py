@@ -30,8 +30,17 @@ from app.errors import InvalidInputError
 from app.services.studies import get_study_by_slug
 from app.settings import get_settings
 from app.tables import Job, JobStatus, utcnow
+from inference_server.model_store import DEFAULT_MODEL
 
 JOB_KIND = "persona_generation"
+
+OPENAI_HELP = (
+    "Backend openai: the server is --base-url, else the setting PRIORLY_LLM_BASE_URL; the "
+    "model is --model, else PRIORLY_LLM_MODEL, else the embedded model's served name "
+    f"({DEFAULT_MODEL}, what `priorly inference serve` serves by default); the API key "
+    "comes only from the environment (PRIORLY_LLM_API_KEY, sent as a bearer token), never "
+    "from the command line."
+)
 
 
 def register(subparsers: Any) -> None:
@@ -49,15 +58,19 @@ def register(subparsers: Any) -> None:
             "Build the study's persona dictionary and store one answer distribution per "
             "persona x question, keyed by (model, template version, persona hash, item hash). "
             "Stored pairs are never recomputed: rerun the same command to resume after a "
-            "kill or a failure."
+            "kill or a failure. " + OPENAI_HELP
         ),
     )
     gen.add_argument("--study", required=True, metavar="SLUG")
     gen.add_argument("--backend", choices=["local", "openai"], default="local")
-    gen.add_argument("--base-url", help="OpenAI-compatible server (backend openai)")
+    gen.add_argument(
+        "--base-url",
+        help="OpenAI-compatible server (backend openai; default: PRIORLY_LLM_BASE_URL)",
+    )
     gen.add_argument(
         "--model",
-        help="local: a model folder (default: the embedded SmolLM2); openai: the served name",
+        help="local: a model folder (default: the embedded SmolLM2); openai: the served name "
+        f"(default: PRIORLY_LLM_MODEL, else {DEFAULT_MODEL})",
     )
     gen.add_argument(
         "--personas",
@@ -104,10 +117,24 @@ def register(subparsers: Any) -> None:
     bench = sub.add_parser(
         "bench",
         help="throughput of the backends (persona-item distributions per second)",
-        description="Measure distributions/s for batch sizes and prefix reuse; prints JSON.",
+        description=(
+            "Measure distributions/s for batch sizes and prefix reuse. Standard output holds "
+            "only the JSON result; progress lines go to standard error. pairs_per_cpu_second "
+            "counts this process's CPU, plus the server's for vllm; for openai only the "
+            "client's (config.cpu_seconds_measured says which). " + OPENAI_HELP
+        ),
     )
     bench.add_argument("--backend", choices=["local", "openai", "vllm"], default="local")
-    bench.add_argument("--base-url", help="an already running server (backend openai)")
+    bench.add_argument(
+        "--base-url",
+        help="an already running server (backend openai; default: PRIORLY_LLM_BASE_URL)",
+    )
+    bench.add_argument(
+        "--model",
+        default=None,
+        help="the served model name (backend openai; default: PRIORLY_LLM_MODEL, "
+        f"else {DEFAULT_MODEL})",
+    )
     bench.add_argument("--dataset", type=Path, default=None, help="default: datasets/ces")
     bench.add_argument("--personas", type=int, default=4)
     bench.add_argument("--items", type=int, default=8)
@@ -327,18 +354,47 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from inference_server.bench import run_bench  # torch-heavy: --help stays fast
+    """``personas bench``: the JSON result on stdout (and in ``--out``), progress on stderr.
 
+    ``--backend openai`` resolves the server, model and key as ``generate`` does
+    (:func:`app.services.personas.make_persona_backend`) and checks the server first.
+
+    Raises:
+        InvalidInputError: ``openai`` without ``--base-url`` nor ``PRIORLY_LLM_BASE_URL``;
+            a server that is down or does not serve the model; ``--model`` or
+            ``--base-url`` with another backend.
+    """
+    # torch-heavy (inference_server), imported when the command runs: --help stays fast.
+    from app.services import personas as personas_service
+    from inference_server.bench import run_bench
+
+    openai_client = None
+    if args.backend == "openai":
+
+        def openai_client(batch_size: int) -> Any:
+            return personas_service.make_persona_backend(
+                "openai",
+                base_url=args.base_url,
+                model=args.model,
+                batch_size=batch_size,
+                concurrency=1,
+            )
+
+        personas_service.check_persona_backend(openai_client(1))
+    elif args.model is not None or args.base_url is not None:
+        raise InvalidInputError(
+            f"--model and --base-url are for --backend openai, not {args.backend}"
+        )
     sizes = [int(x) for x in str(args.batch_sizes).split(",") if x.strip()]
     result = run_bench(
         backend=args.backend,
-        base_url=args.base_url,
         dataset=args.dataset,
         n_personas=args.personas,
         n_items=args.items,
         batch_sizes=sizes,
         threads=args.threads,
         eager=not args.compile,
+        openai_client=openai_client,
     )
     text = json.dumps(result, indent=2)
     print(text)

@@ -278,3 +278,120 @@ def test_serve_refuses_a_port_in_use_before_starting_vllm(
     assert code == 2
     assert err.strip() == f"priorly: error: port {port} is in use: choose another with --port"
     assert not started.exists()
+
+
+# ---- `priorly inference serve`: served name, API key, log files, help -------------------
+def test_served_name_and_api_key_reach_vllm_not_its_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "seen"
+    venv = _fake_venv(tmp_path, f'echo "$VLLM_API_KEY|$*" > {out}\n')
+    server = VLLMServer(
+        venv=venv, device="cpu", served_name="my-model", api_key="k3y", log_path=tmp_path / "l"
+    )
+    cmd = server.command()
+    assert cmd[cmd.index("--served-model-name") + 1] == "my-model"
+    assert "k3y" not in " ".join(cmd)
+    server.start()
+    assert server.proc is not None and server.proc.wait(20) == 0
+    key, args = out.read_text().strip().split("|")
+    assert key == "k3y" and "--served-model-name my-model" in args
+
+
+def test_ready_sends_the_api_key(tmp_path: Path) -> None:
+    seen: list[str | None] = []
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == "Bearer k3y"
+            body = json.dumps({"data": [{"id": "my-model"}]}).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        port = httpd.server_address[1]
+        kw = dict(venv=tmp_path, device="cpu", port=port, served_name="my-model")
+        assert VLLMServer(**kw, api_key="k3y", log_path=tmp_path / "a").ready()
+        assert not VLLMServer(**kw, log_path=tmp_path / "b").ready()
+        assert seen == ["Bearer k3y", None]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _serve(tmp_path: Path, venv: Path, *extra: str) -> int:
+    from app.cli import main
+    from inference_server.server import free_port
+
+    port = free_port()
+    return main(["inference", "serve", "--port", str(port), "--venv", str(venv), *extra])
+
+
+def test_serve_passes_served_name_and_key_and_keeps_the_log_of_a_vllm_that_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tempfile
+
+    from app.settings import get_settings
+
+    logs = tmp_path / "tmp"
+    logs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(logs))
+    out = tmp_path / "seen"
+    venv = _fake_venv(tmp_path, f'echo "$VLLM_API_KEY|$*" > {out}\necho boom\nexit 3\n')
+    monkeypatch.setenv("PRIORLY_LLM_API_KEY", "from-settings")
+    get_settings.cache_clear()
+    try:
+        assert _serve(tmp_path, venv, "--device", "cpu", "--served-name", "mine") == 2
+        key, args = out.read_text().strip().split("|")
+        assert key == "from-settings" and "--served-model-name mine" in args
+        assert _serve(tmp_path, venv, "--device", "cpu", "--api-key", "given") == 2
+        assert out.read_text().startswith("given|")
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert "exited with code 3" in err and "from-settings" not in err and "given" not in err
+    kept = sorted(logs.glob("priorly-vllm-*.log"))
+    assert len(kept) == 2 and all("boom" in p.read_text() for p in kept)
+
+
+def test_serve_removes_the_log_of_a_start_that_failed_before_vllm_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tempfile
+
+    logs = tmp_path / "tmp"
+    logs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(logs))
+    started = tmp_path / "started"
+    venv = _fake_venv(tmp_path, f"touch {started}\n")
+    (venv / MARKER).write_text("gpu")  # set up for the other device: refused before vLLM
+    assert _serve(tmp_path, venv, "--device", "cpu") == 2
+    assert "is set up for the GPU, not the CPU" in capsys.readouterr().err
+    assert not started.exists()
+    assert list(logs.iterdir()) == []
+
+
+def test_serve_help_shows_defaults_and_the_new_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["inference", "serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in (
+        "port to listen on (default: 8001)",
+        "(default: 127.0.0.1)",
+        "--api-key KEY",
+        "PRIORLY_LLM_API_KEY",
+        "--served-name NAME",
+        "set PRIORLY_LLM_MODEL to that name",
+        f"{DEFAULT_MODEL} for the embedded model",
+    ):
+        assert needle in text, needle
+    assert "(default: None)" not in text
