@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from sqlmodel import Session, col, func, select
 
 from app.schemas import StudySettings
 from app.services import learning
+from app.services.belief import answers_a_question
 from app.services.designer import study_items
 from app.services.setting_words import BELIEF_MODEL_LABELS
 from app.tables import FittedModel, Study, as_utc
@@ -91,7 +93,9 @@ def persona_use(study: Study, *, session: Session) -> str:
     ``belief_model`` setting and whether it has respondents a fit learns from (the fit's
     training and selection parts, :func:`app.services.learning.study_training_data`):
 
-    * none: a fit is the persona prior itself, whatever the setting;
+    * none, or only respondents who gave no answer to a question or target item
+      (:func:`app.services.belief.answers_a_question`): a fit is the persona prior
+      itself, whatever the setting;
     * ``persona_mixture``: the persona prior, its weights refitted on the respondents;
     * ``auto``: the personas are candidates of the comparison;
     * ``default`` (latent classes): the classes are learnt from the respondents and the
@@ -109,6 +113,13 @@ def persona_use(study: Study, *, session: Session) -> str:
             "persona prior itself."
         )
     people = f"{n:,} respondent{'' if n == 1 else 's'}"
+    assert data is not None
+    if not answers_a_question(torch.cat([data.train, data.selection]), items):
+        return (
+            refit + f"the study's {people} gave only their attributes, no answer to a "
+            "question or target item yet, so the fit is the persona prior itself, its "
+            "weights refitted on their attributes."
+        )
     promoted = " It replaces the active model only if it predicts the held-out respondents better."
     if kind == "persona_mixture":
         return (

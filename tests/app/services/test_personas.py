@@ -10,6 +10,7 @@ import torch
 from sqlmodel import Session, select
 
 from app.errors import InvalidInputError
+from app.services import model_notes
 from app.services import persona_input as pi
 from app.services import personas as ps
 from app.services.belief import (
@@ -405,6 +406,7 @@ def test_respondents_with_only_attributes_keep_the_persona_prior(db: Session, ti
         db.add(Respondent(study_id=tiny.id or 0, external_id=f"r{i}", source="import",
                           attributes=attrs, answers={}))  # fmt: skip
     db.commit()
+    assert "gave only their attributes" in model_notes.persona_use(tiny, session=db)
     row = fit_study_model(tiny, session=db, n_classes=(2,), n_restarts=1)
     assert row.metrics["prior"] == "persona"
     assert "respondents, none with an answer to a question or target" in row.metrics["notice"]
