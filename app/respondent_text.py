@@ -28,6 +28,7 @@ fails while one is missing or has other placeholders).
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections.abc import Mapping
@@ -862,6 +863,7 @@ def plural_category(language: str, count: int) -> Literal["one", "other"]:
     return "one" if count == 1 else "other"
 
 
+@functools.cache  # a fixed set of (language, message) pairs, typeset on every page render
 def _typeset(language: str, template: str) -> str:
     """No-break spaces where :data:`MESSAGES` writes plain ones, so that a line never
     starts with the sign: before ``%`` ("89 %"), and in French before ``: ; ? ! »`` and

@@ -24,6 +24,7 @@ from app.jobs.registry import LABELS, kind_names
 from app.schemas import StudySettings
 from app.services import jobs, model_notes
 from app.services import personas as persona_service
+from app.services.persona_models import server_root
 from app.services.plots import simulation_svg
 from app.services.setting_words import BELIEF_MODEL_LABELS, FAMILY_LABELS, describe_fit
 from app.services.simulation import (
@@ -285,13 +286,12 @@ it (one thread, batches of 8, the persona's prefix reused: docs/inference.md, "p
 CPU s"): the estimate until a job on this server has measured its own rate."""
 
 
-def measured_rate(
-    backend: str, *, session: Session, settings: Settings
-) -> tuple[float, int] | None:
-    """``(pairs per second, job id)`` of the newest succeeded persona generation job (of
-    any study) that scored at least 8 pairs with ``backend``: the embedded model, or the
-    inference server the settings name now (same URL and model); ``None`` without one."""
-    want_url = (settings.llm_base_url or "").rstrip("/").removesuffix("/v1")
+def measured_rates(*, session: Session, settings: Settings) -> dict[str, tuple[float, int]]:
+    """``{backend: (pairs per second, job id)}`` of the newest succeeded persona generation
+    job (of any study, among the newest 50) that scored at least 8 pairs with each backend:
+    the embedded model (``local``), or the inference server the settings name now
+    (``openai``: same URL and model); a backend without one is left out."""
+    want_url = server_root(settings.llm_base_url or "")
     want_model = settings.llm_model or DEFAULT_MODEL
     rows = session.exec(
         select(Job)
@@ -299,10 +299,12 @@ def measured_rate(
         .order_by(Job.id.desc())  # type: ignore[union-attr]
         .limit(50)
     ).all()
+    found: dict[str, tuple[float, int]] = {}
     for job in rows:
         result = job.result or {}
+        backend = result.get("backend")
         rate, computed = result.get("pairs_per_second"), result.get("computed")
-        if result.get("backend") != backend or not isinstance(rate, int | float) or rate <= 0:
+        if backend in found or not isinstance(rate, int | float) or rate <= 0:
             continue
         if not isinstance(computed, int) or computed < 8:
             continue
@@ -310,25 +312,26 @@ def measured_rate(
             result.get("base_url") != want_url or result.get("model") != want_model
         ):
             continue
-        return float(rate), int(job.id or 0)
-    return None
+        found[str(backend)] = (float(rate), int(job.id or 0))
+    return found
 
 
 def generation_estimates(missing: int, *, session: Session, settings: Settings) -> dict[str, str]:
     """How long generating ``missing`` pairs would take, per backend (``local``,
     ``openai``), in words for the Generate form: ``missing / rate`` with the rate a job on
-    this server measured (:func:`measured_rate`), else :data:`EMBEDDED_PAIRS_PER_SECOND`
+    this server measured (:func:`measured_rates`), else :data:`EMBEDDED_PAIRS_PER_SECOND`
     for the embedded model and "unknown" for an inference server.
 
     Example: 7,000 pairs with no job measured: ``{"local": "about 1 h 3 min (7,000 pairs at
     1.85 pairs/s, the embedded model's speed on one core)", "openai": "unknown ..."}``.
     """
     out: dict[str, str] = {}
+    measured = measured_rates(session=session, settings=settings) if missing > 0 else {}
     for backend in persona_service.BACKENDS:
         if missing <= 0:
             out[backend] = "nothing to score: every pair has a stored distribution"
             continue
-        found = measured_rate(backend, session=session, settings=settings)
+        found = measured.get(backend)
         if found is not None:
             rate, job_id = found
             source = f"measured by job #{job_id} on this server"

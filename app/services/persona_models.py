@@ -72,7 +72,9 @@ def prior_group(study_id: int, counts: Mapping[Group, int], *, session: Session)
     return max(candidates, key=lambda g: (counts[g], g))
 
 
-def _root(url: str) -> str:
+def server_root(url: str) -> str:
+    """An inference server URL without its trailing ``/`` and ``/v1``, as the openai
+    backend's ``root_url``: ``server_root("http://h:8001/v1/") == "http://h:8001"``."""
     return url.rstrip("/").removesuffix("/v1")
 
 
@@ -94,7 +96,7 @@ def job_server(payload: Mapping[str, Any], settings: Settings) -> tuple[str, str
             "the worker running this job has no PRIORLY_LLM_BASE_URL and the job names no "
             "inference server: set it for `priorly worker` too"
         )
-    if settings.llm_base_url and _root(settings.llm_base_url) != _root(str(url)):
+    if settings.llm_base_url and server_root(settings.llm_base_url) != server_root(str(url)):
         raise ConfigurationError(
             f"the worker running this job has PRIORLY_LLM_BASE_URL={settings.llm_base_url}, "
             f"but the job was started for the inference server {url}: {same}"
