@@ -360,7 +360,9 @@ class ModelVersion:
     ``label`` is the family in words (e.g. ``latent classes, 12 classes``);
     ``val_log_loss`` is ``-val_log_lik`` (nats per held-out respondent; lower is better);
     ``choice`` the candidates ``auto`` compared (``metrics["model_choice"]``: ``name``,
-    ``log_loss_0``, ``log_loss_T``, ``mean_log_loss``, ``chosen``), empty for other fits.
+    ``log_loss_0``, ``log_loss_T``, ``mean_log_loss``, ``chosen``), empty for other fits,
+    and ``choice_respondents`` the validation respondents it rests on
+    (``metrics["model_choice_respondents"]``, ``None`` when not recorded).
     """
 
     id: int
@@ -376,6 +378,7 @@ class ModelVersion:
     val_log_loss: float | None
     active_val_log_loss: float | None
     choice: list[dict[str, Any]] = field(default_factory=list)
+    choice_respondents: int | None = None
 
 
 def _family_label(family: str, metrics: dict[str, Any] | None) -> str:
@@ -435,6 +438,7 @@ def model_versions(study_id: int, *, session: Session, limit: int = 20) -> list[
             val_log_loss=None if r[9] is None else -float(r[9]),
             active_val_log_loss=None if r[10] is None else -float(r[10]),
             choice=[c for c in (r[11] or {}).get("model_choice") or [] if isinstance(c, dict)],
+            choice_respondents=(r[11] or {}).get("model_choice_respondents"),
         )
         for r in rows
     ]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -69,14 +70,16 @@ def choice_size(metrics: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"n": n, "few": n < FEW_CHOICE_RESPONDENTS, "threshold": FEW_CHOICE_RESPONDENTS}
 
 
-def choice_sizes(model_ids: list[int], *, session: Session) -> dict[int, dict[str, Any]]:
-    """:func:`choice_size` of each listed fitted model that has one, by id."""
-    if not model_ids:
-        return {}
-    rows = session.exec(
-        select(FittedModel.id, FittedModel.metrics).where(col(FittedModel.id).in_(model_ids))
-    ).all()
-    sizes = {int(mid or 0): choice_size(metrics) for mid, metrics in rows}
+def choice_sizes(
+    versions: Sequence[learning.ModelVersion], fitted: dict[str, Any] | None
+) -> dict[int, dict[str, Any]]:
+    """:func:`choice_size` of each listed model version and of the active model
+    (``fitted``: :func:`app.services.study_view.active_model_row`) that has one, by id."""
+    sizes = {
+        v.id: choice_size({CHOICE_SIZE_KEY: v.choice_respondents}) for v in versions if v.choice
+    }
+    if fitted is not None:
+        sizes[int(fitted["id"])] = choice_size(fitted.get("metrics"))
     return {mid: size for mid, size in sizes.items() if size is not None}
 
 

@@ -59,7 +59,6 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
     ahead = jobs.jobs_ahead([refit_job], session=session) if refit_job else {}
     fitted = active_model_row(study, session=session)
     versions = learning.model_versions(study.id or 0, session=session)
-    listed = [v.id for v in versions if v.choice] + ([fitted["id"]] if fitted else [])
     return {
         **study_item_context(study, session=session),
         "items": designer.study_items(study, session=session),
@@ -83,7 +82,7 @@ def study_overview(study: Study, *, session: Session) -> dict[str, Any]:
         "name_max_len": designer.NAME_MAX_LEN,
         "serving": serving_summary(study, session=session),
         "model_versions": versions,
-        "choice_sizes": model_notes.choice_sizes(listed, session=session),
+        "choice_sizes": model_notes.choice_sizes(versions, fitted),
         "refit_job": refit_job,
         "failed_refit": model_notes.failed_refit(study, session=session),
         "refit_waiting": job_views.waiting_words(*ahead[refit_job.id or 0])
